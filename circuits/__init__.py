@@ -1,0 +1,67 @@
+"""circuits: neural-network computations as immutable expression DAGs of tensor operations.
+
+Build, print, parse, evaluate (JAX), rewrite and take apart circuits:
+
+>>> import numpy as np
+>>> import circuits as C
+>>> x = C.Array(np.arange(3, dtype=np.float32), name='x')
+>>> y = C.GeneralFunction('exp', x, name='y')
+>>> C.evaluate(C.Einsum.from_spec('a->', y)).round(3)
+np.float32(10.086)
+
+The public API is the list below; everything else is private and may change.  Heavy modules
+(JAX evaluation, models, files) load on first use so ``import circuits`` stays fast.
+"""
+
+from importlib import import_module
+
+from .errors import (
+    CircuitError,
+    EvaluationError,
+    ParseError,
+    RewriteError,
+    RewriteLoopError,
+    SelectionError,
+    ShapeError,
+    StoreError,
+)
+from .functions import FunctionSpec, register_elementwise, register_function
+from .nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from .traversal import count_nodes, deep_map, filter_nodes, replace, strip_names, toposort
+
+# name -> module that defines it (loaded on first access).
+_LAZY = {
+    "evaluate": ("circuits.evaluation", "evaluate"),
+    "compile": ("circuits.evaluation", "compile"),
+    "Compiled": ("circuits.evaluation", "Compiled"),
+    "models": ("circuits.models", None),
+}
+
+__all__ = [
+    # nodes
+    "Circuit", "Array", "Scalar", "Symbol", "Einsum", "Add", "GeneralFunction", "Index",
+    "Rearrange", "Concat", "Tag",
+    # functions
+    "FunctionSpec", "register_function", "register_elementwise",
+    # traversal
+    "toposort", "count_nodes", "deep_map", "filter_nodes", "replace", "strip_names",
+    # errors
+    "CircuitError", "ShapeError", "ParseError", "EvaluationError", "RewriteError",
+    "RewriteLoopError", "StoreError", "SelectionError",
+    *_LAZY,
+]
+
+
+def __getattr__(name):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'circuits' has no attribute {name!r}")
+    module, attr = target
+    mod = import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,56 @@
+"""Add: a broadcasting sum."""
+
+from __future__ import annotations
+
+from .base import Circuit, check_children, promote, shape_error
+
+
+def broadcast_shapes(shapes):
+    """numpy's right-aligned broadcast of several shapes, or None if they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        for i, n in enumerate(s, start=rank - len(s)):
+            if n == 1:
+                continue
+            if out[i] == 1:
+                out[i] = n
+            elif out[i] != n:
+                return None
+    return tuple(out)
+
+
+class Add(Circuit):
+    """Sum of the children with numpy (right-aligned) broadcasting; no children is 0.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Scalar
+    >>> Add(Array(np.ones((2, 3), np.float32)), Scalar(1.0)).shape
+    (2, 3)
+    """
+
+    __slots__ = ()
+    type_name = "Add"
+
+    def _setup(self, *children, name=None):
+        children = check_children("Add", name, children)
+        shape = broadcast_shapes([c.shape for c in children])
+        if shape is None:
+            raise shape_error(
+                "Add", name, "", children,
+                "children's shapes " + ", ".join(str(list(c.shape)) for c in children)
+                + " do not broadcast (numpy rules: align on the right; sizes equal or 1)",
+            )
+        self._set_common(children, shape, promote(c.dtype for c in children), name)
+
+    def _payload_bytes(self):
+        return b""
+
+    def payload_text(self):
+        return ""
+
+    def _rebuild(self, children):
+        return Add(*children, name=self.name)
+
+    def _with_name(self, name):
+        return Add(*self.children, name=name)

@@ -1,0 +1,327 @@
+"""The node protocol every circuit node follows.
+
+Every node has ``name``, ``children`` (a tuple), ``shape`` (a tuple of ints), ``dtype`` (a numpy
+dtype name), a structural ``hash`` fixed at construction and ``with_children``. Nodes are
+immutable and interned: building a node equal to a live one returns that one, so identical
+subtrees are stored once and equality is a comparison of 16-byte hashes, never a walk.
+
+Constructors validate (shapes, axes, bounds, dtypes) and raise ``ShapeError``/``CircuitError``
+naming the node; they never simplify — simplification is ``rewrites``' job.
+"""
+
+from __future__ import annotations
+
+import struct
+import weakref
+from typing import ClassVar
+
+from ..errors import CircuitError, ShapeError
+from ..hashing import node_hash
+
+# Interning table: node hash -> live node.  Weak, so dropping a circuit frees it.
+_INTERNED: "weakref.WeakValueDictionary[bytes, Circuit]" = weakref.WeakValueDictionary()
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+DEFAULT_FLOAT = "float32"
+
+
+def normalize_dtype(dtype) -> str:
+    """The canonical name of a dtype ('float32', 'int64', ...); raises on unsupported ones."""
+    import numpy as np
+
+    if dtype is None:
+        return DEFAULT_FLOAT
+    name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in DTYPES:
+        raise CircuitError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return name
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+def promote(dtypes) -> str:
+    """numpy-style result dtype of combining values of these dtypes (floats win over ints)."""
+    import numpy as np
+
+    dtypes = list(dtypes)
+    if not dtypes:
+        return DEFAULT_FLOAT
+    if len(set(dtypes)) == 1:
+        return dtypes[0]
+    if "bfloat16" in dtypes:
+        floats = [d for d in dtypes if is_float(d)]
+        return "bfloat16" if set(floats) == {"bfloat16"} else max(floats, key=FLOAT_DTYPES.index)
+    return np.result_type(*[np.dtype(d) for d in dtypes]).name
+
+
+def shape_text(shape) -> str:
+    return "[" + ",".join(str(int(s)) for s in shape) + "]"
+
+
+def _pack_ints(values) -> bytes:
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+class Circuit:
+    """Base class of every node.  See the module docstring for the protocol.
+
+    Example (the text format shows a node and its children):
+
+    >>> from circuits import Array, Einsum
+    >>> import numpy as np
+    >>> x = Array(np.ones((2, 3), np.float32), name='x')
+    >>> y = Einsum.from_spec('ab->b', x, name='y')
+    >>> print(y.to_text())   # doctest: +ELLIPSIS
+    'y' Einsum ab->b
+      'x' [2,3] Array ...
+    """
+
+    __slots__ = ("name", "children", "shape", "dtype", "hash", "_int_hash", "_blind_hash", "__weakref__")
+
+    # Set by subclasses.
+    type_name: ClassVar[str] = "Circuit"
+    prints_shape: ClassVar[bool] = False
+
+    name: str | None
+    children: tuple["Circuit", ...]
+    shape: tuple[int, ...]
+    dtype: str
+    hash: bytes
+
+    # ------------------------------------------------------------------ construction
+    def __new__(cls, *args, **kwargs):
+        self = object.__new__(cls)
+        self._setup(*args, **kwargs)
+        return self._intern()
+
+    def __init__(self, *args, **kwargs):
+        # All the work happens in __new__ (so an equal live node can be returned instead).
+        pass
+
+    def _setup(self, *args, **kwargs):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _set_common(self, children, shape, dtype, name):
+        if name is not None and not isinstance(name, str):
+            raise CircuitError(f"a node's name must be a str or None, got {name!r}")
+        self.children = children
+        self.shape = shape
+        self.dtype = dtype
+        self.name = name
+
+    def _intern(self):
+        name = self.name
+        parts = [
+            self.type_name.encode(),
+            b"\0",
+            self._payload_bytes(),
+            b"\0",
+            len(self.children).to_bytes(4, "little"),
+            *[c.hash for c in self.children],
+            b"\0" if name is None else b"\1" + name.encode(),
+        ]
+        h = node_hash(b"".join(parts))
+        existing = _INTERNED.get(h)
+        if existing is not None and existing._interchangeable_with(self):
+            return existing
+        self.hash = h
+        self._int_hash = int.from_bytes(h[:8], "little", signed=True)
+        self._blind_hash = None
+        _INTERNED[h] = self
+        return self
+
+    def _interchangeable_with(self, other) -> bool:
+        """Whether the live interned node may stand for ``other`` (same hash).  Array overrides
+        this so that a node with a value is never replaced by a placeholder of it."""
+        return True
+
+    # ------------------------------------------------------------------ payload (subclasses)
+    def _payload_bytes(self) -> bytes:
+        """Bytes identifying the payload (hash input), excluding children and name."""
+        raise NotImplementedError
+
+    def payload_text(self) -> str:
+        """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
+        raise NotImplementedError
+
+    def _rebuild(self, children: tuple["Circuit", ...]) -> "Circuit":
+        """A node of this type with this payload and name over new children."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ protocol
+    def with_children(self, children) -> "Circuit":
+        """This node over new children (validated); ``self`` when nothing changed."""
+        children = tuple(children)
+        old = self.children
+        if len(children) == len(old) and all(a is b or a == b for a, b in zip(children, old)):
+            return self
+        return self._rebuild(children)
+
+    def rename(self, name: str | None) -> "Circuit":
+        """This node with another name (a different node: names are part of identity)."""
+        if name == self.name:
+            return self
+        return self._with_name(name)
+
+    def _with_name(self, name):
+        raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def structure_hash(self) -> bytes:
+        """Name-blind structural hash: equal for circuits that differ only in names."""
+        if self._blind_hash is None:
+            from ..traversal import fill_structure_hashes
+
+            fill_structure_hashes(self)
+        return self._blind_hash
+
+    # ------------------------------------------------------------------ identity
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if not isinstance(other, Circuit):
+            return NotImplemented
+        return self.hash == other.hash
+
+    def __ne__(self, other):
+        r = self.__eq__(other)
+        return r if r is NotImplemented else not r
+
+    def __hash__(self):
+        return self._int_hash
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError(
+            "circuits are not pickled (pickle can execute code when loaded); "
+            "use circuits.save(circuit, path) and circuits.load(path)"
+        )
+
+    # ------------------------------------------------------------------ display
+    def line(self) -> str:
+        """This node's line in the text format, without serial number or children."""
+        parts = []
+        if self.name is not None:
+            parts.append(quote_name(self.name))
+        if self.prints_shape:
+            parts.append(shape_text(self.shape))
+        parts.append(self.type_name)
+        payload = self.payload_text()
+        if payload:
+            parts.append(payload)
+        return " ".join(parts)
+
+    def __repr__(self):
+        return f"<{self.line()}{'' if self.prints_shape else ' ' + shape_text(self.shape)}>"
+
+    def to_text(self, **options) -> str:
+        """The text format of this circuit (see ``circuits.text``); default options reproduce the
+        seed file byte for byte."""
+        from ..text.printer import to_text
+
+        return to_text(self, **options)
+
+    def __str__(self):
+        from ..text.printer import to_text
+
+        return to_text(self, depth=6)
+
+    def _repr_html_(self):
+        from ..text.html import to_html
+
+        return to_html(self)
+
+    def _repr_pretty_(self, p, cycle):
+        from ..text.printer import to_text
+
+        p.text(to_text(self, depth=6))
+
+    # ------------------------------------------------------------------ conveniences
+    def evaluate(self, inputs=None, **options):
+        """``circuits.evaluate(self, inputs, **options)``."""
+        from ..evaluation import evaluate
+
+        return evaluate(self, inputs, **options)
+
+    def toposort(self):
+        """Distinct nodes of this circuit, children before parents (iterative)."""
+        from ..traversal import toposort
+
+        return toposort(self)
+
+    def count_nodes(self) -> int:
+        from ..traversal import count_nodes
+
+        return count_nodes(self)
+
+
+def quote_name(name: str) -> str:
+    """A name in the text format: single-quoted, with backslash escapes for ``'`` and ``\\``."""
+    if "\\" in name or "'" in name or "\n" in name or "\r" in name:
+        name = (
+            name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+        )
+    return f"'{name}'"
+
+
+def describe(type_name: str, name, payload: str, children=(), shape=None) -> str:
+    """The would-be printed line of a node (for errors raised before the node exists), with its
+    children's lines underneath."""
+    parts = []
+    if name is not None:
+        parts.append(quote_name(name))
+    if shape is not None:
+        parts.append(shape_text(shape))
+    parts.append(type_name)
+    if payload:
+        parts.append(payload)
+    lines = [" ".join(parts)]
+    for c in children:
+        lines.append("  " + c.line() + ("" if c.prints_shape else "  # shape " + shape_text(c.shape)))
+    return "\n".join("    " + l for l in lines)
+
+
+def shape_error(type_name, name, payload, children, message, fix=None, shape=None) -> ShapeError:
+    text = f"{type_name} {quote_name(name) if name else '(unnamed)'}: {message}"
+    if fix:
+        text += f"; {fix}"
+    text += "\n" + describe(type_name, name, payload, children, shape)
+    return ShapeError(text)
+
+
+def check_children(type_name, name, children):
+    for i, c in enumerate(children):
+        if not isinstance(c, Circuit):
+            raise CircuitError(
+                f"{type_name} {quote_name(name) if name else '(unnamed)'}: child {i} is a "
+                f"{type(c).__name__}, not a circuit node; wrap values in Array(...) or Scalar(...)"
+            )
+    return tuple(children)

@@ -1,0 +1,57 @@
+"""Concat: concatenation along one axis."""
+
+from __future__ import annotations
+
+from .base import Circuit, _pack_ints, check_children, promote, shape_error
+
+
+class Concat(Circuit):
+    """Concatenation of the children along ``axis`` (stored non-negative).
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> Concat(Array(np.ones((2, 3), np.float32)), Array(np.ones((4, 3), np.float32)), axis=0).shape
+    (6, 3)
+    """
+
+    __slots__ = ("axis",)
+    type_name = "Concat"
+
+    axis: int
+
+    def _setup(self, *children, axis, name=None):
+        children = check_children("Concat", name, children)
+        if not children:
+            raise shape_error("Concat", name, str(axis), children, "needs at least one child")
+        rank = len(children[0].shape)
+        axis = int(axis)
+        if not -rank <= axis < rank:
+            raise shape_error(
+                "Concat", name, str(axis), children, f"axis {axis} is out of range for rank {rank}"
+            )
+        axis %= rank
+        self.axis = axis
+        for c in children:
+            if len(c.shape) != rank or any(
+                a != b for i, (a, b) in enumerate(zip(c.shape, children[0].shape)) if i != axis
+            ):
+                raise shape_error(
+                    "Concat", name, str(axis), children,
+                    f"children must agree on every axis but {axis}: got "
+                    + ", ".join(str(list(ch.shape)) for ch in children),
+                )
+        shape = list(children[0].shape)
+        shape[axis] = sum(c.shape[axis] for c in children)
+        self._set_common(children, tuple(shape), promote(c.dtype for c in children), name)
+
+    def _payload_bytes(self):
+        return _pack_ints((self.axis,))
+
+    def payload_text(self):
+        return str(self.axis)
+
+    def _rebuild(self, children):
+        return Concat(*children, axis=self.axis, name=self.name)
+
+    def _with_name(self, name):
+        return Concat(*self.children, axis=self.axis, name=name)

@@ -1,0 +1,55 @@
+"""GeneralFunction: a registered function (softmax, rsqrt, gen_index_at_0_c, ...) of its children."""
+
+from __future__ import annotations
+
+from ..errors import ShapeError
+from .base import Circuit, check_children, shape_error
+
+
+class GeneralFunction(Circuit):
+    """A function from the registry in ``circuits.functions`` applied to the children.
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> GeneralFunction('softmax', Array(np.zeros((3, 4), np.float32)), name='p').shape
+    (3, 4)
+    """
+
+    __slots__ = ("function",)
+    type_name = "GeneralFunction"
+
+    def _setup(self, function, *children, name=None):
+        from ..functions import FunctionSpec, lookup
+
+        spec = function if isinstance(function, FunctionSpec) else lookup(str(function))
+        children = check_children("GeneralFunction", name, children)
+        lo, hi = spec.num_args
+        if not lo <= len(children) <= (hi if hi is not None else len(children)):
+            want = str(lo) if lo == hi else f"{lo} to {hi if hi is not None else 'any'}"
+            raise shape_error(
+                "GeneralFunction", name, spec.name, children,
+                f"{spec.name} takes {want} argument(s), got {len(children)}",
+            )
+        try:
+            shape = tuple(int(s) for s in spec.shape_rule([c.shape for c in children]))
+            dtype = spec.result_dtype([c.dtype for c in children])
+        except ShapeError as e:
+            raise shape_error("GeneralFunction", name, spec.name, children, str(e)) from None
+        self.function = spec
+        self._set_common(children, shape, dtype, name)
+
+    @property
+    def function_name(self) -> str:
+        return self.function.name
+
+    def _payload_bytes(self):
+        return self.function.name.encode()
+
+    def payload_text(self):
+        return self.function.name
+
+    def _rebuild(self, children):
+        return GeneralFunction(self.function, *children, name=self.name)
+
+    def _with_name(self, name):
+        return GeneralFunction(self.function, *self.children, name=name)

@@ -1,0 +1,139 @@
+"""Index: ints, slices (kept exactly as written) and 1-d int arrays, applied axis by axis."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CircuitError
+from .base import Circuit, _pack_ints, check_children, shape_error
+
+
+def _slice_text(s: slice) -> str:
+    def part(v):
+        return "" if v is None else str(v)
+
+    text = f"{part(s.start)}:{part(s.stop)}"
+    if s.step is not None:
+        text += f":{s.step}"
+    return text
+
+
+def index_entry_text(entry) -> str:
+    if isinstance(entry, slice):
+        return _slice_text(entry)
+    if isinstance(entry, np.ndarray):
+        return "[" + ",".join(str(int(v)) for v in entry) + "]"
+    return str(entry)
+
+
+def index_text(index) -> str:
+    """``(0, slice(None), slice(None))`` -> ``[0,:,:]``."""
+    return "[" + ",".join(index_entry_text(e) for e in index) + "]"
+
+
+def _normalize_entry(entry, what):
+    if isinstance(entry, slice):
+        for v in (entry.start, entry.stop, entry.step):
+            if v is not None and not isinstance(v, (int, np.integer)):
+                raise CircuitError(f"{what}: slice bounds must be ints or None, got {entry!r}")
+        if entry.step == 0:
+            raise CircuitError(f"{what}: slice step cannot be 0")
+        conv = lambda v: None if v is None else int(v)  # noqa: E731
+        return slice(conv(entry.start), conv(entry.stop), conv(entry.step))
+    if isinstance(entry, (bool, np.bool_)):
+        raise CircuitError(f"{what}: a bool is not an index; use an int, a slice or an int array")
+    if isinstance(entry, (int, np.integer)):
+        return int(entry)
+    if isinstance(entry, Circuit):
+        raise CircuitError(
+            f"{what}: an index entry cannot be a circuit node; to gather by computed ints use "
+            "GeneralFunction('gen_index_at_0', x, idx)"
+        )
+    arr = np.asarray(entry)
+    if arr.dtype.kind == "f":
+        raise CircuitError(f"{what}: a float array is not an index; give ints (dtype {arr.dtype})")
+    if arr.dtype.kind not in "iu" and arr.size:
+        raise CircuitError(f"{what}: index entry {entry!r} is not an int, slice or int array")
+    if arr.ndim != 1:
+        raise CircuitError(f"{what}: array index entries must be 1-d, got shape {list(arr.shape)}")
+    arr = arr.astype(np.int64)
+    arr.flags.writeable = False
+    return arr
+
+
+def _entry_bytes(e) -> bytes:
+    if isinstance(e, slice):
+        vals = [e.start, e.stop, e.step]
+        return b"s" + bytes(int(v is None) for v in vals) + _pack_ints([0 if v is None else v for v in vals])
+    if isinstance(e, np.ndarray):
+        return b"a" + _pack_ints((len(e),)) + e.tobytes()
+    return b"i" + _pack_ints((e,))
+
+
+class Index(Circuit):
+    """Index a child axis by axis (outer style): an int drops its axis, a slice keeps it as
+    written, a 1-d int array selects along it.  Shorter indices are padded with ``:``.
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> w = Array(np.zeros((8, 32, 256), np.float32), name='a0.w.q')
+    >>> Index(w, (0, slice(None), slice(None)), name='a0.w.q.head0').line()
+    "'a0.w.q.head0' [32,256] Index [0,:,:]"
+    """
+
+    __slots__ = ("index",)
+    type_name = "Index"
+    prints_shape = True
+
+    index: tuple
+
+    def _setup(self, child, index, name=None):
+        (child,) = check_children("Index", name, (child,))
+        if not isinstance(index, tuple):
+            index = tuple(index) if isinstance(index, list) else (index,)
+        what = f"Index {name!r}" if name else "Index"
+        index = tuple(_normalize_entry(e, what) for e in index)
+        self.index = index
+        payload = index_text(index)
+        if len(index) > len(child.shape):
+            raise shape_error(
+                "Index", name, payload, (child,),
+                f"{len(index)} index entries for a child of rank {len(child.shape)}",
+            )
+        shape = []
+        for axis, (e, n) in enumerate(zip(index, child.shape)):
+            if isinstance(e, slice):
+                shape.append(len(range(*e.indices(n))))
+            elif isinstance(e, np.ndarray):
+                if e.size and (e.min() < -n or e.max() >= n):
+                    bad = e[(e < -n) | (e >= n)][0]
+                    raise shape_error(
+                        "Index", name, payload, (child,),
+                        f"index {int(bad)} on axis {axis} is out of range for size {n}",
+                    )
+                shape.append(len(e))
+            else:
+                if not -n <= e < n:
+                    raise shape_error(
+                        "Index", name, payload, (child,),
+                        f"index {e} on axis {axis} is out of range for size {n}",
+                    )
+        shape.extend(child.shape[len(index):])
+        self._set_common((child,), tuple(shape), child.dtype, name)
+
+    def full_index(self) -> tuple:
+        """The index padded with ``slice(None)`` to the child's rank."""
+        return self.index + (slice(None),) * (len(self.children[0].shape) - len(self.index))
+
+    def _payload_bytes(self):
+        return b"".join(_entry_bytes(e) for e in self.index)
+
+    def payload_text(self):
+        return index_text(self.index)
+
+    def _rebuild(self, children):
+        (child,) = children
+        return Index(child, self.index, name=self.name)
+
+    def _with_name(self, name):
+        return Index(self.children[0], self.index, name=name)

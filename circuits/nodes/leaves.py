@@ -1,0 +1,211 @@
+"""Leaf nodes: Array (a tensor or a placeholder for one), Scalar (a constant) and Symbol (a free
+input bound at evaluation)."""
+
+from __future__ import annotations
+
+import struct
+import uuid as uuid_module
+
+import numpy as np
+
+from ..errors import CircuitError
+from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
+from .base import Circuit, DEFAULT_FLOAT, _pack_ints, normalize_dtype, quote_name
+
+_HEX = set("0123456789abcdef")
+
+
+def _check_shape(shape, what):
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise CircuitError(f"{what}: shape must be a sequence of ints, got {shape!r}") from None
+    if any(s < 0 for s in shape):
+        raise CircuitError(f"{what}: shape {list(shape)} has a negative size")
+    return shape
+
+
+class Array(Circuit):
+    """A literal tensor, identified by the content hash of its dtype, shape and bytes.
+
+    A placeholder Array knows only shape, dtype and hash (``Array.placeholder``): it prints like
+    the real one and raises a clear error if evaluated before ``circuits.bind`` or
+    ``circuits.fill_random`` give it a value.
+
+    >>> import numpy as np
+    >>> w = Array(np.zeros((2, 3), np.float32), name='w')
+    >>> w.line()
+    "'w' [2,3] Array 0bc7b4c7bb8c6ed7b1b35cf1"
+    """
+
+    __slots__ = ("value", "content_hash")
+    type_name = "Array"
+    prints_shape = True
+
+    value: "np.ndarray | None"
+    content_hash: str
+
+    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None):
+        if value is None:
+            if shape is None or content_hash is None:
+                raise CircuitError(
+                    "Array needs a value; a placeholder needs shape= and content_hash= "
+                    "(use Array.placeholder(shape, content_hash, name=...))"
+                )
+            shape = _check_shape(shape, f"Array {quote_name(name) if name else ''}")
+            content_hash = str(content_hash).lower()
+            if not content_hash or not set(content_hash) <= _HEX:
+                raise CircuitError(f"Array {name!r}: content hash {content_hash!r} is not hex digits")
+            self.value = None
+            self.content_hash = content_hash
+            self._set_common((), shape, normalize_dtype(dtype), name)
+            return
+        if hasattr(value, "__jax_array__") or type(value).__module__.startswith("jax"):
+            host = np.asarray(value)
+            stored = value
+        else:
+            host = np.asarray(value)
+            if host.flags.writeable:
+                # A private read-only copy: a later write to the caller's array must not change a
+                # node whose hash was computed from the old bytes.
+                host = host.copy()
+                host.flags.writeable = False
+            stored = host
+        dtype_name = normalize_dtype(host.dtype)
+        if dtype is not None and normalize_dtype(dtype) != dtype_name:
+            raise CircuitError(f"Array {name!r}: value has dtype {dtype_name}, not {dtype}")
+        self.value = stored
+        self.content_hash = compute_content_hash(host)
+        self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
+
+    @classmethod
+    def placeholder(cls, shape, content_hash, name=None, dtype=DEFAULT_FLOAT) -> "Array":
+        """An Array whose value is not loaded: shape, dtype and (a prefix of) its content hash."""
+        return cls(None, name, shape=shape, dtype=dtype, content_hash=content_hash)
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.value is None
+
+    @property
+    def short_hash(self) -> str:
+        return self.content_hash[:PRINTED_HASH_HEX]
+
+    def _payload_bytes(self):
+        return self.short_hash.encode()
+
+    def payload_text(self):
+        return self.short_hash
+
+    def _interchangeable_with(self, other):
+        # Never hand back a placeholder for a node that has its value.
+        return not (self.value is None and other.value is not None)
+
+    def _rebuild(self, children):
+        if children:
+            raise CircuitError(f"{self.line()}: an Array has no children")
+        return self
+
+    def _with_name(self, name):
+        if self.value is None:
+            return Array.placeholder(self.shape, self.content_hash, name=name, dtype=self.dtype)
+        return Array(self.value, name=name)
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array (raises for a placeholder)."""
+        if self.value is None:
+            from ..errors import EvaluationError
+
+            raise EvaluationError(
+                f"{self.line()} is a placeholder with no value; give it one with "
+                "circuits.bind(circuit, {name: array}) or circuits.fill_random(circuit, seed)"
+            )
+        return np.asarray(self.value)
+
+
+def format_scalar(value: float) -> str:
+    """Shortest positional form that parses back to the same float: 0.00001, -10000, 1."""
+    return np.format_float_positional(np.float64(value), unique=True, trim="-")
+
+
+class Scalar(Circuit):
+    """A constant value broadcast to a shape (default ``()``).
+
+    >>> Scalar(1e-5, name='ln.c.eps').line()
+    "'ln.c.eps' [] Scalar 0.00001"
+    """
+
+    __slots__ = ("value",)
+    type_name = "Scalar"
+    prints_shape = True
+
+    value: float
+
+    def _setup(self, value, shape=(), name=None):
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
+        self.value = v
+        self._set_common((), _check_shape(shape, f"Scalar {name!r}"), DEFAULT_FLOAT, name)
+
+    def _payload_bytes(self):
+        return struct.pack("<d", self.value) + _pack_ints(self.shape)
+
+    def payload_text(self):
+        return format_scalar(self.value)
+
+    def _rebuild(self, children):
+        if children:
+            raise CircuitError(f"{self.line()}: a Scalar has no children")
+        return self
+
+    def _with_name(self, name):
+        return Scalar(self.value, self.shape, name=name)
+
+
+class Symbol(Circuit):
+    """A free input of given shape and dtype, bound at evaluation (tokens, a dataset...).
+
+    Symbols with equal name, shape, dtype and uuid are the same Symbol; give a ``uuid`` to make
+    two same-named inputs distinct.
+
+    >>> Symbol((300,), name='tokens', dtype='int64').line()
+    "'tokens' [300] Symbol int64"
+    """
+
+    __slots__ = ("uuid",)
+    type_name = "Symbol"
+    prints_shape = True
+
+    uuid: "uuid_module.UUID | None"
+
+    def _setup(self, shape, name=None, dtype=DEFAULT_FLOAT, uuid=None):
+        if uuid is not None and not isinstance(uuid, uuid_module.UUID):
+            uuid = uuid_module.UUID(str(uuid))
+        self.uuid = uuid
+        self._set_common((), _check_shape(shape, f"Symbol {name!r}"), normalize_dtype(dtype), name)
+
+    @classmethod
+    def new(cls, shape, name=None, dtype=DEFAULT_FLOAT) -> "Symbol":
+        """A Symbol with a fresh random uuid, distinct from every other."""
+        return cls(shape, name=name, dtype=dtype, uuid=uuid_module.uuid4())
+
+    def _payload_bytes(self):
+        return self.dtype.encode() + b"|" + (self.uuid.bytes if self.uuid else b"") + _pack_ints(self.shape)
+
+    def payload_text(self):
+        parts = []
+        if self.dtype != DEFAULT_FLOAT:
+            parts.append(self.dtype)
+        if self.uuid is not None:
+            parts.append(str(self.uuid))
+        return " ".join(parts)
+
+    def _rebuild(self, children):
+        if children:
+            raise CircuitError(f"{self.line()}: a Symbol has no children")
+        return self
+
+    def _with_name(self, name):
+        return Symbol(self.shape, name=name, dtype=self.dtype, uuid=self.uuid)

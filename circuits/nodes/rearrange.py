@@ -1,0 +1,182 @@
+"""Rearrange: split, merge, permute and repeat axes with an einops-style spec."""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import CircuitError
+from .base import Circuit, check_children, shape_error
+
+_TOKEN = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*|1|->)")
+
+
+def _parse_side(text: str, spec: str):
+    groups, current, pos = [], None, 0
+    text = text.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise CircuitError(
+                f"rearrange spec {spec!r}: cannot read {text[pos:].strip()!r} "
+                "(axis names, '(' ')' groups and '1' for a unit axis)"
+            )
+        tok = m.group(1)
+        pos = m.end()
+        if tok == "(":
+            if current is not None:
+                raise CircuitError(f"rearrange spec {spec!r}: nested parentheses")
+            current = []
+        elif tok == ")":
+            if current is None:
+                raise CircuitError(f"rearrange spec {spec!r}: unbalanced ')'")
+            groups.append(tuple(current))
+            current = None
+        elif tok == "->":
+            raise CircuitError(f"rearrange spec {spec!r}: more than one '->'")
+        else:
+            entry = () if tok == "1" else (tok,)
+            if current is None:
+                groups.append(entry)
+            else:
+                current.extend(entry)
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+    if current is not None:
+        raise CircuitError(f"rearrange spec {spec!r}: unbalanced '('")
+    return tuple(groups)
+
+
+def parse_rearrange_spec(spec: str):
+    """``'a (b c) -> b a c'`` -> ((('a',), ('b', 'c')), (('b',), ('a',), ('c',)))."""
+    if spec.count("->") != 1:
+        raise CircuitError(f"rearrange spec {spec!r} needs exactly one '->' (like 'a (b c) -> b a c')")
+    lhs, rhs = spec.split("->")
+    ins, outs = _parse_side(lhs, spec), _parse_side(rhs, spec)
+    for side, groups in (("left", ins), ("right", outs)):
+        names = [n for g in groups for n in g]
+        if len(set(names)) != len(names):
+            raise CircuitError(f"rearrange spec {spec!r}: an axis name is repeated on the {side}")
+    return ins, outs
+
+
+def _side_text(groups) -> str:
+    out = []
+    for g in groups:
+        if len(g) == 1:
+            out.append(g[0])
+        elif not g:
+            out.append("1")
+        else:
+            out.append("(" + " ".join(g) + ")")
+    return " ".join(out)
+
+
+def format_rearrange_spec(ins, outs) -> str:
+    return f"{_side_text(ins)} -> {_side_text(outs)}"
+
+
+class Rearrange(Circuit):
+    """einops-style axis rearrangement: ``Rearrange(x, '(h d) s -> h s d', h=8)``.
+
+    Axes are split and merged with parentheses, permuted by order, and an axis only on the right
+    repeats the input (its size must be given); an axis only on the left must have size 1.
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> x = Array(np.zeros((6, 5), np.float32))
+    >>> r = Rearrange(x, '(h d) s -> h s d', h=2)
+    >>> r.shape, r.payload_text()
+    ((2, 5, 3), '(h d) s -> h s d h=2')
+    """
+
+    __slots__ = ("in_groups", "out_groups", "given_sizes", "sizes")
+    type_name = "Rearrange"
+
+    def _setup(self, child, spec, name=None, **sizes):
+        (child,) = check_children("Rearrange", name, (child,))
+        if isinstance(spec, tuple):
+            ins, outs = spec
+        else:
+            ins, outs = parse_rearrange_spec(spec)
+        given = tuple(sorted((str(k), int(v)) for k, v in sizes.items()))
+        self.in_groups, self.out_groups, self.given_sizes = ins, outs, given
+        payload = self._payload_from(ins, outs, given)
+        fail = lambda msg: shape_error("Rearrange", name, payload, (child,), msg)  # noqa: E731
+        known = dict(given)
+        for k, v in given:
+            if v < 0:
+                raise fail(f"size {k}={v} is negative")
+        if len(ins) != len(child.shape):
+            raise fail(f"the left side has {len(ins)} axes but the child has shape {list(child.shape)}")
+        for g, n in zip(ins, child.shape):
+            unknown = [a for a in g if a not in known]
+            prod = 1
+            for a in g:
+                if a in known:
+                    prod *= known[a]
+            if len(unknown) > 1:
+                raise fail(f"group ({' '.join(g)}) has several unknown sizes; give all but one, e.g. {unknown[0]}=...")
+            if unknown:
+                if prod == 0 or n % prod:
+                    raise fail(f"axis of size {n} cannot split into ({' '.join(g)}) with {dict(known)}")
+                known[unknown[0]] = n // prod
+            elif prod != n:
+                raise fail(f"group ({' '.join(g) or '1'}) has size {prod} but the axis has size {n}")
+        in_names = {a for g in ins for a in g}
+        out_names = {a for g in outs for a in g}
+        for a in in_names - out_names:
+            if known[a] != 1:
+                raise fail(f"axis {a} (size {known[a]}) is on the left only; only size-1 axes can be dropped")
+        for a in out_names - in_names:
+            if a not in known:
+                raise fail(f"new axis {a} needs its size, e.g. {a}=4")
+        unused = set(dict(given)) - in_names - out_names
+        if unused:
+            raise fail(f"size given for {', '.join(sorted(unused))}, which the spec does not use")
+        self.sizes = tuple(sorted(known.items()))
+        shape = []
+        for g in outs:
+            prod = 1
+            for a in g:
+                prod *= known[a]
+            shape.append(prod)
+        self._set_common((child,), tuple(shape), child.dtype, name)
+
+    @staticmethod
+    def _payload_from(ins, outs, given):
+        text = format_rearrange_spec(ins, outs)
+        if given:
+            text += " " + " ".join(f"{k}={v}" for k, v in given)
+        return text
+
+    @property
+    def spec(self) -> str:
+        return format_rearrange_spec(self.in_groups, self.out_groups)
+
+    def axis_sizes(self) -> dict:
+        return dict(self.sizes)
+
+    def _payload_bytes(self):
+        return self.payload_text().encode()
+
+    def payload_text(self):
+        return self._payload_from(self.in_groups, self.out_groups, self.given_sizes)
+
+    def _rebuild(self, children):
+        (child,) = children
+        return Rearrange(child, (self.in_groups, self.out_groups), name=self.name, **dict(self.given_sizes))
+
+    def _with_name(self, name):
+        return Rearrange(
+            self.children[0], (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes)
+        )
+
+    @classmethod
+    def from_text(cls, child, payload: str, name=None) -> "Rearrange":
+        """Parse the printed payload (``'(h d) s -> h s d h=2'``)."""
+        words = payload.split()
+        sizes = {}
+        while words and "=" in words[-1]:
+            k, _, v = words.pop().partition("=")
+            sizes[k] = int(v)
+        return cls(child, " ".join(words), name=name, **sizes)

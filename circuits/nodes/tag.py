@@ -1,0 +1,45 @@
+"""Tag: an identity op that makes otherwise-equal subtrees distinct."""
+
+from __future__ import annotations
+
+import uuid as uuid_module
+
+from .base import Circuit, check_children
+
+
+class Tag(Circuit):
+    """Identity on its one child, carrying a uuid so that two copies of a subtree can be told
+    apart (and so rewritten or patched separately).
+
+    >>> from circuits import Scalar
+    >>> t = Tag(Scalar(1.0), uuid='00000000-0000-0000-0000-000000000001')
+    >>> t.line()
+    'Tag 00000000-0000-0000-0000-000000000001'
+    """
+
+    __slots__ = ("uuid",)
+    type_name = "Tag"
+
+    uuid: uuid_module.UUID
+
+    def _setup(self, child, uuid=None, name=None):
+        (child,) = check_children("Tag", name, (child,))
+        if uuid is None:
+            uuid = uuid_module.uuid4()
+        elif not isinstance(uuid, uuid_module.UUID):
+            uuid = uuid_module.UUID(str(uuid))
+        self.uuid = uuid
+        self._set_common((child,), child.shape, child.dtype, name)
+
+    def _payload_bytes(self):
+        return self.uuid.bytes
+
+    def payload_text(self):
+        return str(self.uuid)
+
+    def _rebuild(self, children):
+        (child,) = children
+        return Tag(child, self.uuid, name=self.name)
+
+    def _with_name(self, name):
+        return Tag(self.children[0], self.uuid, name=name)
