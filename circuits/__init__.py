@@ -35,6 +35,19 @@ _LAZY = {
     "compile": ("circuits.evaluation", "compile"),
     "Compiled": ("circuits.evaluation", "Compiled"),
     "models": ("circuits.models", None),
+    "testing": ("circuits.testing", None),
+    # text format (circuits/text/)
+    "parse": ("circuits.text.parser", "parse"),
+    "parse_many": ("circuits.text.parser", "parse_many"),
+    # values for placeholder Arrays (circuits/values.py)
+    "bind": ("circuits.values", "bind"),
+    "fill_random": ("circuits.values", "fill_random"),
+    # tensor store and circuit files
+    "TensorStore": ("circuits.store", "TensorStore"),
+    "save": ("circuits.files", "save"),
+    "load": ("circuits.files", "load"),
+    # exact symbolic comparison
+    "symbolic_equal": ("circuits.symbolic", "symbolic_equal"),
 }
 
 __all__ = [
