@@ -1,0 +1,64 @@
+"""Seed model loss through circuits.compile vs a hand-written jax.jit of the same math (CPU).
+
+Run: ``.venv/bin/python -m benchmarks.bench_seed_model``.  Target (issue 2): ratio ≤ 1.10 for one
+sequence and for a batch of 32 sequences.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+import circuits as C
+from circuits.models import attn_only, random_weights, tokens_symbol
+
+from .common import interleaved_medians, report
+from .handwritten_attn_only import loss_naive
+
+
+def main(runs: int = 20, batch: int = 32):
+    w = random_weights(0)
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, 50259, 302)
+    circuit = attn_only(w, toks)
+    compiled = C.compile(circuit)
+    wj = {k: jax.device_put(v) for k, v in w.items()}
+    hand = jax.jit(loss_naive)
+    tj = jax.device_put(toks.astype(np.int32))
+    np.testing.assert_allclose(compiled(), np.asarray(hand(wj, tj)), atol=1e-4)
+    single = interleaved_medians(
+        {"circuit": lambda: compiled(), "hand": lambda: hand(wj, tj).block_until_ready()}, runs=runs
+    )
+    rows = [
+        ("one sequence, circuits.compile", f"{single['circuit'] * 1e3:8.1f} ms"),
+        ("one sequence, hand-written jit", f"{single['hand'] * 1e3:8.1f} ms"),
+        ("ratio", f"{single['circuit'] / single['hand']:8.3f}"),
+    ]
+
+    batch_toks = rng.integers(0, 50259, (batch, 302))
+    sym_circuit = attn_only(w, tokens_symbol(302))
+    hand_b = jax.jit(jax.vmap(loss_naive, in_axes=(None, 0)))
+    tb = jax.device_put(batch_toks.astype(np.int32))
+    from circuits.evaluation import evaluate
+
+    def run_circuit_batch():
+        return evaluate(sym_circuit, {"toks_int_var": batch_toks}, batched=True)
+
+    try:
+        np.testing.assert_allclose(run_circuit_batch(), np.asarray(hand_b(wj, tb)), atol=1e-4)
+        b = interleaved_medians(
+            {"circuit": run_circuit_batch, "hand": lambda: hand_b(wj, tb).block_until_ready()},
+            runs=max(5, runs // 4),
+        )
+        rows += [
+            (f"batch of {batch}, circuits (batched)", f"{b['circuit'] * 1e3:8.1f} ms"),
+            (f"batch of {batch}, hand-written vmap+jit", f"{b['hand'] * 1e3:8.1f} ms"),
+            ("ratio", f"{b['circuit'] / b['hand']:8.3f}"),
+        ]
+    except TypeError as e:  # batched evaluation not available
+        rows.append(("batch", f"skipped: {e}"))
+    report(f"seed model loss, {jax.devices()[0].platform} ({jax.devices()[0].device_kind})", rows)
+
+
+if __name__ == "__main__":
+    main()

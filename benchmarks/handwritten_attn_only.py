@@ -1,0 +1,39 @@
+"""The seed's attention-only transformer written by hand in JAX, the way a researcher would
+(heads batched in one einsum): the baseline that circuit evaluation is measured against."""
+
+import jax
+import jax.numpy as jnp
+
+
+def _ln(x, scale, bias, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    xc = x - mean
+    var = (xc * xc).mean(-1, keepdims=True)
+    return xc * jax.lax.rsqrt(var + eps) * scale + bias
+
+
+def logits(w, tokens, n_layers=2):
+    inp = tokens[:-2]
+    n = inp.shape[0]
+    x = w["t.w.tok_embeds"][inp]
+    pos = w["t.w.pos_embeds"][:n]
+    mask = jnp.tril(jnp.ones((n, n), x.dtype))
+    for l in range(n_layers):
+        h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
+        qk = h + pos
+        q = jnp.einsum("sd,hcd->hsc", qk, w[f"a{l}.w.q"])
+        k = jnp.einsum("sd,hcd->hsc", qk, w[f"a{l}.w.k"])
+        v = jnp.einsum("sd,hcd->hsc", h, w[f"a{l}.w.v"])
+        scores = jnp.einsum("hqc,hkc->hqk", q, k) * jax.lax.rsqrt(jnp.float32(q.shape[-1]))
+        scores = scores * mask - 10000.0 * (1 - mask)
+        probs = jax.nn.softmax(scores, -1)
+        x = x + jnp.einsum("hqk,hkc,hdc->qd", probs, v, w[f"a{l}.w.o"])
+    final = _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"])
+    return final @ w["t.w.unembed"].T
+
+
+def loss_naive(w, tokens, n_layers=2):
+    """log_softmax over the whole vocabulary, then gather the true token."""
+    lp = jax.nn.log_softmax(logits(w, tokens, n_layers), -1)
+    target = tokens[1:-1]
+    return -jnp.take_along_axis(lp, target[:, None], axis=1)[:, 0]

@@ -1,0 +1,204 @@
+"""The seed's model: an attention-only transformer computing its per-token loss.
+
+``attn_only(weights, tokens)`` builds exactly the circuit printed in
+``shared/seeds/001_8fc6c5056666d56f.txt``: same node types, names, einsum specs, index specs,
+function names, scalars and child order.  Sizes (layers, heads, widths, vocabulary, positions)
+come from the weights and the tokens, so small configurations build the same structure.
+
+The computation, per layer ``l`` with residual stream ``r`` (tokens ``t``, ``P = len(t) - 2``
+positions)::
+
+    r0  = tok_embeds[t[:-2]]                       'idxed_embeds'
+    n   = LN_l(r)                                  'a{l}.norm'  (LN: mean-subtract, rsqrt(var+eps), scale, bias)
+    qk  = n + pos_embeds[:P]                       'a.qk_input' (positions enter queries and keys only)
+    head h: softmax(q k^T / sqrt(d_head) * mask - 10000 * (1 - mask)) (n W_v^T) W_o^T
+    r'  = sum_h head_h + r                         'b{l}'
+    loss = -log_softmax(LN_final(r) unembed^T)[i, t[i+1]]   't.loss'
+
+>>> from circuits.models import attn_only, random_weights
+>>> import numpy as np
+>>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+>>> c = attn_only(w, np.array([1, 2, 3, 4, 5, 6]))
+>>> c.name, c.shape
+('t.loss', (4,))
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import CircuitError
+from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, Symbol
+
+LN_EPS = 1e-5
+NEG_INF = -10000.0
+ALL = slice(None)
+
+
+def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, name: str) -> Circuit:
+    """LayerNorm over the last axis of ``x`` ([positions, d_model]) in the seed's node layout;
+    the result is named ``name``."""
+    neg = Scalar(-1.0, (1,), name="ln.neg")
+    hidden_size = GeneralFunction("last_dim_size", x, name="ln.c.hidden_size")
+    recip = GeneralFunction("reciprocal", hidden_size, name="ln.c.recip_hidden_size")
+    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name="ln.neg_mean")
+    mean_subbed = Add(x, neg_mean, name="ln.mean_subbed")
+    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name="ln.var")
+    var_p_eps = Add(Scalar(LN_EPS, name="ln.c.eps"), var, name="ln.var_p_eps")
+    rsqrt = GeneralFunction("rsqrt", var_p_eps, name="ln.rsqrt")
+    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name="ln.y")
+    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name="ln.y_scaled")
+    return Add(bias, y_scaled, name=name)
+
+
+def _neg_inf_bias(mask: Circuit) -> Circuit:
+    neg_mask = Einsum.from_spec("ab,->ab", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
+    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
+    return Einsum.from_spec("qk,->qk", not_mask, Scalar(NEG_INF, name="a.neg_inf"), name="a.score_neg_inf_bias")
+
+
+def attention_head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w: Mapping[str, Circuit],
+                   mask: Circuit, neg_inf_bias: Circuit) -> Circuit:
+    """One head's contribution to the residual stream: ``'b{layer}.a.head{head}'``."""
+    p = f"a{layer}.w"
+    sel = (head, ALL, ALL)
+    wq = Index(w[f"{p}.q"], sel, name=f"{p}.q.head{head}")
+    wk = Index(w[f"{p}.k"], sel, name=f"{p}.k.head{head}")
+    wv = Index(w[f"{p}.v"], sel, name=f"{p}.v.head{head}")
+    wo = Index(w[f"{p}.o"], sel, name=f"{p}.o.head{head}")
+    q = Einsum.from_spec("qd,cd->qc", qk_input, wq, name="a.q")
+    k = Einsum.from_spec("kd,cd->kc", qk_input, wk, name="a.k")
+    head_dim = Einsum.from_spec("jk->j", wk, name="a.c.bias_for_head_size")
+    head_size = GeneralFunction("last_dim_size", head_dim, name="a.c.head_size")
+    scale = GeneralFunction("rsqrt", head_size, name="a.c.div_head_size")
+    raw = Einsum.from_spec("qc,kc,,qk->qk", q, k, scale, mask, name="a.attn_scores_raw")
+    scores = Add(raw, neg_inf_bias, name="a.attn_scores")
+    probs = GeneralFunction("softmax", scores, name="a.attn_probs")
+    v = Einsum.from_spec("kd,Vd->kV", norm, wv, name="a.v")
+    comb_v = Einsum.from_spec("qk,kV->qV", probs, v, name="a.comb_v")
+    return Einsum.from_spec("sV,dV->sd", comb_v, wo, name=f"b{layer}.a.head{head}")
+
+
+def causal_mask(n: int) -> np.ndarray:
+    """``mask[q, k] = 1`` where key ``k`` may be attended from query ``q`` (``k <= q``), else 0."""
+    return np.tril(np.ones((n, n), dtype=np.float32))
+
+
+def _weight_arrays(weights: Mapping, n_layers: int) -> dict[str, Circuit]:
+    out = {}
+    for k, v in weights.items():
+        out[k] = v if isinstance(v, Circuit) else Array(np.asarray(v), name=k)
+        if out[k].name != k:
+            raise CircuitError(f"weight {k!r} is a node named {out[k].name!r}; name it {k!r}")
+    return out
+
+
+def n_layers_of(weights: Mapping) -> int:
+    n = 0
+    while f"a{n}.w.q" in weights:
+        n += 1
+    if n == 0:
+        raise CircuitError("weights have no 'a0.w.q': expected keys like 't.w.tok_embeds', 'a0.w.q', ...")
+    return n
+
+
+REQUIRED_GLOBAL = ("t.w.tok_embeds", "t.w.pos_embeds", "final.ln.w.bias", "final.ln.w.scale", "t.w.unembed")
+LAYER_KEYS = ("ln.w.bias", "ln.w.scale", "w.q", "w.k", "w.v", "w.o")
+
+
+def _check_weights(weights: Mapping, n_layers: int):
+    needed = list(REQUIRED_GLOBAL) + [f"a{l}.{k}" for l in range(n_layers) for k in LAYER_KEYS]
+    missing = [k for k in needed if k not in weights]
+    if missing:
+        raise CircuitError(f"attn_only: weights are missing {', '.join(missing)}")
+
+
+def _tokens_node(tokens) -> Circuit:
+    if isinstance(tokens, Circuit):
+        if len(tokens.shape) != 1:
+            raise CircuitError(f"tokens must be 1-d, got {tokens.line()}")
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise CircuitError(f"tokens must be a 1-d int array, got dtype {arr.dtype} shape {list(arr.shape)}")
+    return Array(arr.astype(np.int64), name="toks_int_var")
+
+
+def tokens_symbol(length: int) -> Symbol:
+    """The tokens input as a Symbol (``'toks_int_var'``, int64) for evaluating many sequences."""
+    return Symbol((length,), name="toks_int_var", dtype="int64")
+
+
+def attn_only_residual(weights: Mapping, tokens) -> tuple[Circuit, Circuit, dict]:
+    """The final residual stream ``'b{L-1}'`` and the tokens node."""
+    n_layers = n_layers_of(weights)
+    _check_weights(weights, n_layers)
+    w = _weight_arrays(weights, n_layers)
+    toks = _tokens_node(tokens)
+    n_pos = toks.shape[0] - 2
+    if n_pos < 1:
+        raise CircuitError(f"tokens must have length >= 3 (positions + 2), got {toks.shape[0]}")
+    if w["t.w.pos_embeds"].shape[0] < n_pos:
+        raise CircuitError(
+            f"{n_pos} positions but 't.w.pos_embeds' has only {w['t.w.pos_embeds'].shape[0]} rows"
+        )
+    mask = w.get("t.a.c.causal_mask")
+    if mask is None:
+        mask = Array(causal_mask(n_pos), name="t.a.c.causal_mask")
+    input_toks = Index(toks, (slice(None, -2),), name="input_toks_int")
+    resid = GeneralFunction("gen_index_at_0_c", w["t.w.tok_embeds"], input_toks, name="idxed_embeds")
+    pos = Index(w["t.w.pos_embeds"], (slice(None, n_pos), ALL), name="t.w.pos_embeds_idxed")
+    neg_inf_bias = _neg_inf_bias(mask)
+    n_heads = w["a0.w.q"].shape[0]
+    for layer in range(n_layers):
+        norm = layer_norm(resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], f"a{layer}.norm")
+        qk_input = Add(norm, pos, name="a.qk_input")
+        heads = [attention_head(layer, h, norm, qk_input, w, mask, neg_inf_bias) for h in range(n_heads)]
+        resid = Add(Add(*heads, name=f"b{layer}.a"), resid, name=f"b{layer}")
+    return resid, toks, w
+
+
+def attn_only(weights: Mapping, tokens, *, logits: bool = False) -> Circuit:
+    """The seed's loss circuit ``'t.loss'`` ([positions]): the negative log-probability of each next
+    token.  ``weights`` maps the seed's Array names (``'t.w.tok_embeds'``, ``'a0.w.q'``, ...,
+    ``'t.w.unembed'``; ``'t.a.c.causal_mask'`` optional) to arrays (or Array nodes); ``tokens`` is the
+    int array the seed calls ``'toks_int_var'`` (positions + 2 long) or a Symbol for it (see
+    ``tokens_symbol``).  ``logits=True`` returns the logits ``'t.call'`` ([positions, vocab]).
+    """
+    resid, toks, w = attn_only_residual(weights, tokens)
+    final = layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], "final.call")
+    out = Einsum.from_spec("sh,vh->sv", final, w["t.w.unembed"], name="t.call")
+    if logits:
+        return out
+    log_probs = GeneralFunction("log_softmax", out, name="log_probs")
+    true_toks = Index(toks, (slice(1, -1),), name="true_toks_int")
+    ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true_toks, name="ll")
+    return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="t.loss")
+
+
+def random_weights(seed: int = 0, *, vocab: int = 50259, d_model: int = 256, n_heads: int = 8,
+                   head_size: int = 32, n_layers: int = 2, max_positions: int = 2048,
+                   dtype=np.float32) -> dict[str, np.ndarray]:
+    """Random weights keyed by the seed's names (the seed's sizes by default), scaled so the
+    activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    w = {
+        "t.w.tok_embeds": normal(vocab, d_model, scale=1.0),
+        "t.w.pos_embeds": normal(max_positions, d_model, scale=0.5),
+        "final.ln.w.bias": normal(d_model, scale=0.1),
+        "final.ln.w.scale": (1.0 + normal(d_model, scale=0.1)).astype(dtype),
+        "t.w.unembed": normal(vocab, d_model, scale=d_model**-0.5),
+    }
+    for l in range(n_layers):
+        w[f"a{l}.ln.w.bias"] = normal(d_model, scale=0.1)
+        w[f"a{l}.ln.w.scale"] = (1.0 + normal(d_model, scale=0.1)).astype(dtype)
+        for k in ("q", "k", "v"):
+            w[f"a{l}.w.{k}"] = normal(n_heads, head_size, d_model, scale=d_model**-0.5)
+        w[f"a{l}.w.o"] = normal(n_heads, d_model, head_size, scale=(n_heads * head_size) ** -0.5)
+    return w
