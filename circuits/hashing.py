@@ -23,10 +23,13 @@ def content_hash(value) -> str:
     >>> len(content_hash(np.zeros((2,), np.float32)))
     64
     """
-    arr = np.ascontiguousarray(np.asarray(value))
+    # order="C", not ascontiguousarray: that one turns a 0-d array into shape (1,), which would
+    # give a scalar and a one-element vector the same hash.
+    arr = np.asarray(value, order="C")
     h = blake3.blake3(max_threads=blake3.blake3.AUTO if arr.nbytes > (1 << 22) else 1)
     h.update(f"{arr.dtype.str}|{','.join(map(str, arr.shape))}|".encode())
-    h.update(memoryview(arr).cast("B") if arr.nbytes else b"")
+    # Viewed as bytes first: memoryview cannot export ml_dtypes types such as bfloat16.
+    h.update(memoryview(arr.reshape(-1).view(np.uint8)) if arr.nbytes else b"")
     return h.hexdigest()
 
 
