@@ -1,0 +1,395 @@
+"""The DAG builder behind ``circuits.testing.circuits``.
+
+Shape first, then a node of that shape.  Each built node carries an interval bounding its values
+(exact for leaves, interval arithmetic above), so that functions needing positive or bounded
+arguments only get such children and every node stays within ``MAGNITUDE_CAP``.  A composite
+that breaks its caller's bounds is replaced by a leaf; built nodes go to a pool that later draws
+reuse, which is where the sharing comes from.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..functions import lookup
+from ..nodes.add import broadcast_shapes
+from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from ..traversal import toposort
+from .strategies import (
+    MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays, shapes,
+)
+
+
+class Options(NamedTuple):
+    shape: st.SearchStrategy
+    types: tuple
+    functions: tuple
+    max_nodes: int
+    max_depth: int
+    names: st.SearchStrategy
+    dtype: str
+    root_types: tuple | None
+
+
+class Need(NamedTuple):
+    """What the caller needs of a node's values."""
+
+    positive: bool = False
+    max_mag: float = MAGNITUDE_CAP
+
+    def ok(self, iv) -> bool:
+        lo, hi = iv
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return False
+        if max(abs(lo), abs(hi)) > self.max_mag:
+            return False
+        return not self.positive or lo >= POSITIVE_MIN
+
+
+ANY = Need()
+POSITIVE = Need(positive=True)
+
+_SCALARS = (1.0, -1.0, 0.5, 2.0, 0.0, -0.5, 1.5)
+_POSITIVE_SCALARS = (1.0, 0.5, 2.0, 1.5)
+
+
+def _round(v):
+    # Scalars print in positional notation: keep them short.
+    return round(v, 3)
+_MAX_ELEMENTS = 512
+
+
+def _imul(a, b):
+    products = (a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1])
+    return min(products), max(products)
+
+
+def _hull(ivs):
+    return min(i[0] for i in ivs), max(i[1] for i in ivs)
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _abs_iv(lo, hi):
+    if lo <= 0 <= hi:
+        return 0.0, max(-lo, hi)
+    return min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+
+
+# Unary elementwise functions: name -> (child need given the parent's need, value interval).
+def _same(need):
+    return need
+
+
+def _unary_table():
+    def child(max_mag=MAGNITUDE_CAP, positive=False):
+        return lambda need: Need(positive, max_mag)
+
+    return {
+        "exp": (child(4.0), lambda lo, hi: (math.exp(lo), math.exp(hi))),
+        "log": (child(positive=True), lambda lo, hi: (math.log(lo), math.log(hi))),
+        "sin": (child(), lambda lo, hi: (-1.0, 1.0)),
+        "cos": (child(), lambda lo, hi: (-1.0, 1.0)),
+        "tanh": (child(), lambda lo, hi: (math.tanh(lo), math.tanh(hi))),
+        "sqrt": (child(positive=True), lambda lo, hi: (math.sqrt(lo), math.sqrt(hi))),
+        "rsqrt": (child(positive=True), lambda lo, hi: (1 / math.sqrt(hi), 1 / math.sqrt(lo))),
+        "reciprocal": (child(positive=True), lambda lo, hi: (1 / hi, 1 / lo)),
+        "abs": (child(), _abs_iv),
+        "sigmoid": (child(4.0), lambda lo, hi: (_sigmoid(lo), _sigmoid(hi))),
+        "relu": (child(), lambda lo, hi: (max(lo, 0.0), max(hi, 0.0))),
+        "gelu": (child(), lambda lo, hi: (max(lo, -0.2), max(hi, 0.0))),
+        "gelu_new": (child(), lambda lo, hi: (max(lo, -0.2), max(hi, 0.0))),
+        "silu": (child(), lambda lo, hi: (max(lo, -0.3), max(hi, 0.0))),
+        "square": (child(50.0), lambda lo, hi: tuple(x * x for x in _abs_iv(lo, hi))),
+    }
+
+
+_UNARY = _unary_table()
+_LAST_AXIS = ("softmax", "log_softmax")
+_REDUCTIONS = ("logsumexp", "max", "min", "mean", "last_dim_size")
+
+
+class Builder:
+    def __init__(self, draw, opts: Options):
+        self.draw = draw
+        self.opts = opts
+        self.types = set(opts.types)
+        self.pool: list[tuple] = []  # (node, interval)
+        self.budget = opts.max_nodes
+        self.can_be_positive = Array in self.types or Scalar in self.types
+        fns = set(opts.functions)
+        if not self.can_be_positive:
+            # Nothing could give these the positive arguments they need.
+            fns -= {"log", "sqrt", "rsqrt", "reciprocal", "pow"}
+        self.unary = [f for f in _UNARY if f in fns]
+        self.custom = [f for f in fns if f not in _UNARY and f not in _LAST_AXIS + _REDUCTIONS
+                       and f not in ("pow", "gen_index")]
+        for f in self.custom:
+            spec = lookup(f)
+            if not (spec.elementwise and spec.num_args == (1, 1)):
+                from hypothesis.errors import InvalidArgument
+
+                raise InvalidArgument(f"function {f!r}: only elementwise one-argument user functions "
+                                      "can be drawn")
+        self.last_axis = [f for f in _LAST_AXIS if f in fns]
+        self.reductions = [f for f in _REDUCTIONS if f in fns]
+        self.pow = "pow" in fns and self.can_be_positive
+        self.gather = "gen_index" in fns
+
+    # ------------------------------------------------------------------ entry
+    def build(self, shape, depth, need=ANY, root_types=None):
+        draw = self.draw
+        if root_types is None:
+            fits = [b for b in self.pool if b[0].shape == shape and need.ok(b[1])]
+            if fits and (self.budget <= 0 or draw(st.integers(0, 3)) == 0):
+                return draw(st.sampled_from(fits))
+        kinds = self._kinds(shape, need, root_types)
+        composite = [k for k in kinds if k not in (Array, Scalar, Symbol)]
+        leafy = root_types is None and (depth <= 0 or self.budget <= 0 or draw(st.integers(0, 9)) < 3)
+        if not composite or (leafy and len(composite) < len(kinds)):
+            return self.leaf(shape, need, [k for k in kinds if k in (Array, Scalar, Symbol)])
+        self.budget -= 1
+        kind = draw(st.sampled_from(composite))
+        built = getattr(self, "make_" + kind.__name__.lower())(shape, max(depth - 1, 0), need)
+        if built is None or not need.ok(built[1]):
+            if root_types is not None:
+                from hypothesis import reject
+
+                reject()
+            return self.leaf(shape, need)
+        self.pool.append(built)
+        return built
+
+    def _kinds(self, shape, need, root_types):
+        kinds = [t for t in (root_types or self.opts.types)]
+        if need.positive:
+            kinds = [k for k in kinds if k is not Symbol]
+        if not shape:
+            kinds = [k for k in kinds if k is not Concat]
+        if 0 in shape:
+            kinds = [k for k in kinds if k not in (Concat, Index, Rearrange)]
+        if math.prod(shape) > _MAX_ELEMENTS:
+            kinds = [k for k in kinds if k not in (Einsum, Rearrange, Index, Concat)]
+        return kinds
+
+    def name(self):
+        return self.draw(self.opts.names)
+
+    # ------------------------------------------------------------------ leaves
+    def leaf(self, shape, need, kinds=None):
+        draw = self.draw
+        if kinds is None:
+            kinds = [k for k in (Array, Scalar, Symbol) if k in self.types]
+            if need.positive:
+                kinds = [k for k in kinds if k is not Symbol] or [Array]
+        kind = draw(st.sampled_from(kinds))
+        self.budget -= 1
+        if kind is Array:
+            value = draw(arrays(shape, self.opts.dtype, positive=need.positive))
+            node = Array(value, name=self.name())
+            iv = (float(value.min()), float(value.max())) if value.size else (0.0, 0.0)
+        elif kind is Scalar:
+            if need.positive:
+                values = st.sampled_from(_POSITIVE_SCALARS) | st.floats(0.5, 1.5).map(_round)
+            else:
+                values = st.sampled_from(_SCALARS) | st.floats(-1.5, 1.5).map(_round)
+            v = draw(values)
+            node = Scalar(v, shape, name=self.name())
+            iv = (v, v)
+        else:
+            node = Symbol(shape, name=self.name(), dtype=self.opts.dtype)
+            iv = (-1.5, 1.5)
+        built = (node, iv)
+        self.pool.append(built)
+        return built
+
+    # ------------------------------------------------------------------ composites
+    def make_einsum(self, shape, depth, need):
+        draw = self.draw
+        spec = draw(einsum_specs(shape, max_operands=3 if shape else 2))
+        if any(math.prod(s) > _MAX_ELEMENTS for s in spec.input_shapes):
+            return None
+        kids = [self.build(s, depth, Need(need.positive)) for s in spec.input_shapes]
+        iv = (1.0, 1.0)
+        for _, civ in kids:
+            iv = _imul(iv, civ)
+        sizes = {}
+        for t, s in zip(spec.in_axes, spec.input_shapes):
+            sizes.update(zip(t, s))
+        count = math.prod(n for a, n in sizes.items() if a not in spec.out_axes)
+        iv = (iv[0] * count, iv[1] * count)
+        node = Einsum(*(k[0] for k in kids), in_axes=spec.in_axes, out_axes=spec.out_axes, name=self.name())
+        return node, iv
+
+    def make_add(self, shape, depth, need):
+        draw = self.draw
+        n = draw(st.integers(0 if shape == () else 1, 3))
+        child_shapes = []
+        for _ in range(n):
+            drop = draw(st.integers(0, len(shape)))
+            s = [1 if draw(st.integers(0, 3)) == 0 else d for d in shape[drop:]]
+            child_shapes.append(tuple(s))
+        if n and broadcast_shapes(child_shapes) != tuple(shape):
+            child_shapes[draw(st.integers(0, n - 1))] = tuple(shape)
+        kids = [self.build(s, depth, Need(need.positive)) for s in child_shapes]
+        iv = (sum(k[1][0] for k in kids), sum(k[1][1] for k in kids))
+        return Add(*(k[0] for k in kids), name=self.name()), iv
+
+    def make_generalfunction(self, shape, depth, need):
+        draw = self.draw
+        choices = list(self.unary) + list(self.custom)
+        if shape:
+            choices += self.last_axis
+        choices += self.reductions
+        if self.pow:
+            choices.append("pow")
+        if self.gather:
+            choices.append("gen_index")
+        if need.positive:
+            choices = [c for c in choices if c not in ("sin", "cos", "tanh", "abs", "relu", "gelu",
+                                                       "gelu_new", "silu", "square", "log",
+                                                       "log_softmax")]
+        if not choices:
+            return None
+        f = draw(st.sampled_from(choices))
+        if f in _UNARY:
+            child_need, rule = _UNARY[f]
+            x, civ = self.build(shape, depth, child_need(need))
+            return GeneralFunction(f, x, name=self.name()), rule(*civ)
+        if f in self.custom:
+            x, civ = self.build(shape, depth, Need(False, 4.0))
+            return GeneralFunction(f, x, name=self.name()), (-MAGNITUDE_CAP / 10, MAGNITUDE_CAP / 10)
+        if f in _LAST_AXIS:
+            x, (lo, hi) = self.build(shape, depth, Need(False, 2.0 if need.positive else 20.0))
+            n = shape[-1]
+            if f == "softmax":
+                iv = (math.exp(lo - hi) / n, 1.0)
+            else:
+                iv = (lo - hi - math.log(n), 0.0)
+            return GeneralFunction(f, x, name=self.name()), iv
+        if f in _REDUCTIONS:
+            k = draw(st.integers(1, 3))
+            passthrough = f in ("max", "min", "mean")
+            child_need = Need(need.positive) if passthrough else Need(False, 20.0)
+            x, (lo, hi) = self.build(shape + (k,), depth, child_need)
+            if f == "logsumexp":
+                iv = (lo + math.log(k), hi + math.log(k))
+            elif f == "last_dim_size":
+                iv = (float(k), float(k))
+            else:
+                iv = (lo, hi)
+            return GeneralFunction(f, x, name=self.name()), iv
+        if f == "pow":
+            drop = draw(st.integers(0, len(shape)))
+            base_shape, exp_shape = shape, shape[drop:]
+            if draw(st.booleans()):
+                base_shape, exp_shape = exp_shape, base_shape
+            base, biv = self.build(base_shape, depth, Need(True, 10.0))
+            expo, eiv = self.build(exp_shape, depth, Need(False, 2.0))
+            corners = [b ** e for b in biv for e in eiv]
+            return GeneralFunction("pow", base, expo, name=self.name()), (min(corners), max(corners))
+        return self.make_gather(shape, depth, need)
+
+    def make_gather(self, shape, depth, need):
+        draw = self.draw
+        m = draw(st.integers(1, 4))
+        checked = draw(st.booleans())
+        suffix = "_c" if checked else ""
+        if draw(st.booleans()):
+            # plain: out = x[:ax] + idx.shape + x[ax+1:]
+            ax = draw(st.integers(0, len(shape)))
+            r = draw(st.integers(0, len(shape) - ax))
+            x_shape = shape[:ax] + (m,) + shape[ax + r:]
+            idx_shape = shape[ax:ax + r]
+            d = ax if draw(st.booleans()) else ax - len(x_shape)
+            fname = f"gen_index_at_{d}{suffix}"
+        else:
+            # batched: x[:r] == idx.shape, out = x without axis ax (ax >= r)
+            r = draw(st.integers(0, len(shape)))
+            ax = draw(st.integers(r, len(shape)))
+            x_shape = shape[:ax] + (m,) + shape[ax:]
+            idx_shape = shape[:r]
+            d = ax - r if draw(st.booleans()) else ax - len(x_shape)
+            fname = f"gen_index_at_{d}_batch_x{suffix}"
+        if math.prod(x_shape) > _MAX_ELEMENTS:
+            return None
+        x, iv = self.build(x_shape, depth, Need(need.positive))
+        if Symbol in self.types and draw(st.integers(0, 3)) == 0:
+            idx = Symbol(idx_shape, name=draw(st.sampled_from(("toks", "idx", None))), dtype="int64")
+        else:
+            low = 0 if checked else -m
+            idx = Array(draw(int_arrays(idx_shape, low, m)), name=self.name())
+        return GeneralFunction(fname, x, idx, name=self.name()), iv
+
+    def make_index(self, shape, depth, need):
+        child_shape, index = _index_to(self.draw, shape)
+        if math.prod(child_shape) > _MAX_ELEMENTS:
+            return None
+        x, iv = self.build(child_shape, depth, need)
+        return Index(x, index, name=self.name()), iv
+
+    def make_rearrange(self, shape, depth, need):
+        plan = _rearrange_plan(self.draw, shape, fixed_is_input=False)
+        x, iv = self.build(plan.input_shape, depth, need)
+        return Rearrange(x, plan.spec, name=self.name(), **plan.sizes), iv
+
+    def make_concat(self, shape, depth, need):
+        draw = self.draw
+        axis = draw(st.integers(0, len(shape) - 1))
+        total = shape[axis]
+        cuts = sorted(draw(st.sets(st.integers(1, total - 1), max_size=min(2, total - 1)))) if total > 1 else []
+        bounds = [0, *cuts, total]
+        kids = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            s = list(shape)
+            s[axis] = hi - lo
+            kids.append(self.build(tuple(s), depth, need))
+        written_axis = axis - len(shape) if draw(st.booleans()) else axis
+        node = Concat(*(k[0] for k in kids), axis=written_axis, name=self.name())
+        return node, _hull([k[1] for k in kids])
+
+    def make_tag(self, shape, depth, need):
+        x, iv = self.build(shape, depth, need)
+        return Tag(x, uuid=self.draw(st.uuids()), name=self.name()), iv
+
+
+@st.composite
+def built_circuits(draw, opts: Options):
+    """(circuit, interval) drawn with ``opts``."""
+    shape = draw(opts.shape)
+    builder = Builder(draw, opts)
+    return builder.build(shape, opts.max_depth, ANY, root_types=opts.root_types)
+
+
+def int_symbol_ranges(circuit) -> dict:
+    """int Symbol -> exclusive upper bound that keeps every gen_index gathering by it in range."""
+    out = {}
+    for node in toposort(circuit):
+        if type(node) is not GeneralFunction or node.function.index_arg is None:
+            continue
+        idx = node.children[node.function.index_arg]
+        if type(idx) is not Symbol:
+            continue
+        x = node.children[0]
+        removed = [n for n in _gather_axis_sizes(node, x, idx)]
+        out[idx] = min([out.get(idx, 1 << 30), *removed])
+    return out
+
+
+def _gather_axis_sizes(node, x, idx):
+    # The gathered axis is the one whose size disappears: try each axis of x.
+    name = node.function.name
+    body = name[len("gen_index_at_"):]
+    batch = "_batch_x" in body
+    d = int(body.split("_")[0])
+    if batch:
+        ax = x.ndim + d if d < 0 else idx.ndim + d
+    else:
+        ax = x.ndim + d if d < 0 else d
+    return [x.shape[ax]]
