@@ -1,0 +1,280 @@
+"""Rules as data, rule sets that compose, and the trace of what fired.
+
+A **rule** is a named pure function ``node -> node | None`` (``None``: does not apply) with a
+docstring and a before/after example in the text format, declared with ``@rule``.  Rules never
+recurse into children: *strategies* (``rewrites.strategies``: ``bottom_up``, ``top_down``,
+``once``, ``at_root``, ``fixpoint``, ``normalize``) decide where and how often rules run, and
+``apply(strategy, circuit, trace=None)`` runs one.
+
+>>> from circuits import Add, Symbol
+>>> @rule(on=Add, example=("'s' Add\\n  'x' [2] Symbol", "'x' [2] Symbol"))
+... def drop_single_term(node):
+...     '''An Add of one child is that child.'''
+...     if len(node.children) == 1 and node.children[0].shape == node.shape:
+...         return node.children[0]
+...     return None
+>>> from rewrites.strategies import apply, bottom_up
+>>> x = Symbol((2,), name='x')
+>>> apply(bottom_up(drop_single_term), Add(Add(x), name='s')) is x
+True
+
+**Names.**  One rule decides which name a rewritten node carries (``name_result``): the node
+that replaces ``N`` takes ``N``'s name unless it already has a name of its own (the rule named
+it, or it is an existing named node); Arrays and Symbols are never renamed.  New intermediate
+nodes a rule builds are unnamed.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Iterable, Iterator
+
+from circuits.errors import RewriteError
+from circuits.nodes import Array, Circuit, Symbol
+
+__all__ = ["Rule", "RuleSet", "rule", "rules_of", "Trace", "TraceEntry", "name_result", "check_result"]
+
+
+class Rule:
+    """A named pure rewrite ``node -> node | None``.
+
+    ``on``: the node classes it looks at (the drivers call it only on those; ``None`` = all).
+    ``example``: ``(before_text, after_text)`` — applying the rule once at the root of the parsed
+    ``before`` and printing gives ``after`` (this is run as a test).
+    """
+
+    def __init__(self, fn: Callable, *, name: str | None = None, example=None, on=None, doc=None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.doc = doc if doc is not None else (fn.__doc__ or "").strip()
+        if example is not None:
+            before, after = example
+            example = (str(before), str(after))
+        self.example = example
+        if on is not None and not isinstance(on, tuple):
+            on = (on,)
+        self.on = on
+
+    def __call__(self, node: Circuit):
+        return self.fn(node)
+
+    def applies_to(self, cls) -> bool:
+        return self.on is None or issubclass(cls, self.on)
+
+    # A rule is also a one-rule set, so anything that takes rules takes a single rule.
+    def __iter__(self) -> Iterator["Rule"]:
+        yield self
+
+    def __len__(self):
+        return 1
+
+    def __add__(self, other):
+        return RuleSet(self) + other
+
+    def __radd__(self, other):
+        return rules_of(other) + RuleSet(self)
+
+    def __repr__(self):
+        return f"<rule {self.name}>"
+
+    @property
+    def summary(self) -> str:
+        """First line of the docstring."""
+        return self.doc.splitlines()[0] if self.doc else ""
+
+
+def rule(fn=None, *, example=None, on=None, name=None):
+    """Declare a rule: ``@rule(on=Add, example=(before, after))`` over ``def name(node): ...``.
+
+    The rule's name is the function's name and its documentation the docstring.
+
+    >>> from circuits import Einsum
+    >>> @rule(on=Einsum)
+    ... def never(node):
+    ...     '''Never applies.'''
+    ...     return None
+    >>> never.name, never.summary
+    ('never', 'Never applies.')
+    """
+
+    def wrap(f):
+        r = Rule(f, name=name, example=example, on=on)
+        r.__module__, r.__qualname__ = f.__module__, f.__qualname__
+        return r
+
+    return wrap if fn is None else wrap(fn)
+
+
+class RuleSet:
+    """An ordered, composable collection of rules (``a + b``); the first rule that applies to a
+    node wins.  Iterating gives the rules.
+
+    >>> from circuits import Add
+    >>> a = Rule(lambda n: None, name='a', on=Add)
+    >>> b = Rule(lambda n: None, name='b')
+    >>> [r.name for r in a + b], len(RuleSet(a) + RuleSet(a, b))
+    (['a', 'b'], 2)
+    """
+
+    __slots__ = ("rules", "name", "_dispatch")
+
+    def __init__(self, *rules, name: str | None = None):
+        flat: list[Rule] = []
+        seen: set[int] = set()
+        for r in rules:
+            for one in rules_of(r) if not isinstance(r, Rule) else (r,):
+                if id(one) not in seen:  # the same rule twice would only be tried twice
+                    seen.add(id(one))
+                    flat.append(one)
+        self.rules = tuple(flat)
+        self.name = name
+        self._dispatch: dict[type, tuple[Rule, ...]] = {}
+
+    def for_type(self, cls) -> tuple[Rule, ...]:
+        """The rules that look at nodes of class ``cls``, in order (cached)."""
+        found = self._dispatch.get(cls)
+        if found is None:
+            found = self._dispatch[cls] = tuple(r for r in self.rules if r.applies_to(cls))
+        return found
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __len__(self):
+        return len(self.rules)
+
+    def __getitem__(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(f"no rule named {name!r} in this set; it has {', '.join(r.name for r in self.rules)}")
+
+    def __contains__(self, item):
+        if isinstance(item, str):
+            return any(r.name == item for r in self.rules)
+        return any(r is item for r in self.rules)
+
+    def __add__(self, other):
+        return RuleSet(self, other)
+
+    def __radd__(self, other):
+        return RuleSet(rules_of(other), self)
+
+    def without(self, *names: str) -> "RuleSet":
+        """This set less the rules with these names."""
+        return RuleSet(*[r for r in self.rules if r.name not in names], name=self.name)
+
+    def __repr__(self):
+        label = f"{self.name}: " if self.name else ""
+        return f"<RuleSet {label}{', '.join(r.name for r in self.rules)}>"
+
+
+def rules_of(x) -> RuleSet:
+    """A RuleSet from a Rule, a RuleSet or an iterable of them."""
+    if isinstance(x, RuleSet):
+        return x
+    if isinstance(x, Rule):
+        return RuleSet(x)
+    if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
+        return RuleSet(*x)
+    raise TypeError(f"expected a rule, a RuleSet or an iterable of rules, got {type(x).__name__}")
+
+
+# ---------------------------------------------------------------------------- names and checks
+def name_result(before: Circuit, after: Circuit) -> Circuit:
+    """The naming rule of every rewrite: the node replacing ``before`` takes its name unless it
+    has one already; Arrays and Symbols are never renamed.
+
+    >>> from circuits import Add, Symbol, Scalar
+    >>> x = Symbol((2,), name='x')
+    >>> name_result(Add(x, name='s'), Add(x, x)).name
+    's'
+    >>> name_result(Add(x, name='s'), x).name      # a Symbol keeps its own name
+    'x'
+    """
+    if after.name is None and before.name is not None and not isinstance(after, (Array, Symbol)):
+        return after.rename(before.name)
+    return after
+
+
+def check_result(rule_name: str, before: Circuit, after) -> None:
+    """Raise ``RewriteError`` unless ``after`` can replace ``before`` (a node, same shape, same dtype)."""
+    if not isinstance(after, Circuit):
+        raise RewriteError(
+            f"rule {rule_name} returned {type(after).__name__} for {before.line()}; "
+            "a rule returns a node or None (does not apply)"
+        )
+    if after.shape != before.shape or after.dtype != before.dtype:
+        raise RewriteError(
+            f"rule {rule_name} changed a node's shape or dtype, which a rewrite must keep:\n"
+            f"    before: {before.line()}  # shape {list(before.shape)}, {before.dtype}\n"
+            f"    after:  {after.line()}  # shape {list(after.shape)}, {after.dtype}\n"
+            "fix the rule so it returns None where its result would differ"
+        )
+
+
+# ---------------------------------------------------------------------------- trace
+TraceEntry = collections.namedtuple("TraceEntry", ["rule", "before", "after"])
+TraceEntry.__doc__ = """One firing: ``rule`` (its name), the node it saw (``before``, children
+already rewritten) and what replaced it (``after``, named by ``name_result``)."""
+
+
+class Trace:
+    """What fired where, in firing order: pass one to ``apply(..., trace=Trace())``.
+
+    >>> from circuits import Add, Symbol
+    >>> from rewrites.strategies import apply, bottom_up
+    >>> from rewrites.rules import flatten_add
+    >>> x = Symbol((2,), name='x')
+    >>> t = Trace()
+    >>> _ = apply(bottom_up(flatten_add), Add(Add(x, x), x, name='s'), trace=t)
+    >>> print(t)
+    flatten_add: 's' Add  ->  's' Add
+    >>> t.counts()
+    Counter({'flatten_add': 1})
+    """
+
+    __slots__ = ("entries",)
+
+    def __init__(self):
+        self.entries: list[TraceEntry] = []
+
+    def record(self, rule_name: str, before: Circuit, after: Circuit) -> None:
+        self.entries.append(TraceEntry(rule_name, before, after))
+
+    def __len__(self):
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __getitem__(self, i):
+        return self.entries[i]
+
+    def rules(self) -> list[str]:
+        """Names of the rules that fired, in order."""
+        return [e.rule for e in self.entries]
+
+    def counts(self) -> "collections.Counter[str]":
+        return collections.Counter(e.rule for e in self.entries)
+
+    def __str__(self):
+        return "\n".join(f"{e.rule}: {e.before.line()}  ->  {e.after.line()}" for e in self.entries)
+
+    def __repr__(self):
+        return f"<Trace of {len(self.entries)} rewrites>"
+
+
+from .strategies import (  # noqa: E402  (re-exported: the engine's public face is one module)
+    Strategy,
+    apply,
+    at_root,
+    bottom_up,
+    fixpoint,
+    normalize,
+    once,
+    seq,
+    top_down,
+)
+
+__all__ += ["Strategy", "apply", "at_root", "bottom_up", "fixpoint", "normalize", "once", "seq", "top_down"]
