@@ -19,8 +19,9 @@ from ..functions import lookup
 from ..nodes.add import broadcast_shapes
 from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..traversal import toposort
+from ..nodes.einsum import format_spec
 from .strategies import (
-    MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays, shapes,
+    EinsumSpec, MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays, shapes,
 )
 
 
@@ -145,13 +146,16 @@ class Builder:
     # ------------------------------------------------------------------ entry
     def build(self, shape, depth, need=ANY, root_types=None):
         draw = self.draw
-        if root_types is None:
+        is_root = depth == self.opts.max_depth and not self.pool
+        if not is_root:
             fits = [b for b in self.pool if b[0].shape == shape and need.ok(b[1])]
-            if fits and (self.budget <= 0 or draw(st.integers(0, 3)) == 0):
+            if fits and (self.budget <= 0 or draw(st.booleans())):
                 return draw(st.sampled_from(fits))
         kinds = self._kinds(shape, need, root_types)
         composite = [k for k in kinds if k not in (Array, Scalar, Symbol)]
-        leafy = root_types is None and (depth <= 0 or self.budget <= 0 or draw(st.integers(0, 9)) < 3)
+        # Leaves get likelier deeper down; the root is rarely one.
+        leaf_percent = 0 if is_root else 5 + 25 * (self.opts.max_depth - depth) // max(self.opts.max_depth, 1)
+        leafy = depth <= 0 or self.budget <= 0 or (leaf_percent and draw(st.integers(0, 99)) < leaf_percent)
         if not composite or (leafy and len(composite) < len(kinds)):
             return self.leaf(shape, need, [k for k in kinds if k in (Array, Scalar, Symbol)])
         self.budget -= 1
@@ -210,12 +214,28 @@ class Builder:
         return built
 
     # ------------------------------------------------------------------ composites
+    def _pool_pick(self, need, fits_shape):
+        """A pool node (with its interval) whose shape passes ``fits_shape``, or None: drawing
+        children from nodes built elsewhere in the circuit is what makes it a DAG."""
+        fits = [b for b in self.pool if fits_shape(b[0].shape) and need.ok(b[1])]
+        if fits and self.draw(st.booleans()):
+            return self.draw(st.sampled_from(fits))
+        return None
+
     def make_einsum(self, shape, depth, need):
         draw = self.draw
-        spec = draw(einsum_specs(shape, max_operands=3 if shape else 2))
+        shared = self._pool_pick(Need(need.positive), lambda s: len(s) <= 4)
+        if shared is not None:
+            spec = draw(_einsum_around(shape, shared[0].shape))
+        else:
+            spec = draw(einsum_specs(shape, max_operands=3 if shape else 2))
         if any(math.prod(s) > _MAX_ELEMENTS for s in spec.input_shapes):
             return None
-        kids = [self.build(s, depth, Need(need.positive)) for s in spec.input_shapes]
+        kids = [self.build(s, depth, Need(need.positive)) for s in spec.input_shapes[shared is not None:]]
+        if shared is not None:
+            position = draw(st.integers(0, len(kids)))
+            kids.insert(position, shared)
+            spec = _move_first(spec, position)
         iv = (1.0, 1.0)
         for _, civ in kids:
             iv = _imul(iv, civ)
@@ -238,6 +258,9 @@ class Builder:
         if n and broadcast_shapes(child_shapes) != tuple(shape):
             child_shapes[draw(st.integers(0, n - 1))] = tuple(shape)
         kids = [self.build(s, depth, Need(need.positive)) for s in child_shapes]
+        shared = self._pool_pick(Need(need.positive), lambda s: _broadcasts_to(s, shape))
+        if shared is not None:
+            kids.insert(draw(st.integers(0, len(kids))), shared)
         iv = (sum(k[1][0] for k in kids), sum(k[1][1] for k in kids))
         return Add(*(k[0] for k in kids), name=self.name()), iv
 
@@ -357,6 +380,58 @@ class Builder:
     def make_tag(self, shape, depth, need):
         x, iv = self.build(shape, depth, need)
         return Tag(x, uuid=self.draw(st.uuids()), name=self.name()), iv
+
+
+def _broadcasts_to(s, shape):
+    if len(s) > len(shape):
+        return False
+    return all(a == b or a == 1 for a, b in zip(s, shape[len(shape) - len(s):]))
+
+
+@st.composite
+def _einsum_around(draw, shape, fixed_shape):
+    """An einsum producing ``shape`` whose first operand has ``fixed_shape``: each of its axes
+    becomes an output axis of equal size, a summed axis, or repeats one of its own (a diagonal)."""
+    out_ids = list(range(len(shape)))
+    sizes = dict(enumerate(shape))
+    next_id = len(shape) + draw(st.integers(0, 30))
+    first = []
+    for n in fixed_shape:
+        free_out = [a for a in out_ids if sizes[a] == n and a not in first]
+        repeat = [a for a in first if sizes[a] == n]
+        options = ["sum"] + (["out"] if free_out else []) + (["diag"] if repeat else [])
+        how = draw(st.sampled_from(options))
+        if how == "out":
+            first.append(draw(st.sampled_from(free_out)))
+        elif how == "diag":
+            first.append(draw(st.sampled_from(repeat)))
+        else:
+            sizes[next_id] = n
+            first.append(next_id)
+            next_id += 1
+    rest = [a for a in out_ids if a not in first]
+    others = []
+    if rest or draw(st.booleans()):
+        others.append(list(rest))
+        if draw(st.booleans()) and rest:
+            split = draw(st.integers(0, len(rest)))
+            others = [rest[:split], rest[split:]]
+    in_axes = (tuple(first), *(tuple(draw(st.permutations(t))) for t in others))
+    out_axes = tuple(out_ids)
+    return EinsumSpec(format_spec(in_axes, out_axes), in_axes, out_axes,
+                      tuple(tuple(sizes[a] for a in t) for t in in_axes), tuple(shape))
+
+
+def _move_first(spec, position):
+    """The same einsum with its first operand moved to ``position``."""
+    def move(seq):
+        seq = list(seq)
+        seq.insert(position, seq.pop(0))
+        return tuple(seq)
+
+    in_axes = move(spec.in_axes)
+    return EinsumSpec(format_spec(in_axes, spec.out_axes), in_axes, spec.out_axes,
+                      move(spec.input_shapes), spec.shape)
 
 
 @st.composite
