@@ -81,8 +81,8 @@ def nest_add(node):
     "'y' Add\n  'a' [2] Symbol\n  'b' [2] Symbol",
 ))
 def remove_add_zeros(node):
-    """Scalar 0 terms of an Add are dropped; one zero of the Add's shape stays if the other terms
-    alone would broadcast to a smaller shape."""
+    """Scalar 0 terms of an Add are dropped; if the other terms alone would broadcast to a smaller
+    shape, one zero (of the zeros' broadcast shape) stays."""
     zeros = [c for c in node.children if is_scalar(c, 0.0)]
     if not zeros:
         return None
@@ -91,10 +91,10 @@ def remove_add_zeros(node):
         new = Scalar(0.0, node.shape)
     elif broadcast_shapes([c.shape for c in rest]) == node.shape:
         new = rest[0] if len(rest) == 1 else Add(*rest)
-    elif len(zeros) == 1 and zeros[0].shape == node.shape:
+    elif len(zeros) == 1:
         return None  # that zero is what gives the Add its shape
     else:
-        new = Add(*rest, Scalar(0.0, node.shape))
+        new = Add(*rest, Scalar(0.0, broadcast_shapes([z.shape for z in zeros])))
     return same_type(node, new)
 
 
