@@ -1,0 +1,300 @@
+"""Reading single lines of the text format: indentation, identifier, shape, type and payload.
+
+One compiled regular expression reads a well-formed line (the fast path); only when it fails does
+a slower scanner walk the line to say where and what was expected.  Payload readers are cached by
+payload text, since a circuit repeats the same specs and indices many times.
+
+>>> read_line("    20 'ln.mean_subbed' Add", 1)
+(2, False, 20, 'ln.mean_subbed', None, 'Add', None, 0)
+>>> read_line("'a0.w.q.head0' [32,256] Index [0,:,:]  # a comment", 1)
+(0, False, None, 'a0.w.q.head0', (32, 256), 'Index', '[0,:,:]', 30)
+>>> read_index("[[1,3],:-2,::2]", 1, "")
+(array([1, 3]), slice(None, -2, None), slice(None, None, 2))
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuid_module
+
+import numpy as np
+
+from ..errors import ParseError
+from ..nodes import NODE_TYPE_BY_NAME
+from ..nodes.base import DTYPES
+
+# What a line's content may be once its indentation is removed.
+_CONTENT = re.compile(
+    r"""(?P<define>~\ +)?
+    (?:(?P<serial>[0-9]+)(?:\ +|(?=\#)|$))?
+    (?:'(?P<name>[^'\\]*(?:\\.[^'\\]*)*)'(?:\ +|(?=\#)|$))?
+    (?:\[(?P<shape>[^\]\#]*)\](?:\ +|(?=\#)|$))?
+    (?:(?P<type>[A-Za-z_][A-Za-z0-9_]*)(?:\ +(?P<payload>[^\#]*))?)?
+    (?:\#.*)?$""",
+    re.VERBOSE,
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_INDENT_CHARS = " │├└─"
+_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
+TYPE_NAMES = ", ".join(NODE_TYPE_BY_NAME)
+
+
+def fail(message, line_number, line, column=None, expected=None):
+    return ParseError(message, line_number=line_number, line=line, column=column, expected=expected)
+
+
+def read_line(line: str, line_number: int):
+    """``(depth, is_definition_block, serial, name, shape, type_name, payload, payload_column)``
+    for a node line (the column is 0-based, 0 without payload), or None for a blank or comment
+    line.  Raises ParseError for anything else."""
+    content = line.lstrip(_INDENT_CHARS)
+    if not content:
+        return None
+    first = content[0]
+    if first == "#":
+        return None
+    if first == "\x1b" or (first == "~" and content.startswith("~ \x1b")):
+        line = _ANSI.sub("", line)  # coloured text: strip the colours, read what is left
+        content = line.lstrip(_INDENT_CHARS)
+        if not content or content[0] == "#":
+            return None
+        first = content[0]
+    width = len(line) - len(content)
+    depth = 0
+    if width:
+        if line.count(" ", 0, width) == width:
+            if width & 1:
+                raise fail(f"indentation of {width} spaces is not a whole number of levels", line_number,
+                           line, width + 1, "two spaces per level")
+            depth = width >> 1
+        else:
+            if width % 3:
+                raise fail(f"tree indentation of {width} characters is not a whole number of levels",
+                           line_number, line, width + 1, "three glyph columns per level")
+            depth = width // 3
+    if first == ".":
+        rest = content[3:].strip(" ")
+        if content.startswith("...") and (not rest or rest[0] == "#"):
+            raise fail(
+                "children left out ('...') cannot be parsed", line_number, line, width + 1,
+                "the full text: print with depth=None",
+            )
+    m = _CONTENT.match(content)
+    if m is None:
+        raise _diagnose(content, width, line, line_number)
+    define, serial, name, shape, type_name, payload = m.groups()
+    payload_column = 0
+    if serial is not None:
+        if len(serial) > 18:  # (int() refuses over 4300 digits; no circuit has 10**18 nodes)
+            raise fail(f"serial number {serial[:20]}... is too long", line_number, line, width + 1,
+                       "a serial number of at most 18 digits")
+        serial = int(serial)
+    if name is not None and "\\" in name:
+        name = _unescape(name, line, line_number, width + content.index("'") + 1)
+    if shape is not None:
+        shape = read_shape(shape, line_number, line, width + m.start("shape"))
+    if type_name is not None:
+        if type_name not in NODE_TYPE_BY_NAME:
+            raise fail(f"unknown node type {type_name!r}", line_number, line, width + m.start("type") + 1,
+                       f"one of {TYPE_NAMES}")
+        if payload:
+            if payload[-1] == " ":  # spaces before a comment
+                payload = payload.rstrip(" ") or None
+            payload_column = width + m.start("payload")
+        else:
+            payload = None
+    elif shape is not None:
+        raise fail("a shape with no node type after it", line_number, line, width + m.end("shape") + 2,
+                   f"a node type ({TYPE_NAMES})")
+    elif serial is None and name is None:
+        raise fail("a line with nothing to read", line_number, line, width + 1,
+                   "a node line ([serial] ['name'] [shape] Type [payload]) or a reference")
+    if define is not None and depth:
+        raise fail("'~' marks a definition block and belongs on a root line", line_number, line, width + 1,
+                   "'~' only at the start of an unindented line")
+    return depth, define is not None, serial, name, shape, type_name, payload, payload_column
+
+
+def _unescape(raw, line, line_number, column):
+    out = []
+    i = 0
+    n = len(raw)
+    while i < n:
+        c = raw[i]
+        if c == "\\":
+            nxt = raw[i + 1] if i + 1 < n else ""
+            if nxt not in _ESCAPES:
+                raise fail(f"unknown escape \\{nxt} in a name", line_number, line, column + i + 1,
+                           "one of \\\\ \\' \\n \\r")
+            out.append(_ESCAPES[nxt])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _diagnose(content, width, line, line_number):
+    """Walk a line the fast path refused and say where it went wrong."""
+    pos = 0
+    n = len(content)
+
+    def at(p, message, expected):
+        return fail(message, line_number, line, width + p + 1, expected)
+
+    def skip_separator(p, after):
+        if p >= n or content[p] == "#":
+            return p
+        if content[p] != " ":
+            raise at(p, f"{content[p]!r} right after {after}", "a space")
+        while p < n and content[p] == " ":
+            p += 1
+        return p
+
+    if content[0] == "\t":
+        raise at(0, "a tab in the indentation", "spaces (two per level)")
+    if content.startswith("~"):
+        pos = skip_separator(1, "'~'")
+    if pos < n and content[pos].isdigit():
+        while pos < n and content[pos].isdigit():
+            pos += 1
+        pos = skip_separator(pos, "the serial number")
+    if pos < n and content[pos] == "'":
+        start = pos
+        pos += 1
+        while pos < n and content[pos] != "'":
+            pos += 2 if content[pos] == "\\" else 1
+        if pos >= n:
+            raise at(start, "the name's quote is never closed", "a closing '")
+        pos = skip_separator(pos + 1, "the name")
+    if pos < n and content[pos] == "[":
+        close = content.find("]", pos)
+        if close < 0 or "#" in content[pos:close]:
+            raise at(pos, "the shape's '[' is never closed", "a shape like [300,256]")
+        pos = skip_separator(close + 1, "the shape")
+    if pos < n and content[pos] != "#":
+        m = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(content, pos)
+        if m is None:
+            raise at(pos, f"cannot read {content[pos:].split(' ')[0]!r}",
+                     f"a serial, a 'name', a [shape] or a node type ({TYPE_NAMES})")
+        pos = m.end()
+        if pos < n and content[pos] not in " #":
+            raise at(pos, f"{content[pos]!r} right after the node type", "a space, then the payload")
+    raise at(pos, "cannot read this line", "[serial] ['name'] [shape] Type [payload]")
+
+
+# ---------------------------------------------------------------------------- payloads
+_SHAPES: dict = {}
+
+
+def read_shape(text, line_number, line, column):
+    """``'300,256'`` -> ``(300, 256)``."""
+    shape = _SHAPES.get(text)
+    if shape is not None:
+        return shape
+    stripped = text.strip()
+    try:
+        shape = tuple(_read_int(s) for s in stripped.split(",")) if stripped else ()
+    except ValueError:
+        raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
+                   "a shape like [300,256] or [] (non-negative ints)") from None
+    if any(s < 0 for s in shape):
+        raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,
+                   "non-negative sizes")
+    if len(_SHAPES) < 100_000:
+        _SHAPES[text] = shape
+    return shape
+
+
+def _read_int(s: str) -> int:
+    s = s.strip()
+    # int() also takes '1_000', '+3' and non-ASCII digits; the format is plain ASCII decimal.
+    body = s[1:] if s[:1] == "-" else s
+    if not body or not body.isascii() or not body.isdigit():
+        raise ValueError(s)
+    return int(s)
+
+
+_INDICES: dict = {}
+
+
+def read_index(text, line_number, line, column=0):
+    """An Index payload ``[0,:,:]`` -> ``(0, slice(None), slice(None))``, slices as written."""
+    cached = _INDICES.get(text)
+    if cached is not None:
+        return cached
+
+    def bad(what, offset=0):
+        return fail(f"cannot read the index {text}: {what}", line_number, line, column + offset + 1,
+                    "an index like [0,:,:], [1:-1], [::2] or [[1,3,5],:]")
+
+    if len(text) < 2 or text[0] != "[" or text[-1] != "]":
+        raise bad("it must be in [ ]")
+    inner = text[1:-1]
+    entries = []
+    pos = 0
+    n = len(inner)
+    if inner.strip():
+        while True:
+            if inner[pos:pos + 1] == "[":
+                close = inner.find("]", pos)
+                if close < 0:
+                    raise bad("an int list's '[' is never closed", pos + 1)
+                body = inner[pos + 1:close].strip()
+                try:
+                    values = [_read_int(v) for v in body.split(",")] if body else []
+                except ValueError:
+                    raise bad(f"[{body}] is not a list of ints", pos + 1) from None
+                entries.append(np.array(values, dtype=np.int64))
+                pos = close + 1
+                if inner[pos:].strip()[:1] not in ("", ","):
+                    raise bad("expected ',' after an int list", pos + 1)
+                pos = inner.find(",", pos)
+            else:
+                comma = inner.find(",", pos)
+                part = inner[pos:] if comma < 0 else inner[pos:comma]
+                entries.append(_read_entry(part, bad, pos + 1))
+                pos = comma
+            if pos < 0:
+                break
+            pos += 1
+    result = tuple(entries)
+    if len(_INDICES) < 100_000:
+        _INDICES[text] = result
+    return result
+
+
+def _read_entry(part, bad, offset):
+    if ":" not in part:
+        try:
+            return _read_int(part)
+        except ValueError:
+            raise bad(f"{part.strip()!r} is not an int or a slice", offset) from None
+    bounds = part.split(":")
+    if len(bounds) > 3:
+        raise bad(f"{part.strip()!r} has more than two ':'", offset)
+    try:
+        values = [None if not b.strip() else _read_int(b) for b in bounds]
+    except ValueError:
+        raise bad(f"{part.strip()!r} is not a slice of ints", offset) from None
+    if len(values) == 3 and values[2] == 0:
+        raise bad("a slice step cannot be 0", offset)
+    return slice(*values)
+
+
+def read_symbol_payload(text, line_number, line, column):
+    """``'int64 <uuid>'`` -> ``('int64', UUID(...))``; either part may be absent."""
+    dtype, uid = None, None
+    if text:
+        for word in text.split():
+            if word in DTYPES and dtype is None and uid is None:
+                dtype = word
+                continue
+            try:
+                if uid is not None:
+                    raise ValueError(word)
+                uid = uuid_module.UUID(word)
+            except ValueError:
+                raise fail(f"cannot read {word!r} in a Symbol payload", line_number, line, column + 1,
+                           f"an optional dtype ({', '.join(DTYPES)}) then an optional uuid") from None
+    return dtype, uid

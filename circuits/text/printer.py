@@ -1,0 +1,258 @@
+"""Print circuits in the text format (see ``circuits.text`` for the format itself).
+
+The printer walks the circuit once, iteratively (pre-order, children in order), decides for every
+line whether it defines a node or refers back to one, then numbers the nodes that need a serial in
+the order the lines appear, and only then builds strings.  It reads node attributes only: never a
+tensor value, never a tensor store.
+
+Options (all keyword):
+
+- ``depth``: show at most this many levels below each root; cut children print as ``...``
+  (such text is for reading and does not parse).  ``str(circuit)`` uses ``depth=6``.
+- ``shapes``: print the shape on every line, not only for Array/Scalar/Symbol/Index.
+- ``comments``: append ``# [shape] dtype`` to every node line.
+- ``color``: ANSI colours by node type (the parser strips them again).
+- ``tree``: draw the tree with ``├─ └─ │`` glyphs instead of plain indentation (parses too).
+- ``names``: ``False`` leaves names out (every node then gets a serial number).
+- ``max_indent``: the deepest indentation level written (default 64).  A node with children that
+  would start deeper is printed as a reference and its subtree goes, as a definition block (a root
+  line marked ``~``), before the roots; definition blocks are ordered deepest first.  This keeps a
+  50,000-deep chain at a few megabytes instead of gigabytes, and parses back to the same circuit.
+
+>>> from circuits import Symbol, Add, Scalar
+>>> x = Symbol((2,), name='x')
+>>> y = Add(x, Scalar(1.0), x)
+>>> print(to_text(Add(y, y, name='z')))
+'z' Add
+  0 Add
+    'x' [2] Symbol
+    1 [] Scalar 1
+    'x'
+  0
+>>> print(to_text(y, tree=True, comments=True))
+0 Add  # [2] float32
+├─ 'x' [2] Symbol  # [2] float32
+├─ 1 [] Scalar 1  # [] float32
+└─ 'x'  # [2] float32
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+from ..nodes.base import Circuit, quote_name, shape_text
+
+DEFAULT_MAX_INDENT = 64
+DEFINITION_MARK = "~ "
+
+# Line kinds.
+_DEF, _REF, _CUT = 0, 1, 2
+
+# ANSI colour per node type (the type word and payload); serials are dim, names bold.
+_COLORS = {
+    "Array": "32", "Scalar": "36", "Symbol": "35", "Einsum": "33", "Add": "34",
+    "GeneralFunction": "31", "Index": "96", "Rearrange": "95", "Concat": "94", "Tag": "90",
+}
+_RESET = "\x1b[0m"
+
+
+def to_text(circuit, **options) -> str:
+    """The text of a circuit (or of a list of circuits sharing serials and references).
+
+    >>> from circuits import Scalar
+    >>> to_text(Scalar(1e-5, name='ln.c.eps'))
+    "'ln.c.eps' [] Scalar 0.00001"
+    """
+    if isinstance(circuit, Circuit):
+        return print_many([circuit], **options)
+    return print_many(list(circuit), **options)
+
+
+def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
+               names=True, max_indent=DEFAULT_MAX_INDENT) -> str:
+    """Several roots in one text: serials count on from one root to the next and a node printed
+    under an earlier root is only referred to later.
+
+    >>> from circuits import Scalar, Add
+    >>> one = Scalar(1.0, name='one')
+    >>> print(print_many([Add(one, name='a'), Add(one, one, name='b')]))
+    'a' Add
+      'one' [] Scalar 1
+    'b' Add
+      'one'
+      'one'
+    """
+    roots = list(roots)
+    for r in roots:
+        if not isinstance(r, Circuit):
+            raise TypeError(f"print_many takes circuit nodes, got {type(r).__name__}")
+    if depth is not None and depth < 0:
+        raise ValueError(f"depth must be >= 0 or None, got {depth}")
+    if max_indent is not None and max_indent < 1:
+        raise ValueError(f"max_indent must be >= 1 or None, got {max_indent}")
+    with gc_paused():
+        name_count: dict = {}
+        blocks = _layout(roots, depth, max_indent, tree, name_count if names else None)
+        return _render(blocks, name_count, shapes, comments, color, tree, names)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Pause the cyclic garbage collector: printing and parsing allocate a tuple or record per
+    line and create no cycles, and with a large circuit alive each automatic collection rescans
+    every node (about half the time of a 100,000-node print or parse)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+# ---------------------------------------------------------------------------- layout
+def _layout(roots, depth, max_indent, tree, name_count):
+    """Blocks of line entries in text order.  A block is ``(is_definition, entries)``; an entry is
+    ``(kind, node, level, glyphs)`` where glyphs is the tree prefix (None without ``tree``).
+    ``name_count`` (when not None) receives how many distinct printed nodes bear each name."""
+    defined: set = set()
+    lifted: list = []  # nodes whose subtree became a definition block, in discovery order
+    root_blocks = []
+    for root in roots:
+        root_blocks.append((False, _walk(root, False, defined, lifted, depth, max_indent, tree, name_count)))
+    definition_blocks = []
+    i = 0
+    while i < len(lifted):  # lifted grows while we walk: deeper nodes are found later
+        definition_blocks.append((True, _walk(lifted[i], True, defined, lifted, depth, max_indent, tree, name_count)))
+        i += 1
+    definition_blocks.reverse()  # deepest first, so most references point backwards
+    return definition_blocks + root_blocks
+
+
+def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count):
+    entries = []
+    emit = entries.append
+    if not is_lifted and root.hash in defined:
+        emit((_REF, root, 0, "" if tree else None))
+        return entries
+    stack = [(root, 0, "", True)]
+    pop, push = stack.pop, stack.append
+    first = True
+    while stack:
+        node, level, glyphs, last = pop()
+        h = node.hash
+        if first:
+            first = False
+            defined.add(h)
+        elif h in defined:
+            emit((_REF, node, level, glyphs if tree else None))
+            continue
+        else:
+            defined.add(h)
+            if level == max_indent and node.children:
+                lifted.append(node)
+                emit((_REF, node, level, glyphs if tree else None))
+                continue
+        emit((_DEF, node, level, glyphs if tree else None))
+        if name_count is not None and node.name is not None:
+            name_count[node.name] = name_count.get(node.name, 0) + 1
+        kids = node.children
+        if not kids:
+            continue
+        if tree:
+            inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
+            if depth is not None and level >= depth:
+                emit((_CUT, None, level + 1, inner + "└─ "))
+                continue
+            n = len(kids)
+            for i in range(n - 1, -1, -1):
+                push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1))
+        else:
+            if depth is not None and level >= depth:
+                emit((_CUT, None, level + 1, None))
+                continue
+            child_level = level + 1
+            for i in range(len(kids) - 1, -1, -1):
+                push((kids[i], child_level, "", False))
+    return entries
+
+
+# ---------------------------------------------------------------------------- strings
+def _body(node, shapes, names):
+    """The line after the identifier: ``[shape] Type [payload]``."""
+    parts = []
+    if shapes or node.prints_shape:
+        parts.append(shape_text(node.shape))
+    parts.append(node.type_name)
+    payload = node.payload_text()
+    if payload:
+        parts.append(payload)
+    return " ".join(parts)
+
+
+def _render(blocks, name_count, shapes, comments, color, tree, names):
+    """The lines, numbering serials in text order as nodes first appear."""
+    lines = []
+    emit = lines.append
+    indents = ["  " * i for i in range(64)]
+    plain = not (shapes or comments or color or not names)
+    serials: dict = {}
+    identifiers: dict = {}
+    for is_definition, entries in blocks:
+        for kind, node, level, glyphs in entries:
+            if tree:
+                indent = glyphs
+            else:
+                while level >= len(indents):
+                    indents.extend(["  " * i for i in range(len(indents), 2 * len(indents))])
+                indent = indents[level]
+            if kind == _CUT:
+                emit(indent + ("\x1b[2m...\x1b[0m" if color else "..."))
+                continue
+            h = node.hash
+            identifier = identifiers.get(h)
+            if identifier is None:
+                name = node.name if names else None
+                if name is None:
+                    identifier = str(len(serials))
+                    serials[h] = len(serials)
+                elif name_count[name] > 1:
+                    identifier = f"{len(serials)} {quote_name(name)}"
+                    serials[h] = len(serials)
+                else:
+                    identifier = quote_name(name)
+                identifiers[h] = identifier
+            if plain:
+                if kind == _DEF:
+                    serial = serials.get(h)
+                    text = node.line() if serial is None else f"{serial} {node.line()}"
+                else:
+                    text = identifier
+            else:
+                text = _styled(node, kind, serials.get(h), identifier, shapes, comments, color, names)
+            if level == 0 and is_definition and kind == _DEF:
+                text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
+            emit(indent + text)
+    return "\n".join(lines)
+
+
+def _styled(node, kind, serial, identifier, shapes, comments, color, names):
+    if kind == _DEF:
+        head = []
+        if serial is not None:
+            head.append(_paint(str(serial), "2", color))
+        if names and node.name is not None:
+            head.append(_paint(quote_name(node.name), "1", color))
+        body = _body(node, shapes, names)
+        head.append(_paint(body, _COLORS.get(node.type_name, "0"), color))
+        text = " ".join(head)
+    else:
+        text = _paint(identifier, "2", color)
+    if comments:
+        text += _paint(f"  # {shape_text(node.shape)} {node.dtype}", "2", color)
+    return text
+
+
+def _paint(text, code, color):
+    return f"\x1b[{code}m{text}{_RESET}" if color else text
