@@ -16,10 +16,33 @@ import weakref
 from typing import ClassVar
 
 from ..errors import CircuitError, ShapeError
-from ..hashing import node_hash
+from hashlib import blake2b as _blake2b
 
-# Interning table: node hash -> live node.  Weak, so dropping a circuit frees it.
-_INTERNED: "weakref.WeakValueDictionary[bytes, Circuit]" = weakref.WeakValueDictionary()
+from ..hashing import NODE_HASH_BYTES
+
+class _Ref(weakref.ref):
+    """A weak reference that remembers its interning key (a C-level subclass: much cheaper to
+    make than ``WeakValueDictionary``'s ``KeyedRef``, which runs Python ``__new__``/``__init__``)."""
+
+    __slots__ = ("key",)
+
+
+# Interning table: node hash -> weak reference to the live node, so dropping a circuit frees it.
+_INTERNED: "dict[bytes, _Ref]" = {}
+
+
+def _forget(ref, _table=_INTERNED):
+    # Called when an interned node dies; a newer node may already hold the key.
+    if _table.get(ref.key) is ref:
+        try:
+            del _table[ref.key]
+        except KeyError:  # pragma: no cover - removed concurrently
+            pass
+
+
+def interned_count() -> int:
+    """How many interned nodes are alive."""
+    return sum(1 for r in list(_INTERNED.values()) if r() is not None)
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -29,6 +52,8 @@ DEFAULT_FLOAT = "float32"
 
 def normalize_dtype(dtype) -> str:
     """The canonical name of a dtype ('float32', 'int64', ...); raises on unsupported ones."""
+    if type(dtype) is str and dtype in DTYPES:
+        return dtype
     import numpy as np
 
     if dtype is None:
@@ -51,11 +76,15 @@ def promote(dtypes) -> str:
     """numpy-style result dtype of combining values of these dtypes (floats win over ints)."""
     import numpy as np
 
-    dtypes = list(dtypes)
+    dtypes = tuple(dtypes)
     if not dtypes:
         return DEFAULT_FLOAT
-    if len(set(dtypes)) == 1:
-        return dtypes[0]
+    first = dtypes[0]
+    for d in dtypes:
+        if d != first:
+            break
+    else:
+        return first
     if "bfloat16" in dtypes:
         floats = [d for d in dtypes if is_float(d)]
         return "bfloat16" if set(floats) == {"bfloat16"} else max(floats, key=FLOAT_DTYPES.index)
@@ -66,8 +95,18 @@ def shape_text(shape) -> str:
     return "[" + ",".join(str(int(s)) for s in shape) + "]"
 
 
+_INT_STRUCTS: dict[int, struct.Struct] = {}
+_COUNTS = [n.to_bytes(4, "little") for n in range(64)]
+# First 8 bytes of a node hash as a signed little-endian int: the Python hash of the node.
+_unpack_int64 = struct.Struct("<q").unpack_from
+
+
 def _pack_ints(values) -> bytes:
-    return struct.pack(f"<{len(values)}q", *values)
+    n = len(values)
+    packer = _INT_STRUCTS.get(n)
+    if packer is None:
+        packer = _INT_STRUCTS[n] = struct.Struct(f"<{n}q")
+    return packer.pack(*values)
 
 
 class Circuit:
@@ -97,20 +136,23 @@ class Circuit:
     hash: bytes
 
     # ------------------------------------------------------------------ construction
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._hash_prefix = cls.type_name.encode() + b"\0"
+
     def __new__(cls, *args, **kwargs):
         self = object.__new__(cls)
         self._setup(*args, **kwargs)
         return self._intern()
 
-    def __init__(self, *args, **kwargs):
-        # All the work happens in __new__ (so an equal live node can be returned instead).
-        pass
+    # No __init__: all the work happens in __new__ (so an equal live node can be returned
+    # instead), and object.__init__ accepts the arguments when __new__ is overridden.
 
     def _setup(self, *args, **kwargs):  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _set_common(self, children, shape, dtype, name):
-        if name is not None and not isinstance(name, str):
+        if name is not None and type(name) is not str and not isinstance(name, str):
             raise CircuitError(f"a node's name must be a str or None, got {name!r}")
         self.children = children
         self.shape = shape
@@ -118,24 +160,35 @@ class Circuit:
         self.name = name
 
     def _intern(self):
+        # The hash input: type, payload, child count and hashes, name (see circuits.hashing).
         name = self.name
-        parts = [
-            self.type_name.encode(),
-            b"\0",
-            self._payload_bytes(),
-            b"\0",
-            len(self.children).to_bytes(4, "little"),
-            *[c.hash for c in self.children],
-            b"\0" if name is None else b"\1" + name.encode(),
-        ]
-        h = node_hash(b"".join(parts))
-        existing = _INTERNED.get(h)
-        if existing is not None and existing._interchangeable_with(self):
-            return existing
+        children = self.children
+        n = len(children)
+        if n == 1:
+            kids = children[0].hash
+        elif n:
+            kids = b"".join([c.hash for c in children])
+        else:
+            kids = b""
+        h = _blake2b(
+            b"".join((
+                self._hash_prefix, self._payload_bytes(), b"\0",
+                _COUNTS[n] if n < 64 else n.to_bytes(4, "little"), kids,
+                b"\0" if name is None else b"\1" + name.encode(),
+            )),
+            digest_size=NODE_HASH_BYTES,
+        ).digest()
+        ref = _INTERNED.get(h)
+        if ref is not None:
+            existing = ref()
+            if existing is not None and existing._interchangeable_with(self):
+                return existing
         self.hash = h
-        self._int_hash = int.from_bytes(h[:8], "little", signed=True)
+        self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
-        _INTERNED[h] = self
+        ref = _Ref(self, _forget)
+        ref.key = h
+        _INTERNED[h] = ref
         return self
 
     def _interchangeable_with(self, other) -> bool:

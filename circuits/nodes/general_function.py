@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import ShapeError
-from .base import Circuit, check_children, shape_error
+from .. import functions as _functions  # a module object: circuits.functions imports this package
+from ..errors import CircuitError, ShapeError
+from .base import Circuit, check_children, quote_name, shape_error
 
 
 class GeneralFunction(Circuit):
@@ -19,19 +20,28 @@ class GeneralFunction(Circuit):
     type_name = "GeneralFunction"
 
     def _setup(self, function, *children, name=None):
-        from ..functions import FunctionSpec, lookup
-
-        spec = function if isinstance(function, FunctionSpec) else lookup(str(function))
+        if isinstance(function, _functions.FunctionSpec):
+            spec = function
+        else:
+            try:
+                spec = _functions.lookup(str(function))
+            except CircuitError as e:
+                raise CircuitError(
+                    f"GeneralFunction {quote_name(name) if name else '(unnamed)'}: {e}"
+                ) from None
         children = check_children("GeneralFunction", name, children)
         lo, hi = spec.num_args
-        if not lo <= len(children) <= (hi if hi is not None else len(children)):
+        n = len(children)
+        if n < lo or (hi is not None and n > hi):
             want = str(lo) if lo == hi else f"{lo} to {hi if hi is not None else 'any'}"
             raise shape_error(
                 "GeneralFunction", name, spec.name, children,
                 f"{spec.name} takes {want} argument(s), got {len(children)}",
             )
         try:
-            shape = tuple(int(s) for s in spec.shape_rule([c.shape for c in children]))
+            shape = spec.shape_rule([c.shape for c in children])
+            if type(shape) is not tuple or not all(type(s) is int for s in shape):
+                shape = tuple(int(s) for s in shape)
             dtype = spec.result_dtype([c.dtype for c in children])
         except ShapeError as e:
             raise shape_error("GeneralFunction", name, spec.name, children, str(e)) from None

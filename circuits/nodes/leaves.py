@@ -16,6 +16,14 @@ _HEX = set("0123456789abcdef")
 
 
 def _check_shape(shape, what):
+    if type(shape) is tuple:
+        for s in shape:
+            if type(s) is not int or s < 0:
+                break
+        else:
+            return shape
+    if callable(what):
+        what = what()
     try:
         shape = tuple(int(s) for s in shape)
     except TypeError:
@@ -143,11 +151,11 @@ class Scalar(Circuit):
 
     def _setup(self, value, shape=(), name=None):
         try:
-            v = float(value)
+            v = value if type(value) is float else float(value)
         except (TypeError, ValueError):
             raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
         self.value = v
-        self._set_common((), _check_shape(shape, f"Scalar {name!r}"), DEFAULT_FLOAT, name)
+        self._set_common((), _check_shape(shape, lambda: f"Scalar {name!r}"), DEFAULT_FLOAT, name)
 
     def _payload_bytes(self):
         return struct.pack("<d", self.value) + _pack_ints(self.shape)
@@ -184,7 +192,7 @@ class Symbol(Circuit):
         if uuid is not None and not isinstance(uuid, uuid_module.UUID):
             uuid = uuid_module.UUID(str(uuid))
         self.uuid = uuid
-        self._set_common((), _check_shape(shape, f"Symbol {name!r}"), normalize_dtype(dtype), name)
+        self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 
     @classmethod
     def new(cls, shape, name=None, dtype=DEFAULT_FLOAT) -> "Symbol":
