@@ -54,7 +54,7 @@ def read_line(line: str, line_number: int):
     if first == "#":
         return None
     if first == "\x1b" or (first == "~" and content.startswith("~ \x1b")):
-        line = _ANSI.sub("", line)  # coloured text: strip the colours, read what is left
+        line = strip_colors(line)
         content = line.lstrip(_INDENT_CHARS)
         if not content or content[0] == "#":
             return None
@@ -113,6 +113,36 @@ def read_line(line: str, line_number: int):
         raise fail("'~' marks a definition block and belongs on a root line", line_number, line, width + 1,
                    "'~' only at the start of an unindented line")
     return depth, define is not None, serial, name, shape, type_name, payload, payload_column
+
+
+def strip_colors(line: str) -> str:
+    r"""The line without the ANSI colour codes the printer adds, leaving quoted names untouched
+    (a name may itself hold an escape character).
+
+    >>> strip_colors("\x1b[2m20\x1b[0m \x1b[1m'a\x1b[1m'\x1b[0m")
+    "20 'a\x1b[1m'"
+    """
+    out = []
+    i, n = 0, len(line)
+    quoted = False
+    while i < n:
+        c = line[i]
+        if quoted:
+            if c == "\\":
+                out.append(line[i:i + 2])
+                i += 2
+                continue
+            quoted = c != "'"
+        elif c == "'":
+            quoted = True
+        elif c == "\x1b":
+            m = _ANSI.match(line, i)
+            if m is not None:
+                i = m.end()
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _unescape(raw, line, line_number, column):

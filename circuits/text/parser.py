@@ -336,6 +336,10 @@ def _node(r, store):
         raise r.error(f"cannot build this {r.type_name}: {message}",
                       "children and payload that fit together") from None
     if r.shape is not None and node.shape != r.shape:
+        if r.type_name == "Array":
+            raise r.error(
+                f"an Array with this name and hash but shape {shape_text(node.shape)} already "
+                "exists (Arrays are identified by name and hash)", "another hash or name for this one")
         raise r.error(
             f"the line says shape {shape_text(r.shape)} but the node computes {shape_text(node.shape)}",
             f"shape {shape_text(node.shape)} (or none: it is implied)")
@@ -404,7 +408,10 @@ def _einsum(r, kids, store):
             raise r.error(str(e), "a spec like qc,kc,,qk->qk", r.payload_column + 1) from None
         if len(_SPECS) < 100_000:
             _SPECS[spec] = axes
-    return Einsum(*kids, in_axes=axes[0], out_axes=axes[1], name=r.name)
+    in_axes = axes[0]
+    if not in_axes and len(kids) == 1:
+        in_axes = ((),)  # '->' is both no operand and one scalar operand: the children decide
+    return Einsum(*kids, in_axes=in_axes, out_axes=axes[1], name=r.name)
 
 
 def _add(r, kids, store):

@@ -1,0 +1,98 @@
+"""Deep circuits: a 50,000-deep chain prints compactly (definition blocks) and parses back equal.
+
+Printing and parsing are iterative; the recursion limit is lowered in these tests so that any
+recursion proportional to depth would fail loudly.
+"""
+
+import sys
+
+import pytest
+
+from circuits import Add, GeneralFunction, Scalar, Symbol, toposort
+from circuits.text import parse, parse_many, print_many, to_text
+from circuits.text.printer import DEFAULT_MAX_INDENT
+
+DEPTH = 50_000
+
+
+@pytest.fixture
+def low_recursion_limit():
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(500)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def chain(depth, *, every=2, start=None):
+    x = start if start is not None else Symbol((3,), name="x")
+    one = Scalar(1.0, name="one")
+    c = x
+    for i in range(depth - 1):
+        c = Add(c, one) if i % every else GeneralFunction("exp", c, name=f"n{i}")
+    return c
+
+
+@pytest.fixture(scope="module")
+def deep():
+    return chain(DEPTH)
+
+
+def _indent(line):
+    return len(line) - len(line.lstrip(" "))
+
+
+def test_deep_chain_prints_and_parses(deep, low_recursion_limit):
+    text = to_text(deep)
+    lines = text.split("\n")
+    assert max(_indent(l) for l in lines) <= 2 * DEFAULT_MAX_INDENT
+    # About one line per node plus a reference line per Add ('one') and per block; no blow-up.
+    assert len(lines) < 2 * DEPTH
+    assert len(text) < 2 * DEPTH * (2 * DEFAULT_MAX_INDENT + 20)
+    blocks = [l for l in lines if l.startswith("~ ")]
+    assert len(blocks) >= DEPTH // DEFAULT_MAX_INDENT - 1
+    parsed = parse(text)
+    assert parsed == deep
+    assert parse_many(text) == [deep]
+
+
+def test_deep_chain_in_tree_mode(deep, low_recursion_limit):
+    text = to_text(deep, tree=True, max_indent=16)
+    assert max(len(l) for l in text.split("\n")) < 3 * 17 + 60
+    assert parse(text) == deep
+
+
+def test_deep_shared_dag_with_forward_references(low_recursion_limit):
+    # Every node also uses the node 500 levels below it, so blocks refer to nodes that other
+    # blocks define, before and after them in the text.
+    x = Symbol((2,), name="x")
+    nodes = [x]
+    for i in range(1, 5_000):
+        kids = (nodes[-1], nodes[max(0, i - 500)]) if i % 3 else (nodes[-1],)
+        nodes.append(Add(*kids, name=f"a{i % 7}" if i % 2 else None))
+    root = nodes[-1]
+    for max_indent in (DEFAULT_MAX_INDENT, 7):
+        text = to_text(root, max_indent=max_indent)
+        assert max(_indent(l) for l in text.split("\n")) <= 2 * max_indent
+        assert parse(text) == root
+    # Several roots over the same deep DAG share every node.
+    roots = [nodes[4_999], nodes[2_500], nodes[10]]
+    assert parse_many(print_many(roots, max_indent=9)) == roots
+
+
+def test_naive_indentation_on_request(low_recursion_limit):
+    c = chain(2_000)
+    text = to_text(c, max_indent=None)
+    assert max(_indent(l) for l in text.split("\n")) == 2 * 1_999
+    assert "~" not in text
+    assert parse(text) == c
+
+
+def test_wide_circuit():
+    xs = [Scalar(float(i), (2,)) for i in range(20_000)]
+    s = Add(*xs, name="wide")
+    text = to_text(s)
+    assert text.count("\n") == 20_000
+    assert parse(text) == s
+    assert len(toposort(parse(text))) == 20_001

@@ -1,0 +1,134 @@
+"""Fuzz: any text parses to circuits or raises ParseError, never anything else.
+
+Inputs: random text, random lines built from the format's own tokens, and valid texts (the seed
+and generated circuits printed with every option) mutated by inserting, deleting and replacing
+characters, duplicating, dropping and swapping lines, and re-indenting them.
+"""
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from circuits import Circuit, ParseError, Symbol
+from circuits.text import parse_many, to_text
+
+SEED_TEXT = (Path(__file__).resolve().parents[1] / "golden" / "attn_only_loss.txt").read_text(encoding="utf-8")
+SEED_LINES = SEED_TEXT.split("\n")
+
+TOKENS = [
+    "'a'", "'b'", "'it\\'s'", "0", "1", "7", "20", "[]", "[2]", "[2,3]", "[3,2]", "[300,256]", "[0,:,:]",
+    "[:-2]", "[1:-1]", "[::2]", "[[1,0],:]", "Array", "Scalar", "Symbol", "Einsum", "Add", "GeneralFunction",
+    "Index", "Rearrange", "Concat", "Tag", "ab,bc->ac", "a,->a", "->", "ab->b", "softmax", "gen_index_at_0_c",
+    "exp", "(a b) -> a b a=2", "a b -> b a", "00000000-0000-0000-0000-000000000001", "int64", "nan", "-1",
+    "0.00001", "abc123", "~", "#", "...", "├─", "│", "\x1b[1m", "\x1b[0m", "\\", "'", "  ", "\t", "-", ":",
+]
+
+
+def check(text):
+    try:
+        roots = parse_many(text)
+    except ParseError as e:
+        assert isinstance(e.expected, str) and e.expected
+        if e.line_number is not None:
+            assert e.line is not None
+            assert e.line_number >= 1
+        return None
+    assert roots and all(isinstance(r, Circuit) for r in roots)
+    # Whatever parsed prints and parses back to the same circuits.
+    assert parse_many(to_text(roots)) == roots
+    return roots
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_random_text(text):
+    check(text)
+
+
+@st.composite
+def token_lines(draw):
+    lines = []
+    for _ in range(draw(st.integers(1, 8))):
+        indent = "  " * draw(st.integers(0, 3))
+        words = draw(st.lists(st.sampled_from(TOKENS), min_size=1, max_size=6))
+        lines.append(indent + " ".join(words))
+    return "\n".join(lines)
+
+
+@settings(max_examples=300, deadline=None)
+@given(token_lines())
+def test_token_soup(text):
+    check(text)
+
+
+@st.composite
+def mutated(draw, lines):
+    lines = list(lines)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.integers(0, 6))
+        i = draw(st.integers(0, len(lines) - 1))
+        line = lines[i]
+        if kind == 0 and line:  # replace a character
+            j = draw(st.integers(0, len(line) - 1))
+            lines[i] = line[:j] + draw(st.sampled_from(list("'[]0123456789,:- ab#\\~.\t") + ["", "  "])) + line[j + 1:]
+        elif kind == 1:  # insert a token
+            j = draw(st.integers(0, len(line)))
+            lines[i] = line[:j] + draw(st.sampled_from(TOKENS)) + line[j:]
+        elif kind == 2 and len(lines) > 1:  # drop a line
+            del lines[i]
+        elif kind == 3:  # duplicate a line
+            lines.insert(i, line)
+        elif kind == 4:  # re-indent a line
+            lines[i] = " " * draw(st.integers(0, 12)) + line.lstrip(" ")
+        elif kind == 5:  # swap two lines
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        else:  # truncate a line
+            lines[i] = line[: draw(st.integers(0, len(line)))]
+    return "\n".join(lines)
+
+
+def _seed_subtrees():
+    from circuits import parse, toposort
+
+    nodes = toposort(parse(SEED_TEXT))
+    # Subtrees of a few sizes, each printed on its own (so its text is valid before mutation).
+    return [to_text(n).split("\n") for n in nodes[::7] if 3 <= to_text(n).count("\n") <= 60]
+
+
+SEED_SUBTREES = _seed_subtrees()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(range(len(SEED_SUBTREES))).flatmap(lambda i: mutated(SEED_SUBTREES[i])))
+def test_mutated_seed_subtrees(text):
+    check(text)
+
+
+@settings(max_examples=15, deadline=None)
+@given(mutated(SEED_LINES))
+def test_mutated_whole_seed(text):
+    check(text)
+
+
+def _printed_examples():
+    from circuits import Add, Einsum, GeneralFunction, Index, Rearrange, Scalar, Tag
+
+    x = Symbol((2, 3), name="x")
+    e = GeneralFunction("exp", x, name="e")
+    c = Add(Einsum.from_spec("ab,ab->b", e, x, name="y"), Scalar(1.0, (3,)), name="s")
+    d = Tag(Rearrange(Index(c, (slice(None, None, -1),)), "a -> a"), "00000000-0000-0000-0000-000000000002")
+    texts = []
+    for opts in ({}, dict(tree=True), dict(color=True, comments=True), dict(max_indent=1), dict(shapes=True)):
+        texts.append(to_text([c, d], **opts).split("\n"))
+    return texts
+
+
+PRINTED = _printed_examples()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(range(len(PRINTED))).flatmap(lambda i: mutated(PRINTED[i])))
+def test_mutated_printed_options(text):
+    check(text)
