@@ -162,16 +162,18 @@ class Compiled:
         self._constants: list | None = None
 
     def _constant_values(self):
+        """Array and Scalar values on the device, read once (None while any is missing)."""
         if self._constants is None:
             import jax
 
-            from .eval_runtime import leaf_value, raise_problems
+            from .eval_runtime import leaf_value
             from .nodes import Symbol
 
             problems: list[str] = []
             values = [leaf_value(n, self.float_dtype, problems) for n in self.program.arg_nodes()
                       if type(n) is not Symbol]
-            raise_problems(problems)
+            if problems:
+                return None  # bind_arguments reports them, with any input problems
             self._constants = [jax.device_put(v) for v in values]
         return self._constants
 

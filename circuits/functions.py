@@ -240,9 +240,35 @@ def _last_axis(name, jax_fn, shape_rule, description, dtype_rule=_float_dtype):
     )
 
 
-_last_axis("softmax", lambda x: _jax().nn.softmax(x, axis=-1), _same_shape, "softmax over the last axis")
-_last_axis("log_softmax", lambda x: _jax().nn.log_softmax(x, axis=-1), _same_shape,
-           "log_softmax over the last axis")
+def _shifted_last_axis(x):
+    """x - max(x) over the last axis (max held constant for gradients), with lax primitives:
+    jax.nn.softmax computes the same but costs ~1 ms to trace (custom_jvp, nested jit), which
+    dominates tracing a large circuit."""
+    jax = _jax()
+    lax = jax.lax
+    if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+        x = lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(float))
+    last = x.ndim - 1
+    peak = lax.stop_gradient(lax.reduce_max(x, (last,)))
+    return lax.sub(x, lax.broadcast_in_dim(peak, x.shape, tuple(range(last)))), last
+
+
+def _softmax(x):
+    lax = _jax().lax
+    shifted, last = _shifted_last_axis(x)
+    e = lax.exp(shifted)
+    return lax.div(e, lax.broadcast_in_dim(lax.reduce_sum(e, (last,)), e.shape, tuple(range(last))))
+
+
+def _log_softmax(x):
+    lax = _jax().lax
+    shifted, last = _shifted_last_axis(x)
+    total = lax.log(lax.reduce_sum(lax.exp(shifted), (last,)))
+    return lax.sub(shifted, lax.broadcast_in_dim(total, shifted.shape, tuple(range(last))))
+
+
+_last_axis("softmax", _softmax, _same_shape, "softmax over the last axis")
+_last_axis("log_softmax", _log_softmax, _same_shape, "log_softmax over the last axis")
 _last_axis("logsumexp", lambda x: _jax().nn.logsumexp(x, axis=-1), _drop_last,
            "log(sum(exp(x))) over the last axis (drops it)")
 _last_axis("max", lambda x: _jnp().max(x, axis=-1), _drop_last, "max over the last axis (drops it)",

@@ -19,15 +19,16 @@ True
 
 from __future__ import annotations
 
+import collections
 import struct
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .einsum_lowering import einsum_op
 from .errors import EvaluationError
 from .hashing import node_hash
 from .nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from .nodes.einsum import AXIS_LETTERS
 from .traversal import toposort
 
 ARGUMENT_TYPES = (Array, Scalar, Symbol)
@@ -39,52 +40,48 @@ def _jnp():
     return jnp
 
 
+def _lax():
+    import jax.lax as lax
+
+    return lax
+
+
 def _common_dtype(values):
-    jnp = _jnp()
-    target = jnp.result_type(*values)
-    return [v if v.dtype == target else v.astype(target) for v in values]
+    first = values[0].dtype
+    if all(v.dtype == first for v in values):
+        return list(values)
+    target = _jnp().result_type(*values)
+    convert = _lax().convert_element_type
+    return [v if v.dtype == target else convert(v, target) for v in values]
 
 
 # ---------------------------------------------------------------------------- op builders
 # Each builder reads only the node's payload and shapes and returns ``op(*child_values)``; the op
 # must not hold the node (a cached compiled function would then keep its tensors alive).
-def _einsum_spec(node: Einsum) -> str:
-    # jnp.einsum takes letters; our ids may be any ints, so renumber them densely.
-    ids: dict[int, int] = {}
-    for term in node.in_axes:
-        for a in term:
-            ids.setdefault(a, len(ids))
-    if len(ids) > 52:
-        raise EvaluationError(
-            f"{node.line()}: {len(ids)} distinct axes are more than jnp.einsum takes (52); "
-            "split the einsum into smaller ones"
-        )
-    letter = lambda a: AXIS_LETTERS[ids[a]]  # noqa: E731
-    ins = ",".join("".join(map(letter, t)) for t in node.in_axes)
-    return ins + "->" + "".join(map(letter, node.out_axes))
-
-
 def _build_einsum(node: Einsum, fdt: str) -> Callable:
     if not node.children:
         return lambda: _jnp().ones((), dtype=fdt)
-    spec = _einsum_spec(node)
-
-    def einsum(*xs):
-        return _jnp().einsum(spec, *_common_dtype(xs))
-
-    return einsum
+    return einsum_op(node.in_axes, node.out_axes, [c.shape for c in node.children])
 
 
 def _build_add(node: Add, fdt: str) -> Callable:
     shape = node.shape
+    rank = len(shape)
     if not node.children:
         return lambda: _jnp().zeros((), dtype=fdt)
 
     def add(*xs):
-        out = xs[0]
-        for x in xs[1:]:
-            out = out + x
-        return out if out.shape == shape else _jnp().broadcast_to(out, shape)
+        # lax.add, not jnp's +: no implicit broadcasting or promotion to trace, so do both here
+        lax = _lax()
+        xs = _common_dtype(xs)
+        if xs[0].dtype == np.bool_:
+            return _jnp().broadcast_to(sum(xs[1:], xs[0]), shape)
+        out = None
+        for x in xs:
+            if x.shape != shape:
+                x = lax.broadcast_in_dim(x, shape, tuple(range(rank - x.ndim, rank)))
+            out = x if out is None else lax.add(out, x)
+        return out
 
     return add
 
@@ -94,26 +91,49 @@ def _build_function(node: GeneralFunction, fdt: str) -> Callable:
 
 
 def _build_index(node: Index, fdt: str) -> Callable:
-    # Outer-style indexing, axis by axis: ints and slices go through one basic-indexing step;
-    # each array entry then gathers along its (already renumbered) axis.
-    basic, takes, pos = [], [], 0
-    for entry, size in zip(node.full_index(), node.children[0].shape):
+    # Outer-style indexing, axis by axis, planned once: ints and slices become one strided
+    # lax.slice (reversed where the step is negative, int axes squeezed), then each array entry
+    # gathers along its (renumbered) axis.
+    shape = node.children[0].shape
+    starts, limits, strides, reverse, squeeze, takes = [], [], [], [], [], []
+    pos = 0
+    for axis, (entry, n) in enumerate(zip(node.full_index(), shape)):
+        start, limit, stride = 0, n, 1
         if isinstance(entry, np.ndarray):
-            basic.append(slice(None))
             # Constructors check bounds; normalise negatives so the gather needs no wrap.
-            takes.append((pos, np.asarray(entry % max(size, 1), dtype=np.int32)))
+            takes.append((pos, np.asarray(entry % max(n, 1), dtype=np.int32)))
+            pos += 1
+        elif isinstance(entry, slice):
+            r = range(*entry.indices(n))
+            if not r:
+                start, limit = 0, 0
+            elif r.step > 0:
+                start, limit, stride = r[0], r[-1] + 1, r.step
+            else:
+                start, limit, stride = r[-1], r[0] + 1, -r.step
+                reverse.append(axis)
             pos += 1
         else:
-            basic.append(entry)
-            pos += isinstance(entry, slice)
-    basic_key = tuple(basic)
-    trivial = all(isinstance(e, slice) and e == slice(None) for e in basic)
+            start, limit = entry % n, entry % n + 1
+            squeeze.append(axis)
+        starts.append(start)
+        limits.append(limit)
+        strides.append(stride)
+    sliced = starts != [0] * len(shape) or limits != list(shape) or strides != [1] * len(shape)
+    strides_arg = None if strides == [1] * len(shape) else tuple(strides)
+    starts, limits, reverse, squeeze = tuple(starts), tuple(limits), tuple(reverse), tuple(squeeze)
 
     def index(x):
-        out = x if trivial else x[basic_key]
+        lax = _lax()
+        if sliced:
+            x = lax.slice(x, starts, limits, strides_arg)
+        if reverse:
+            x = lax.rev(x, reverse)
+        if squeeze:
+            x = lax.squeeze(x, squeeze)
         for axis, arr in takes:
-            out = _jnp().take(out, arr, axis=axis, mode="clip")
-        return out
+            x = _jnp().take(x, arr, axis=axis, mode="clip")
+        return x
 
     return index
 
@@ -125,21 +145,22 @@ def _build_rearrange(node: Rearrange, fdt: str) -> Callable:
     present = [a for a in out_names if a in kept]
     perm = tuple(kept.index(a) for a in present)
     split_shape = tuple(sizes[a] for a in kept)
-    new_axes = [i for i, a in enumerate(out_names) if a not in kept]
+    repeats = len(present) != len(out_names)
+    # Axes on the right only repeat the input: broadcast into their output positions.
+    positions = tuple(i for i, a in enumerate(out_names) if a in kept)
     expanded_shape = tuple(sizes[a] for a in out_names)
     out_shape = node.shape
     identity_perm = perm == tuple(range(len(perm)))
 
     def rearrange(x):
-        jnp = _jnp()
-        x = x.reshape(split_shape)
+        lax = _lax()
+        if x.shape != split_shape:
+            x = lax.reshape(x, split_shape)
         if not identity_perm:
-            x = jnp.transpose(x, perm)
-        if new_axes:
-            # Axes on the right only repeat the input: insert them at their output position.
-            x = jnp.expand_dims(x, new_axes)
-            x = jnp.broadcast_to(x, expanded_shape)
-        return x.reshape(out_shape)
+            x = lax.transpose(x, perm)
+        if repeats:
+            x = lax.broadcast_in_dim(x, expanded_shape, positions)
+        return x if x.shape == out_shape else lax.reshape(x, out_shape)
 
     return rearrange
 
@@ -148,7 +169,7 @@ def _build_concat(node: Concat, fdt: str) -> Callable:
     axis = node.axis
 
     def concat(*xs):
-        return _jnp().concatenate(_common_dtype(xs), axis=axis)
+        return _lax().concatenate(_common_dtype(xs), axis)
 
     return concat
 
@@ -172,20 +193,37 @@ OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
 }
 
 
+# Ops depend only on payload and shapes, and a model repeats the same few (every head's
+# einsums, every layer's norm): build each once.  Bounded; ops hold no tensors.
+_OP_MEMO: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
+_OP_MEMO_SIZE = 4096
+_MEMOIZED = (Einsum, Index, Rearrange, Add, Concat)
+
+
 def build_op(node: Circuit, fdt: str) -> Callable:
     """The JAX op computing ``node`` from its children's values."""
-    builder = OP_BUILDERS.get(type(node))
+    t = type(node)
+    builder = OP_BUILDERS.get(t)
     if builder is None:
         raise EvaluationError(
-            f"no JAX lowering for node type {type(node).__name__}: {node.line()}; "
+            f"no JAX lowering for node type {t.__name__}: {node.line()}; "
             "add a builder to circuits.lowering.OP_BUILDERS"
         )
-    return builder(node, fdt)
+    if t not in _MEMOIZED:
+        return builder(node, fdt)
+    key = (t, node._payload_bytes(), node.shape, tuple(c.shape for c in node.children), fdt)
+    op = _OP_MEMO.get(key)
+    if op is None:
+        op = builder(node, fdt)
+        _OP_MEMO[key] = op
+        if len(_OP_MEMO) > _OP_MEMO_SIZE:
+            _OP_MEMO.popitem(last=False)
+    return op
 
 
 def broadcast_scalar(value, shape):
     """A Scalar's 0-d argument broadcast to the Scalar's shape."""
-    return value if shape == () else _jnp().broadcast_to(value, shape)
+    return value if shape == () else _lax().broadcast(value, shape)
 
 
 # ---------------------------------------------------------------------------- key

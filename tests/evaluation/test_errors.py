@@ -54,6 +54,13 @@ def test_all_problems_are_reported_together():
     assert "unbound Symbol 'x'" in text and "placeholder Array 'missing_w'" in text
 
 
+def test_compiled_reports_missing_values_and_inputs_together():
+    f = compile(Add(Einsum.from_spec("ab,bc->ac", X, HOLE), Einsum.from_spec("ab,bc->ac", X, W)))
+    with pytest.raises(EvaluationError) as info:
+        f()
+    assert "unbound Symbol 'x'" in str(info.value) and "placeholder Array 'missing_w'" in str(info.value)
+
+
 def test_wrong_shape_and_dtype_of_inputs():
     gather = GeneralFunction("gen_index_at_0_c", W, TOK, name="rows")
     with pytest.raises(EvaluationError, match=r"Symbol 'x' \[2,3\] Symbol has shape \[3, 2\]; expected \[2, 3\]"):

@@ -99,6 +99,12 @@ CASES = {
     "gen_index_at_-1_batch_x_c": GeneralFunction("gen_index_at_-1_batch_x_c", T4, ids([0, 3])),
 }
 
+CASES["fn_softmax_of_ints"] = GeneralFunction("softmax", INTS)
+CASES["fn_softmax_masked_with_inf"] = GeneralFunction(
+    "softmax", Array(np.where(np.triu(np.ones((3, 3)), 1) > 0, -np.inf, 1.0).astype(np.float32))
+)
+CASES["fn_log_softmax_of_large_values"] = GeneralFunction("log_softmax", Array(np.array([[1e4, 0.0, -1e4]], np.float32)))
+
 # Every function circuits.functions registers, on inputs inside its domain.
 for _name in sorted(NUMPY_FUNCTIONS):
     if _name == "pow":
@@ -193,14 +199,14 @@ def test_index_matches_outer_indexing(case):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    st.lists(st.integers(1, 3), min_size=1, max_size=4),
     st.randoms(use_true_random=False),
 )
 def test_einsum_with_repeated_and_summed_axes_matches_numpy(sizes, random):
     # operands draw axis ids (with repeats) from a small pool; output keeps a random subset
     pool = list(range(len(sizes)))
     operands, in_axes = [], []
-    for _ in range(random.randint(0, 3)):
+    for _ in range(random.randint(0, 4)):
         axes = tuple(random.choice(pool) for _ in range(random.randint(0, 3)))
         in_axes.append(axes)
         operands.append(Array(np.asarray(np.random.default_rng(len(in_axes)).standard_normal(
