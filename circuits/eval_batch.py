@@ -114,7 +114,14 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     - ``also``, ``dtype``, ``mode`` as for ``evaluate``; ``return_jax=True`` leaves results on the
       device(s) as jax arrays instead of copying them to numpy.
 
-    Equals stacking ``evaluate(circuit, row_inputs)`` over rows.
+    Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
+
+    >>> from circuits import Symbol, Add
+    >>> x, b = Symbol((2,), name='x'), Symbol((2,), name='b')
+    >>> evaluate_batched(Add(x, b), {'x': np.ones((3, 2)), 'b': np.array([0.0, 10.0])})
+    array([[ 1., 11.],
+           [ 1., 11.],
+           [ 1., 11.]], dtype=float32)
     """
     fdt = float_dtype(dtype)
     _check_mode(mode)

@@ -260,13 +260,22 @@ def cache_stats() -> dict:
 
 
 def clear_cache():
-    """Drop every cached compiled function (the counters keep counting)."""
+    """Drop every cached compiled function (the counters keep counting).
+
+    >>> clear_cache(); cache_stats()['size']
+    0
+    """
     with _cache_lock:
         _cache.clear()
 
 
 def set_cache_size(n: int):
-    """Bound the compile cache to ``n`` functions (least recently used ones go first)."""
+    """Bound the compile cache to ``n`` functions (least recently used ones go first).
+
+    >>> set_cache_size(256); cache_stats()['max_size']
+    256
+    >>> set_cache_size(128)
+    """
     global _cache_size
     if int(n) < 1:
         raise EvaluationError(f"cache size must be at least 1, got {n}")

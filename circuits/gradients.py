@@ -68,6 +68,11 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     them (then a dict keyed by the items as given).  ``cotangent`` (the output's shape) weights
     the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype`` and
     ``mode`` as for ``evaluate``.
+
+    >>> from circuits import Symbol, GeneralFunction
+    >>> x = Symbol((2,), name='x')
+    >>> value_and_grad(GeneralFunction('exp', x), 'x', {'x': np.zeros(2)}, cotangent=[1.0, 3.0])
+    (array([1., 1.], dtype=float32), array([1., 3.], dtype=float32))
     """
     fdt = float_dtype(dtype)
     _check_mode(mode)

@@ -197,7 +197,7 @@ def test_index_matches_outer_indexing(case):
     np.testing.assert_array_equal(got, numpy_evaluate(c))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     st.lists(st.integers(1, 3), min_size=1, max_size=4),
     st.randoms(use_true_random=False),
