@@ -115,19 +115,25 @@ def test_cache_is_bounded_and_evicts_least_recently_used():
 
 
 def test_cached_code_holds_no_tensors():
+    from circuits import eval_runtime
+    from circuits.evaluation import evaluate_batched, grad
+
     value = np.random.default_rng(10).standard_normal((3, 31)).astype(np.float32)
     node = Array(value, name="big")
-    circuit = Einsum.from_spec("ab->a", GeneralFunction("sin", node))
+    x = Symbol((31,), name="x_no_tensors")
+    circuit = Einsum.from_spec("ab,b->a", GeneralFunction("sin", node), x)
+    inputs = {"x_no_tensors": np.ones(31)}
     f = compile(circuit)
-    f()
-    evaluate(circuit)
-    key = (Program([circuit], "float32").key, "run")
+    f(inputs)
+    evaluate(circuit, inputs)
+    grad(circuit, node, inputs)
+    evaluate_batched(circuit, {"x_no_tensors": np.ones((2, 31))})
+    key = Program([circuit], "float32").key
     probe = weakref.ref(node)
     del node, circuit, f
     gc.collect()
-    from circuits import eval_runtime
-
-    assert key in eval_runtime._cache
+    kinds = {k[1] for k in eval_runtime._cache if k[0] == key}
+    assert kinds == {"run", "grad", "vmap"}
     assert probe() is None
 
 
