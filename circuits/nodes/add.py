@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from .base import Circuit, check_children, promote, shape_error
+from .base import Circuit, check_children, dtype_of, promote, shape_error, shape_of
 
 
 def broadcast_shapes(shapes):
     """numpy's right-aligned broadcast of several shapes, or None if they do not broadcast."""
-    rank = max((len(s) for s in shapes), default=0)
+    if shapes:
+        first = shapes[0]
+        for s in shapes:
+            if s != first:
+                break
+        else:
+            return first if type(first) is tuple else tuple(first)
+    rank = 0
+    for s in shapes:
+        if len(s) > rank:
+            rank = len(s)
     out = [1] * rank
     for s in shapes:
-        for i, n in enumerate(s, start=rank - len(s)):
+        for i, n in enumerate(s, rank - len(s)):
             if n == 1:
                 continue
             if out[i] == 1:
@@ -34,14 +44,14 @@ class Add(Circuit):
 
     def _setup(self, *children, name=None):
         children = check_children("Add", name, children)
-        shape = broadcast_shapes([c.shape for c in children])
+        shape = broadcast_shapes(list(map(shape_of, children)))
         if shape is None:
             raise shape_error(
                 "Add", name, "", children,
                 "children's shapes " + ", ".join(str(list(c.shape)) for c in children)
                 + " do not broadcast (numpy rules: align on the right; sizes equal or 1)",
             )
-        self._set_common(children, shape, promote(c.dtype for c in children), name)
+        self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     def _payload_bytes(self):
         return b""

@@ -11,6 +11,7 @@ naming the node; they never simplify — simplification is ``rewrites``' job.
 
 from __future__ import annotations
 
+import operator
 import struct
 import weakref
 from typing import ClassVar
@@ -95,6 +96,11 @@ def shape_text(shape) -> str:
     return "[" + ",".join(str(int(s)) for s in shape) + "]"
 
 
+# C-level getters: map() with these avoids a Python frame per list comprehension.
+shape_of = operator.attrgetter("shape")
+dtype_of = operator.attrgetter("dtype")
+hash_of = operator.attrgetter("hash")
+
 _INT_STRUCTS: dict[int, struct.Struct] = {}
 _COUNTS = [n.to_bytes(4, "little") for n in range(64)]
 # First 8 bytes of a node hash as a signed little-endian int: the Python hash of the node.
@@ -167,7 +173,7 @@ class Circuit:
         if n == 1:
             kids = children[0].hash
         elif n:
-            kids = b"".join([c.hash for c in children])
+            kids = b"".join(map(hash_of, children))
         else:
             kids = b""
         h = _blake2b(
@@ -371,10 +377,22 @@ def shape_error(type_name, name, payload, children, message, fix=None, shape=Non
 
 
 def check_children(type_name, name, children):
-    for i, c in enumerate(children):
+    for c in children:
         if not isinstance(c, Circuit):
+            i = next(i for i, c in enumerate(children) if not isinstance(c, Circuit))
             raise CircuitError(
                 f"{type_name} {quote_name(name) if name else '(unnamed)'}: child {i} is a "
-                f"{type(c).__name__}, not a circuit node; wrap values in Array(...) or Scalar(...)"
+                f"{type(children[i]).__name__}, not a circuit node; wrap values in Array(...) or Scalar(...)"
             )
-    return tuple(children)
+    return children if type(children) is tuple else tuple(children)
+
+
+def int_tuple(values) -> tuple:
+    """``values`` as a tuple of ints (the same object when it already is one)."""
+    if type(values) is tuple:
+        for v in values:
+            if type(v) is not int:
+                break
+        else:
+            return values
+    return tuple(int(v) for v in values)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Circuit, _pack_ints, check_children, promote, shape_error
+from .base import Circuit, _pack_ints, check_children, dtype_of, promote, shape_error
 
 
 class Concat(Circuit):
@@ -31,10 +31,11 @@ class Concat(Circuit):
             )
         axis %= rank
         self.axis = axis
+        first = children[0].shape
+        before, after = first[:axis], first[axis + 1:]
         for c in children:
-            if len(c.shape) != rank or any(
-                a != b for i, (a, b) in enumerate(zip(c.shape, children[0].shape)) if i != axis
-            ):
+            s = c.shape
+            if len(s) != rank or s[:axis] != before or s[axis + 1:] != after:
                 raise shape_error(
                     "Concat", name, str(axis), children,
                     f"children must agree on every axis but {axis}: got "
@@ -42,7 +43,7 @@ class Concat(Circuit):
                 )
         shape = list(children[0].shape)
         shape[axis] = sum(c.shape[axis] for c in children)
-        self._set_common(children, tuple(shape), promote(c.dtype for c in children), name)
+        self._set_common(children, tuple(shape), promote(tuple(map(dtype_of, children))), name)
 
     def _payload_bytes(self):
         return _pack_ints((self.axis,))

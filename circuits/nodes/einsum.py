@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 from ..errors import CircuitError
-from .base import Circuit, _pack_ints, check_children, promote, shape_error
+from .base import Circuit, _pack_ints, check_children, dtype_of, int_tuple, promote, shape_error
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK
@@ -17,6 +19,7 @@ def axis_letter(i: int) -> str:
     return AXIS_LETTERS[i]
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_spec(spec: str):
     """``'ab,bc->ac'`` -> (((0, 1), (1, 2)), (0, 2)).  Spaces are ignored."""
     s = "".join(spec.split())
@@ -36,6 +39,23 @@ def parse_spec(spec: str):
 
 def format_spec(in_axes, out_axes) -> str:
     return ",".join("".join(map(axis_letter, t)) for t in in_axes) + "->" + "".join(map(axis_letter, out_axes))
+
+
+def _axis_name(i: int) -> str:
+    return AXIS_LETTERS[i] if 0 <= i < len(AXIS_LETTERS) else str(i)
+
+
+def _all_ints(t) -> bool:
+    for v in t:
+        if type(v) is not int:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _einsum_payload_bytes(in_axes, out_axes) -> bytes:
+    parts = [_pack_ints((len(t),)) + _pack_ints(t) for t in in_axes]
+    return b"".join(parts) + b"|" + _pack_ints(out_axes)
 
 
 class Einsum(Circuit):
@@ -58,48 +78,51 @@ class Einsum(Circuit):
     def _setup(self, *children, in_axes, out_axes, name=None):
         children = check_children("Einsum", name, children)
         try:
-            in_axes = tuple(tuple(int(i) for i in t) for t in in_axes)
-            out_axes = tuple(int(i) for i in out_axes)
+            if not (type(in_axes) is tuple and all(type(t) is tuple and _all_ints(t) for t in in_axes)):
+                in_axes = tuple(int_tuple(t) for t in in_axes)
+            out_axes = int_tuple(out_axes)
         except TypeError:
             raise CircuitError(f"Einsum {name!r}: in_axes must be a sequence of int sequences") from None
         self.in_axes, self.out_axes = in_axes, out_axes
-        try:
-            payload = format_spec(in_axes, out_axes)
-        except CircuitError:
-            payload = f"{in_axes}->{out_axes}"
+
+        def fail(message):
+            # The payload is only written out for an error message.
+            try:
+                payload = format_spec(in_axes, out_axes)
+            except CircuitError:
+                payload = f"{in_axes}->{out_axes}"
+            return shape_error("Einsum", name, payload, children, message)
+
         if len(in_axes) != len(children):
-            raise shape_error(
-                "Einsum", name, payload, children,
-                f"spec has {len(in_axes)} operands but {len(children)} children were given",
-            )
+            raise fail(f"spec has {len(in_axes)} operands but {len(children)} children were given")
         sizes: dict[int, int] = {}
+        setdefault = sizes.setdefault
         for k, (c, axes) in enumerate(zip(children, in_axes)):
-            if len(axes) != len(c.shape):
-                raise shape_error(
-                    "Einsum", name, payload, children,
+            shape = c.shape
+            if len(axes) != len(shape):
+                raise fail(
                     f"operand {k} has {len(axes)} axes in the spec but its child has shape "
-                    f"{list(c.shape)} ({len(c.shape)} axes)",
+                    f"{list(shape)} ({len(shape)} axes)"
                 )
-            for ax, n in zip(axes, c.shape):
-                if ax < 0:
-                    raise shape_error("Einsum", name, payload, children, f"negative axis id {ax}")
-                seen = sizes.setdefault(ax, n)
-                if seen != n:
-                    raise shape_error(
-                        "Einsum", name, payload, children,
-                        f"axis {axis_letter(ax) if ax < len(AXIS_LETTERS) else ax} has size {seen} "
-                        f"in one place and {n} in operand {k}",
+            for ax, n in zip(axes, shape):
+                if setdefault(ax, n) != n:
+                    raise fail(
+                        f"axis {_axis_name(ax)} has size "
+                        f"{sizes[ax]} in one place and {n} in operand {k}"
                     )
+        if any(ax < 0 for ax in sizes):
+            raise fail(f"negative axis id {min(sizes)}")
         if len(set(out_axes)) != len(out_axes):
-            raise shape_error("Einsum", name, payload, children, "an output axis is repeated")
-        missing = [a for a in out_axes if a not in sizes]
-        if missing:
-            raise shape_error(
-                "Einsum", name, payload, children,
-                f"output axis {', '.join(axis_letter(a) for a in missing)} appears in no input",
-            )
-        shape = tuple(sizes[a] for a in out_axes)
-        self._set_common(children, shape, promote(c.dtype for c in children), name)
+            raise fail("an output axis is repeated")
+        try:
+            shape = tuple([sizes[a] for a in out_axes])
+        except KeyError:
+            missing = [a for a in out_axes if a not in sizes]
+            raise fail(
+                f"output axis {', '.join(map(_axis_name, missing))} "
+                "appears in no input"
+            ) from None
+        self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     @classmethod
     def from_spec(cls, spec: str, *children, name=None) -> "Einsum":
@@ -119,8 +142,7 @@ class Einsum(Circuit):
         return sizes
 
     def _payload_bytes(self):
-        parts = [_pack_ints((len(t),)) + _pack_ints(t) for t in self.in_axes]
-        return b"".join(parts) + b"|" + _pack_ints(self.out_axes)
+        return _einsum_payload_bytes(self.in_axes, self.out_axes)
 
     def payload_text(self):
         return self.spec

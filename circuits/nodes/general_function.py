@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import functions as _functions  # a module object: circuits.functions imports this package
 from ..errors import CircuitError, ShapeError
-from .base import Circuit, check_children, quote_name, shape_error
+from .base import Circuit, check_children, dtype_of, int_tuple, quote_name, shape_error, shape_of
 
 
 class GeneralFunction(Circuit):
@@ -39,10 +39,8 @@ class GeneralFunction(Circuit):
                 f"{spec.name} takes {want} argument(s), got {len(children)}",
             )
         try:
-            shape = spec.shape_rule([c.shape for c in children])
-            if type(shape) is not tuple or not all(type(s) is int for s in shape):
-                shape = tuple(int(s) for s in shape)
-            dtype = spec.result_dtype([c.dtype for c in children])
+            shape = int_tuple(spec.shape_rule(list(map(shape_of, children))))
+            dtype = spec.result_dtype(list(map(dtype_of, children)))
         except ShapeError as e:
             raise shape_error("GeneralFunction", name, spec.name, children, str(e)) from None
         self.function = spec

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..errors import CircuitError
@@ -32,6 +34,14 @@ def index_text(index) -> str:
 
 
 def _normalize_entry(entry, what):
+    t = type(entry)
+    if t is int:
+        return entry
+    if t is slice:
+        start, stop, step = entry.start, entry.stop, entry.step
+        if ((start is None or type(start) is int) and (stop is None or type(stop) is int)
+                and (step is None or (type(step) is int and step != 0))):
+            return entry  # already normal (slices are immutable)
     if isinstance(entry, slice):
         for v in (entry.start, entry.stop, entry.step):
             if v is not None and not isinstance(v, (int, np.integer)):
@@ -61,13 +71,18 @@ def _normalize_entry(entry, what):
     return arr
 
 
+_pack_slice = struct.Struct("<3q").pack
+
+
 def _entry_bytes(e) -> bytes:
-    if isinstance(e, slice):
-        vals = [e.start, e.stop, e.step]
-        return b"s" + bytes(int(v is None) for v in vals) + _pack_ints([0 if v is None else v for v in vals])
-    if isinstance(e, np.ndarray):
-        return b"a" + _pack_ints((len(e),)) + e.tobytes()
-    return b"i" + _pack_ints((e,))
+    t = type(e)
+    if t is slice:
+        start, stop, step = e.start, e.stop, e.step
+        return (b"s" + bytes((start is None, stop is None, step is None))
+                + _pack_slice(start or 0, stop or 0, step or 0))
+    if t is int:
+        return b"i" + _pack_ints((e,))
+    return b"a" + _pack_ints((len(e),)) + e.tobytes()
 
 
 class Index(Circuit):
@@ -92,33 +107,30 @@ class Index(Circuit):
         if not isinstance(index, tuple):
             index = tuple(index) if isinstance(index, list) else (index,)
         what = f"Index {name!r}" if name else "Index"
-        index = tuple(_normalize_entry(e, what) for e in index)
+        index = tuple([_normalize_entry(e, what) for e in index])
         self.index = index
-        payload = index_text(index)
-        if len(index) > len(child.shape):
-            raise shape_error(
-                "Index", name, payload, (child,),
-                f"{len(index)} index entries for a child of rank {len(child.shape)}",
-            )
+
+        def fail(message):
+            # The payload is only written out for an error message.
+            return shape_error("Index", name, index_text(index), (child,), message)
+
+        child_shape = child.shape
+        if len(index) > len(child_shape):
+            raise fail(f"{len(index)} index entries for a child of rank {len(child_shape)}")
         shape = []
-        for axis, (e, n) in enumerate(zip(index, child.shape)):
-            if isinstance(e, slice):
+        for axis, (e, n) in enumerate(zip(index, child_shape)):
+            t = type(e)
+            if t is slice:
                 shape.append(len(range(*e.indices(n))))
-            elif isinstance(e, np.ndarray):
+            elif t is int:
+                if not -n <= e < n:
+                    raise fail(f"index {e} on axis {axis} is out of range for size {n}")
+            else:
                 if e.size and (e.min() < -n or e.max() >= n):
                     bad = e[(e < -n) | (e >= n)][0]
-                    raise shape_error(
-                        "Index", name, payload, (child,),
-                        f"index {int(bad)} on axis {axis} is out of range for size {n}",
-                    )
+                    raise fail(f"index {int(bad)} on axis {axis} is out of range for size {n}")
                 shape.append(len(e))
-            else:
-                if not -n <= e < n:
-                    raise shape_error(
-                        "Index", name, payload, (child,),
-                        f"index {e} on axis {axis} is out of range for size {n}",
-                    )
-        shape.extend(child.shape[len(index):])
+        shape.extend(child_shape[len(index):])
         self._set_common((child,), tuple(shape), child.dtype, name)
 
     def full_index(self) -> tuple:

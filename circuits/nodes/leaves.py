@@ -43,7 +43,7 @@ class Array(Circuit):
     >>> import numpy as np
     >>> w = Array(np.zeros((2, 3), np.float32), name='w')
     >>> w.line()
-    "'w' [2,3] Array 0bc7b4c7bb8c6ed7b1b35cf1"
+    "'w' [2,3] Array 11c2fbfadf4b6d7be92eb9f0"
     """
 
     __slots__ = ("value", "content_hash")

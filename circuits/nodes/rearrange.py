@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from ..errors import CircuitError
@@ -46,6 +47,7 @@ def _parse_side(text: str, spec: str):
     return tuple(groups)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_rearrange_spec(spec: str):
     """``'a (b c) -> b a c'`` -> ((('a',), ('b', 'c')), (('b',), ('a',), ('c',)))."""
     if spec.count("->") != 1:
@@ -75,6 +77,56 @@ def format_rearrange_spec(ins, outs) -> str:
     return f"{_side_text(ins)} -> {_side_text(outs)}"
 
 
+class _SpecMismatch(Exception):
+    """A spec that does not fit the child (message only; the node adds its line)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _solve(ins, outs, given, child_shape):
+    """Every axis size and the output shape of a rearrangement of a child of ``child_shape``
+    (cached: circuits repeat the same few rearrangements many times)."""
+    known = dict(given)
+    for k, v in given:
+        if v < 0:
+            raise _SpecMismatch(f"size {k}={v} is negative")
+    if len(ins) != len(child_shape):
+        raise _SpecMismatch(f"the left side has {len(ins)} axes but the child has shape {list(child_shape)}")
+    for g, n in zip(ins, child_shape):
+        unknown = [a for a in g if a not in known]
+        prod = 1
+        for a in g:
+            if a in known:
+                prod *= known[a]
+        if len(unknown) > 1:
+            raise _SpecMismatch(
+                f"group ({' '.join(g)}) has several unknown sizes; give all but one, e.g. {unknown[0]}=..."
+            )
+        if unknown:
+            if prod == 0 or n % prod:
+                raise _SpecMismatch(f"axis of size {n} cannot split into ({' '.join(g)}) with {dict(known)}")
+            known[unknown[0]] = n // prod
+        elif prod != n:
+            raise _SpecMismatch(f"group ({' '.join(g) or '1'}) has size {prod} but the axis has size {n}")
+    in_names = {a for g in ins for a in g}
+    out_names = {a for g in outs for a in g}
+    for a in in_names - out_names:
+        if known[a] != 1:
+            raise _SpecMismatch(f"axis {a} (size {known[a]}) is on the left only; only size-1 axes can be dropped")
+    for a in out_names - in_names:
+        if a not in known:
+            raise _SpecMismatch(f"new axis {a} needs its size, e.g. {a}=4")
+    unused = set(dict(given)) - in_names - out_names
+    if unused:
+        raise _SpecMismatch(f"size given for {', '.join(sorted(unused))}, which the spec does not use")
+    shape = []
+    for g in outs:
+        prod = 1
+        for a in g:
+            prod *= known[a]
+        shape.append(prod)
+    return tuple(sorted(known.items())), tuple(shape)
+
+
 class Rearrange(Circuit):
     """einops-style axis rearrangement: ``Rearrange(x, '(h d) s -> h s d', h=8)``.
 
@@ -95,54 +147,22 @@ class Rearrange(Circuit):
     def _setup(self, child, spec, name=None, **sizes):
         (child,) = check_children("Rearrange", name, (child,))
         if isinstance(spec, tuple):
-            ins, outs = spec
+            ins, outs = (g if type(g) is tuple and all(type(x) is tuple for x in g)
+                         else tuple(tuple(x) for x in g) for g in spec)
         else:
             ins, outs = parse_rearrange_spec(spec)
-        given = tuple(sorted((str(k), int(v)) for k, v in sizes.items()))
+        given = tuple(sorted((str(k), int(v)) for k, v in sizes.items())) if sizes else ()
         self.in_groups, self.out_groups, self.given_sizes = ins, outs, given
-        payload = self._payload_from(ins, outs, given)
-        fail = lambda msg: shape_error("Rearrange", name, payload, (child,), msg)  # noqa: E731
-        known = dict(given)
-        for k, v in given:
-            if v < 0:
-                raise fail(f"size {k}={v} is negative")
-        if len(ins) != len(child.shape):
-            raise fail(f"the left side has {len(ins)} axes but the child has shape {list(child.shape)}")
-        for g, n in zip(ins, child.shape):
-            unknown = [a for a in g if a not in known]
-            prod = 1
-            for a in g:
-                if a in known:
-                    prod *= known[a]
-            if len(unknown) > 1:
-                raise fail(f"group ({' '.join(g)}) has several unknown sizes; give all but one, e.g. {unknown[0]}=...")
-            if unknown:
-                if prod == 0 or n % prod:
-                    raise fail(f"axis of size {n} cannot split into ({' '.join(g)}) with {dict(known)}")
-                known[unknown[0]] = n // prod
-            elif prod != n:
-                raise fail(f"group ({' '.join(g) or '1'}) has size {prod} but the axis has size {n}")
-        in_names = {a for g in ins for a in g}
-        out_names = {a for g in outs for a in g}
-        for a in in_names - out_names:
-            if known[a] != 1:
-                raise fail(f"axis {a} (size {known[a]}) is on the left only; only size-1 axes can be dropped")
-        for a in out_names - in_names:
-            if a not in known:
-                raise fail(f"new axis {a} needs its size, e.g. {a}=4")
-        unused = set(dict(given)) - in_names - out_names
-        if unused:
-            raise fail(f"size given for {', '.join(sorted(unused))}, which the spec does not use")
-        self.sizes = tuple(sorted(known.items()))
-        shape = []
-        for g in outs:
-            prod = 1
-            for a in g:
-                prod *= known[a]
-            shape.append(prod)
-        self._set_common((child,), tuple(shape), child.dtype, name)
+        try:
+            self.sizes, shape = _solve(ins, outs, given, child.shape)
+        except _SpecMismatch as e:
+            raise shape_error(
+                "Rearrange", name, self._payload_from(ins, outs, given), (child,), str(e)
+            ) from None
+        self._set_common((child,), shape, child.dtype, name)
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def _payload_from(ins, outs, given):
         text = format_rearrange_spec(ins, outs)
         if given:
