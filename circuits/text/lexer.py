@@ -1,7 +1,8 @@
 """Reading single lines of the text format: indentation, identifier, shape, type and payload.
 
-One compiled regular expression reads a well-formed line (the fast path); only when it fails does
-a slower scanner walk the line to say where and what was expected.  Payload readers are cached by
+``FAST_LINE`` reads the lines the printer writes in one regular-expression match; ``read_line``
+reads every other form (comments, colours, tree glyphs, loose spacing, escapes) and, when a line
+is wrong, walks it to say where and what was expected.  Payload readers are cached by
 payload text, since a circuit repeats the same specs and indices many times.
 
 >>> read_line("    20 'ln.mean_subbed' Add", 1)
@@ -31,6 +32,20 @@ _CONTENT = re.compile(
     (?:\[(?P<shape>[^\]\#]*)\](?:\ +|(?=\#)|$))?
     (?:(?P<type>[A-Za-z_][A-Za-z0-9_]*)(?:\ +(?P<payload>[^\#]*))?)?
     (?:\#.*)?$""",
+    re.VERBOSE,
+)
+# The lines the printer writes by default, indentation included, read in one match: single
+# spaces, no comment, no escapes in the name, a known type (the caller checks the indentation
+# is even).  Whatever it refuses (or reads as
+# neither a definition nor a reference) goes through ``read_line``, which reads everything else
+# and explains errors.
+FAST_LINE = re.compile(
+    r"""(?P<indent>\ *)
+    (?:(?P<serial>[0-9]{1,18})(?:\ |$))?
+    (?:'(?P<name>[^'\\]*)'(?:\ |$))?
+    (?:\[(?P<shape>[0-9,]*)\]\ )?
+    (?:(?P<type>%s)(?:\ (?P<payload>[^\#\ ][^\#]*))?)?$"""
+    % "|".join(sorted(NODE_TYPE_BY_NAME, key=len, reverse=True)),
     re.VERBOSE,
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

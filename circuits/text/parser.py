@@ -36,7 +36,7 @@ from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index,
 from ..nodes.base import quote_name, shape_text
 from ..nodes.einsum import parse_spec
 from ..nodes.rearrange import parse_rearrange_spec
-from .lexer import fail, read_index, read_line, read_symbol_payload
+from .lexer import FAST_LINE, fail, read_index, read_line, read_shape, read_symbol_payload
 from .printer import gc_paused
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -50,7 +50,8 @@ class _Record:
     """One definition line, later its node."""
 
     __slots__ = ("line_number", "line", "serial", "name", "shape", "type_name", "payload",
-                 "payload_column", "children", "node", "expanded", "int_index", "function")
+                 "payload_column", "children", "node", "expanded", "int_index", "function",
+                 "position", "waits")
 
     def __init__(self, line_number, line, serial, name, shape, type_name, payload, payload_column):
         self.line_number = line_number
@@ -64,6 +65,8 @@ class _Record:
         self.children = []
         self.node = None
         self.expanded = False
+        self.position = -1  # where its subtree ends in the text (children come first)
+        self.waits = False  # refers to a node whose subtree ends later in the text
         self.int_index = False
         self.function = None
 
@@ -114,9 +117,12 @@ def parse_many(text: str, store=None, references=None) -> list:
         _resolve(records, roots, references_found, externals)
         _mark_int_indices(records)
         _build(order, store)
-    if not roots:
+        nodes = [r.node for r in roots]
+        # Free the records while the collector is off, so it never has to scan them.
+        del records, roots, references_found, order, externals
+    if not nodes:
         raise fail("the text holds no circuit", None, None, None, "at least one unindented node line")
-    return [r.node for r in roots]
+    return nodes
 
 
 # ---------------------------------------------------------------------------- pass 1: lines
@@ -133,11 +139,37 @@ def _read(text):
     lines = text.split("\n")
     if "\r" in text:
         lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    fast = FAST_LINE.match
+    shapes: dict = {}
+    pop, close = open_items.pop, order.append
     for number, line in enumerate(lines, 1):
-        parsed = read_line(line, number)
-        if parsed is None:
-            continue
-        depth, definition, serial, name, shape, type_name, payload, column = parsed
+        m = fast(line)
+        if m is not None:
+            indent, serial, name, shape, type_name, payload = m.groups()
+            if (type_name is None and (shape is not None or (serial is None and name is None))) or len(indent) & 1:
+                m = None  # a blank line, or an error for read_line to explain
+        if m is not None:
+            depth = len(indent) >> 1
+            definition = False
+            if serial is not None:
+                serial = int(serial)
+            if shape is not None:
+                shape_text = shape
+                shape = shapes.get(shape_text)
+                if shape is None:
+                    shape = read_shape(shape_text, number, line, m.start("shape"))
+                    shapes[shape_text] = shape
+            if payload is not None:
+                if payload[-1] == " ":
+                    payload = payload.rstrip(" ")
+                column = m.start("payload")
+            else:
+                column = 0
+        else:
+            parsed = read_line(line, number)
+            if parsed is None:
+                continue
+            depth, definition, serial, name, shape, type_name, payload, column = parsed
         level = len(open_items)
         if depth > level:
             raise fail(
@@ -147,21 +179,16 @@ def _read(text):
             )
         if depth:
             parent = open_items[depth - 1]
-            if type(parent) is _Reference:
-                raise fail(
-                    f"line {parent.line_number} refers to a node defined elsewhere, so it cannot "
-                    "have children", number, line, 1, "children only under a line with a node type",
-                )
-            if parent.type_name in _LEAF_TYPES:
-                raise fail(f"line {parent.line_number} is an {parent.type_name}, which has no children",
-                           number, line, 1, "children only under a node that takes them")
+            if type(parent) is _Reference or parent.type_name in _LEAF_TYPES:
+                raise _childless(parent, number, line)
         else:
             parent = None
-        if depth < level:
-            for item in reversed(open_items[depth:]):
-                if type(item) is _Record:
-                    order.append(item)
-            del open_items[depth:]
+        while level > depth:
+            item = pop()
+            if type(item) is _Record:
+                item.position = len(order)
+                close(item)
+            level -= 1
         if type_name is None:
             if definition:
                 raise fail("a '~' definition block needs a node type", number, line, 1,
@@ -172,7 +199,7 @@ def _read(text):
             item = _Record(number, line, serial, name, shape, type_name, payload, column)
             records.append(item)
             if type_name == "GeneralFunction":
-                item.function = _function(item, functions)
+                item.function = functions.get(payload) or _function(item, functions)
         if parent is not None:
             parent.children.append(item)
         elif not definition:
@@ -182,8 +209,17 @@ def _read(text):
         open_items.append(item)
     for item in reversed(open_items):
         if type(item) is _Record:
+            item.position = len(order)
             order.append(item)
     return records, roots, found, order
+
+
+def _childless(parent, number, line):
+    if type(parent) is _Reference:
+        return fail(f"line {parent.line_number} refers to a node defined elsewhere, so it cannot "
+                    "have children", number, line, 1, "children only under a line with a node type")
+    return fail(f"line {parent.line_number} is an {parent.type_name}, which has no children",
+                number, line, 1, "children only under a node that takes them")
 
 
 def _function(record, cache):
@@ -269,7 +305,13 @@ def _resolve(records, roots, found, externals):
         return external
 
     for parent, position, ref in found:
-        (roots if parent is None else parent.children)[position] = target(ref)
+        node = target(ref)
+        if parent is None:
+            roots[position] = node
+        else:
+            parent.children[position] = node
+            if node.position >= parent.position:  # (equal: a node inside itself, a cycle)
+                parent.waits = True
 
 
 # ---------------------------------------------------------------------------- pass 3: dtypes
@@ -296,32 +338,33 @@ def _build(order, store):
     """Build every record.  ``order`` already puts indented children before their parents, so
     only references to nodes not yet built (defined later in the text) need a walk."""
     for top in order:
-        if top.node is not None:
-            continue
-        for k in top.children:
-            if k.node is None:
-                break
-        else:
-            top.node = _node(top, store)
-            continue
-        stack = [top]
-        while stack:
-            r = stack[-1]
-            if r.node is not None:
-                stack.pop()
-                continue
-            if not r.expanded:
-                r.expanded = True
-                for k in r.children:
-                    if k.node is None:
-                        if k.expanded:
-                            raise r.error(
-                                f"a cycle: line {k.line_number} is referred to from inside its own "
-                                "subtree", "references only to nodes outside the referring subtree")
-                        stack.append(k)
-                continue
+        if top.node is None:
+            if top.waits:
+                _build_walk(top, store)
+            else:
+                top.node = _node(top, store)
+
+
+def _build_walk(top, store):
+    """Build a record whose references reach forward in the text, children first."""
+    stack = [top]
+    while stack:
+        r = stack[-1]
+        if r.node is not None:
             stack.pop()
-            r.node = _node(r, store)
+            continue
+        if not r.expanded:
+            r.expanded = True
+            for k in r.children:
+                if k.node is None:
+                    if k.expanded:
+                        raise r.error(
+                            f"a cycle: line {k.line_number} is referred to from inside its own "
+                            "subtree", "references only to nodes outside the referring subtree")
+                    stack.append(k)
+            continue
+        stack.pop()
+        r.node = _node(r, store)
 
 
 def _node(r, store):

@@ -94,7 +94,9 @@ def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, 
     with gc_paused():
         name_count: dict = {}
         blocks = _layout(roots, depth, max_indent, tree, name_count if names else None)
-        return _render(blocks, name_count, shapes, comments, color, tree, names)
+        text = _render(blocks, name_count, shapes, comments, color, tree, names)
+        del blocks  # freed while the collector is off, so it never scans the line entries
+    return text
 
 
 @contextlib.contextmanager
@@ -197,40 +199,38 @@ def _render(blocks, name_count, shapes, comments, color, tree, names):
     emit = lines.append
     indents = ["  " * i for i in range(64)]
     plain = not (shapes or comments or color or not names)
-    serials: dict = {}
-    identifiers: dict = {}
+    seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
+    serials = 0
     for is_definition, entries in blocks:
         for kind, node, level, glyphs in entries:
             if tree:
                 indent = glyphs
             else:
-                while level >= len(indents):
-                    indents.extend(["  " * i for i in range(len(indents), 2 * len(indents))])
-                indent = indents[level]
+                try:
+                    indent = indents[level]
+                except IndexError:
+                    indents.extend(["  " * i for i in range(len(indents), level + 64)])
+                    indent = indents[level]
             if kind == _CUT:
                 emit(indent + ("\x1b[2m...\x1b[0m" if color else "..."))
                 continue
             h = node.hash
-            identifier = identifiers.get(h)
-            if identifier is None:
+            known = seen.get(h)
+            if known is None:
                 name = node.name if names else None
                 if name is None:
-                    identifier = str(len(serials))
-                    serials[h] = len(serials)
+                    known = (str(serials), f"{serials} ")
+                    serials += 1
                 elif name_count[name] > 1:
-                    identifier = f"{len(serials)} {quote_name(name)}"
-                    serials[h] = len(serials)
+                    known = (f"{serials} {quote_name(name)}", f"{serials} ")
+                    serials += 1
                 else:
-                    identifier = quote_name(name)
-                identifiers[h] = identifier
+                    known = (quote_name(name), "")
+                seen[h] = known
             if plain:
-                if kind == _DEF:
-                    serial = serials.get(h)
-                    text = node.line() if serial is None else f"{serial} {node.line()}"
-                else:
-                    text = identifier
+                text = known[1] + node.line() if kind == _DEF else known[0]
             else:
-                text = _styled(node, kind, serials.get(h), identifier, shapes, comments, color, names)
+                text = _styled(node, kind, known[1], known[0], shapes, comments, color, names)
             if level == 0 and is_definition and kind == _DEF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
             emit(indent + text)
@@ -240,8 +240,8 @@ def _render(blocks, name_count, shapes, comments, color, tree, names):
 def _styled(node, kind, serial, identifier, shapes, comments, color, names):
     if kind == _DEF:
         head = []
-        if serial is not None:
-            head.append(_paint(str(serial), "2", color))
+        if serial:
+            head.append(_paint(serial[:-1], "2", color))
         if names and node.name is not None:
             head.append(_paint(quote_name(node.name), "1", color))
         body = _body(node, shapes, names)
