@@ -290,7 +290,9 @@ def read_index(text, line_number, line, column=0):
                     values = [_read_int(v) for v in body.split(",")] if body else []
                 except ValueError:
                     raise bad(f"[{body}] is not a list of ints", pos + 1) from None
-                entries.append(np.array(values, dtype=np.int64))
+                entry = np.array(values, dtype=np.int64)
+                entry.flags.writeable = False  # (cached and shared between parses)
+                entries.append(entry)
                 pos = close + 1
                 if inner[pos:].strip()[:1] not in ("", ","):
                     raise bad("expected ',' after an int list", pos + 1)

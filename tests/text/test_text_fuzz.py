@@ -132,3 +132,32 @@ PRINTED = _printed_examples()
 @given(st.sampled_from(range(len(PRINTED))).flatmap(lambda i: mutated(PRINTED[i])))
 def test_mutated_printed_options(text):
     check(text)
+
+
+def _fast_and_slow_agree(line):
+    """The parser reads printer-style lines with ``FAST_LINE``; ``read_line`` reads every line.
+    Where the fast path accepts a line, both must read the same fields."""
+    from circuits.text.lexer import FAST_LINE, read_line, read_shape
+
+    m = FAST_LINE.match(line)
+    if m is None:
+        return
+    indent, serial, name, shape, type_name, payload = m.groups()
+    if (type_name is None and (shape is not None or (serial is None and name is None))) or len(indent) & 1:
+        return  # the parser hands these to read_line
+    try:
+        shape = read_shape(shape, 1, line, 0) if shape is not None else None
+    except ParseError:
+        return
+    fast = (len(indent) >> 1, False, int(serial) if serial else None, name, shape, type_name,
+            payload.rstrip(" ") if payload else None, m.start("payload") if payload else 0)
+    assert read_line(line, 1) == fast
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(token_lines(),
+                 st.sampled_from(range(len(PRINTED))).flatmap(lambda i: mutated(PRINTED[i])),
+                 st.sampled_from(range(len(SEED_SUBTREES))).flatmap(lambda i: mutated(SEED_SUBTREES[i]))))
+def test_fast_line_reader_agrees_with_full_reader(text):
+    for line in text.split("\n"):
+        _fast_and_slow_agree(line)
