@@ -78,6 +78,42 @@ class SymbolTable:
             self._by_key[key] = found
         return found
 
+    def bindings(self, circuit: Circuit, inputs=None) -> dict:
+        """``{sympy symbol: number}`` for the symbols this table made for ``circuit``'s float
+        Arrays (their values) and Symbols (from ``inputs``, keyed by Symbol or name): substitute
+        them to get numbers back.
+
+        >>> import numpy as np
+        >>> from circuits import Array, Einsum
+        >>> w = Array(np.array([2.0, 3.0]), name='w')
+        >>> table = SymbolTable()
+        >>> expr = symbolic_evaluate(Einsum.from_spec('a->', w), table=table)[()]
+        >>> expr, expr.xreplace(table.bindings(w))
+        (w[0] + w[1], 5.00000000000000)
+        """
+        out = {}
+        inputs = dict(inputs or {})
+        for node in toposort(circuit):
+            if isinstance(node, Array) and node.value is not None:
+                found = self._by_key.get(_array_key(node))
+                value = node.numpy()
+            elif isinstance(node, Symbol):
+                found = self._by_key.get(("symbol", node.hash))
+                key = node if node in inputs else node.name
+                value = np.asarray(inputs[key]) if key in inputs else None
+            else:
+                continue
+            if found is None or value is None:
+                continue
+            for sym, v in zip(found.reshape(-1), np.asarray(value, dtype=np.float64).reshape(-1)):
+                out[sym] = float(v)
+        return out
+
+
+def _array_key(node) -> tuple:
+    # Content, not name: two Arrays holding the same tensor are the same variables.
+    return ("array", node.content_hash[:24], node.shape, node.dtype)
+
 
 # ---------------------------------------------------------------------------- leaves
 def _scalar_value(value: float):
@@ -106,8 +142,7 @@ def _leaf(node, table: SymbolTable, inputs: dict):
         return out
     if isinstance(node, Array):
         if node.dtype in ("float16", "bfloat16", "float32", "float64"):
-            return table.entries(("array", node.content_hash[:24], node.shape, node.dtype), node.shape,
-                                 node.name or f"array_{node.short_hash[:6]}")
+            return table.entries(_array_key(node), node.shape, node.name or f"array_{node.short_hash[:6]}")
         return _const_array(node.numpy())
     if isinstance(node, Symbol):
         key = node if node in inputs else node.name
@@ -141,10 +176,11 @@ def _einsum(node: Einsum, args):
 def _add(node: Add, args):
     sp = _sympy()
     out = np.empty(node.shape, dtype=object)
-    out[...] = sp.Integer(0)
-    for a in args:
-        out = out + np.broadcast_to(a, node.shape)
-    return np.asarray(out, dtype=object).reshape(node.shape)
+    flat = out.reshape(-1)
+    parts = [np.broadcast_to(a, node.shape).reshape(-1) for a in args]
+    for k in range(flat.size):
+        flat[k] = sp.Add(*[p[k] for p in parts])
+    return out
 
 
 def _index(node: Index, args):

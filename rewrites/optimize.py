@@ -1,0 +1,177 @@
+"""``optimize(circuit)``: value-preserving rewrites that make a circuit faster to evaluate.
+
+Run it on request, before compiling.  In order:
+
+1. fold constants (``last_dim_size`` of anything, elementwise functions of Scalars, an Index of a
+   Scalar);
+2. move gathers and Indexes towards the leaves, so that only the entries that are used are
+   computed — above all, **a gather of a log_softmax becomes the gathered logit minus the
+   logsumexp**, so the full log-probability tensor is never formed (the per-token loss of a
+   language model reads one log-probability per position out of ``[positions, vocab]``).
+   A node read by several parents is not pushed into: its full value is needed anyway, and a
+   pushed copy would be computed besides;
+3. nest every Einsum of three or more operands in the cheapest pairwise order (opt_einsum).
+
+Every step keeps the value exactly (up to float rounding); the result prints, saves and
+evaluates like any circuit.
+
+>>> import numpy as np
+>>> from circuits import Array, GeneralFunction
+>>> z = Array(np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], np.float32), name='logits')
+>>> toks = Array(np.array([2, 0]), name='toks')
+>>> ll = GeneralFunction('gen_index_at_0_batch_x_c', GeneralFunction('log_softmax', z), toks, name='ll')
+>>> print(optimize(ll).to_text())
+'ll' Add
+  0 GeneralFunction gen_index_at_0_batch_x_c
+    'logits' [2,3] Array cd7bd2a3eea30e1c2fc72103
+    'toks' [2] Array 21c55e9330d45dbb6376016b
+  1 Einsum a,->a
+    2 GeneralFunction logsumexp
+      'logits'
+    3 [] Scalar -1
+>>> bool(np.allclose(optimize(ll).evaluate(), ll.evaluate()))
+True
+"""
+
+from __future__ import annotations
+
+from circuits.nodes import Add, Circuit, Einsum, GeneralFunction, Rearrange, Scalar
+from circuits.traversal import toposort
+
+from .engine import RuleSet, Trace, check_result, name_result, rule
+from .rules.contraction import contraction_order
+from .rules.functions import fold_function_of_scalars, fold_last_dim_size
+from .rules.index import PUSH_RULES, fold_index_of_scalar, fuse_index_index, gen_index_name, gen_index_parts
+from .rules.rearrange import fuse_rearrange_rearrange, remove_identity_rearrange
+from .strategies import apply, bottom_up, normalize
+
+__all__ = ["optimize", "gather_of_log_softmax", "push_gather_through_function", "OPTIMIZE_RULES"]
+
+# Functions f with f(NaN ...) = NaN: a checked gather's out-of-range NaN survives the swap.
+_NAN_PROPAGATING = frozenset((
+    "exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "rsqrt", "reciprocal", "sigmoid", "relu",
+    "gelu", "gelu_new", "silu", "square", "softmax", "log_softmax", "logsumexp", "max", "min", "mean",
+))
+
+
+@rule(on=GeneralFunction, example=(
+    "'ll' GeneralFunction gen_index_at_0_batch_x_c\n  'lp' GeneralFunction log_softmax\n"
+    "    'z' [3,5] Symbol\n  't' [3] Symbol int64",
+    "'ll' Add\n  0 GeneralFunction gen_index_at_0_batch_x_c\n    'z' [3,5] Symbol\n    't' [3] Symbol int64\n"
+    "  1 Einsum a,->a\n    2 GeneralFunction logsumexp\n      'z'\n    3 [] Scalar -1",
+))
+def gather_of_log_softmax(node):
+    """A gather along the last axis of ``log_softmax(z)`` is the gather of ``z`` minus
+    ``logsumexp(z)`` (broadcast over the index's axes): the log-probabilities are never formed."""
+    parts = gen_index_parts(node)
+    if parts is None:
+        return None
+    d, batch, checked, ax = parts
+    lsm, idx = node.children
+    if not (isinstance(lsm, GeneralFunction) and lsm.function.name == "log_softmax"):
+        return None
+    (z,) = lsm.children
+    if ax != len(z.shape) - 1:
+        return None
+    picked = GeneralFunction(gen_index_name(d, batch, checked), z, idx)
+    lse = GeneralFunction("logsumexp", z)
+    if not batch and idx.shape:
+        # The gathered axes sit where z's last axis was: give logsumexp unit axes there.
+        lead = " ".join(f"a{i}" for i in range(len(lse.shape)))
+        lse = Rearrange(lse, f"{lead} -> {lead} {' '.join('1' for _ in idx.shape)}".strip())
+    ids = tuple(range(len(lse.shape)))
+    neg_lse = Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids)
+    out = Add(picked, neg_lse)
+    return out if out.shape == node.shape and out.dtype == node.dtype else None
+
+
+@rule(on=GeneralFunction, example=(
+    "'rows' GeneralFunction gen_index_at_0\n  'p' GeneralFunction softmax\n    'z' [4,5] Symbol\n"
+    "  't' [2] Symbol int64",
+    "'rows' GeneralFunction softmax\n  0 GeneralFunction gen_index_at_0\n    'z' [4,5] Symbol\n"
+    "    't' [2] Symbol int64",
+))
+def push_gather_through_function(node):
+    """A gather along a leading (batch) axis of a one-argument function acting on its last
+    axes — elementwise, softmax, logsumexp... — is the function of the gathered argument, so only
+    the gathered rows are computed."""
+    parts = gen_index_parts(node)
+    if parts is None:
+        return None
+    d, batch, checked, ax = parts
+    f, idx = node.children
+    if not isinstance(f, GeneralFunction) or len(f.children) != 1:
+        return None
+    spec = f.function
+    core = 0 if spec.elementwise else spec.core_ndim
+    if core is None or gen_index_parts(f) is not None:
+        return None
+    if checked and spec.name not in _NAN_PROPAGATING:
+        return None
+    (z,) = f.children
+    leading = len(z.shape) - core
+    if ax >= leading or len(f.shape) < leading:
+        return None
+    # The gathered axis keeps its position counted from the front; counted from the back it
+    # moves with the difference between the ranks of z and f(z).
+    new_d = d if d >= 0 else ax - len(z.shape)
+    out = GeneralFunction(spec, GeneralFunction(gen_index_name(new_d, batch, checked), z, idx))
+    return out if out.shape == node.shape and out.dtype == node.dtype else None
+
+
+FOLD_RULES = RuleSet(fold_last_dim_size, fold_function_of_scalars, fold_index_of_scalar, name="fold")
+#: Rules that move gathers and Indexes down; applied only into nodes with one parent.
+PUSH_DOWN_RULES = RuleSet(gather_of_log_softmax, push_gather_through_function, fuse_index_index,
+                          *PUSH_RULES, name="push_down")
+CLEANUP_RULES = RuleSet(fuse_rearrange_rearrange, remove_identity_rearrange, name="cleanup")
+OPTIMIZE_RULES = FOLD_RULES + PUSH_DOWN_RULES + CLEANUP_RULES + RuleSet(contraction_order)
+
+
+def _parent_counts(root: Circuit) -> dict[bytes, int]:
+    counts: dict[bytes, int] = {root.hash: 1}
+    for node in toposort(root):
+        for c in set(node.children):
+            counts[c.hash] = counts.get(c.hash, 0) + 1
+    return counts
+
+
+def _push_down_pass(root: Circuit, trace: Trace | None) -> Circuit:
+    """One bottom-up pass: a push rule fires at a node only when every child it reaches into
+    has that node as its only parent."""
+    counts = _parent_counts(root)
+    new: dict[bytes, Circuit] = {}
+    for node in toposort(root):
+        cur = node.with_children(tuple(new[c.hash] for c in node.children)) if node.children else node
+        if cur.children and counts.get(node.children[0].hash, 0) == 1:
+            for r in PUSH_DOWN_RULES.for_type(type(cur)):
+                out = r.fn(cur)
+                if out is None or out == cur:
+                    continue
+                check_result(r.name, cur, out)
+                out = name_result(cur, out)
+                if trace is not None:
+                    trace.record(r.name, cur, out)
+                cur = out
+                break
+        new[node.hash] = cur
+    return new[root.hash]
+
+
+def optimize(circuit: Circuit, *, trace: Trace | None = None, max_passes: int = 1000) -> Circuit:
+    """``circuit`` rewritten to evaluate faster, with the same value (see the module docstring).
+    Pass a ``rewrites.Trace`` to see which rules fired where.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Einsum
+    >>> a, b, c = (Array(np.ones(s, np.float32)) for s in [(2, 30), (30, 40), (40,)])
+    >>> optimize(Einsum.from_spec('ab,bc,c->a', a, b, c)).payload_text()
+    'ab,b->a'
+    """
+    c = apply(normalize(FOLD_RULES), circuit, trace)
+    for _ in range(max_passes):
+        nxt = _push_down_pass(c, trace)
+        if nxt == c:
+            break
+        c = nxt
+    c = apply(normalize(CLEANUP_RULES + FOLD_RULES), c, trace)
+    return apply(bottom_up(contraction_order), c, trace)

@@ -1,0 +1,183 @@
+"""``rewrites.optimize``: value-preserving on the seed's structure and on generated circuits; the
+gather of a log_softmax never forms the log-probabilities; shared nodes are not pushed into."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Symbol
+from circuits.evaluation import evaluate
+from circuits.models import attn_only, random_weights, tokens_symbol
+from circuits.symbolic import symbolic_equal
+from circuits.testing import circuits_with_inputs, int_arrays, shapes
+from circuits.traversal import toposort
+from rewrites import Trace, apply, at_root, check
+from rewrites.optimize import gather_of_log_softmax, optimize, push_gather_through_function
+
+from rewrite_helpers import RULE_SETTINGS, must_not_fire, operands
+
+
+def value64(node, inputs=None):
+    return evaluate(node, inputs, dtype="float64")
+
+
+def assert_same(before, after, inputs=None, rtol=1e-9):
+    """``after`` computes what ``before`` does (float64; NaN where it has NaN)."""
+    assert after.shape == before.shape and after.dtype == before.dtype
+    # One compiled program for both (each example is a new structure: compiling dominates).
+    _, values = evaluate(Add(before, after), inputs, dtype="float64", also=[before, after])
+    want, got = values[before], values[after]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.abs(want[np.isfinite(want)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+
+
+def fire(rule, node, inputs=None):
+    """Apply ``rule`` at the root through the engine; it must fire and keep the value."""
+    trace = Trace()
+    out = apply(at_root(rule), node, trace=trace)
+    assert trace.rules() == [rule.name], f"{rule.name} did not fire on\n{node.to_text()}"
+    check(out)
+    assert_same(node, out, inputs)
+    return out
+
+
+def functions_in(circuit) -> set[str]:
+    return {n.function.name for n in toposort(circuit) if isinstance(n, GeneralFunction)}
+
+
+@pytest.fixture(scope="module")
+def small_seed_weights():
+    return random_weights(3, vocab=37, d_model=16, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+
+
+def test_optimize_keeps_the_seed_loss(small_seed_weights):
+    toks = np.random.default_rng(0).integers(0, 37, 12)
+    circuit = attn_only(small_seed_weights, toks)
+    trace = Trace()
+    out = optimize(circuit, trace=trace)
+    check(out)
+    assert out.name == "t.loss" and out.shape == circuit.shape
+    assert_same(circuit, out)
+    # The log-probabilities [positions, vocab] are never formed; logsumexp [positions] is.
+    assert "log_softmax" in functions_in(circuit)
+    assert "log_softmax" not in functions_in(out) and "logsumexp" in functions_in(out)
+    assert "last_dim_size" not in functions_in(out)  # folded to Scalars
+    assert {"gather_of_log_softmax", "contraction_order", "fold_last_dim_size"} <= set(trace.rules())
+    assert all(len(n.children) <= 2 for n in toposort(out) if isinstance(n, Einsum))
+    assert optimize(out) == out  # nothing left to do
+
+
+def test_optimize_keeps_the_seed_loss_over_token_inputs(small_seed_weights):
+    circuit = attn_only(small_seed_weights, tokens_symbol(10))
+    out = optimize(circuit)
+    for seed in range(3):
+        toks = np.random.default_rng(seed).integers(0, 37, 10)
+        assert_same(circuit, out, {"toks_int_var": toks})
+
+
+def test_optimize_does_not_push_into_shared_nodes():
+    x, w = Array(np.arange(12.0).reshape(3, 4)), Array(np.arange(20.0).reshape(4, 5))
+    shared = Einsum.from_spec("ab,bc->ac", x, w)
+    both = Add(Index(shared, (0,)), Einsum.from_spec("ac->c", shared))
+    out = optimize(both)
+    assert Index(shared, (0,)) in set(toposort(out))
+    assert_same(both, out)
+    alone = Index(Einsum.from_spec("ab,bc->ac", x, w), (0,))
+    out = optimize(alone)
+    assert out.line() == "Einsum b,bc->c" and out.children[0].line() == "[4] Index [0]"
+
+
+@given(case=circuits_with_inputs(max_nodes=14))
+@RULE_SETTINGS
+def test_optimize_keeps_the_value_of_generated_circuits(case):
+    circuit, inputs = case
+    out = optimize(circuit)
+    check(out)
+    assert out.shape == circuit.shape and out.dtype == circuit.dtype
+    assert_same(circuit, out, inputs, rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------- the gather rules
+@st.composite
+def log_prob_gathers(draw, function="log_softmax", last_axis=True):
+    """``gen_index_at_*(f(z), idx)`` gathering along z's last axis, or along a leading one."""
+    batch, checked = draw(st.booleans()), draw(st.booleans())
+    rank = draw(st.integers(1 if last_axis else 2, 3))
+    z_shape = draw(shapes(min_rank=rank, max_rank=rank))
+    ax = rank - 1 if last_axis else draw(st.integers(0, rank - 2))
+    x_rank = rank - 1 if function == "logsumexp" else rank  # the gathered tensor is f(z)
+    if batch:
+        q = draw(st.integers(0, ax))
+        idx_shape = z_shape[:q]
+        d = ax - q if draw(st.booleans()) else ax - x_rank
+    else:
+        idx_shape = draw(shapes(min_rank=0, max_rank=2))
+        d = ax if draw(st.booleans()) else ax - x_rank
+    n = z_shape[ax]
+    idx = Array(draw(int_arrays(idx_shape, 0, n + 1) if checked else int_arrays(idx_shape, -n, n)))
+    z = draw(operands(z_shape, scalars=False))
+    name = f"gen_index_at_{d}{'_batch_x' if batch else ''}{'_c' if checked else ''}"
+    return GeneralFunction(name, GeneralFunction(function, z), idx)
+
+
+@given(node=log_prob_gathers())
+@RULE_SETTINGS
+def test_gather_of_log_softmax(node):
+    out = gather_of_log_softmax(node)
+    assert out is not None and out.shape == node.shape
+    check(out)
+    assert "log_softmax" not in functions_in(out)
+    assert_same(node, out)
+
+
+def test_gather_of_log_softmax_is_exact():
+    z = Symbol((2, 3), name="z")
+    idx = Array(np.array([2, 0]))
+    node = GeneralFunction("gen_index_at_0_batch_x_c", GeneralFunction("log_softmax", z), idx)
+    assert symbolic_equal(node, gather_of_log_softmax(node))
+    plain = GeneralFunction("gen_index_at_1", GeneralFunction("log_softmax", z), Array(np.array([[1, 2]])))
+    out = gather_of_log_softmax(plain)
+    assert isinstance(out.children[1].children[0], Rearrange)  # logsumexp broadcast over idx's axes
+    assert symbolic_equal(plain, out)
+
+
+def test_gather_of_log_softmax_does_not_fire():
+    z = Symbol((3, 4), name="z")
+    idx = Array(np.array([0, 2]))
+    must_not_fire(gather_of_log_softmax, GeneralFunction("gen_index_at_0", GeneralFunction("log_softmax", z), idx))
+    must_not_fire(gather_of_log_softmax, GeneralFunction("gen_index_at_1", GeneralFunction("softmax", z), idx))
+    must_not_fire(gather_of_log_softmax, GeneralFunction("log_softmax", z))
+
+
+@given(f=st.sampled_from(["softmax", "log_softmax", "logsumexp", "exp", "tanh"]), data=st.data())
+@RULE_SETTINGS
+def test_push_gather_through_function(f, data):
+    node = data.draw(log_prob_gathers(function=f, last_axis=False))
+    out = push_gather_through_function(node)
+    assert isinstance(out, GeneralFunction) and out.function.name == f
+    check(out)
+    assert_same(node, out)
+
+
+def test_push_gather_through_function_cases():
+    z = Array(np.arange(20.0).reshape(4, 5) / 7)
+    rows = Array(np.array([3, 0, 4]))  # 4 is out of range: NaN either way
+    node = GeneralFunction("gen_index_at_0_c", GeneralFunction("softmax", z), rows)
+    out = push_gather_through_function(node)
+    assert out.function.name == "softmax"
+    assert_same(node, out)
+    lse = GeneralFunction("gen_index_at_-1", GeneralFunction("logsumexp", z), Array(np.array([1, 1])))
+    out = push_gather_through_function(lse)
+    assert out.children[0].function.name == "gen_index_at_-2"
+    assert_same(lse, out)
+    # the softmax axis itself cannot be gathered first
+    must_not_fire(push_gather_through_function,
+                  GeneralFunction("gen_index_at_1", GeneralFunction("softmax", z), Array(np.array([0]))))
+    # last_dim_size of a NaN row is not NaN: a checked gather must not move below it
+    must_not_fire(push_gather_through_function,
+                  GeneralFunction("gen_index_at_0_c", GeneralFunction("last_dim_size", z), Array(np.array([0]))))
