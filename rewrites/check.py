@@ -15,6 +15,9 @@ from circuits.nodes.base import DTYPES
 from circuits.traversal import toposort
 
 
+_SENTINEL_NAME = "\0check"
+
+
 def _problems(node: Circuit) -> list[str]:
     out = []
     if node.name is not None and not isinstance(node.name, str):
@@ -34,12 +37,15 @@ def _problems(node: Circuit) -> list[str]:
     if node.with_children(node.children) is not node:
         out.append("with_children(children) does not return the node itself")
     if node.children:
-        try:  # the constructor validates again (shapes, axes, bounds)
-            again = node._rebuild(node.children)
+        try:
+            # Under another name the constructor builds (and validates) a fresh node rather than
+            # handing back this interned one, so its shape and dtype are recomputed from scratch.
+            again = node._with_name(_SENTINEL_NAME)
         except CircuitError as e:
             out.append(f"rebuilding it fails: {e}")
         else:
-            if again != node or again.shape != node.shape or again.dtype != node.dtype:
+            if (again.shape != node.shape or again.dtype != node.dtype
+                    or again._payload_bytes() != node._payload_bytes() or again.children != node.children):
                 out.append(f"rebuilding it gives another node: {again.line()} {list(again.shape)} {again.dtype}")
     elif type(node) is Array and node.value is not None:
         v = node.value

@@ -20,7 +20,9 @@ from .rules import SIMP_RULES
 from .strategies import apply, normalize
 
 # Rule modules written alongside this one; each contributes its ``RULES`` when present.
-OPTIONAL_RULE_MODULES = ("rewrites.rules.index", "rewrites.rules.rearrange", "rewrites.rules.canonical")
+OPTIONAL_RULE_MODULES = (
+    "rewrites.rules.index", "rewrites.rules.rearrange", "rewrites.rules.canonical", "rewrites.rules.functions",
+)
 
 
 def default_rules() -> RuleSet:

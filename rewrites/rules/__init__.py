@@ -4,7 +4,8 @@ Rule sets by subject (``add.RULES``, ``einsum.RULES``, ``scalars.RULES``,
 ``identities.RULES``) compose with ``+``; ``SIMP_RULES`` is the value-preserving set that
 ``rewrites.simp`` runs to a fixpoint (with the sets of ``index``, ``rearrange`` and
 ``canonical`` when those modules are present).  Rules that undo one another (flatten/nest,
-distribute/factor, Einsum <-> Rearrange) are not in it: use them with a strategy of your own.
+distribute/factor, Einsum <-> Rearrange) are not in it, nor those that inline named results
+(``flatten_add_all``, ``flatten_einsum_all``): use them with a strategy of your own.
 
 >>> from circuits import Add, Symbol
 >>> x = Symbol((2,), name='x')
@@ -19,6 +20,7 @@ from .add import (
     dedupe_add_terms,
     factor_add,
     flatten_add,
+    flatten_add_all,
     nest_add,
     nest_add_terms,
     remove_add_zeros,
@@ -31,6 +33,7 @@ from .einsum import (
     einsum_permute_to_rearrange,
     einsum_zero,
     flatten_einsum,
+    flatten_einsum_all,
     nest_einsum,
     nest_einsum_operands,
     rearrange_permute_to_einsum,
@@ -46,9 +49,11 @@ SIMP_RULES = RuleSet(
     name="simp",
 )
 
-# Rules that restructure without simplifying (each has an inverse); not in SIMP_RULES.
+# Rules that restructure without simplifying (each has an inverse), or that inline named
+# results; not in SIMP_RULES.
 STRUCTURAL_RULES = RuleSet(
-    nest_add, factor_add, nest_einsum, distribute_einsum_over_add, einsum_permute_to_rearrange,
+    flatten_add_all, flatten_einsum_all, nest_add, factor_add, nest_einsum, distribute_einsum_over_add,
+    einsum_permute_to_rearrange,
     rearrange_permute_to_einsum, name="structural",
 )
 
@@ -76,7 +81,8 @@ def all_rules() -> list[Rule]:
 __all__ = [
     "SIMP_RULES", "STRUCTURAL_RULES", "all_rules", "add", "einsum", "identities", "scalars",
     "flatten_add", "nest_add", "nest_add_terms", "remove_add_zeros", "add_single_term",
-    "dedupe_add_terms", "factor_add", "flatten_einsum", "nest_einsum", "nest_einsum_operands",
+    "dedupe_add_terms", "factor_add", "flatten_add_all", "flatten_einsum_all", "flatten_einsum",
+    "nest_einsum", "nest_einsum_operands",
     "einsum_zero", "drop_einsum_ones", "einsum_identity", "distribute", "distribute_einsum_over_add",
     "einsum_permute_to_rearrange", "rearrange_permute_to_einsum", "merge_einsum_scalars",
     "fold_add_scalars", "fold_function_of_scalars", "index_select_all", "concat_single",

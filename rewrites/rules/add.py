@@ -14,9 +14,21 @@ from ..engine import Rule, RuleSet, rule
 from ._common import einsum_fits, is_scalar, same_type, unwrap_identity
 
 __all__ = [
-    "flatten_add", "nest_add", "nest_add_terms", "remove_add_zeros", "add_single_term",
+    "flatten_add", "flatten_add_all", "nest_add", "nest_add_terms", "remove_add_zeros", "add_single_term",
     "dedupe_add_terms", "factor_add", "RULES",
 ]
+
+
+def _splice_adds(node, named: bool):
+    if not any(type(c) is Add and (named or c.name is None) for c in node.children):
+        return None
+    terms = []
+    for c in node.children:
+        if type(c) is Add and (named or c.name is None):
+            terms.extend(c.children)
+        else:
+            terms.append(c)
+    return same_type(node, Add(*terms, name=node.name))
 
 
 @rule(on=Add, example=(
@@ -24,17 +36,20 @@ __all__ = [
     "'y' Add\n  'a' [2] Symbol\n  'b' [2] Symbol\n  'c' [2] Symbol",
 ))
 def flatten_add(node):
-    """An Add child of an Add is spliced into its parent (broadcasting is associative, so the
-    shape is unchanged)."""
-    if not any(type(c) is Add for c in node.children):
-        return None
-    terms = []
-    for c in node.children:
-        if type(c) is Add:
-            terms.extend(c.children)
-        else:
-            terms.append(c)
-    return same_type(node, Add(*terms))
+    """An unnamed Add child of an Add is spliced into its parent (broadcasting is associative, so
+    the shape is unchanged).  A named child is a result someone may select, and usually shared
+    (a residual stream): it stays, see ``flatten_add_all``."""
+    return _splice_adds(node, named=False)
+
+
+@rule(on=Add, example=(
+    "'y' Add\n  'a' [2] Symbol\n  'r' Add\n    'b' [2] Symbol\n    'c' [2] Symbol",
+    "'y' Add\n  'a' [2] Symbol\n  'b' [2] Symbol\n  'c' [2] Symbol",
+))
+def flatten_add_all(node):
+    """Every Add child of an Add, named or not, is spliced into its parent.  (On a residual
+    stream, where each partial sum is also used elsewhere, this makes sums quadratic in depth.)"""
+    return _splice_adds(node, named=True)
 
 
 def nest_add_terms(positions, name: str | None = None) -> Rule:
@@ -57,7 +72,7 @@ def nest_add_terms(positions, name: str | None = None) -> Rule:
         group = [node.children[p] for p in positions]
         rest = [c for i, c in enumerate(node.children) if i not in positions]
         rest.insert(positions[0], Add(*group))
-        return same_type(node, Add(*rest))
+        return same_type(node, Add(*rest, name=node.name))
 
     label = name or f"nest_add_terms[{','.join(map(str, positions))}]"
     return Rule(nest, name=label, on=Add, doc=f"Group the Add terms at {list(positions)} into a sub-Add.")
@@ -73,7 +88,7 @@ def nest_add(node):
     if len(node.children) < 3:
         return None
     a, b, *rest = node.children
-    return same_type(node, Add(Add(a, b), *rest))
+    return same_type(node, Add(Add(a, b), *rest, name=node.name))
 
 
 @rule(on=Add, example=(
@@ -88,13 +103,13 @@ def remove_add_zeros(node):
         return None
     rest = [c for c in node.children if not is_scalar(c, 0.0)]
     if not rest:
-        new = Scalar(0.0, node.shape)
+        new = Scalar(0.0, node.shape, name=node.name)
     elif broadcast_shapes([c.shape for c in rest]) == node.shape:
-        new = rest[0] if len(rest) == 1 else Add(*rest)
+        new = rest[0] if len(rest) == 1 else Add(*rest, name=node.name)
     elif len(zeros) == 1:
         return None  # that zero is what gives the Add its shape
     else:
-        new = Add(*rest, Scalar(0.0, broadcast_shapes([z.shape for z in zeros])))
+        new = Add(*rest, Scalar(0.0, broadcast_shapes([z.shape for z in zeros])), name=node.name)
     return same_type(node, new)
 
 
@@ -104,7 +119,7 @@ def add_single_term(node):
     if len(node.children) == 1:
         return same_type(node, node.children[0])
     if not node.children:
-        return same_type(node, Scalar(0.0, node.shape))
+        return same_type(node, Scalar(0.0, node.shape, name=node.name))
     return None
 
 
@@ -167,7 +182,7 @@ def dedupe_add_terms(node):
             terms.append(Scalar(0.0, base.shape))
         else:
             terms.append(scaled(base, k))
-    return same_type(node, terms[0] if len(terms) == 1 else Add(*terms))
+    return same_type(node, terms[0] if len(terms) == 1 else Add(*terms, name=node.name))
 
 
 @rule(on=Add, example=(
@@ -240,7 +255,7 @@ def _factor_out(node, terms, common):
     out_axes = tuple(range(n))
     if not einsum_fits(in_axes, out_axes):
         return None
-    return Einsum(common, total, in_axes=in_axes, out_axes=out_axes)
+    return Einsum(common, total, in_axes=in_axes, out_axes=out_axes, name=node.name)
 
 
 RULES = RuleSet(flatten_add, remove_add_zeros, add_single_term, dedupe_add_terms, name="add")

@@ -15,26 +15,21 @@ from ..engine import Rule, RuleSet, rule
 from ._common import einsum_fits, fresh_ids, is_scalar, same_type
 
 __all__ = [
-    "flatten_einsum", "nest_einsum", "nest_einsum_operands", "einsum_zero", "drop_einsum_ones",
+    "flatten_einsum", "flatten_einsum_all", "nest_einsum", "nest_einsum_operands", "einsum_zero",
+    "drop_einsum_ones",
     "einsum_identity", "distribute_einsum_over_add", "distribute", "einsum_permute_to_rearrange",
     "rearrange_permute_to_einsum", "RULES",
 ]
 
 
-@rule(on=Einsum, example=(
-    "'y' Einsum ab,b->a\n  'w' [2,3] Symbol\n  0 Einsum bc,c->b\n    'm' [3,4] Symbol\n    'v' [4] Symbol",
-    "'y' Einsum ab,bc,c->a\n  'w' [2,3] Symbol\n  'm' [3,4] Symbol\n  'v' [4] Symbol",
-))
-def flatten_einsum(node):
-    """Einsum operands that are Einsums are merged into their parent (one Einsum over all their
-    operands), with the child's axis ids renumbered into the parent's."""
+def _merge_einsums(node, named: bool):
     kids = node.children
-    if not any(type(c) is Einsum for c in kids):
+    if not any(type(c) is Einsum and (named or c.name is None) for c in kids):
         return None
     used = {a for t in node.in_axes for a in t} | set(node.out_axes)
     children, in_axes = [], []
     for c, axes in zip(kids, node.in_axes):
-        if type(c) is not Einsum:
+        if type(c) is not Einsum or not (named or c.name is None):
             children.append(c)
             in_axes.append(axes)
             continue
@@ -51,7 +46,28 @@ def flatten_einsum(node):
         in_axes.extend(tuple(mapping[a] for a in t) for t in c.in_axes)
     if not einsum_fits(in_axes, node.out_axes):
         return None
-    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes))
+    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes, name=node.name))
+
+
+@rule(on=Einsum, example=(
+    "'y' Einsum ab,b->a\n  'w' [2,3] Symbol\n  0 Einsum bc,c->b\n    'm' [3,4] Symbol\n    'v' [4] Symbol",
+    "'y' Einsum ab,bc,c->a\n  'w' [2,3] Symbol\n  'm' [3,4] Symbol\n  'v' [4] Symbol",
+))
+def flatten_einsum(node):
+    """Unnamed Einsum operands of an Einsum are merged into it (one Einsum over all their
+    operands), the child's axis ids renumbered into the parent's.  A named child (``'a.q'``) is
+    a result someone may select, and often shared: it stays, see ``flatten_einsum_all``."""
+    return _merge_einsums(node, named=False)
+
+
+@rule(on=Einsum, example=(
+    "'y' Einsum ab,b->a\n  'w' [2,3] Symbol\n  'q' Einsum bc,c->b\n    'm' [3,4] Symbol\n    'v' [4] Symbol",
+    "'y' Einsum ab,bc,c->a\n  'w' [2,3] Symbol\n  'm' [3,4] Symbol\n  'v' [4] Symbol",
+))
+def flatten_einsum_all(node):
+    """Every Einsum operand of an Einsum, named or not, is merged into it (a shared child's
+    work is then repeated in each parent that absorbs it)."""
+    return _merge_einsums(node, named=True)
 
 
 def _nest(node, positions):
@@ -78,7 +94,7 @@ def _nest(node, positions):
         elif i not in positions:
             children.append(c)
             in_axes.append(axes)
-    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes))
+    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes, name=node.name))
 
 
 def nest_einsum_operands(positions, name: str | None = None) -> Rule:
@@ -118,7 +134,7 @@ def einsum_zero(node):
     """An Einsum with a Scalar 0 operand is Scalar 0 of its shape (a product with a zero factor;
     like every algebraic simplifier this takes ``0 * inf`` to be 0)."""
     if any(is_scalar(c, 0.0) for c in node.children):
-        return same_type(node, Scalar(0.0, node.shape))
+        return same_type(node, Scalar(0.0, node.shape, name=node.name))
     return None
 
 
@@ -140,7 +156,10 @@ def drop_einsum_ones(node):
     if not drop or len(drop) == len(kids) and node.out_axes:
         return None
     keep = [i for i in range(len(kids)) if i not in drop]
-    new = Einsum(*[kids[i] for i in keep], in_axes=[node.in_axes[i] for i in keep], out_axes=node.out_axes)
+    if len(keep) == 1 and node.in_axes[keep[0]] == node.out_axes:
+        return same_type(node, kids[keep[0]])  # what is left copies its operand
+    new = Einsum(*[kids[i] for i in keep], in_axes=[node.in_axes[i] for i in keep], out_axes=node.out_axes,
+                 name=node.name)
     return same_type(node, new)
 
 
@@ -202,7 +221,7 @@ def _distribute(node, operand, terms):
         if not einsum_fits(op_axes, node.out_axes):
             return None
         out_terms.append(Einsum(*ops, in_axes=op_axes, out_axes=node.out_axes))
-    return same_type(node, Add(*out_terms))
+    return same_type(node, Add(*out_terms, name=node.name))
 
 
 def distribute(operand: int | None = None, terms=None, name: str | None = None) -> Rule:
@@ -251,7 +270,7 @@ def einsum_permute_to_rearrange(node):
     if axes == node.out_axes or len(set(axes)) != len(axes) or set(axes) != set(node.out_axes):
         return None
     spec = " ".join(map(_axis_name, axes)) + " -> " + " ".join(map(_axis_name, node.out_axes))
-    return same_type(node, Rearrange(node.children[0], spec))
+    return same_type(node, Rearrange(node.children[0], spec, name=node.name))
 
 
 @rule(on=Rearrange, example=(
@@ -268,7 +287,7 @@ def rearrange_permute_to_einsum(node):
         return None
     out_axes = tuple(ids[g[0]] for g in outs)
     in_axes = tuple(range(len(ins)))
-    return same_type(node, Einsum(node.children[0], in_axes=(in_axes,), out_axes=out_axes))
+    return same_type(node, Einsum(node.children[0], in_axes=(in_axes,), out_axes=out_axes, name=node.name))
 
 
 RULES = RuleSet(flatten_einsum, einsum_zero, drop_einsum_ones, einsum_identity, name="einsum")

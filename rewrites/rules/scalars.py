@@ -49,7 +49,7 @@ def merge_einsum_scalars(node):
         if a not in out and a not in covered:
             value *= sizes[a]  # a sum of a constant over this axis
     if not others:
-        return same_type(node, Scalar(value, node.shape))
+        return same_type(node, Scalar(value, node.shape, name=node.name))
     if len(scalars) == 1 and tuple(keep) == node.in_axes[scalars[0]] and kids[scalars[0]].value == value:
         return None  # already one Scalar with nothing to drop
     merged = Scalar(value, tuple(sizes[a] for a in keep))
@@ -58,7 +58,7 @@ def merge_einsum_scalars(node):
     pos = sum(1 for i in others if i < scalars[0])
     children.insert(pos, merged)
     in_axes.insert(pos, tuple(keep))
-    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes))
+    return same_type(node, Einsum(*children, in_axes=in_axes, out_axes=node.out_axes, name=node.name))
 
 
 @rule(on=Add, example=(
@@ -76,9 +76,9 @@ def fold_add_scalars(node):
     merged = Scalar(total, broadcast_shapes([kids[i].shape for i in pos]))
     rest = [c for i, c in enumerate(kids) if i not in pos]
     if not rest:
-        return same_type(node, Scalar(total, node.shape))
+        return same_type(node, Scalar(total, node.shape, name=node.name))
     rest.insert(pos[0], merged)
-    return same_type(node, Add(*rest))
+    return same_type(node, Add(*rest, name=node.name))
 
 
 @rule(on=GeneralFunction, example=(
@@ -95,7 +95,7 @@ def fold_function_of_scalars(node):
     with jax.enable_x64(True):
         args = [np.float64(c.value) for c in node.children]
         value = float(np.asarray(spec.jax(*[jax.numpy.asarray(a) for a in args]), dtype=np.float64))
-    return same_type(node, Scalar(value, node.shape))
+    return same_type(node, Scalar(value, node.shape, name=node.name))
 
 
 RULES = RuleSet(merge_einsum_scalars, fold_add_scalars, fold_function_of_scalars, name="scalars")

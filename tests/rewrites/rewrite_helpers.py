@@ -12,7 +12,7 @@ from circuits.testing import arrays, circuits, einsum_specs
 from rewrites import Trace, apply, at_root, check
 
 # Property tests: modest example counts (the suite runs on 2 shared cores).
-RULE_SETTINGS = settings(max_examples=25, deadline=None,
+RULE_SETTINGS = settings(max_examples=20, deadline=None,
                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 NONZERO = st.floats(0.5, 1.5) | st.floats(-1.5, -0.5)

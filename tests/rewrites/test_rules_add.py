@@ -14,6 +14,7 @@ from rewrites.rules import (
     dedupe_add_terms,
     factor_add,
     flatten_add,
+    flatten_add_all,
     nest_add,
     nest_add_terms,
     remove_add_zeros,
@@ -46,9 +47,17 @@ def nested_adds(draw):
 @given(nested_adds())
 def test_flatten_add_fires_and_keeps_value(node):
     out = fire(flatten_add, node)
-    spliced = [g for c in node.children for g in (c.children if type(c) is Add else (c,))]
+    spliced = [g for c in node.children for g in (c.children if type(c) is Add and c.name is None else (c,))]
     assert list(out.children) == spliced
     assert out.name == node.name
+    everything = fire(flatten_add_all, node)
+    assert list(everything.children) == [g for c in node.children for g in (c.children if type(c) is Add else (c,))]
+
+
+def test_flatten_add_keeps_named_children():
+    a, b, c = Symbol((2,), name="a"), Symbol((2,), name="b"), Symbol((2,), name="c")
+    must_not_fire(flatten_add, Add(a, Add(b, c, name="resid")))
+    assert flatten_add_all(Add(a, Add(b, c, name="resid"))) == Add(a, b, c)
 
 
 @RULE_SETTINGS

@@ -15,6 +15,7 @@ from rewrites.rules import (
     einsum_permute_to_rearrange,
     einsum_zero,
     flatten_einsum,
+    flatten_einsum_all,
     nest_einsum,
     nest_einsum_operands,
     rearrange_permute_to_einsum,
@@ -48,9 +49,15 @@ def nested_einsums(draw):
 def test_flatten_einsum_fires_and_keeps_value(node):
     if not node.children:
         return
-    out = fire(flatten_einsum, node)
+    everything = fire(flatten_einsum_all, node)
     merged = [g for c in node.children for g in (c.children if type(c) is Einsum else (c,))]
-    assert list(out.children) == merged and out.out_axes == node.out_axes
+    assert list(everything.children) == merged and everything.out_axes == node.out_axes
+    if any(type(c) is Einsum and c.name is None for c in node.children):
+        out = fire(flatten_einsum, node)
+        merged = [g for c in node.children for g in (c.children if type(c) is Einsum and c.name is None else (c,))]
+        assert list(out.children) == merged and out.out_axes == node.out_axes
+    else:
+        must_not_fire(flatten_einsum, node)  # named Einsums stay
 
 
 def test_flatten_einsum_diagonal_and_renumbering():
@@ -69,6 +76,7 @@ def test_flatten_einsum_must_not_fire_past_52_axes():
     # two children each summing 30 axes: merged, they would need 60 ids (jnp.einsum takes 52)
     wide = Einsum(Array(np.ones((1,) * 30, np.float32)), in_axes=(tuple(range(30)),), out_axes=())
     must_not_fire(flatten_einsum, Einsum(wide, wide, in_axes=((), ()), out_axes=()))
+    must_not_fire(flatten_einsum_all, Einsum(wide, wide, in_axes=((), ()), out_axes=()))
     assert flatten_einsum(Einsum(wide, in_axes=((),), out_axes=())) is not None
     must_not_fire(flatten_einsum, Einsum.from_spec("ab,b->a", arr(2, 3), arr(3)))
 

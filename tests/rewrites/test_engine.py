@@ -1,0 +1,290 @@
+"""The rewrite engine: rules as data, rule sets, strategies, sharing, loops, traces, names."""
+
+import collections
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from circuits import (
+    Add, Array, Einsum, GeneralFunction, RewriteError, RewriteLoopError, Scalar, Symbol, count_nodes,
+    toposort,
+)
+from circuits.evaluation import evaluate
+from circuits.testing import circuits_with_inputs
+from rewrites import (
+    Rule, RuleSet, Trace, apply, at_root, bottom_up, check, fixpoint, normalize, once, rule, seq, simp,
+    top_down,
+)
+from rewrites.rules import SIMP_RULES, add_single_term, all_rules, flatten_add, nest_add, remove_add_zeros
+
+
+def sym(name, shape=(2,)):
+    return Symbol(shape, name=name)
+
+
+def counting(rules):
+    """The rules wrapped so that every call is logged as (rule name, node hash)."""
+    calls = []
+
+    def wrap(r):
+        def fn(node):
+            calls.append((r.name, node.hash))
+            return r.fn(node)
+        return Rule(fn, name=r.name, on=r.on, doc=r.doc)
+
+    return RuleSet(*[wrap(r) for r in rules]), calls
+
+
+# ---------------------------------------------------------------------------- rules as data
+def test_rule_decorator_and_rule_sets():
+    @rule(on=Add, example=("before", "after"))
+    def my_rule(node):
+        """Does nothing.
+
+        More text."""
+        return None
+
+    assert isinstance(my_rule, Rule) and my_rule.name == "my_rule"
+    assert my_rule.summary == "Does nothing." and my_rule.example == ("before", "after")
+    assert my_rule(Add(sym("a"))) is None
+    assert my_rule.applies_to(Add) and not my_rule.applies_to(Einsum)
+    both = my_rule + flatten_add
+    assert isinstance(both, RuleSet) and [r.name for r in both] == ["my_rule", "flatten_add"]
+    assert [r.name for r in both + RuleSet(flatten_add, nest_add)] == ["my_rule", "flatten_add", "nest_add"]
+    assert [r.name for r in [nest_add] + both] == ["nest_add", "my_rule", "flatten_add"]
+    assert both["flatten_add"] is flatten_add and "my_rule" in both and nest_add not in both
+    assert [r.name for r in both.without("my_rule")] == ["flatten_add"]
+    assert both.for_type(Einsum) == () and both.for_type(Add) == (my_rule, flatten_add)
+    with pytest.raises(KeyError, match="my_rule, flatten_add"):
+        both["nope"]
+
+
+def test_every_rule_has_a_docstring_and_an_example():
+    rules = all_rules()
+    assert len(rules) >= 20
+    for r in rules:
+        assert r.doc, f"rule {r.name} has no docstring"
+        assert r.example, f"rule {r.name} has no before/after example"
+
+
+@pytest.mark.parametrize("r", all_rules(), ids=lambda r: r.name)
+def test_rule_example(r):
+    """Parse ``before``, apply the rule once at the root, print: that is ``after``."""
+    parse = pytest.importorskip("circuits.text.parser").parse
+    before, after = r.example
+    node = parse(before)
+    out = apply(at_root(r), node)
+    assert out != node, f"{r.name} does not fire on its own example"
+    assert out.to_text() == after
+    check(out)
+    assert out.shape == node.shape and out.dtype == node.dtype
+
+
+# ---------------------------------------------------------------------------- strategies
+def test_bottom_up_top_down_once_at_root():
+    a, b, c = sym("a"), sym("b"), sym("c")
+    inner = Add(Add(a, b), c)
+    node = Add(inner, a, name="y")
+    assert apply(at_root(flatten_add), node).children == (Add(a, b), c, a)
+    # bottom-up: the inner Add is flattened first, then the root sees a flat child
+    assert apply(bottom_up(flatten_add), node).children == (a, b, c, a)
+    # top-down: the root first (one level), then the children of its replacement, which here
+    # include the Add(a, b) that came up from below: it has no Add child, so it stays
+    assert apply(top_down(flatten_add), node).children == (Add(a, b), c, a)
+    # once: only the first node (children first) where a rule applies
+    assert apply(once(flatten_add), node).children == (Add(a, b, c), a)
+    # a bare rule (or rule set) means normalize
+    assert apply(flatten_add, node).children == (a, b, c, a)
+    assert apply(seq(at_root(flatten_add), at_root(flatten_add)), node).children == (a, b, c, a)
+
+
+def test_seq_and_fixpoint():
+    a, b, c = sym("a"), sym("b"), sym("c")
+    node = Add(Add(Add(a, b), c), a)
+    one = at_root(flatten_add)
+    assert apply(one >> one, node).children == (a, b, c, a)
+    assert apply(fixpoint(one), node).children == (a, b, c, a)
+    assert apply(fixpoint(bottom_up(SIMP_RULES)), Add(Add(a, Scalar(0.0)), name="y")) == a
+
+
+def test_top_down_rewrites_the_replacement_children_not_the_replacement():
+    a, b, c, d = sym("a"), sym("b"), sym("c"), sym("d")
+    node = Add(a, b, c, d)
+    # nest_add at the root gives Add(Add(a, b), c, d); the new child Add(a, b) has two terms
+    assert apply(top_down(nest_add), node).children == (Add(a, b), c, d)
+
+
+def test_each_distinct_node_tried_once_on_a_ladder():
+    """x_{i+1} = Add(Einsum(x_i, 2), x_i): 2**40 root-to-leaf paths, 82 distinct nodes."""
+    x0 = sym("x0", (3,))
+    x = x0
+    for _ in range(40):
+        x = Add(Einsum.from_spec("a,->a", x, Scalar(2.0)), x)
+    assert count_nodes(x) == 2 + 2 * 40  # x0, the shared Scalar 2, an Einsum and an Add per level
+
+    never = Rule(lambda n: None, name="never")
+    rules, calls = counting([never])
+    apply(bottom_up(rules), x)
+    assert len(calls) == count_nodes(x) and len(set(calls)) == len(calls)
+
+    rules, calls = counting(SIMP_RULES)
+    trace = Trace()
+    start = time.perf_counter()
+    out = apply(normalize(rules), x, trace=trace)
+    elapsed = time.perf_counter() - start
+    repeated = [k for k, v in collections.Counter(calls).items() if v > 1]
+    assert not repeated, f"rules called twice on one node: {repeated[:5]}"
+    assert elapsed < 30  # generous: an engine that followed paths would never finish
+    # the whole ladder is 3**40 * x0
+    assert out.spec == "a,->a" and out.children[0] == x0 and out.children[1].value == 3.0**40
+    inputs = {x0: np.array([1.0, -2.0, 0.5])}
+    np.testing.assert_allclose(evaluate(out, inputs, dtype="float64"), 3.0**40 * inputs[x0], rtol=1e-9)
+    assert trace.counts()["dedupe_add_terms"] == 40
+
+
+def test_shared_node_rewritten_once_everywhere():
+    a, b = sym("a"), sym("b")
+    shared = Add(Add(a, b))  # rewritten to Add(a, b)... then to itself named nothing
+    node = Einsum.from_spec("a,a,a->a", shared, shared, GeneralFunction("exp", shared))
+    rules, calls = counting([flatten_add, add_single_term])
+    out = apply(normalize(rules), node)
+    assert out.children[0] is out.children[1] is out.children[2].children[0] == Add(a, b)
+    assert collections.Counter(h for _, h in calls)[shared.hash] == 1
+
+
+# ---------------------------------------------------------------------------- loops and budgets
+def test_normalize_loop_names_both_rules():
+    node = Add(sym("a"), sym("b"), sym("c"))
+    with pytest.raises(RewriteLoopError, match="nest_add") as e:
+        apply(normalize([flatten_add, nest_add]), node)
+    assert "flatten_add" in str(e.value)
+
+
+def test_fixpoint_loop_names_both_rules():
+    node = Add(sym("a"), sym("b"), sym("c"))
+    with pytest.raises(RewriteLoopError, match="flatten_add") as e:
+        apply(fixpoint(bottom_up([flatten_add, nest_add])), node)
+    assert "nest_add" in str(e.value)
+
+
+def test_step_budgets():
+    @rule(on=Scalar)
+    def count_up(node):
+        """Scalar v -> Scalar v + 1 (never ends)."""
+        return Scalar(node.value + 1, node.shape)
+
+    with pytest.raises(RewriteLoopError, match="count_up"):
+        apply(normalize(count_up, max_steps=500), Scalar(0.0))
+    with pytest.raises(RewriteLoopError, match="max_steps=20"):
+        apply(fixpoint(bottom_up(count_up), max_steps=20), Add(Scalar(0.0)))
+
+
+def test_top_down_refuses_a_rule_that_puts_a_node_below_itself():
+    @rule(on=Symbol)
+    def wrap(node):
+        """x -> x + 0 (keeps the node below its replacement)."""
+        return Add(node, Scalar(0.0))
+
+    with pytest.raises(RewriteLoopError, match="wrap"):
+        apply(top_down(wrap), Add(sym("a"), sym("b")))
+    with pytest.raises(RewriteLoopError, match="wrap"):
+        apply(normalize(wrap), Add(sym("a"), sym("b")))
+
+
+# ---------------------------------------------------------------------------- errors, trace, names
+def test_rule_changing_shape_or_returning_junk_is_a_rewrite_error():
+    @rule(on=Add)
+    def shrink(node):
+        """Wrong on purpose."""
+        return Scalar(1.0)
+
+    @rule(on=Add)
+    def junk(node):
+        """Wrong on purpose."""
+        return 3
+
+    node = Add(sym("a"), sym("b"), name="s")
+    with pytest.raises(RewriteError, match=r"shrink[\s\S]*'s' Add[\s\S]*shape \[2\]"):
+        apply(bottom_up(shrink), node)
+    with pytest.raises(RewriteError, match="junk returned int for 's' Add"):
+        apply(normalize(junk), node)
+
+
+def test_trace_contents():
+    a = sym("a")
+    node = Add(Add(a, Scalar(0.0)), a, name="y")
+    trace = Trace()
+    out = apply(normalize(SIMP_RULES), node, trace=trace)
+    assert trace.rules() == ["remove_add_zeros", "dedupe_add_terms"]
+    first, second = trace
+    assert first.before == Add(a, Scalar(0.0)) and first.after == a
+    assert second.before == Add(a, a, name="y") and second.after == out
+    assert out.name == "y" and out.spec == "a,->a"
+    assert str(trace).splitlines() == [
+        "remove_add_zeros: Add  ->  'a' [2] Symbol", "dedupe_add_terms: 'y' Add  ->  'y' Einsum a,->a",
+    ]
+
+
+def test_naming_rule():
+    a, b = sym("a"), sym("b")
+    w = Array(np.ones(2, np.float32), name="w")
+    # the replacement of a named node takes its name...
+    assert apply(flatten_add, Add(Add(a, b), a, name="n")).name == "n"
+    # ...unless it has one (a named child that replaces its parent keeps its own)
+    assert apply(add_single_term, Add(Add(a, b, name="inner"), name="outer")).name == "inner"
+    # Arrays and Symbols are never renamed
+    assert apply(add_single_term, Add(w, name="outer")) is w
+    assert apply(remove_add_zeros, Add(a, Scalar(0.0), name="outer")) is a
+    # an unnamed node that replaces a named one takes the name
+    assert apply(add_single_term, Add(Add(a, b), name="outer")) == Add(a, b, name="outer")
+
+
+@settings(max_examples=30, deadline=None)
+@given(circuits_with_inputs(max_nodes=14))
+def test_simp_keeps_value_never_renames_leaves_and_is_idempotent(case):
+    circuit, inputs = case
+    out = simp(circuit)
+    check(out)
+    assert out.shape == circuit.shape and out.dtype == circuit.dtype
+    leaves = {n for n in toposort(circuit) if type(n) in (Array, Symbol)}
+    assert {n for n in toposort(out) if type(n) in (Array, Symbol)} <= leaves
+    assert simp(out) == out
+    if circuit.dtype.startswith("float"):
+        want = evaluate(circuit, inputs, dtype="float64")
+        got = evaluate(out, inputs, dtype="float64")
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_simp_on_a_50000_deep_chain():
+    x = sym("x", (2,))
+    node = x
+    for _ in range(50_000):
+        node = GeneralFunction("tanh", Add(node, Scalar(0.0)))
+    out = simp(node)
+    assert count_nodes(out) == 50_001
+    check(out)
+    # the other drivers walk it without recursion too (fixpoint runs bottom_up twice)
+    assert apply(top_down(remove_add_zeros), node) == out
+    assert apply(fixpoint(bottom_up(remove_add_zeros)), node) == out
+
+
+def test_check_finds_a_broken_node():
+    a = Symbol.new((2,), name="a")
+    node = Add(a, a)
+    check(node)
+    node.shape = (5,)  # tamper with a fresh (unshared) node
+    from circuits import CircuitError
+
+    with pytest.raises(CircuitError, match="rebuilding it gives another node"):
+        check(node)
+
+
+def test_rewrite_results_are_checked_values():
+    a, b = sym("a", (2, 3)), sym("b", (3,))
+    node = Add(Einsum.from_spec("ab,b->a", a, Add(b, Scalar(0.0))), Scalar(0.0), name="y")
+    out = simp(node)
+    assert out == Einsum.from_spec("ab,b->a", a, b, name="y")
+    inputs = {a: np.arange(6.0).reshape(2, 3), b: np.array([1.0, 2.0, -1.0])}
+    np.testing.assert_allclose(evaluate(out, inputs, dtype="float64"), inputs[a] @ inputs[b])
