@@ -416,6 +416,8 @@ def _einsum_around(draw, shape, fixed_shape):
         if draw(st.booleans()) and rest:
             split = draw(st.integers(0, len(rest)))
             others = [rest[:split], rest[split:]]
+    if not first and not others:
+        others.append([])  # see einsum_specs: a lone operand without axes does not print
     in_axes = (tuple(first), *(tuple(draw(st.permutations(t))) for t in others))
     out_axes = tuple(out_ids)
     return EinsumSpec(format_spec(in_axes, out_axes), in_axes, out_axes,

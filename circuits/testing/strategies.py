@@ -149,6 +149,9 @@ def einsum_specs(draw, shape=None, *, max_operands=3, max_summed=2, max_operand_
         if needed:
             room = max(0, max_operand_rank - len(t))
             t.extend(draw(st.lists(st.sampled_from(needed), max_size=min(2, room))))
+    if len(operands) == 1 and not operands[0]:
+        # A lone operand without axes prints as '->', which reads back as zero operands.
+        operands.append([])
     in_axes = tuple(tuple(draw(st.permutations(t))) for t in operands)
     out_axes = tuple(out_ids)
     return EinsumSpec(
