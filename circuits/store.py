@@ -434,14 +434,34 @@ class TensorStore:
             return self._existing(key) is not None
         return self.find(key) is not None
 
+    def remove_stale_temporaries(self, older_than: float = 24 * 3600) -> int:
+        """Delete temporary files that writers killed mid-write left behind (only those older
+        than ``older_than`` seconds, so that live writes are untouched); returns how many."""
+        import time
+
+        cutoff = time.time() - older_than
+        removed = 0
+        for shard in self._shards():
+            with os.scandir(shard) as entries:
+                for e in entries:
+                    if e.name.startswith(".") and e.name.endswith(".tmp") and e.stat().st_mtime < cutoff:
+                        try:
+                            os.unlink(e.path)
+                            removed += 1
+                        except FileNotFoundError:
+                            pass
+        return removed
+
+    def _shards(self) -> list[str]:
+        try:
+            return [e.path for e in os.scandir(self.root) if e.is_dir() and len(e.name) == 2]
+        except FileNotFoundError:
+            return []
+
     def hashes(self) -> list[str]:
         """Every stored tensor's full hash, sorted."""
         found = set()
-        try:
-            shards = [e.path for e in os.scandir(self.root) if e.is_dir() and len(e.name) == 2]
-        except FileNotFoundError:
-            return []
-        for shard in shards:
+        for shard in self._shards():
             with os.scandir(shard) as entries:
                 for e in entries:
                     m = _STORED_FILE.fullmatch(e.name)

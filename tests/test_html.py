@@ -247,23 +247,18 @@ class DevTools:
         to_chrome_r, self._to_chrome = os.pipe()
         self._from_chrome, from_chrome_w = os.pipe()
 
-        def wire_fds():  # runs in the child before exec: its fd 3 reads, fd 4 writes
-            import fcntl
-
-            a = fcntl.fcntl(to_chrome_r, fcntl.F_DUPFD, 10)
-            b = fcntl.fcntl(from_chrome_w, fcntl.F_DUPFD, 10)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-            os.close(a)
-            os.close(b)
-
+        # Chromium reads commands on fd 3 and writes replies on fd 4.  A shell moves our pipe
+        # ends there, so no Python runs in the forked child (JAX's threads make that unsafe).
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-default-apps", "--disable-extensions", "--remote-debugging-pipe",
+                 f"--user-data-dir={profile_dir}", "about:blank"]
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run",
-             "--disable-default-apps", "--disable-extensions", "--remote-debugging-pipe",
-             f"--user-data-dir={profile_dir}", "about:blank"],
+            # (bash, not sh: dash cannot redirect file descriptors above 9)
+            [shutil.which("bash") or "/bin/bash", "-c", f'exec "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}', "sh", exe,
+             *flags],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=wire_fds, close_fds=False,  # os.pipe fds are close-on-exec; 3 and 4 are not
+            pass_fds=(to_chrome_r, from_chrome_w),
         )
         os.close(to_chrome_r)
         os.close(from_chrome_w)

@@ -259,6 +259,18 @@ def test_atomic_write_never_leaves_partial_files(tmp_path):
     assert os.listdir(tmp_path) == ["file.bin"]
 
 
+def test_stale_temporary_files_are_cleaned_but_live_ones_kept(store):
+    key = store.put(np.ones(3, np.float32))
+    shard = store.path(key).parent
+    old, fresh = shard / f".{key}.safetensors.aaaa.tmp", shard / f".{key}.safetensors.bbbb.tmp"
+    old.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(old, (time.time() - 3 * 24 * 3600,) * 2)
+    assert store.remove_stale_temporaries() == 1
+    assert sorted(os.listdir(shard)) == sorted([fresh.name, store.path(key).name])
+    assert store.hashes() == [key]
+
+
 def test_store_files_cannot_be_pickled_into():
     # Circuits refuse pickle; the store never needs it.
     with pytest.raises(TypeError):
