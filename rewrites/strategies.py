@@ -287,6 +287,9 @@ class _Normalize(Strategy):
         rules = self.rules
         memo: dict[bytes, Circuit] = {}  # node hash -> its normal form
         active: dict[bytes, _Await] = {}  # nodes whose normal form waits on a rewrite result
+        dispatch: dict[type, tuple] = {}
+        fired_names = state.fired
+        trace = state.trace
         stack: list = [root]
         steps = 0
         budget = self.max_steps
@@ -313,8 +316,7 @@ class _Normalize(Strategy):
                     if ch not in memo:
                         if ch in active:
                             raise self._loop(stack, active[ch], c)
-                        if not missing:
-                            missing = True
+                        missing = True
                         append(c)
                 if missing:
                     continue
@@ -324,8 +326,29 @@ class _Normalize(Strategy):
                     pop()
                     continue
             pop()
-            fired = state.try_rules(rules, cur)
-            if fired is None:
+            # The first rule that applies (inlined _Run.try_rules: this is the hot loop).
+            cls = type(cur)
+            candidates = dispatch.get(cls)
+            if candidates is None:
+                candidates = dispatch[cls] = rules.for_type(cls)
+            out = None
+            for r in candidates:
+                out = r.fn(cur)
+                if out is None or out is cur:
+                    out = None
+                    continue
+                if not isinstance(out, Circuit) or out.shape != cur.shape or out.dtype != cur.dtype:
+                    check_result(r.name, cur, out)
+                if out.name is None and cur.name is not None:
+                    out = name_result(cur, out)
+                if out == cur:
+                    out = None
+                    continue
+                fired_names.append(r.name)
+                if trace is not None:
+                    trace.record(r.name, cur, out)
+                break
+            if out is None:
                 memo[h] = cur
                 memo[cur.hash] = cur
                 continue
@@ -333,14 +356,13 @@ class _Normalize(Strategy):
             if budget is not None and steps > budget:
                 raise RewriteLoopError(
                     f"normalize({_names(rules)}) fired more than max_steps={budget} rewrites; the last "
-                    f"were {', '.join(_unique(state.fired[-50:]))}. Raise max_steps or check those rules"
+                    f"were {', '.join(_unique(fired_names[-50:]))}. Raise max_steps or check those rules"
                 )
-            rule, out = fired
             oh = out.hash
             if oh in memo:
                 memo[h] = memo[cur.hash] = memo[oh]
                 continue
-            aw = _Await((h, cur.hash) if cur is not item else (h,), out, rule.name)
+            aw = _Await((h, cur.hash) if cur is not item else (h,), out, r.name)
             if oh in active or oh == h:
                 raise self._loop(stack + [aw], active.get(oh, aw), out)
             for k in aw.keys:

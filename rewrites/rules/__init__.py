@@ -44,7 +44,7 @@ from .scalars import fold_add_scalars, fold_function_of_scalars, merge_einsum_sc
 # Cheap, often-applicable rules first: the first rule that applies wins.
 SIMP_RULES = RuleSet(
     flatten_add, remove_add_zeros, add_single_term, fold_add_scalars, dedupe_add_terms,
-    einsum_zero, flatten_einsum, merge_einsum_scalars, drop_einsum_ones, einsum_identity,
+    einsum_zero, flatten_einsum, einsum_identity, drop_einsum_ones, merge_einsum_scalars,
     fold_function_of_scalars, index_select_all, concat_single,
     name="simp",
 )

@@ -34,9 +34,10 @@ def merge_einsum_scalars(node):
     if not scalars and kids:
         return None
     others = [i for i in range(len(kids)) if type(kids[i]) is not Scalar]
+    if len(scalars) == 1 and others and not node.in_axes[scalars[0]]:
+        return None  # already one Scalar, with no axes to drop
     covered = {a for i in others for a in node.in_axes[i]}
     out = set(node.out_axes)
-    sizes = node.axis_sizes()
     value = 1.0
     scalar_axes: list[int] = []
     for i in scalars:
@@ -45,6 +46,7 @@ def merge_einsum_scalars(node):
             if a not in scalar_axes:
                 scalar_axes.append(a)
     keep = [a for a in scalar_axes if a in out and a not in covered]
+    sizes = node.axis_sizes() if scalar_axes else {}
     for a in scalar_axes:
         if a not in out and a not in covered:
             value *= sizes[a]  # a sum of a constant over this axis
