@@ -135,29 +135,60 @@ def _parent_counts(root: Circuit) -> dict[bytes, int]:
     return counts
 
 
+def _rewrite_top(node: Circuit, counts: dict, trace: Trace | None) -> Circuit:
+    """Push-down rules at ``node`` until none applies.  A rule reaches into the node's first
+    child, so it may fire only when that child has no other parent (a node a rule has just
+    built has none)."""
+    for _ in range(_MAX_STEPS_AT_A_NODE):
+        if not node.children or counts.get(node.children[0].hash, 1) != 1:
+            return node
+        for r in PUSH_DOWN_RULES.for_type(type(node)):
+            out = r.fn(node)
+            if out is None or out == node:
+                continue
+            check_result(r.name, node, out)
+            out = name_result(node, out)
+            if trace is not None:
+                trace.record(r.name, node, out)
+            node = out
+            break
+        else:
+            return node
+    return node
+
+
+_MAX_STEPS_AT_A_NODE = 100
+
+
 def _push_down_pass(root: Circuit, trace: Trace | None) -> Circuit:
-    """One bottom-up pass: a push rule fires at a node only when every child it reaches into
-    has that node as its only parent."""
+    """One top-down pass: each node is rewritten at the top first, then its children are visited,
+    so an Index pushed below a node keeps moving down in the same pass (a 50,000-deep chain
+    takes one pass).  Iterative, each distinct node once."""
     counts = _parent_counts(root)
-    new: dict[bytes, Circuit] = {}
-    for node in toposort(root):
-        cur = node.with_children(tuple(new[c.hash] for c in node.children)) if node.children else node
-        if cur.children and counts.get(node.children[0].hash, 0) == 1:
-            for r in PUSH_DOWN_RULES.for_type(type(cur)):
-                out = r.fn(cur)
-                if out is None or out == cur:
-                    continue
-                check_result(r.name, cur, out)
-                out = name_result(cur, out)
-                if trace is not None:
-                    trace.record(r.name, cur, out)
-                cur = out
-                break
-        new[node.hash] = cur
-    return new[root.hash]
+    done: dict[bytes, Circuit] = {}
+    started: set[bytes] = set()
+    stack: list = [(root, None)]
+    while stack:
+        node, top = stack.pop()
+        h = node.hash
+        if top is not None:  # all of top's children are done: rebuild it over them
+            done[h] = top.with_children(tuple(done[c.hash] for c in top.children))
+            continue
+        if h in done or h in started:
+            continue
+        started.add(h)
+        top = _rewrite_top(node, counts, trace)
+        if not top.children:
+            done[h] = top
+            continue
+        stack.append((node, top))
+        for c in reversed(top.children):
+            if c.hash not in done:
+                stack.append((c, None))
+    return done[root.hash]
 
 
-def optimize(circuit: Circuit, *, trace: Trace | None = None, max_passes: int = 1000) -> Circuit:
+def optimize(circuit: Circuit, *, trace: Trace | None = None, max_passes: int = 20) -> Circuit:
     """``circuit`` rewritten to evaluate faster, with the same value (see the module docstring).
     Pass a ``rewrites.Trace`` to see which rules fired where.
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Symbol
+from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
 from circuits.evaluation import evaluate
 from circuits.models import attn_only, random_weights, tokens_symbol
 from circuits.symbolic import symbolic_equal
@@ -181,3 +181,14 @@ def test_push_gather_through_function_cases():
     # last_dim_size of a NaN row is not NaN: a checked gather must not move below it
     must_not_fire(push_gather_through_function,
                   GeneralFunction("gen_index_at_0_c", GeneralFunction("last_dim_size", z), Array(np.array([0]))))
+
+
+def test_optimize_pushes_an_index_down_a_deep_chain_in_one_go():
+    x = Symbol((3,), name="x")
+    c = x
+    for _ in range(3000):  # deeper than Python's recursion limit: everything is iterative
+        c = GeneralFunction("tanh", Add(c, Scalar(1.0)))
+    out = optimize(Index(c, (0,)))
+    assert out.shape == () and isinstance(out, GeneralFunction)
+    remaining = [n for n in toposort(out) if isinstance(n, Index)]
+    assert [n.children[0] for n in remaining] == [x]
