@@ -24,10 +24,27 @@ Deep circuits.  Indenting a 50,000-deep chain naively would take gigabytes, so t
 indents more than ``max_indent`` levels (default 64; the seed is 37 deep).  A node with children
 that would start below that depth is printed as a reference, and its subtree is printed as a
 *definition block* before the roots: a root line marked ``~``.  Definition blocks may refer to each
-other (deepest first) and to nodes defined anywhere else in the text; ``parse_many`` returns only
-the unmarked roots.  See ``circuits.text.printer`` and ``circuits.text.parser``.
+other (deepest first) and to nodes defined anywhere else in the text, even further down;
+``parse_many`` returns only the unmarked roots and ``parse`` the last of them.  Here with a
+(tiny) limit of one level:
 
->>> from circuits import Symbol, Add
+>>> from circuits import GeneralFunction, Symbol
+>>> e = Symbol((2,), name='x')
+>>> for i in range(3):
+...     e = GeneralFunction('exp', e, name=f'e{i}')
+>>> print(to_text(e, max_indent=1))
+~ 'e0' GeneralFunction exp
+  'x' [2] Symbol
+~ 'e1' GeneralFunction exp
+  'e0'
+'e2' GeneralFunction exp
+  'e1'
+>>> parse(to_text(e, max_indent=1)) == e
+True
+
+See ``circuits.text.printer`` for the print options and ``circuits.text.parser`` for parsing.
+
+>>> from circuits import Add
 >>> x = Symbol((2,), name='x')
 >>> print(to_text(Add(x, x, name='y')))
 'y' Add

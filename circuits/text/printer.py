@@ -1,9 +1,10 @@
 """Print circuits in the text format (see ``circuits.text`` for the format itself).
 
-The printer walks the circuit once, iteratively (pre-order, children in order), decides for every
-line whether it defines a node or refers back to one, then numbers the nodes that need a serial in
-the order the lines appear, and only then builds strings.  It reads node attributes only: never a
-tensor value, never a tensor store.
+The printer walks the circuit once, iteratively (pre-order, children in order), deciding for every
+line whether it defines a node or refers back to one and counting how many printed nodes bear each
+name; then it builds the strings, numbering the nodes that need a serial (unnamed, or sharing a
+name) in the order they first appear in the text.  It reads node attributes only: never a tensor
+value, never a tensor store.  The garbage collector is paused meanwhile (see ``gc_paused``).
 
 Options (all keyword):
 
