@@ -26,6 +26,8 @@ def content_hash(value) -> str:
     # order="C", not ascontiguousarray: that one turns a 0-d array into shape (1,), which would
     # give a scalar and a one-element vector the same hash.
     arr = np.asarray(value, order="C")
+    if arr.dtype.str[0] == ">":  # equal values hash equal whatever their byte order
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
     h = blake3.blake3(max_threads=blake3.blake3.AUTO if arr.nbytes > (1 << 22) else 1)
     h.update(f"{arr.dtype.str}|{','.join(map(str, arr.shape))}|".encode())
     # Viewed as bytes first: memoryview cannot export ml_dtypes types such as bfloat16.

@@ -109,6 +109,19 @@ def test_every_dtype_and_odd_shapes_round_trip(tmp_path):
         assert not r.value.flags.writeable
 
 
+def test_big_endian_values_load_as_the_same_node(tmp_path):
+    be = Array(np.arange(4, dtype=">i4"), name="be")
+    assert be == Array(np.arange(4, dtype="<i4"), name="be")  # same values, same node
+    path = tmp_path / "be.circuit"
+    save(be, path)
+    h = be.hash
+    del be
+    gc.collect()
+    back = load(path)
+    assert back.hash == h and back.value.dtype == np.dtype("<i4")
+    np.testing.assert_array_equal(back.value, np.arange(4))
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(circuit=cst.circuits(max_nodes=12))
 def test_generated_circuits_round_trip(tmp_path, circuit):

@@ -80,6 +80,12 @@ def test_scalar_and_vector_are_different_tensors(store):
     assert store.get(a).shape == () and store.get(b).shape == (1,)
 
 
+def test_byte_order_does_not_change_the_key(store):
+    key = store.put(np.arange(5, dtype=">f8"))
+    assert key == store.put(np.arange(5, dtype="<f8")) == expected_key(np.arange(5, dtype="<f8"))
+    assert store.get(key).dtype == np.dtype("<f8")
+
+
 def test_jax_values_are_stored_by_value(store):
     import jax.numpy as jnp
 
