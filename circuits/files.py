@@ -22,7 +22,9 @@ them by default, naming them, because a teammate loading the file could not eval
 ``allow_placeholders=True`` they are saved as placeholders (their name, shape, dtype and hash) and
 load back as the same placeholders, to be filled with ``circuits.bind``.
 
-The arrays ``load`` returns are read-only views into one buffer holding the file's tensors.
+The arrays ``load`` returns are read-only views into one buffer holding the file's tensors (one
+copy from disk, no more; keeping any of them alive keeps that buffer).  A file that uses a
+GeneralFunction you registered yourself loads once the same function is registered again.
 """
 
 from __future__ import annotations

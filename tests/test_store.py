@@ -16,6 +16,7 @@ import safetensors.numpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import circuits as C
 from circuits import Add, Array, Einsum, StoreError, TensorStore
 from circuits.store import atomic_write, default_root, read_safetensors
 
@@ -221,6 +222,40 @@ def test_put_circuit_stores_every_array_with_a_value(store):
     assert sorted(keys) == sorted({x.content_hash, y.content_hash})
     assert store.hashes() == sorted(keys)
     np.testing.assert_array_equal(store.get(x.content_hash), x.value)
+
+
+def _stored_text(store):
+    w = Array(np.arange(6, dtype=np.float32).reshape(2, 3), name="w")
+    toks = Array(np.array([1, 0, 1]), name="toks")
+    c = Einsum.from_spec("ab,cb->ac", w, C.GeneralFunction("gen_index_at_0_c", w, toks), name="out")
+    store.put_circuit(c)
+    return c.to_text(), c.hash, w.content_hash
+
+
+def test_the_parser_resolves_arrays_through_the_store(store, tmp_path):
+    text, h, w_hash = _stored_text(store)  # the circuit itself is gone when this returns
+    assert C.parse(text).children[0].is_placeholder  # nothing to resolve it with
+    back = C.parse(text, store=store)
+    assert back.hash == h
+    got = {n.name: n for n in C.toposort(back) if isinstance(n, Array)}
+    assert not got["w"].is_placeholder and got["toks"].value.dtype == np.int64
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(C.evaluate(back), w @ w[[1, 0, 1]].T)
+    # A prefix that the store cannot tell apart is a parse error pointing at the line.
+    fake = w_hash[:6] + "0" * 58
+    store.path(fake).parent.mkdir(parents=True, exist_ok=True)
+    store.path(fake).write_bytes(b"")
+    with pytest.raises(C.ParseError, match="ambiguous"):
+        C.parse(f"'w2' [2,3] Array {w_hash[:6]}", store=store)
+    # A store file damaged after the fact is refused, not parsed into a circuit.
+    other = TensorStore(tmp_path / "other")
+    text2, _, w_hash2 = _stored_text(other)
+    data = bytearray(other.path(w_hash2).read_bytes())
+    data[-1] ^= 1
+    os.chmod(other.path(w_hash2), 0o644)
+    other.path(w_hash2).write_bytes(bytes(data))
+    with pytest.raises((StoreError, C.ParseError), match="tampered"):
+        C.parse(text2, store=other)
 
 
 def test_location_argument_env_var_and_default(tmp_path, monkeypatch):
