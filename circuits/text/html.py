@@ -30,7 +30,7 @@ def escape(text: str) -> str:
     return _escape(text, quote=False)
 
 _STYLE = """<style>
-.circuits-html{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;line-height:1.5;overflow-x:auto}
+.circuits-html{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;line-height:1.5;overflow-x:auto;padding-left:1.2em}
 .circuits-html summary,.circuits-html .leaf,.circuits-html .ref{white-space:nowrap}
 .circuits-html details,.circuits-html .leaf,.circuits-html .ref,.circuits-html .more{margin-left:0}
 .circuits-html .kids{margin-left:1.1em;padding-left:.6em;border-left:1px solid #ccc}
