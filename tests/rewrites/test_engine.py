@@ -80,6 +80,10 @@ def test_rule_example(r):
     assert out.to_text() == after
     check(out)
     assert out.shape == node.shape and out.dtype == node.dtype
+    # and the example is an exact identity (sympy over the Symbols' entries)
+    symbolic_equal = pytest.importorskip("circuits.symbolic").symbolic_equal
+    ints = {n: np.zeros(n.shape, n.dtype) for n in toposort(node) if type(n) is Symbol and "int" in n.dtype}
+    assert symbolic_equal(node, out, ints or None), f"{r.name}: before and after differ symbolically"
 
 
 # ---------------------------------------------------------------------------- strategies
@@ -210,6 +214,14 @@ def test_rule_changing_shape_or_returning_junk_is_a_rewrite_error():
         apply(bottom_up(shrink), node)
     with pytest.raises(RewriteError, match="junk returned int for 's' Add"):
         apply(normalize(junk), node)
+
+    @rule(on=Add)
+    def to_float64(node):
+        """Wrong on purpose: same shape, other dtype."""
+        return Array(np.zeros(node.shape))
+
+    with pytest.raises(RewriteError, match=r"to_float64[\s\S]*float32[\s\S]*float64"):
+        apply(top_down(to_float64), node)
 
 
 def test_trace_contents():
