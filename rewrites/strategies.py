@@ -32,7 +32,7 @@ from circuits.errors import RewriteLoopError
 from circuits.nodes import Circuit
 from circuits.traversal import replace, toposort
 
-from .engine import Rule, RuleSet, Trace, check_result, name_result, rules_of
+from .engine import RuleSet, Trace, check_result, name_result, rules_of
 
 __all__ = ["Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq"]
 
@@ -415,7 +415,3 @@ def _names(rules: RuleSet) -> str:
         return rules.name
     names = [r.name for r in rules]
     return ", ".join(names[:6]) + (f", ... ({len(names)} rules)" if len(names) > 6 else "")
-
-
-# Rule is imported for type checkers and for users who reach strategies first.
-_ = Rule

@@ -2,7 +2,6 @@
 cases; broadcasting kept exact."""
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
