@@ -300,3 +300,20 @@ def test_rewrite_results_are_checked_values():
     assert out == Einsum.from_spec("ab,b->a", a, b, name="y")
     inputs = {a: np.arange(6.0).reshape(2, 3), b: np.array([1.0, 2.0, -1.0])}
     np.testing.assert_allclose(evaluate(out, inputs, dtype="float64"), inputs[a] @ inputs[b])
+
+
+def test_simp_on_the_seed_model_keeps_value_and_names():
+    models = pytest.importorskip("circuits.models")
+    w = models.random_weights(0, vocab=11, d_model=8, n_heads=2, head_size=4, max_positions=16)
+    tokens = np.random.default_rng(0).integers(0, 11, 8)
+    circuit = models.attn_only(w, tokens)
+    trace = Trace()
+    out = simp(circuit, trace=trace)
+    check(out)
+    assert count_nodes(out) < count_nodes(circuit) and len(trace) > 0
+    arrays = lambda c: {n.name for n in toposort(c) if type(n) is Array}  # noqa: E731
+    assert arrays(out) <= arrays(circuit)
+    # named intermediate results survive (flatten keeps named children)
+    names = {n.name for n in toposort(out)}
+    assert {"t.loss", "log_probs", "b0.a", "a.attn_probs"} <= names
+    np.testing.assert_allclose(evaluate(out, dtype="float64"), evaluate(circuit, dtype="float64"), rtol=1e-9)
