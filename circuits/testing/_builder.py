@@ -122,6 +122,7 @@ class Builder:
         self.opts = opts
         self.types = set(opts.types)
         self.pool: list[tuple] = []  # (node, interval)
+        self.height: dict = {}  # node -> longest path down to a leaf
         self.budget = opts.max_nodes
         self.can_be_positive = Array in self.types or Scalar in self.types
         fns = set(opts.functions)
@@ -148,7 +149,8 @@ class Builder:
         draw = self.draw
         is_root = depth == self.opts.max_depth and not self.pool
         if not is_root:
-            fits = [b for b in self.pool if b[0].shape == shape and need.ok(b[1])]
+            fits = [b for b in self.pool
+                    if b[0].shape == shape and need.ok(b[1]) and self.height[b[0]] <= depth]
             if fits and (self.budget <= 0 or draw(st.booleans())):
                 return draw(st.sampled_from(fits))
         kinds = self._kinds(shape, need, root_types)
@@ -167,8 +169,13 @@ class Builder:
 
                 reject()
             return self.leaf(shape, need)
-        self.pool.append(built)
+        self._add_to_pool(built)
         return built
+
+    def _add_to_pool(self, built):
+        node = built[0]
+        self.height[node] = 1 + max((self.height.get(c, 0) for c in node.children), default=-1)
+        self.pool.append(built)
 
     def _kinds(self, shape, need, root_types):
         kinds = [t for t in (root_types or self.opts.types)]
@@ -210,21 +217,22 @@ class Builder:
             node = Symbol(shape, name=self.name(), dtype=self.opts.dtype)
             iv = (-1.5, 1.5)
         built = (node, iv)
-        self.pool.append(built)
+        self._add_to_pool(built)
         return built
 
     # ------------------------------------------------------------------ composites
-    def _pool_pick(self, need, fits_shape):
+    def _pool_pick(self, need, fits_shape, depth):
         """A pool node (with its interval) whose shape passes ``fits_shape``, or None: drawing
         children from nodes built elsewhere in the circuit is what makes it a DAG."""
-        fits = [b for b in self.pool if fits_shape(b[0].shape) and need.ok(b[1])]
+        fits = [b for b in self.pool
+                if fits_shape(b[0].shape) and need.ok(b[1]) and self.height[b[0]] <= depth]
         if fits and self.draw(st.booleans()):
             return self.draw(st.sampled_from(fits))
         return None
 
     def make_einsum(self, shape, depth, need):
         draw = self.draw
-        shared = self._pool_pick(Need(need.positive), lambda s: len(s) <= 4)
+        shared = self._pool_pick(Need(need.positive), lambda s: len(s) <= 4, depth)
         if shared is not None:
             spec = draw(_einsum_around(shape, shared[0].shape))
         else:
@@ -258,7 +266,7 @@ class Builder:
         if n and broadcast_shapes(child_shapes) != tuple(shape):
             child_shapes[draw(st.integers(0, n - 1))] = tuple(shape)
         kids = [self.build(s, depth, Need(need.positive)) for s in child_shapes]
-        shared = self._pool_pick(Need(need.positive), lambda s: _broadcasts_to(s, shape))
+        shared = self._pool_pick(Need(need.positive), lambda s: _broadcasts_to(s, shape), depth)
         if shared is not None:
             kids.insert(draw(st.integers(0, len(kids))), shared)
         iv = (sum(k[1][0] for k in kids), sum(k[1][1] for k in kids))

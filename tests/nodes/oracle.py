@@ -136,6 +136,10 @@ def einsum(node: Einsum, values) -> np.ndarray:
 
 def node_value(node, values, inputs=None) -> np.ndarray:
     """The value of one node given its children's values (float64)."""
+    return np.asarray(_node_value(node, values, inputs))
+
+
+def _node_value(node, values, inputs):
     t = type(node)
     if t is Array:
         v = node.numpy()
