@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .base import Circuit, check_children, dtype_of, promote, shape_error, shape_of
 
 
@@ -30,6 +32,12 @@ def broadcast_shapes(shapes):
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=4096)
+def _shape_and_dtype(shapes, dtypes):
+    # Cached: circuits add the same shapes over and over (residual streams, biases).
+    return broadcast_shapes(shapes), promote(dtypes)
+
+
 class Add(Circuit):
     """Sum of the children with numpy (right-aligned) broadcasting; no children is 0.
 
@@ -44,14 +52,14 @@ class Add(Circuit):
 
     def _setup(self, *children, name=None):
         children = check_children("Add", name, children)
-        shape = broadcast_shapes(list(map(shape_of, children)))
+        shape, dtype = _shape_and_dtype(tuple(map(shape_of, children)), tuple(map(dtype_of, children)))
         if shape is None:
             raise shape_error(
                 "Add", name, "", children,
                 "children's shapes " + ", ".join(str(list(c.shape)) for c in children)
                 + " do not broadcast (numpy rules: align on the right; sizes equal or 1)",
             )
-        self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
+        self._set_common(children, shape, dtype, name)
 
     def _payload_bytes(self):
         return b""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from ..errors import CircuitError
-from .base import Circuit, _pack_ints, check_children, dtype_of, int_tuple, promote, shape_error
+from .base import Circuit, _pack_ints, check_children, dtype_of, int_tuple, promote, shape_error, shape_of
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK
@@ -58,6 +58,45 @@ def _einsum_payload_bytes(in_axes, out_axes) -> bytes:
     return b"".join(parts) + b"|" + _pack_ints(out_axes)
 
 
+class _SpecMismatch(Exception):
+    """A spec that does not fit the children's shapes (message only; the node adds its line)."""
+
+
+def _fail(message, in_axes, out_axes, name, children):
+    # The payload is only written out for an error message.
+    try:
+        payload = format_spec(in_axes, out_axes)
+    except CircuitError:
+        payload = f"{in_axes}->{out_axes}"
+    return shape_error("Einsum", name, payload, children, message)
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_shape(in_axes, out_axes, shapes):
+    """The output shape of an einsum over operands of these shapes (cached: the same einsum over
+    the same shapes recurs in every layer and head)."""
+    sizes: dict[int, int] = {}
+    setdefault = sizes.setdefault
+    for k, (shape, axes) in enumerate(zip(shapes, in_axes)):
+        if len(axes) != len(shape):
+            raise _SpecMismatch(
+                f"operand {k} has {len(axes)} axes in the spec but its child has shape "
+                f"{list(shape)} ({len(shape)} axes)"
+            )
+        for ax, n in zip(axes, shape):
+            if setdefault(ax, n) != n:
+                raise _SpecMismatch(f"axis {_axis_name(ax)} has size {sizes[ax]} in one place and {n} in operand {k}")
+    if any(ax < 0 for ax in sizes):
+        raise _SpecMismatch(f"negative axis id {min(sizes)}")
+    if len(set(out_axes)) != len(out_axes):
+        raise _SpecMismatch("an output axis is repeated")
+    try:
+        return tuple([sizes[a] for a in out_axes])
+    except KeyError:
+        missing = [a for a in out_axes if a not in sizes]
+        raise _SpecMismatch(f"output axis {', '.join(map(_axis_name, missing))} appears in no input") from None
+
+
 class Einsum(Circuit):
     """Generalised einsum.  Axis ids are ints stored as given; repeated ids in one input read a
     diagonal; ids absent from the output are summed; zero operands give the scalar 1.
@@ -85,43 +124,13 @@ class Einsum(Circuit):
             raise CircuitError(f"Einsum {name!r}: in_axes must be a sequence of int sequences") from None
         self.in_axes, self.out_axes = in_axes, out_axes
 
-        def fail(message):
-            # The payload is only written out for an error message.
-            try:
-                payload = format_spec(in_axes, out_axes)
-            except CircuitError:
-                payload = f"{in_axes}->{out_axes}"
-            return shape_error("Einsum", name, payload, children, message)
-
         if len(in_axes) != len(children):
-            raise fail(f"spec has {len(in_axes)} operands but {len(children)} children were given")
-        sizes: dict[int, int] = {}
-        setdefault = sizes.setdefault
-        for k, (c, axes) in enumerate(zip(children, in_axes)):
-            shape = c.shape
-            if len(axes) != len(shape):
-                raise fail(
-                    f"operand {k} has {len(axes)} axes in the spec but its child has shape "
-                    f"{list(shape)} ({len(shape)} axes)"
-                )
-            for ax, n in zip(axes, shape):
-                if setdefault(ax, n) != n:
-                    raise fail(
-                        f"axis {_axis_name(ax)} has size "
-                        f"{sizes[ax]} in one place and {n} in operand {k}"
-                    )
-        if any(ax < 0 for ax in sizes):
-            raise fail(f"negative axis id {min(sizes)}")
-        if len(set(out_axes)) != len(out_axes):
-            raise fail("an output axis is repeated")
+            raise _fail(f"spec has {len(in_axes)} operands but {len(children)} children were given",
+                        in_axes, out_axes, name, children)
         try:
-            shape = tuple([sizes[a] for a in out_axes])
-        except KeyError:
-            missing = [a for a in out_axes if a not in sizes]
-            raise fail(
-                f"output axis {', '.join(map(_axis_name, missing))} "
-                "appears in no input"
-            ) from None
+            shape = _output_shape(in_axes, out_axes, tuple(map(shape_of, children)))
+        except _SpecMismatch as e:
+            raise _fail(str(e), in_axes, out_axes, name, children) from None
         self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     @classmethod

@@ -7,6 +7,14 @@ from ..errors import CircuitError, ShapeError
 from .base import Circuit, check_children, dtype_of, int_tuple, quote_name, shape_error, shape_of
 
 
+# Shape and dtype rules are pure functions of the children's shapes and dtypes, and circuits
+# apply the same function to the same shapes over and over: remember the answers.  Keyed by the
+# spec's id (FunctionSpec hashes slowly) with the spec kept in the value, so a re-registered
+# function never sees an old answer.
+_RULE_RESULTS: dict = {}
+_RULE_CACHE_SIZE = 4096
+
+
 class GeneralFunction(Circuit):
     """A function from the registry in ``circuits.functions`` applied to the children.
 
@@ -24,7 +32,7 @@ class GeneralFunction(Circuit):
             spec = function
         else:
             try:
-                spec = _functions.lookup(str(function))
+                spec = _functions.lookup(function if type(function) is str else str(function))
             except CircuitError as e:
                 raise CircuitError(
                     f"GeneralFunction {quote_name(name) if name else '(unnamed)'}: {e}"
@@ -38,11 +46,21 @@ class GeneralFunction(Circuit):
                 "GeneralFunction", name, spec.name, children,
                 f"{spec.name} takes {want} argument(s), got {len(children)}",
             )
-        try:
-            shape = int_tuple(spec.shape_rule(list(map(shape_of, children))))
-            dtype = spec.result_dtype(list(map(dtype_of, children)))
-        except ShapeError as e:
-            raise shape_error("GeneralFunction", name, spec.name, children, str(e)) from None
+        shapes = tuple(map(shape_of, children))
+        dtypes = tuple(map(dtype_of, children))
+        key = (id(spec), shapes, dtypes)
+        known = _RULE_RESULTS.get(key)
+        if known is not None and known[0] is spec:
+            shape, dtype = known[1], known[2]
+        else:
+            try:
+                shape = int_tuple(spec.shape_rule(list(shapes)))
+                dtype = spec.result_dtype(list(dtypes))
+            except ShapeError as e:
+                raise shape_error("GeneralFunction", name, spec.name, children, str(e)) from None
+            if len(_RULE_RESULTS) >= _RULE_CACHE_SIZE:
+                _RULE_RESULTS.clear()
+            _RULE_RESULTS[key] = (spec, shape, dtype)
         self.function = spec
         self._set_common(children, shape, dtype, name)
 
