@@ -59,7 +59,7 @@ class Add(Circuit):
                 "children's shapes " + ", ".join(str(list(c.shape)) for c in children)
                 + " do not broadcast (numpy rules: align on the right; sizes equal or 1)",
             )
-        self._set_common(children, shape, dtype, name)
+        return self._set_common(children, shape, dtype, name)
 
     def _payload_bytes(self):
         return b""

@@ -101,6 +101,7 @@ shape_of = operator.attrgetter("shape")
 dtype_of = operator.attrgetter("dtype")
 hash_of = operator.attrgetter("hash")
 
+_new_object = object.__new__
 _INT_STRUCTS: dict[int, struct.Struct] = {}
 _COUNTS = [n.to_bytes(4, "little") for n in range(64)]
 # First 8 bytes of a node hash as a signed little-endian int: the Python hash of the node.
@@ -147,28 +148,27 @@ class Circuit:
         cls._hash_prefix = cls.type_name.encode() + b"\0"
 
     def __new__(cls, *args, **kwargs):
-        self = object.__new__(cls)
-        self._setup(*args, **kwargs)
-        return self._intern()
+        # _setup validates and ends with ``return self._set_common(...)``: the interned node.
+        return _new_object(cls)._setup(*args, **kwargs)
 
     # No __init__: all the work happens in __new__ (so an equal live node can be returned
     # instead), and object.__init__ accepts the arguments when __new__ is overridden.
 
-    def _setup(self, *args, **kwargs):  # pragma: no cover - abstract
+    def _setup(self, *args, **kwargs) -> "Circuit":  # pragma: no cover - abstract
+        """Validate the arguments, set the payload fields, and finish with
+        ``return self._set_common(children, shape, dtype, name)``."""
         raise NotImplementedError
 
-    def _set_common(self, children, shape, dtype, name):
+    def _set_common(self, children, shape, dtype, name) -> "Circuit":
+        """Set the fields every node has, then intern: returns the live node equal to this one
+        (``self`` when there is none)."""
         if name is not None and type(name) is not str and not isinstance(name, str):
             raise CircuitError(f"a node's name must be a str or None, got {name!r}")
         self.children = children
         self.shape = shape
         self.dtype = dtype
         self.name = name
-
-    def _intern(self):
         # The hash input: type, payload, child count and hashes, name (see circuits.hashing).
-        name = self.name
-        children = self.children
         n = len(children)
         if n == 1:
             kids = children[0].hash

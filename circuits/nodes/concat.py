@@ -43,7 +43,7 @@ class Concat(Circuit):
                 )
         shape = list(children[0].shape)
         shape[axis] = sum(c.shape[axis] for c in children)
-        self._set_common(children, tuple(shape), promote(tuple(map(dtype_of, children))), name)
+        return self._set_common(children, tuple(shape), promote(tuple(map(dtype_of, children))), name)
 
     def _payload_bytes(self):
         return _pack_ints((self.axis,))

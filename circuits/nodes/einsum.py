@@ -45,13 +45,6 @@ def _axis_name(i: int) -> str:
     return AXIS_LETTERS[i] if 0 <= i < len(AXIS_LETTERS) else str(i)
 
 
-def _all_ints(t) -> bool:
-    for v in t:
-        if type(v) is not int:
-            return False
-    return True
-
-
 @functools.lru_cache(maxsize=4096)
 def _einsum_payload_bytes(in_axes, out_axes) -> bytes:
     parts = [_pack_ints((len(t),)) + _pack_ints(t) for t in in_axes]
@@ -59,7 +52,8 @@ def _einsum_payload_bytes(in_axes, out_axes) -> bytes:
 
 
 class _SpecMismatch(Exception):
-    """A spec that does not fit the children's shapes (message only; the node adds its line)."""
+    """A spec that does not fit the children's shapes: (message, in_axes, out_axes); the node
+    adds its printed line."""
 
 
 def _fail(message, in_axes, out_axes, name, children):
@@ -72,29 +66,39 @@ def _fail(message, in_axes, out_axes, name, children):
 
 
 @functools.lru_cache(maxsize=4096)
-def _output_shape(in_axes, out_axes, shapes):
-    """The output shape of an einsum over operands of these shapes (cached: the same einsum over
-    the same shapes recurs in every layer and head)."""
+def _analyse(in_axes, out_axes, shapes):
+    """``(in_axes, out_axes, output shape)`` of an einsum over operands of these shapes, the axes
+    as tuples of ints.  Cached: the same einsum over the same shapes recurs in every layer and
+    head.  Raises TypeError for axes that are not ints, _SpecMismatch when the spec does not fit."""
+    in_axes = tuple(int_tuple(t) for t in in_axes)
+    out_axes = int_tuple(out_axes)
+
+    def mismatch(message):
+        return _SpecMismatch(message, in_axes, out_axes)
+
+    if len(in_axes) != len(shapes):
+        raise mismatch(f"spec has {len(in_axes)} operands but {len(shapes)} children were given")
     sizes: dict[int, int] = {}
     setdefault = sizes.setdefault
     for k, (shape, axes) in enumerate(zip(shapes, in_axes)):
         if len(axes) != len(shape):
-            raise _SpecMismatch(
+            raise mismatch(
                 f"operand {k} has {len(axes)} axes in the spec but its child has shape "
                 f"{list(shape)} ({len(shape)} axes)"
             )
         for ax, n in zip(axes, shape):
             if setdefault(ax, n) != n:
-                raise _SpecMismatch(f"axis {_axis_name(ax)} has size {sizes[ax]} in one place and {n} in operand {k}")
+                raise mismatch(f"axis {_axis_name(ax)} has size {sizes[ax]} in one place and {n} in operand {k}")
     if any(ax < 0 for ax in sizes):
-        raise _SpecMismatch(f"negative axis id {min(sizes)}")
+        raise mismatch(f"negative axis id {min(sizes)}")
     if len(set(out_axes)) != len(out_axes):
-        raise _SpecMismatch("an output axis is repeated")
+        raise mismatch("an output axis is repeated")
     try:
-        return tuple([sizes[a] for a in out_axes])
+        shape = tuple([sizes[a] for a in out_axes])
     except KeyError:
         missing = [a for a in out_axes if a not in sizes]
-        raise _SpecMismatch(f"output axis {', '.join(map(_axis_name, missing))} appears in no input") from None
+        raise mismatch(f"output axis {', '.join(map(_axis_name, missing))} appears in no input") from None
+    return in_axes, out_axes, shape
 
 
 class Einsum(Circuit):
@@ -116,22 +120,23 @@ class Einsum(Circuit):
 
     def _setup(self, *children, in_axes, out_axes, name=None):
         children = check_children("Einsum", name, children)
+        shapes = tuple(map(shape_of, children))
         try:
-            if not (type(in_axes) is tuple and all(type(t) is tuple and _all_ints(t) for t in in_axes)):
+            in_axes, out_axes, shape = _analyse(in_axes, out_axes, shapes)
+        except TypeError:  # lists (unhashable) or ids that are not ints
+            try:
                 in_axes = tuple(int_tuple(t) for t in in_axes)
-            out_axes = int_tuple(out_axes)
-        except TypeError:
-            raise CircuitError(f"Einsum {name!r}: in_axes must be a sequence of int sequences") from None
-        self.in_axes, self.out_axes = in_axes, out_axes
-
-        if len(in_axes) != len(children):
-            raise _fail(f"spec has {len(in_axes)} operands but {len(children)} children were given",
-                        in_axes, out_axes, name, children)
-        try:
-            shape = _output_shape(in_axes, out_axes, tuple(map(shape_of, children)))
+                out_axes = int_tuple(out_axes)
+            except TypeError:
+                raise CircuitError(f"Einsum {name!r}: in_axes must be a sequence of int sequences") from None
+            try:
+                in_axes, out_axes, shape = _analyse(in_axes, out_axes, shapes)
+            except _SpecMismatch as e:
+                raise _fail(e.args[0], in_axes, out_axes, name, children) from None
         except _SpecMismatch as e:
-            raise _fail(str(e), in_axes, out_axes, name, children) from None
-        self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
+            raise _fail(e.args[0], e.args[1], e.args[2], name, children) from None
+        self.in_axes, self.out_axes = in_axes, out_axes
+        return self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     @classmethod
     def from_spec(cls, spec: str, *children, name=None) -> "Einsum":

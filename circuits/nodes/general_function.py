@@ -62,7 +62,7 @@ class GeneralFunction(Circuit):
                 _RULE_RESULTS.clear()
             _RULE_RESULTS[key] = (spec, shape, dtype)
         self.function = spec
-        self._set_common(children, shape, dtype, name)
+        return self._set_common(children, shape, dtype, name)
 
     @property
     def function_name(self) -> str:

@@ -33,15 +33,18 @@ def index_text(index) -> str:
     return "[" + ",".join(index_entry_text(e) for e in index) + "]"
 
 
+def _plain_slice(e) -> bool:
+    """A slice already in normal form (int or None bounds, nonzero step)."""
+    if type(e) is not slice:
+        return False
+    start, stop, step = e.start, e.stop, e.step
+    return ((start is None or type(start) is int) and (stop is None or type(stop) is int)
+            and (step is None or (type(step) is int and step != 0)))
+
+
 def _normalize_entry(entry, what):
-    t = type(entry)
-    if t is int:
-        return entry
-    if t is slice:
-        start, stop, step = entry.start, entry.stop, entry.step
-        if ((start is None or type(start) is int) and (stop is None or type(stop) is int)
-                and (step is None or (type(step) is int and step != 0))):
-            return entry  # already normal (slices are immutable)
+    if type(entry) is int or _plain_slice(entry):
+        return entry  # already normal (slices are immutable)
     if isinstance(entry, slice):
         for v in (entry.start, entry.stop, entry.step):
             if v is not None and not isinstance(v, (int, np.integer)):
@@ -106,8 +109,12 @@ class Index(Circuit):
         (child,) = check_children("Index", name, (child,))
         if not isinstance(index, tuple):
             index = tuple(index) if isinstance(index, list) else (index,)
-        what = f"Index {name!r}" if name else "Index"
-        index = tuple([_normalize_entry(e, what) for e in index])
+        for e in index:
+            if type(e) is not int and not _plain_slice(e):
+                # Not in normal form (or invalid): rebuild, with the node named in any error.
+                what = f"Index {name!r}" if name else "Index"
+                index = tuple([_normalize_entry(e, what) for e in index])
+                break
         self.index = index
 
         def fail(message):
@@ -131,14 +138,14 @@ class Index(Circuit):
                     raise fail(f"index {int(bad)} on axis {axis} is out of range for size {n}")
                 shape.append(len(e))
         shape.extend(child_shape[len(index):])
-        self._set_common((child,), tuple(shape), child.dtype, name)
+        return self._set_common((child,), tuple(shape), child.dtype, name)
 
     def full_index(self) -> tuple:
         """The index padded with ``slice(None)`` to the child's rank."""
         return self.index + (slice(None),) * (len(self.children[0].shape) - len(self.index))
 
     def _payload_bytes(self):
-        return b"".join(_entry_bytes(e) for e in self.index)
+        return b"".join(map(_entry_bytes, self.index))
 
     def payload_text(self):
         return index_text(self.index)

@@ -66,8 +66,7 @@ class Array(Circuit):
                 raise CircuitError(f"Array {name!r}: content hash {content_hash!r} is not hex digits")
             self.value = None
             self.content_hash = content_hash
-            self._set_common((), shape, normalize_dtype(dtype), name)
-            return
+            return self._set_common((), shape, normalize_dtype(dtype), name)
         if hasattr(value, "__jax_array__") or type(value).__module__.startswith("jax"):
             host = np.asarray(value)
             stored = value
@@ -84,7 +83,7 @@ class Array(Circuit):
             raise CircuitError(f"Array {name!r}: value has dtype {dtype_name}, not {dtype}")
         self.value = stored
         self.content_hash = compute_content_hash(host)
-        self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
+        return self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
 
     @classmethod
     def placeholder(cls, shape, content_hash, name=None, dtype=DEFAULT_FLOAT) -> "Array":
@@ -155,7 +154,7 @@ class Scalar(Circuit):
         except (TypeError, ValueError):
             raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
         self.value = v
-        self._set_common((), _check_shape(shape, lambda: f"Scalar {name!r}"), DEFAULT_FLOAT, name)
+        return self._set_common((), _check_shape(shape, lambda: f"Scalar {name!r}"), DEFAULT_FLOAT, name)
 
     def _payload_bytes(self):
         return struct.pack("<d", self.value) + _pack_ints(self.shape)
@@ -192,7 +191,7 @@ class Symbol(Circuit):
         if uuid is not None and not isinstance(uuid, uuid_module.UUID):
             uuid = uuid_module.UUID(str(uuid))
         self.uuid = uuid
-        self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
+        return self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 
     @classmethod
     def new(cls, shape, name=None, dtype=DEFAULT_FLOAT) -> "Symbol":

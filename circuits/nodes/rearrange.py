@@ -159,7 +159,7 @@ class Rearrange(Circuit):
             raise shape_error(
                 "Rearrange", name, self._payload_from(ins, outs, given), (child,), str(e)
             ) from None
-        self._set_common((child,), shape, child.dtype, name)
+        return self._set_common((child,), shape, child.dtype, name)
 
     @staticmethod
     @functools.lru_cache(maxsize=4096)

@@ -29,7 +29,7 @@ class Tag(Circuit):
         elif not isinstance(uuid, uuid_module.UUID):
             uuid = uuid_module.UUID(str(uuid))
         self.uuid = uuid
-        self._set_common((child,), child.shape, child.dtype, name)
+        return self._set_common((child,), child.shape, child.dtype, name)
 
     def _payload_bytes(self):
         return self.uuid.bytes
