@@ -11,6 +11,8 @@ naming the node; they never simplify — simplification is ``rewrites``' job.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import operator
 import struct
 import weakref
@@ -39,6 +41,31 @@ def _forget(ref, _table=_INTERNED):
             del _table[ref.key]
         except KeyError:  # pragma: no cover - removed concurrently
             pass
+
+
+@contextlib.contextmanager
+def bulk_build():
+    """Pause CPython's cyclic garbage collector while very many nodes are built (a parser, a
+    model builder).  Nodes never need it: a node refers only to nodes built before it, so they
+    cannot form reference cycles and are freed by reference counting alone.  The collector's
+    passes over a heap that grows by hundreds of thousands of nodes otherwise cost about a third
+    of the build time.  The previous state is restored on exit.
+
+    >>> from circuits import Scalar, Add
+    >>> with bulk_build():
+    ...     total = Scalar(0.0)
+    ...     for i in range(1, 4):
+    ...         total = Add(total, Scalar(float(i)))
+    >>> total.count_nodes()
+    7
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def interned_count() -> int:
