@@ -226,7 +226,13 @@ class Circuit:
 
     def _interchangeable_with(self, other) -> bool:
         """Whether the live interned node may stand for ``other`` (same hash).  Array overrides
-        this so that a node with a value is never replaced by a placeholder of it."""
+        this so that a node with a value is never replaced by a placeholder of it; for the same
+        reason a parent may stand for another only over the very same children (or leaves that
+        may stand for theirs): else ``Add(w, s)`` over a valued ``w`` could come back as a live
+        ``Add`` over a placeholder of ``w``.  One level only, never recursive."""
+        for mine, theirs in zip(self.children, other.children):
+            if mine is not theirs and (mine.children or not mine._interchangeable_with(theirs)):
+                return False
         return True
 
     # ------------------------------------------------------------------ payload (subclasses)

@@ -148,3 +148,27 @@ def test_interning_returns_the_live_node_and_frees_dead_ones():
     ph = C.Array.placeholder((3,), content, name="w2", dtype="float32")
     filled = C.Array(value * 3, name="w2")
     assert ph.value is None and filled.value is not None and ph == filled and ph is not filled
+
+
+def test_a_parent_over_a_valued_array_never_comes_back_over_its_placeholder():
+    from circuits.evaluation import evaluate
+    from circuits.hashing import content_hash
+
+    value = np.arange(3, dtype=np.float32) + 11
+    placeholder = C.Array.placeholder((3,), content_hash(value), name="w_ph", dtype="float32")
+    s = C.Scalar(1.0)
+    over_placeholder = placeholder
+    for _ in range(30):
+        over_placeholder = C.GeneralFunction("tanh", C.Add(over_placeholder, s))
+    w = C.Array(value, name="w_ph")
+    over_value = w
+    for _ in range(30):
+        over_value = C.GeneralFunction("tanh", C.Add(over_value, s))
+    assert over_value == over_placeholder  # the same circuit ...
+    expected = value.astype(np.float64)
+    for _ in range(30):
+        expected = np.tanh(expected + 1.0)
+    # ... but the one built over the value evaluates, all the way down
+    np.testing.assert_allclose(evaluate(over_value, dtype="float64"), expected, rtol=1e-12)
+    # and rebuilding over the placeholder now hands back the valued circuit
+    assert C.Add(placeholder, s).children[0] is w

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import circuits as C
@@ -243,6 +243,6 @@ def test_generated_circuits_evaluate_like_the_numpy_oracle(case):
 def test_float32_evaluation_is_close_to_float64(circuit):
     lo = evaluate(circuit)
     hi = value(circuit)
-    assume(np.all(np.isfinite(hi)))
+    assert np.all(np.isfinite(hi))
     scale = max(1.0, float(np.abs(hi).max(initial=0.0)))
     np.testing.assert_allclose(lo, hi, rtol=1e-3, atol=1e-3 * scale)
