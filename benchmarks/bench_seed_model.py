@@ -39,10 +39,8 @@ def main(runs: int = 20, batch: int = 32):
     sym_circuit = attn_only(w, tokens_symbol(302))
     hand_b = jax.jit(jax.vmap(loss_naive, in_axes=(None, 0)))
     tb = jax.device_put(batch_toks.astype(np.int32))
-    from circuits.evaluation import evaluate
-
     def run_circuit_batch():
-        return evaluate(sym_circuit, {"toks_int_var": batch_toks}, batched=True)
+        return C.evaluate_batched(sym_circuit, {"toks_int_var": batch_toks})
 
     try:
         np.testing.assert_allclose(run_circuit_batch(), np.asarray(hand_b(wj, tb)), atol=1e-4)

@@ -34,11 +34,17 @@ _LAZY = {
     "evaluate": ("circuits.evaluation", "evaluate"),
     "compile": ("circuits.evaluation", "compile"),
     "Compiled": ("circuits.evaluation", "Compiled"),
+    "evaluate_batched": ("circuits.eval_batch", "evaluate_batched"),
+    "grad": ("circuits.gradients", "grad"),
+    "value_and_grad": ("circuits.gradients", "value_and_grad"),
+    "Eager": ("circuits.eager", "Eager"),
+    "cache_stats": ("circuits.eval_runtime", "cache_stats"),
     "models": ("circuits.models", None),
     "testing": ("circuits.testing", None),
     # text format (circuits/text/)
     "parse": ("circuits.text.parser", "parse"),
     "parse_many": ("circuits.text.parser", "parse_many"),
+    "print_many": ("circuits.text.printer", "print_many"),
     # values for placeholder Arrays (circuits/values.py)
     "bind": ("circuits.values", "bind"),
     "fill_random": ("circuits.values", "fill_random"),
@@ -46,6 +52,11 @@ _LAZY = {
     "TensorStore": ("circuits.store", "TensorStore"),
     "save": ("circuits.files", "save"),
     "load": ("circuits.files", "load"),
+    # selection (circuits/select.py)
+    "get": ("circuits.select", "get"),
+    "get_unique": ("circuits.select", "get_unique"),
+    "update": ("circuits.select", "update"),
+    "select": ("circuits.select", None),
     # exact symbolic comparison
     "symbolic_equal": ("circuits.symbolic", "symbolic_equal"),
 }
