@@ -7,7 +7,7 @@ Build, print, parse, evaluate (JAX), rewrite and take apart circuits:
 >>> x = C.Array(np.arange(3, dtype=np.float32), name='x')
 >>> y = C.GeneralFunction('exp', x, name='y')
 >>> C.evaluate(C.Einsum.from_spec('a->', y)).round(3)
-np.float32(10.086)
+np.float32(11.107)
 
 The public API is the list below; everything else is private and may change.  Heavy modules
 (JAX evaluation, models, files) load on first use so ``import circuits`` stays fast.
@@ -25,7 +25,7 @@ from .errors import (
     ShapeError,
     StoreError,
 )
-from .functions import FunctionSpec, register_elementwise, register_function
+from .functions import FunctionSpec, register_elementwise, register_function, unregister_function
 from .nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from .traversal import count_nodes, deep_map, filter_nodes, replace, strip_names, toposort
 
@@ -66,7 +66,7 @@ __all__ = [
     "Circuit", "Array", "Scalar", "Symbol", "Einsum", "Add", "GeneralFunction", "Index",
     "Rearrange", "Concat", "Tag",
     # functions
-    "FunctionSpec", "register_function", "register_elementwise",
+    "FunctionSpec", "register_function", "register_elementwise", "unregister_function",
     # traversal
     "toposort", "count_nodes", "deep_map", "filter_nodes", "replace", "strip_names",
     # errors

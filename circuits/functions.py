@@ -11,6 +11,7 @@ Register your own:
 >>> from circuits import GeneralFunction, Scalar
 >>> GeneralFunction('softplus_demo', Scalar(0.0, (3,))).line()
 'GeneralFunction softplus_demo'
+>>> unregister_function('softplus_demo')
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def register(spec: FunctionSpec, *, replace: bool = False) -> FunctionSpec:
         raise CircuitError(f"a function named {spec.name!r} is already registered; pass replace=True")
     _REGISTRY[spec.name] = spec
     return spec
+
+
+def unregister_function(name: str) -> None:
+    """Remove a function registered under ``name`` (nodes already built keep their spec)."""
+    if _REGISTRY.pop(name, None) is None:
+        raise CircuitError(f"no function named {name!r} is registered")
 
 
 def register_family(pattern: str, factory: Callable[[re.Match], FunctionSpec]):
@@ -157,9 +164,15 @@ def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, 
                       elementwise=False, linear=False, sympy=None, replace=False, description=""):
     """Register a user function: ``shape_rule(list_of_shapes) -> shape``, ``jax_fn(*arrays)``.
 
-    >>> import jax.numpy as jnp
+    >>> import jax.numpy as jnp, numpy as np, circuits as C
     >>> _ = register_function('cumsum_last_demo', lambda shapes: shapes[0],
     ...                       lambda x: jnp.cumsum(x, axis=-1), core_ndim=1)
+    >>> c = C.GeneralFunction('cumsum_last_demo', C.Array(np.ones(3, np.float32), name='x'))
+    >>> C.evaluate(c)
+    array([1., 2., 3.], dtype=float32)
+    >>> C.parse(c.to_text()) == c       # it prints and parses by its registered name
+    True
+    >>> unregister_function('cumsum_last_demo')
     """
     n = (num_args, num_args) if isinstance(num_args, int) else tuple(num_args)
     return register(
