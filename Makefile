@@ -19,10 +19,10 @@ demo: $(STAMP)
 	$(PY) -m circuits.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "not slow and not browser" --doctest-modules circuits rewrites tests
+	$(PY) -m pytest -n $(JOBS) -m "not slow" --doctest-modules circuits rewrites tests
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "slow or browser" tests
+	$(PY) -m pytest -n $(JOBS) -m slow tests
 
 test-all: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) --doctest-modules circuits rewrites tests
