@@ -130,8 +130,9 @@ class Builder:
             # Nothing could give these the positive arguments they need.
             fns -= {"log", "sqrt", "rsqrt", "reciprocal", "pow"}
         self.unary = [f for f in _UNARY if f in fns]
-        self.custom = [f for f in fns if f not in _UNARY and f not in _LAST_AXIS + _REDUCTIONS
-                       and f not in ("pow", "gen_index")]
+        # In the order given (not set order), so that examples replay across processes.
+        self.custom = [f for f in dict.fromkeys(opts.functions) if f in fns and f not in _UNARY
+                       and f not in _LAST_AXIS + _REDUCTIONS and f not in ("pow", "gen_index")]
         for f in self.custom:
             spec = lookup(f)
             if not (spec.elementwise and spec.num_args == (1, 1)):
