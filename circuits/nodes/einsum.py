@@ -140,8 +140,14 @@ class Einsum(Circuit):
 
     @classmethod
     def from_spec(cls, spec: str, *children, name=None) -> "Einsum":
-        """Build from a spec string: ``Einsum.from_spec('qc,kc,,qk->qk', q, k, s, m)``."""
+        """Build from a spec string: ``Einsum.from_spec('qc,kc,,qk->qk', q, k, s, m)``.
+
+        An empty left side reads as no operands, or as one 0-d operand when one child is given
+        (``'->'`` is how both print).
+        """
         in_axes, out_axes = parse_spec(spec)
+        if not in_axes and len(children) == 1:
+            in_axes = ((),)
         return cls(*children, in_axes=in_axes, out_axes=out_axes, name=name)
 
     @property

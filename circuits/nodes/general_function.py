@@ -68,6 +68,11 @@ class GeneralFunction(Circuit):
     def function_name(self) -> str:
         return self.function.name
 
+    def _interchangeable_with(self, other):
+        # A function re-registered under the same name (replace=True) must not hand back nodes
+        # built with the old definition.
+        return self.function is other.function and Circuit._interchangeable_with(self, other)
+
     def _payload_bytes(self):
         return self.function.name.encode()
 

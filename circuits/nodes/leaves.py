@@ -99,13 +99,17 @@ class Array(Circuit):
         return self.content_hash[:PRINTED_HASH_HEX]
 
     def _payload_bytes(self):
-        return self.short_hash.encode()
+        # The shape is implied by a real array's content hash, but not by a placeholder's
+        # (possibly short) hash prefix: keep it in the identity so shapes can never be confused.
+        return self.short_hash.encode() + b"|" + _pack_ints(self.shape)
 
     def payload_text(self):
         return self.short_hash
 
     def _interchangeable_with(self, other):
-        # Never hand back a placeholder for a node that has its value.
+        # Never hand back a placeholder for a node that has its value.  Between placeholders the
+        # live one wins: the text format does not carry dtypes, so a parsed placeholder's dtype is
+        # a guess that a live node of the same identity knows better.
         return not (self.value is None and other.value is not None)
 
     def _rebuild(self, children):
@@ -128,6 +132,9 @@ class Array(Circuit):
                 "circuits.bind(circuit, {name: array}) or circuits.fill_random(circuit, seed)"
             )
         return np.asarray(self.value)
+
+
+_NAN = float("nan")
 
 
 def format_scalar(value: float) -> str:
@@ -153,6 +160,8 @@ class Scalar(Circuit):
             v = value if type(value) is float else float(value)
         except (TypeError, ValueError):
             raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
+        if v != v:  # every NaN is the one NaN: the text format prints them all as `nan`
+            v = _NAN
         self.value = v
         return self._set_common((), _check_shape(shape, lambda: f"Scalar {name!r}"), DEFAULT_FLOAT, name)
 

@@ -381,8 +381,8 @@ def _node(r, store):
     if r.shape is not None and node.shape != r.shape:
         if r.type_name == "Array":
             raise r.error(
-                f"an Array with this name and hash but shape {shape_text(node.shape)} already "
-                "exists (Arrays are identified by name and hash)", "another hash or name for this one")
+                f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(r.shape)}",
+                f"shape {shape_text(node.shape)} or another hash")
         raise r.error(
             f"the line says shape {shape_text(r.shape)} but the node computes {shape_text(node.shape)}",
             f"shape {shape_text(node.shape)} (or none: it is implied)")
