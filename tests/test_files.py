@@ -22,7 +22,7 @@ from circuits.files import load, load_many, save, save_many
 from circuits.store import read_safetensors, write_safetensors
 from circuits.testing import strategies as cst
 
-SEED = Path("/work/shared/seeds/001_8fc6c5056666d56f.txt")
+SEED = Path(__file__).resolve().parent / "golden" / "attn_only_loss.txt"  # the seed file, byte for byte
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,7 @@ import pytest
 import circuits as C
 from circuits.models import attn_only, random_weights
 
-SEED = Path(__file__).resolve().parents[2].parent / "shared" / "seeds" / "001_8fc6c5056666d56f.txt"
+SEED = Path(__file__).resolve().parents[1] / "golden" / "attn_only_loss.txt"  # the seed file, byte for byte
 HASH = re.compile(r"(Array) [0-9a-f]{24}$", re.M)
 
 
