@@ -29,8 +29,8 @@ from .handwritten_attn_only import logits, loss_naive
 
 
 def loss_logsumexp(w, tokens, n_layers=2):
-    """The rewritten math by hand: the true token's logit minus logsumexp (the ceiling of what
-    the rewrite can give: the unembedding matmul is common to both)."""
+    """The gather rewrite by hand: the true token's logit minus logsumexp over the full logit
+    matrix (optimize also chunks that logsumexp, so it can beat this)."""
     z = logits(w, tokens, n_layers)
     target = tokens[1:-1]
     return -(jnp.take_along_axis(z, target[:, None], axis=1)[:, 0] - jax.nn.logsumexp(z, -1))
@@ -72,7 +72,7 @@ def main(runs: int = 20, positions: int = 300, vocab: int = 50259, d_model: int 
             ("hand-written jit, log_softmax then gather", f"{t['hand'] * 1e3:8.1f} ms"),
             ("hand-written jit, logit - logsumexp", f"{t['hand_lse'] * 1e3:8.1f} ms"),
             ("ratio optimized / hand (target <= 0.75)", f"{t['optimized'] / t['hand']:8.3f}"),
-            ("ratio hand logsumexp / hand (the rewrite's ceiling)", f"{t['hand_lse'] / t['hand']:8.3f}"),
+            ("ratio hand logit-logsumexp / hand", f"{t['hand_lse'] / t['hand']:8.3f}"),
             ("ratio not optimized / hand", f"{t['plain'] / t['hand']:8.3f}"),
             ("optimize() itself", f"{optimize_s * 1e3:8.1f} ms"),
             ("rules fired", fired),

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
 from circuits.evaluation import evaluate
 from circuits.models import attn_only, random_weights, tokens_symbol
@@ -192,3 +193,138 @@ def test_optimize_pushes_an_index_down_a_deep_chain_in_one_go():
     assert out.shape == () and isinstance(out, GeneralFunction)
     remaining = [n for n in toposort(out) if isinstance(n, Index)]
     assert [n.children[0] for n in remaining] == [x]
+
+
+# ---------------------------------------------------------------------------- chunked logsumexp
+def test_chunk_logsumexp_example_is_exact():
+    from circuits.symbolic import symbolic_equal
+    from rewrites.engine import name_result
+    from rewrites.optimize import chunk_logsumexp
+
+    before, after = chunk_logsumexp.example
+    node = C.parse(before)
+    assert chunk_logsumexp.fn(node) is None  # too small to chunk by default
+    out = name_result(node, chunk_logsumexp.fn(node, chunks=2))
+    assert out.to_text() == after
+    assert symbolic_equal(node, out)
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 7])
+def test_chunk_logsumexp_keeps_the_value(chunks):
+    from rewrites.optimize import chunk_logsumexp
+
+    rng = np.random.default_rng(chunks)
+    x = C.Array(rng.standard_normal((2, 5, 4)), name="x")
+    w = C.Array(rng.standard_normal((4, 23)), name="w")
+    lse = C.GeneralFunction("logsumexp", C.Einsum.from_spec("bsh,hv->bsv", x, w))
+    out = chunk_logsumexp.fn(lse, chunks=chunks)
+    assert out is not None and out.shape == lse.shape
+    assert 2 <= len(out.children[0].children) <= chunks
+    np.testing.assert_allclose(C.evaluate(out, dtype="float64"), C.evaluate(lse, dtype="float64"), rtol=1e-12)
+
+
+def test_chunk_logsumexp_must_not_fire():
+    from rewrites.optimize import chunk_logsumexp
+
+    x, w = C.Symbol((3, 4), name="x"), C.Symbol((6, 4), name="w")
+    # the last axis is carried by two operands: no single operand to slice
+    both = C.Einsum.from_spec("sv,vh->sv", C.Symbol((3, 6), name="y"), C.Symbol((6, 4), name="u"))
+    assert chunk_logsumexp.fn(C.GeneralFunction("logsumexp", both), chunks=2) is None
+    # not a logsumexp, or not of an Einsum
+    assert chunk_logsumexp.fn(C.GeneralFunction("softmax", C.Einsum.from_spec("sh,vh->sv", x, w)), chunks=2) is None
+    assert chunk_logsumexp.fn(C.GeneralFunction("logsumexp", x), chunks=2) is None
+
+
+def test_optimize_chunks_only_unshared_logits(monkeypatch):
+    import importlib
+
+    opt = importlib.import_module("rewrites.optimize")  # the module, not the function rewrites.optimize
+
+    monkeypatch.setattr(opt, "CHUNK_MIN_ENTRIES", 16)
+    monkeypatch.setattr(opt, "CHUNK_ENTRIES", 8)
+    rng = np.random.default_rng(0)
+    x = C.Array(rng.standard_normal((3, 4)).astype(np.float32), name="x")
+    w = C.Array(rng.standard_normal((10, 4)).astype(np.float32), name="w")
+    z = C.Einsum.from_spec("sh,vh->sv", x, w, name="z")
+    lse = C.GeneralFunction("logsumexp", z, name="lse")
+    chunked = opt.optimize(lse)
+    assert any(isinstance(n, C.Concat) for n in C.toposort(chunked))
+    np.testing.assert_allclose(C.evaluate(chunked), C.evaluate(lse), rtol=1e-5)
+    # z also read elsewhere: its full value is computed anyway, so no chunking
+    shared = C.Add(lse, C.Einsum.from_spec("sv->s", z), name="both")
+    assert not any(isinstance(n, C.Concat) for n in C.toposort(opt.optimize(shared)))
+
+
+# ---------------------------------------------------------------------------- gather through einsum
+def test_push_gather_through_einsum_example_is_exact():
+    from rewrites.engine import name_result
+    from rewrites.optimize import push_gather_through_einsum
+
+    before, after = push_gather_through_einsum.example
+    node = C.parse(before)
+    out = name_result(node, push_gather_through_einsum.fn(node))
+    assert out.to_text() == after
+    assert symbolic_equal(node, out, {node.children[1]: np.array([5, 0, 3])})
+
+
+@pytest.mark.parametrize("fn", ["gen_index_at_0", "gen_index_at_0_c", "gen_index_at_1", "gen_index_at_-1_c",
+                                "gen_index_at_0_batch_x", "gen_index_at_0_batch_x_c", "gen_index_at_1_batch_x"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_push_gather_through_einsum_keeps_the_value(fn, seed):
+    from rewrites.optimize import push_gather_through_einsum
+
+    rng = np.random.default_rng(seed)
+    a = C.Array(rng.standard_normal((3, 4, 5)), name="a")
+    b = C.Array(rng.standard_normal((5, 6)), name="b")
+    z = C.Einsum.from_spec("sxh,hv->sxv", a, b, name="z")  # [3,4,6]; axis v only in b, s/x only in a
+    if "batch_x" in fn:
+        idx = rng.integers(-3 if "_c" not in fn else 0, 4 if fn.endswith("at_1_batch_x") else 6, (3,))
+    else:
+        size = {"0": 3, "1": 4, "-1": 6}[fn.split("_")[3]]
+        idx = rng.integers(-size if "_c" not in fn else 0, size, (2, 2))
+    g = C.GeneralFunction(fn, z, C.Array(idx, name="idx"))
+    out = push_gather_through_einsum.fn(g)
+    if fn in ("gen_index_at_0", "gen_index_at_0_c", "gen_index_at_1", "gen_index_at_0_batch_x",
+              "gen_index_at_0_batch_x_c", "gen_index_at_1_batch_x"):
+        # s and x are carried by a only, v by b only: every one of these pushes
+        assert out is not None
+    if out is not None:
+        assert out.shape == g.shape
+        np.testing.assert_allclose(C.evaluate(out, dtype="float64"), C.evaluate(g, dtype="float64"), rtol=1e-12)
+
+
+def test_push_gather_through_einsum_must_not_fire():
+    from rewrites.optimize import push_gather_through_einsum
+
+    x, y = C.Symbol((3, 3), name="x"), C.Symbol((3, 3), name="y")
+    t = C.Symbol((2,), name="t", dtype="int64")
+    # the gathered axis is carried by both operands
+    z = C.Einsum.from_spec("ab,ab->ab", x, y)
+    assert push_gather_through_einsum.fn(C.GeneralFunction("gen_index_at_0", z, t)) is None
+    # a diagonal: the gathered axis appears twice in its operand
+    assert push_gather_through_einsum.fn(C.GeneralFunction("gen_index_at_0", C.Einsum.from_spec("aa->a", x), t)) is None
+    # not an Einsum
+    assert push_gather_through_einsum.fn(C.GeneralFunction("gen_index_at_0", x, t)) is None
+
+
+def test_optimize_pushes_a_small_gather_into_shared_logits_then_chunks(monkeypatch):
+    """The seed's shape in small: log_softmax's gather becomes one dot product per position,
+    and the logsumexp then reads the logits alone, so it is chunked."""
+    import importlib
+
+    opt = importlib.import_module("rewrites.optimize")
+    monkeypatch.setattr(opt, "CHUNK_MIN_ENTRIES", 64)
+    monkeypatch.setattr(opt, "CHUNK_ENTRIES", 64)
+    rng = np.random.default_rng(0)
+    x = C.Array(rng.standard_normal((5, 4)).astype(np.float32), name="x")
+    w = C.Array(rng.standard_normal((80, 4)).astype(np.float32), name="w")
+    t = C.Array(rng.integers(0, 80, 5), name="t")
+    lp = C.GeneralFunction("log_softmax", C.Einsum.from_spec("sh,vh->sv", x, w, name="logits"))
+    ll = C.GeneralFunction("gen_index_at_0_batch_x_c", lp, t, name="ll")
+    fast = opt.optimize(ll)
+    kinds = {n.function_name for n in C.toposort(fast) if isinstance(n, C.GeneralFunction)}
+    assert "log_softmax" not in kinds and "gen_index_at_0_c" in kinds
+    assert any(isinstance(n, C.Concat) for n in C.toposort(fast))
+    # no node of the optimized circuit holds the whole [5, 80] logit matrix
+    assert all(n.shape != (5, 80) for n in C.toposort(fast))
+    np.testing.assert_allclose(C.evaluate(fast), C.evaluate(ll), rtol=1e-5)
