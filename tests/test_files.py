@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Scalar, StoreError, Symbol
 from circuits.files import load, load_many, save, save_many
-from circuits.store import read_safetensors, write_safetensors
 from circuits.testing import strategies as cst
 
 SEED = Path(__file__).resolve().parent / "golden" / "attn_only_loss.txt"  # the seed file, byte for byte

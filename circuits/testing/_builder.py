@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import numpy as np
 from hypothesis import strategies as st
 
 from ..functions import lookup
@@ -21,7 +20,7 @@ from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrang
 from ..traversal import toposort
 from ..nodes.einsum import format_spec
 from .strategies import (
-    EinsumSpec, MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays, shapes,
+    EinsumSpec, MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays,
 )
 
 

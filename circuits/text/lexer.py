@@ -278,7 +278,6 @@ def read_index(text, line_number, line, column=0):
     inner = text[1:-1]
     entries = []
     pos = 0
-    n = len(inner)
     if inner.strip():
         while True:
             if inner[pos:pos + 1] == "[":

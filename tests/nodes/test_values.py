@@ -1,7 +1,6 @@
 """Every node type's shape rule and value against plain numpy (float64), on generated inputs."""
 
 import numpy as np
-import pytest
 from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 

@@ -10,41 +10,14 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
-from circuits.evaluation import evaluate
 from circuits.models import attn_only, random_weights, tokens_symbol
 from circuits.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs, int_arrays, shapes
 from circuits.traversal import toposort
-from rewrites import Trace, apply, at_root, check
+from rewrites import Trace, check
 from rewrites.optimize import gather_of_log_softmax, optimize, push_gather_through_function
 
-from rewrite_helpers import RULE_SETTINGS, must_not_fire, operands
-
-
-def value64(node, inputs=None):
-    return evaluate(node, inputs, dtype="float64")
-
-
-def assert_same(before, after, inputs=None, rtol=1e-9):
-    """``after`` computes what ``before`` does (float64; NaN where it has NaN)."""
-    assert after.shape == before.shape and after.dtype == before.dtype
-    # One compiled program for both (each example is a new structure: compiling dominates).
-    _, values = evaluate(Add(before, after), inputs, dtype="float64", also=[before, after])
-    want, got = values[before], values[after]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    finite = np.abs(want[np.isfinite(want)])
-    scale = max(1.0, float(finite.max())) if finite.size else 1.0
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
-
-
-def fire(rule, node, inputs=None):
-    """Apply ``rule`` at the root through the engine; it must fire and keep the value."""
-    trace = Trace()
-    out = apply(at_root(rule), node, trace=trace)
-    assert trace.rules() == [rule.name], f"{rule.name} did not fire on\n{node.to_text()}"
-    check(out)
-    assert_same(node, out, inputs)
-    return out
+from rewrite_helpers import RULE_SETTINGS, assert_same, must_not_fire, operands
 
 
 def functions_in(circuit) -> set[str]:

@@ -9,40 +9,12 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from circuits import Add, Array, Rearrange, Symbol
-from circuits.evaluation import evaluate
+from circuits import Array, Rearrange, Symbol
 from circuits.symbolic import symbolic_equal
 from circuits.testing import rearrange_specs, shapes
-from rewrites import Trace, apply, at_root, check
 from rewrites.rules.rearrange import fuse_rearrange_rearrange, remove_identity_rearrange
 
-from rewrite_helpers import RULE_SETTINGS, must_not_fire, operands
-
-
-def value64(node, inputs=None):
-    return evaluate(node, inputs, dtype="float64")
-
-
-def assert_same(before, after, inputs=None, rtol=1e-9):
-    """``after`` computes what ``before`` does (float64; NaN where it has NaN)."""
-    assert after.shape == before.shape and after.dtype == before.dtype
-    # One compiled program for both (each example is a new structure: compiling dominates).
-    _, values = evaluate(Add(before, after), inputs, dtype="float64", also=[before, after])
-    want, got = values[before], values[after]
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    finite = np.abs(want[np.isfinite(want)])
-    scale = max(1.0, float(finite.max())) if finite.size else 1.0
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
-
-
-def fire(rule, node, inputs=None):
-    """Apply ``rule`` at the root through the engine; it must fire and keep the value."""
-    trace = Trace()
-    out = apply(at_root(rule), node, trace=trace)
-    assert trace.rules() == [rule.name], f"{rule.name} did not fire on\n{node.to_text()}"
-    check(out)
-    assert_same(node, out, inputs)
-    return out
+from rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands, value64
 
 
 def strides(sizes) -> set[int]:
