@@ -37,3 +37,30 @@ def loss_naive(w, tokens, n_layers=2):
     lp = jax.nn.log_softmax(logits(w, tokens, n_layers), -1)
     target = tokens[1:-1]
     return -jnp.take_along_axis(lp, target[:, None], axis=1)[:, 0]
+
+
+def logits_per_head(w, tokens, n_layers=2):
+    """The same math head by head, as the seed's circuit computes it (eight small einsums per
+    layer instead of one batched one)."""
+    inp = tokens[:-2]
+    n = inp.shape[0]
+    x = w["t.w.tok_embeds"][inp]
+    pos = w["t.w.pos_embeds"][:n]
+    mask = jnp.tril(jnp.ones((n, n), x.dtype))
+    for l in range(n_layers):
+        h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
+        qk = h + pos
+        out = 0
+        for hd in range(w[f"a{l}.w.q"].shape[0]):
+            q = qk @ w[f"a{l}.w.q"][hd].T
+            k = qk @ w[f"a{l}.w.k"][hd].T
+            v = h @ w[f"a{l}.w.v"][hd].T
+            s = (q @ k.T) * jax.lax.rsqrt(jnp.float32(q.shape[-1])) * mask - 10000.0 * (1 - mask)
+            out = out + (jax.nn.softmax(s, -1) @ v) @ w[f"a{l}.w.o"][hd].T
+        x = x + out
+    return _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
+
+
+def loss_naive_per_head(w, tokens, n_layers=2):
+    lp = jax.nn.log_softmax(logits_per_head(w, tokens, n_layers), -1)
+    return -jnp.take_along_axis(lp, tokens[1:-1][:, None], axis=1)[:, 0]
