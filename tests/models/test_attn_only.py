@@ -85,3 +85,22 @@ def test_bad_tokens():
         attn_only(w, np.zeros(10, np.float32))
     with pytest.raises(C.CircuitError, match="positions"):
         attn_only(w, np.zeros(100, np.int64))
+
+
+@pytest.mark.slow
+def test_seed_sized_model_float64_matches_numpy_tightly():
+    """The seed's sizes in float64: the circuit and the numpy oracle agree to rounding."""
+    w = random_weights(7)
+    toks = _tokens(302, 50259, 7)
+    got = C.evaluate(attn_only(w, toks), dtype="float64")
+    np.testing.assert_allclose(got, forward(w, toks), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_seed_sized_batch_matches_numpy():
+    w = random_weights(8)
+    toks = np.stack([_tokens(302, 50259, 20 + i) for i in range(4)])
+    got = C.evaluate_batched(attn_only(w, tokens_symbol(302)), {"toks_int_var": toks}, batch_size=3)
+    want = np.stack([forward(w, t) for t in toks])
+    assert got.shape == (4, 300)
+    assert np.max(np.abs(got - want)) <= 1e-4
