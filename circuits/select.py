@@ -327,14 +327,21 @@ def paths(root: Circuit, matcher, *, limit: int = 1000) -> list[list[Circuit]]:
         if any(c.hash in reaches for c in node.children):
             reaches.add(node.hash)
     out: list[list[Circuit]] = []
-    stack = [(root, (root,))] if root.hash in reaches else []
+    # A path is a linked list (node, rest-of-path-to-root): extending it is O(1), so a deep
+    # chain costs its depth, not its depth squared.
+    stack = [(root, None)] if root.hash in reaches else []
     while stack and len(out) < limit:
-        node, path = stack.pop()
+        link = stack.pop()
+        node = link[0]
         if node.hash in hits:
-            out.append(list(path))
+            path, step = [], link
+            while step is not None:
+                path.append(step[0])
+                step = step[1]
+            out.append(path[::-1])
         for c in reversed(node.children):
             if c.hash in reaches:
-                stack.append((c, path + (c,)))
+                stack.append((c, link))
     return out
 
 

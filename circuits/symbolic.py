@@ -380,6 +380,14 @@ def symbolic_equal(a: Circuit, b: Circuit, inputs=None, *, interpret: bool = Tru
     if a.shape != b.shape:
         return False
     table = SymbolTable()
-    va = symbolic_evaluate(a, inputs, table=table, interpret=interpret)
-    vb = symbolic_evaluate(b, inputs, table=table, interpret=interpret)
-    return all(_entries_equal(x, y) for x, y in zip(va.reshape(-1), vb.reshape(-1)))
+    try:
+        va = symbolic_evaluate(a, inputs, table=table, interpret=interpret)
+        vb = symbolic_evaluate(b, inputs, table=table, interpret=interpret)
+        return all(_entries_equal(x, y) for x, y in zip(va.reshape(-1), vb.reshape(-1)))
+    except RecursionError:
+        # Our walk is iterative, but sympy's expressions are trees that sympy walks recursively.
+        raise EvaluationError(
+            f"{a.line()}: the expressions are nested too deeply for sympy (its expression trees "
+            "are recursive); check small circuits symbolically and deep ones numerically "
+            "(circuits.evaluate with dtype='float64')"
+        ) from None

@@ -105,3 +105,20 @@ def test_as_matcher_rejects_garbage():
         as_matcher(3.5)
     assert isinstance(as_matcher(["a", "b"]), type(Name("a") | Name("b")))
     assert isinstance(as_matcher(C.Scalar(1.0)), Is)
+
+
+def test_paths_through_a_match_to_a_match_below_it():
+    x = C.Symbol((2,), name="x")
+    mid = C.Add(x, name="m")
+    top = C.Add(mid, C.Add(mid, name="other"), name="top")
+    found = paths(top, Name("m") | Name("x"))
+    assert [[n.name for n in p] for p in found] == [
+        ["top", "m"], ["top", "m", "x"], ["top", "other", "m"], ["top", "other", "m", "x"]]
+
+
+def test_paths_on_a_deep_chain_costs_its_depth():
+    c = C.Symbol((2,), name="x")
+    for i in range(50_000):
+        c = C.Add(c, name=f"n{i}")
+    (p,) = paths(c, "x")
+    assert len(p) == 50_001 and p[0] is c and p[-1].name == "x"

@@ -186,3 +186,15 @@ def test_index_push_downs_are_exact(data):
                       for e, n in zip(entries, inner.shape))
     if kind != "function" and not selects_all:
         assert fired == 1
+
+
+def test_too_deep_for_sympy_is_a_clear_error():
+    import sys
+
+    from circuits import EvaluationError, GeneralFunction, Symbol
+
+    c = Symbol((1,), name="x")
+    for _ in range(sys.getrecursionlimit() + 500):
+        c = GeneralFunction("tanh", c)
+    with pytest.raises(EvaluationError, match="nested too deeply for sympy"):
+        symbolic_equal(c, c)
