@@ -1,0 +1,66 @@
+"""A 50,000-deep chain goes through every whole-circuit operation without recursion: print,
+parse, evaluate, rewrite, optimize, save/load, the notebook view, selection and maps — run with
+Python's recursion limit lowered so that any recursive walk would fail."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import circuits as C
+import rewrites
+from circuits.select import Name, get, paths, update
+
+DEPTH = 50_000
+
+
+@pytest.fixture(scope="module")
+def chain():
+    x = C.Array(np.full(2, 0.5, np.float32), name="x")
+    c = x
+    for i in range(DEPTH):
+        k = i % 3
+        if k == 0:
+            c = C.GeneralFunction("tanh", c)
+        elif k == 1:
+            c = C.Add(c, name=f"n{i}")
+        else:
+            c = C.Einsum.from_spec("a->a", c)
+    return c
+
+
+@pytest.fixture
+def low_recursion_limit():
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    yield
+    sys.setrecursionlimit(old)
+
+
+def _reference(n_tanh):
+    v = np.full(2, 0.5)
+    for _ in range(n_tanh):
+        v = np.tanh(v)
+    return v
+
+
+def test_deep_chain_everywhere(chain, low_recursion_limit, tmp_path):
+    want = _reference(sum(1 for i in range(DEPTH) if i % 3 == 0))
+    text = chain.to_text()
+    assert C.parse(text) == chain
+    np.testing.assert_allclose(C.evaluate(chain, dtype="float64"), want, rtol=1e-9)
+    np.testing.assert_allclose(C.evaluate(rewrites.simp(chain), dtype="float64"), want, rtol=1e-9)
+    np.testing.assert_allclose(C.evaluate(rewrites.optimize(chain), dtype="float64"), want, rtol=1e-9)
+    rewrites.check(chain)
+    path = tmp_path / "deep.circuit"
+    C.save(chain, path)
+    assert C.load(path) == chain
+    assert "<details" in chain._repr_html_()
+    assert str(chain) and repr(chain)
+    assert C.strip_names(chain).structure_hash == chain.structure_hash
+    assert len(get(chain, Name("n1"))) == 1
+    (p,) = paths(chain, "x")
+    assert len(p) == DEPTH + 1
+    zero = update(chain, "x", lambda n: C.Array(np.zeros(2, np.float32), name="x"))
+    np.testing.assert_allclose(C.evaluate(zero), 0.0, atol=0)
+    assert C.Eager(chain)(chain).shape == (2,)
