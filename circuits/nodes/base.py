@@ -374,6 +374,32 @@ class Circuit:
 
         return count_nodes(self)
 
+    # selection (circuits.select): matchers are names, globs, types, predicates, Matcher objects
+    def get(self, matcher, *, require: bool = False) -> list["Circuit"]:
+        """Distinct nodes matching ``matcher`` (children first); see ``circuits.select``."""
+        from ..select import get
+
+        return get(self, matcher, require=require)
+
+    def get_unique(self, matcher) -> "Circuit":
+        """The one node matching ``matcher``; SelectionError naming the matcher otherwise."""
+        from ..select import get_unique
+
+        return get_unique(self, matcher)
+
+    def update(self, matcher, fn) -> "Circuit":
+        """This circuit with every matching node ``n`` replaced by ``fn(n)`` (only the affected
+        ancestors are rebuilt)."""
+        from ..select import update
+
+        return update(self, matcher, fn)
+
+    def paths(self, matcher, *, limit: int = 1000) -> list[list["Circuit"]]:
+        """Root-to-node paths to the matching nodes (at most ``limit``)."""
+        from ..select import paths
+
+        return paths(self, matcher, limit=limit)
+
 
 def quote_name(name: str) -> str:
     """A name in the text format: single-quoted, with backslash escapes for ``'`` and ``\\``."""

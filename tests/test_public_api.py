@@ -1,0 +1,62 @@
+"""The public API: every promised name exists, with the promised call shapes (DESIGN.md §13)."""
+
+import inspect
+
+import numpy as np
+import pytest
+
+import circuits as C
+import rewrites
+
+PUBLIC = {
+    "Add", "Array", "Circuit", "CircuitError", "Compiled", "Concat", "Eager", "Einsum",
+    "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
+    "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
+    "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
+    "evaluate", "evaluate_batched", "fill_random", "filter_nodes", "get", "get_unique", "grad",
+    "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
+    "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
+    "toposort", "unregister_function", "update", "value_and_grad",
+}
+
+
+def test_public_names_are_exactly_these():
+    # A new public name is a decision: add it here as well.
+    assert set(C.__all__) == PUBLIC
+    for name in C.__all__:
+        assert getattr(C, name) is not None
+    with pytest.raises(AttributeError):
+        C.no_such_name  # noqa: B018
+
+
+def test_promised_call_shapes():
+    x = C.Array(np.ones((2, 3), np.float32), name="x")
+    assert C.Scalar(2.0, (3,), name="s").shape == (3,)
+    t = C.Symbol((3,), name="t", dtype="int64")
+    e = C.Einsum.from_spec("ab,b->a", x, C.Scalar(1.0, (3,)), name="e")
+    a = C.Add(e, C.Scalar(1.0), name="a")
+    g = C.GeneralFunction("softmax", x, name="g")
+    i = C.Index(x, (0,), name="i")
+    for node in (x, t, e, a, g, i):
+        assert {"name", "children", "shape", "dtype"} <= set(dir(node))
+    assert C.parse(a.to_text()) == a and C.parse_many(a.to_text()) == [a]
+    np.testing.assert_allclose(C.evaluate(a), [4.0, 4.0])
+    np.testing.assert_allclose(C.compile(a)(), [4.0, 4.0])
+    bound = C.bind(C.Array.placeholder((2,), "ab", name="p"), {"p": np.ones(2, np.float32)})
+    assert not bound.is_placeholder
+    assert not C.fill_random(C.Array.placeholder((2,), "ab", name="p"), seed=0).is_placeholder
+    for fn, params in [(C.parse, ["text", "store"]), (C.evaluate, ["circuit", "inputs"]),
+                       (C.save, ["circuit", "path"]), (C.load, ["path"]),
+                       (C.fill_random, ["circuit", "seed"]), (C.bind, ["circuit"]),
+                       (C.models.attn_only, ["weights", "tokens"]),
+                       (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
+        assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
+
+
+def test_circuit_selection_methods():
+    x = C.Array(np.ones(2, np.float32), name="x")
+    c = C.Add(C.GeneralFunction("exp", x, name="e"), x, name="y")
+    assert c.get("x") == [x] and c.get_unique("e").name == "e"
+    assert [n.name for n in c.paths("x")[0]] == ["y", "e", "x"]
+    z = c.update("x", lambda n: C.Array(np.zeros(2, np.float32), name="x"))
+    np.testing.assert_allclose(C.evaluate(z), [1.0, 1.0])
