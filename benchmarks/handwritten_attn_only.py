@@ -12,12 +12,20 @@ def _ln(x, scale, bias, eps=1e-5):
     return xc * jax.lax.rsqrt(var + eps) * scale + bias
 
 
-def logits(w, tokens, n_layers=2):
+def _embed(w, tokens):
+    """Token embeddings of all but the last two tokens, their positional embeddings, the mask."""
     inp = tokens[:-2]
     n = inp.shape[0]
     x = w["t.w.tok_embeds"][inp]
-    pos = w["t.w.pos_embeds"][:n]
-    mask = jnp.tril(jnp.ones((n, n), x.dtype))
+    return x, w["t.w.pos_embeds"][:n], jnp.tril(jnp.ones((n, n), x.dtype))
+
+
+def _unembed(w, x):
+    return _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
+
+
+def logits(w, tokens, n_layers=2):
+    x, pos, mask = _embed(w, tokens)
     for l in range(n_layers):
         h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
         qk = h + pos
@@ -28,8 +36,7 @@ def logits(w, tokens, n_layers=2):
         scores = scores * mask - 10000.0 * (1 - mask)
         probs = jax.nn.softmax(scores, -1)
         x = x + jnp.einsum("hqk,hkc,hdc->qd", probs, v, w[f"a{l}.w.o"])
-    final = _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"])
-    return final @ w["t.w.unembed"].T
+    return _unembed(w, x)
 
 
 def loss_naive(w, tokens, n_layers=2):
@@ -42,11 +49,7 @@ def loss_naive(w, tokens, n_layers=2):
 def logits_per_head(w, tokens, n_layers=2):
     """The same math head by head, as the seed's circuit computes it (eight small einsums per
     layer instead of one batched one)."""
-    inp = tokens[:-2]
-    n = inp.shape[0]
-    x = w["t.w.tok_embeds"][inp]
-    pos = w["t.w.pos_embeds"][:n]
-    mask = jnp.tril(jnp.ones((n, n), x.dtype))
+    x, pos, mask = _embed(w, tokens)
     for l in range(n_layers):
         h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
         qk = h + pos
@@ -58,7 +61,7 @@ def logits_per_head(w, tokens, n_layers=2):
             s = (q @ k.T) * jax.lax.rsqrt(jnp.float32(q.shape[-1])) * mask - 10000.0 * (1 - mask)
             out = out + (jax.nn.softmax(s, -1) @ v) @ w[f"a{l}.w.o"][hd].T
         x = x + out
-    return _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
+    return _unembed(w, x)
 
 
 def loss_naive_per_head(w, tokens, n_layers=2):
