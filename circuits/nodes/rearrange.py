@@ -81,6 +81,11 @@ class _SpecMismatch(Exception):
     """A spec that does not fit the child (message only; the node adds its line)."""
 
 
+# Group specs already in normal form (tuples of tuples of str), so rebuilding a node skips the
+# conversion: a spec found here is its own normal form.
+_NORMAL_GROUPS: dict = {}
+
+
 @functools.lru_cache(maxsize=4096)
 def _solve(ins, outs, given, child_shape):
     """Every axis size and the output shape of a rearrangement of a child of ``child_shape``
@@ -147,8 +152,12 @@ class Rearrange(Circuit):
     def _setup(self, child, spec, name=None, **sizes):
         (child,) = check_children("Rearrange", name, (child,))
         if isinstance(spec, tuple):
-            ins, outs = (g if type(g) is tuple and all(type(x) is tuple for x in g)
-                         else tuple(tuple(x) for x in g) for g in spec)
+            try:
+                ins, outs = _NORMAL_GROUPS[spec]
+            except (KeyError, TypeError):  # new, or holding lists (unhashable)
+                ins, outs = (tuple(tuple(x) for x in g) for g in spec)
+                if len(_NORMAL_GROUPS) < 4096:
+                    _NORMAL_GROUPS[(ins, outs)] = (ins, outs)
         else:
             ins, outs = parse_rearrange_spec(spec)
         given = tuple(sorted((str(k), int(v)) for k, v in sizes.items())) if sizes else ()
