@@ -48,7 +48,7 @@ def main(runs: int = 20, batch: int = 32):
         b = interleaved_medians(
             {"circuit": run_circuit_batch, "hand": lambda: hand_b(wj, tb).block_until_ready(),
              "per_head": lambda: hand_ph(wj, tb).block_until_ready()},
-            runs=max(5, runs // 4),
+            runs=runs,
         )
         rows += [
             (f"batch of {batch}, circuits.evaluate_batched", f"{b['circuit'] * 1e3:8.1f} ms"),
