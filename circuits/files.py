@@ -4,8 +4,10 @@ A circuit file is a safetensors file: its metadata holds the circuit in the text
 format version), its tensors are keyed by their full content hash, so a tensor two Arrays share
 is stored once.  ``load`` needs nothing but the file; it never executes code from it (safetensors
 is raw bytes plus a JSON header, and the text is parsed, not evaluated) and checks every tensor
-against its hash.  ``save`` is atomic: a failed or interrupted save leaves any existing file at
-``path`` as it was and no partial file behind.
+against its hash.  ``save`` is atomic: it writes a hidden temporary file beside ``path`` and
+renames it into place, so a failed or interrupted save leaves any existing file at ``path`` as it
+was and never a truncated file there (a failed save also removes its temporary file; a process
+killed mid-write can leave the hidden temporary behind).
 
 >>> import os, tempfile, numpy as np
 >>> from circuits import Array, Einsum
