@@ -344,7 +344,7 @@ class Circuit:
     def __str__(self):
         from ..text.printer import to_text
 
-        return to_text(self, depth=6)
+        return to_text(self, depth=6, max_lines=400)
 
     def _repr_html_(self):
         from ..text.html import to_html
@@ -354,7 +354,7 @@ class Circuit:
     def _repr_pretty_(self, p, cycle):
         from ..text.printer import to_text
 
-        p.text(to_text(self, depth=6))
+        p.text(to_text(self, depth=6, max_lines=400))
 
     # ------------------------------------------------------------------ conveniences
     def evaluate(self, inputs=None, **options):

@@ -10,6 +10,8 @@ Options (all keyword):
 
 - ``depth``: show at most this many levels below each root; cut children print as ``...``
   (such text is for reading and does not parse).  ``str(circuit)`` uses ``depth=6``.
+- ``max_lines``: stop after this many node lines, ending with a ``...`` line (for reading
+  too: ``str(circuit)`` uses 400, so a circuit with a 100,000-child Add still shows instantly).
 - ``shapes``: print the shape on every line, not only for Array/Scalar/Symbol/Index.
 - ``comments``: append ``# [shape] dtype`` to every node line.
 - ``color``: ANSI colours by node type (the parser strips them again).
@@ -71,7 +73,7 @@ def to_text(circuit, **options) -> str:
 
 
 def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
-               names=True, max_indent=DEFAULT_MAX_INDENT) -> str:
+               names=True, max_indent=DEFAULT_MAX_INDENT, max_lines=None) -> str:
     """Several roots in one text: serials count on from one root to the next and a node printed
     under an earlier root is only referred to later.
 
@@ -92,9 +94,12 @@ def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, 
         raise ValueError(f"depth must be >= 0 or None, got {depth}")
     if max_indent is not None and max_indent < 1:
         raise ValueError(f"max_indent must be >= 1 or None, got {max_indent}")
+    if max_lines is not None and max_lines < 1:
+        raise ValueError(f"max_lines must be >= 1 or None, got {max_lines}")
     with gc_paused():
         name_count: dict = {}
-        blocks = _layout(roots, depth, max_indent, tree, name_count if names else None)
+        budget = [max_lines if max_lines is not None else -1]
+        blocks = _layout(roots, depth, max_indent, tree, name_count if names else None, budget)
         text = _render(blocks, name_count, shapes, comments, color, tree, names)
         del blocks  # freed while the collector is off, so it never scans the line entries
     return text
@@ -115,34 +120,48 @@ def gc_paused():
 
 
 # ---------------------------------------------------------------------------- layout
-def _layout(roots, depth, max_indent, tree, name_count):
+def _layout(roots, depth, max_indent, tree, name_count, budget):
     """Blocks of line entries in text order.  A block is ``(is_definition, entries)``; an entry is
     ``(kind, node, level, glyphs)`` where glyphs is the tree prefix (None without ``tree``).
-    ``name_count`` (when not None) receives how many distinct printed nodes bear each name."""
+    ``name_count`` (when not None) receives how many distinct printed nodes bear each name;
+    ``budget[0]`` is how many node lines may still be written (negative: no limit)."""
     defined: set = set()
     lifted: list = []  # nodes whose subtree became a definition block, in discovery order
     root_blocks = []
     for root in roots:
-        root_blocks.append((False, _walk(root, False, defined, lifted, depth, max_indent, tree, name_count)))
+        if budget[0] == 0:  # max_lines reached with roots left: say so
+            root_blocks.append((False, [(_CUT, None, 0, "" if tree else None)]))
+            break
+        root_blocks.append((False, _walk(root, False, defined, lifted, depth, max_indent, tree, name_count, budget)))
     definition_blocks = []
     i = 0
-    while i < len(lifted):  # lifted grows while we walk: deeper nodes are found later
-        definition_blocks.append((True, _walk(lifted[i], True, defined, lifted, depth, max_indent, tree, name_count)))
+    while i < len(lifted) and budget[0] != 0:  # lifted grows while we walk: deeper nodes come later
+        definition_blocks.append((True, _walk(lifted[i], True, defined, lifted, depth, max_indent, tree,
+                                              name_count, budget)))
         i += 1
     definition_blocks.reverse()  # deepest first, so most references point backwards
     return definition_blocks + root_blocks
 
 
-def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count):
+def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count, budget):
     entries = []
     emit = entries.append
+    limited = budget[0] >= 0
+
     if not is_lifted and root.hash in defined:
         emit((_REF, root, 0, "" if tree else None))
+        if limited:
+            budget[0] -= 1
         return entries
     stack = [(root, 0, "", True)]
     pop, push = stack.pop, stack.append
     first = True
     while stack:
+        if limited:  # every item popped writes exactly one node line
+            if budget[0] == 0:  # max_lines reached: one last '...' where the next line would be
+                emit((_CUT, None, stack[-1][1], stack[-1][2] if tree else None))
+                break
+            budget[0] -= 1
         node, level, glyphs, last = pop()
         h = node.hash
         if first:

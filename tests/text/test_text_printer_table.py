@@ -202,3 +202,17 @@ def test_bad_options_are_refused():
         to_text(x, max_indent=0)
     with pytest.raises(TypeError):
         print_many([x, "not a node"])
+
+
+def test_max_lines_cuts_wide_and_many_roots():
+    xs = [Scalar(float(i), name=f"s{i}") for i in range(1000)]
+    wide = Add(*xs, name="wide")
+    assert to_text(wide, max_lines=3) == "'wide' Add\n  's0' [] Scalar 0\n  's1' [] Scalar 1\n  ..."
+    assert to_text(wide, max_lines=3, tree=True).splitlines()[-1] == "├─ ..."
+    a, b = Add(xs[0], name="a"), Add(xs[1], name="b")
+    assert print_many([a, b], max_lines=2) == "'a' Add\n  's0' [] Scalar 0\n..."
+    assert print_many([a, b], max_lines=4) == print_many([a, b])  # enough room: nothing cut
+    # str() of a huge circuit stays short
+    assert len(str(Add(*[Scalar(float(i)) for i in range(100_000)])).splitlines()) == 401  # 400 node lines, then "..."
+    with pytest.raises(ValueError, match="max_lines"):
+        to_text(wide, max_lines=0)
