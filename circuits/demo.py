@@ -11,6 +11,16 @@ import time
 import numpy as np
 
 
+def _median_ms(f, runs: int = 5):
+    """The last value of ``f()`` and the median time of ``runs`` calls, in ms."""
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        value = f()
+        times.append(time.perf_counter() - t)
+    return value, float(np.median(times)) * 1e3
+
+
 def main() -> None:
     t0 = time.perf_counter()
     import circuits as C
@@ -34,33 +44,22 @@ def main() -> None:
     t = time.perf_counter()
     loss = f()
     first_s = time.perf_counter() - t
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        loss = f()
-        times.append(time.perf_counter() - t)
+    loss, eval_ms = _median_ms(f)
     print(f"\nloss per token: mean {loss.mean():.4f}, min {loss.min():.4f}, max {loss.max():.4f}, "
           f"finite: {bool(np.isfinite(loss).all())} (uniform guess: {np.log(weights['t.w.unembed'].shape[0]):.4f})")
     print(f"evaluation: first call (trace + XLA compile) {first_s:.2f} s, "
-          f"then median {np.median(times) * 1e3:.1f} ms per sequence of {len(loss)} positions")
+          f"then median {eval_ms:.1f} ms per sequence of {len(loss)} positions")
 
-    try:
-        import rewrites
+    import rewrites
 
-        t = time.perf_counter()
-        fast = rewrites.optimize(circuit)
-        opt_s = time.perf_counter() - t
-        g = C.compile(fast)
-        g()
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            fast_loss = g()
-            times.append(time.perf_counter() - t)
-        print(f"rewrites.optimize ({opt_s * 1e3:.0f} ms): median {np.median(times) * 1e3:.1f} ms, "
-              f"max |difference| {np.max(np.abs(fast_loss - loss)):.2e}")
-    except (ImportError, AttributeError):
-        pass
+    t = time.perf_counter()
+    fast = rewrites.optimize(circuit)
+    opt_s = time.perf_counter() - t
+    g = C.compile(fast)
+    g()
+    fast_loss, fast_ms = _median_ms(g)
+    print(f"rewrites.optimize ({opt_s * 1e3:.0f} ms): median {fast_ms:.1f} ms, "
+          f"max |difference| {np.max(np.abs(fast_loss - loss)):.2e}")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 
 
