@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m circuits.demo
+	$(PY) examples/demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) -m "not slow" --doctest-modules circuits rewrites tests

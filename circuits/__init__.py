@@ -31,34 +31,33 @@ from .traversal import count_nodes, deep_map, filter_nodes, replace, strip_names
 
 # name -> module that defines it (loaded on first access).
 _LAZY = {
-    "evaluate": ("circuits.evaluation", "evaluate"),
-    "compile": ("circuits.evaluation", "compile"),
-    "Compiled": ("circuits.evaluation", "Compiled"),
-    "evaluate_batched": ("circuits.eval_batch", "evaluate_batched"),
-    "grad": ("circuits.gradients", "grad"),
-    "value_and_grad": ("circuits.gradients", "value_and_grad"),
-    "Eager": ("circuits.eager", "Eager"),
-    "cache_stats": ("circuits.eval_runtime", "cache_stats"),
+    "evaluate": ("circuits.backend", "evaluate"),
+    "compile": ("circuits.backend", "compile"),
+    "Compiled": ("circuits.backend", "Compiled"),
+    "evaluate_batched": ("circuits.backend", "evaluate_batched"),
+    "grad": ("circuits.backend", "grad"),
+    "value_and_grad": ("circuits.backend", "value_and_grad"),
+    "Eager": ("circuits.backend", "Eager"),
+    "cache_stats": ("circuits.backend", "cache_stats"),
     "models": ("circuits.models", None),
     "testing": ("circuits.testing", None),
     # text format (circuits/text/)
     "parse": ("circuits.text.parser", "parse"),
     "parse_many": ("circuits.text.parser", "parse_many"),
     "print_many": ("circuits.text.printer", "print_many"),
-    # values for placeholder Arrays (circuits/values.py)
-    "bind": ("circuits.values", "bind"),
-    "fill_random": ("circuits.values", "fill_random"),
-    # tensor store and circuit files
-    "TensorStore": ("circuits.store", "TensorStore"),
-    "save": ("circuits.files", "save"),
-    "load": ("circuits.files", "load"),
-    # selection (circuits/select.py)
+    # values for placeholder Arrays, tensor store and circuit files (circuits/io/)
+    "bind": ("circuits.io", "bind"),
+    "fill_random": ("circuits.io", "fill_random"),
+    "TensorStore": ("circuits.io", "TensorStore"),
+    "save": ("circuits.io", "save"),
+    "load": ("circuits.io", "load"),
+    # selection (circuits/select/)
     "get": ("circuits.select", "get"),
     "get_unique": ("circuits.select", "get_unique"),
     "update": ("circuits.select", "update"),
     "select": ("circuits.select", None),
     # exact symbolic comparison
-    "symbolic_equal": ("circuits.symbolic", "symbolic_equal"),
+    "symbolic_equal": ("circuits.backend", "symbolic_equal"),
 }
 
 __all__ = [

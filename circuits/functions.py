@@ -23,8 +23,8 @@ from typing import Callable, Optional
 import attrs
 
 from .errors import CircuitError, ShapeError
-from .nodes.add import broadcast_shapes
-from .nodes.base import DEFAULT_FLOAT, is_float, is_int, promote
+from .shapes import broadcast_shapes
+from .dtypes import DEFAULT_FLOAT, is_float, is_int, promote
 
 Shape = tuple
 

@@ -13,7 +13,7 @@ value-preserving set to a fixpoint; ``check`` validates a whole circuit.
 """
 
 from . import engine  # noqa: F401  (first: the strategies module imports from it)
-from .check import check
+from circuits.check import check
 from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of
 from .simplify import default_rules, simp
 from .strategies import Strategy, apply, at_root, bottom_up, fixpoint, normalize, once, seq, top_down

@@ -1,8 +1,12 @@
 """Model builders: circuits for real architectures from their weights.
 
+``blocks`` holds the layers every builder shares (layer norm, causal mask, attention head);
+each builder module (``attn_only``: the seed's model) assembles them.
+
 >>> from circuits.models import attn_only, random_weights
 """
 
-from .attn_only import attn_only, causal_mask, layer_norm, random_weights, tokens_symbol
+from .attn_only import attn_only, random_weights, tokens_symbol
+from .blocks import attention_head, causal_mask, layer_norm
 
-__all__ = ["attn_only", "causal_mask", "layer_norm", "random_weights", "tokens_symbol"]
+__all__ = ["attn_only", "attention_head", "causal_mask", "layer_norm", "random_weights", "tokens_symbol"]

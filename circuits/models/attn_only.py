@@ -31,59 +31,14 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, Symbol
+from .blocks import ALL, attention_head, causal_mask, layer_norm, neg_inf_bias
 
-LN_EPS = 1e-5
-NEG_INF = -10000.0
-ALL = slice(None)
-
-
-def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, name: str) -> Circuit:
-    """LayerNorm over the last axis of ``x`` ([positions, d_model]) in the seed's node layout;
-    the result is named ``name``."""
-    neg = Scalar(-1.0, (1,), name="ln.neg")
-    hidden_size = GeneralFunction("last_dim_size", x, name="ln.c.hidden_size")
-    recip = GeneralFunction("reciprocal", hidden_size, name="ln.c.recip_hidden_size")
-    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name="ln.neg_mean")
-    mean_subbed = Add(x, neg_mean, name="ln.mean_subbed")
-    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name="ln.var")
-    var_p_eps = Add(Scalar(LN_EPS, name="ln.c.eps"), var, name="ln.var_p_eps")
-    rsqrt = GeneralFunction("rsqrt", var_p_eps, name="ln.rsqrt")
-    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name="ln.y")
-    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name="ln.y_scaled")
-    return Add(bias, y_scaled, name=name)
-
-
-def _neg_inf_bias(mask: Circuit) -> Circuit:
-    neg_mask = Einsum.from_spec("ab,->ab", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
-    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
-    return Einsum.from_spec("qk,->qk", not_mask, Scalar(NEG_INF, name="a.neg_inf"), name="a.score_neg_inf_bias")
-
-
-def attention_head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w: Mapping[str, Circuit],
-                   mask: Circuit, neg_inf_bias: Circuit) -> Circuit:
-    """One head's contribution to the residual stream: ``'b{layer}.a.head{head}'``."""
+def _head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w, mask: Circuit, bias: Circuit) -> Circuit:
+    """Head ``head`` of layer ``layer``: its slices of the layer's weights, then the shared block."""
     p = f"a{layer}.w"
     sel = (head, ALL, ALL)
-    wq = Index(w[f"{p}.q"], sel, name=f"{p}.q.head{head}")
-    wk = Index(w[f"{p}.k"], sel, name=f"{p}.k.head{head}")
-    wv = Index(w[f"{p}.v"], sel, name=f"{p}.v.head{head}")
-    wo = Index(w[f"{p}.o"], sel, name=f"{p}.o.head{head}")
-    q = Einsum.from_spec("qd,cd->qc", qk_input, wq, name="a.q")
-    k = Einsum.from_spec("kd,cd->kc", qk_input, wk, name="a.k")
-    head_dim = Einsum.from_spec("jk->j", wk, name="a.c.bias_for_head_size")
-    head_size = GeneralFunction("last_dim_size", head_dim, name="a.c.head_size")
-    scale = GeneralFunction("rsqrt", head_size, name="a.c.div_head_size")
-    raw = Einsum.from_spec("qc,kc,,qk->qk", q, k, scale, mask, name="a.attn_scores_raw")
-    scores = Add(raw, neg_inf_bias, name="a.attn_scores")
-    probs = GeneralFunction("softmax", scores, name="a.attn_probs")
-    v = Einsum.from_spec("kd,Vd->kV", norm, wv, name="a.v")
-    comb_v = Einsum.from_spec("qk,kV->qV", probs, v, name="a.comb_v")
-    return Einsum.from_spec("sV,dV->sd", comb_v, wo, name=f"b{layer}.a.head{head}")
-
-
-def causal_mask(n: int) -> np.ndarray:
-    """``mask[q, k] = 1`` where key ``k`` may be attended from query ``q`` (``k <= q``), else 0."""
-    return np.tril(np.ones((n, n), dtype=np.float32))
+    wq, wk, wv, wo = (Index(w[f"{p}.{k}"], sel, name=f"{p}.{k}.head{head}") for k in "qkvo")
+    return attention_head(norm, qk_input, wq, wk, wv, wo, mask, bias, name=f"b{layer}.a.head{head}")
 
 
 def _weight_arrays(weights: Mapping, n_layers: int) -> dict[str, Circuit]:
@@ -150,12 +105,12 @@ def attn_only_residual(weights: Mapping, tokens) -> tuple[Circuit, Circuit, dict
     input_toks = Index(toks, (slice(None, -2),), name="input_toks_int")
     resid = GeneralFunction("gen_index_at_0_c", w["t.w.tok_embeds"], input_toks, name="idxed_embeds")
     pos = Index(w["t.w.pos_embeds"], (slice(None, n_pos), ALL), name="t.w.pos_embeds_idxed")
-    neg_inf_bias = _neg_inf_bias(mask)
+    bias = neg_inf_bias(mask)
     n_heads = w["a0.w.q"].shape[0]
     for layer in range(n_layers):
         norm = layer_norm(resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], f"a{layer}.norm")
         qk_input = Add(norm, pos, name="a.qk_input")
-        heads = [attention_head(layer, h, norm, qk_input, w, mask, neg_inf_bias) for h in range(n_heads)]
+        heads = [_head(layer, h, norm, qk_input, w, mask, bias) for h in range(n_heads)]
         resid = Add(Add(*heads, name=f"b{layer}.a"), resid, name=f"b{layer}")
     return resid, toks, w
 

@@ -4,32 +4,9 @@ from __future__ import annotations
 
 import functools
 
-from .base import Circuit, check_children, dtype_of, promote, shape_error, shape_of
-
-
-def broadcast_shapes(shapes):
-    """numpy's right-aligned broadcast of several shapes, or None if they do not broadcast."""
-    if shapes:
-        first = shapes[0]
-        for s in shapes:
-            if s != first:
-                break
-        else:
-            return first if type(first) is tuple else tuple(first)
-    rank = 0
-    for s in shapes:
-        if len(s) > rank:
-            rank = len(s)
-    out = [1] * rank
-    for s in shapes:
-        for i, n in enumerate(s, rank - len(s)):
-            if n == 1:
-                continue
-            if out[i] == 1:
-                out[i] = n
-            elif out[i] != n:
-                return None
-    return tuple(out)
+from ..shapes import broadcast_shapes
+from ..dtypes import promote
+from .base import Circuit, check_children, dtype_of, shape_error, shape_of
 
 
 @functools.lru_cache(maxsize=4096)

@@ -18,10 +18,12 @@ import struct
 import weakref
 from typing import ClassVar
 
-from ..errors import CircuitError, ShapeError
 from hashlib import blake2b as _blake2b
 
+from ..errors import CircuitError, ShapeError
+
 from ..hashing import NODE_HASH_BYTES
+from ..shapes import shape_text
 
 class _Ref(weakref.ref):
     """A weak reference that remembers its interning key (a C-level subclass: much cheaper to
@@ -71,57 +73,6 @@ def bulk_build():
 def interned_count() -> int:
     """How many interned nodes are alive."""
     return sum(1 for r in list(_INTERNED.values()) if r() is not None)
-
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
-DEFAULT_FLOAT = "float32"
-
-
-def normalize_dtype(dtype) -> str:
-    """The canonical name of a dtype ('float32', 'int64', ...); raises on unsupported ones."""
-    if type(dtype) is str and dtype in DTYPES:
-        return dtype
-    import numpy as np
-
-    if dtype is None:
-        return DEFAULT_FLOAT
-    name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
-    if name not in DTYPES:
-        raise CircuitError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return name
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in FLOAT_DTYPES
-
-
-def is_int(dtype: str) -> bool:
-    return dtype in INT_DTYPES
-
-
-def promote(dtypes) -> str:
-    """numpy-style result dtype of combining values of these dtypes (floats win over ints)."""
-    import numpy as np
-
-    dtypes = tuple(dtypes)
-    if not dtypes:
-        return DEFAULT_FLOAT
-    first = dtypes[0]
-    for d in dtypes:
-        if d != first:
-            break
-    else:
-        return first
-    if "bfloat16" in dtypes:
-        floats = [d for d in dtypes if is_float(d)]
-        return "bfloat16" if set(floats) == {"bfloat16"} else max(floats, key=FLOAT_DTYPES.index)
-    return np.result_type(*[np.dtype(d) for d in dtypes]).name
-
-
-def shape_text(shape) -> str:
-    return "[" + ",".join(str(int(s)) for s in shape) + "]"
-
 
 # C-level getters: map() with these avoids a Python frame per list comprehension.
 shape_of = operator.attrgetter("shape")
@@ -359,7 +310,7 @@ class Circuit:
     # ------------------------------------------------------------------ conveniences
     def evaluate(self, inputs=None, **options):
         """``circuits.evaluate(self, inputs, **options)``."""
-        from ..evaluation import evaluate
+        from ..backend import evaluate
 
         return evaluate(self, inputs, **options)
 
@@ -444,14 +395,3 @@ def check_children(type_name, name, children):
                 f"{type(children[i]).__name__}, not a circuit node; wrap values in Array(...) or Scalar(...)"
             )
     return children if type(children) is tuple else tuple(children)
-
-
-def int_tuple(values) -> tuple:
-    """``values`` as a tuple of ints (the same object when it already is one)."""
-    if type(values) is tuple:
-        for v in values:
-            if type(v) is not int:
-                break
-        else:
-            return values
-    return tuple(int(v) for v in values)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .base import Circuit, _pack_ints, check_children, dtype_of, promote, shape_error
+from ..dtypes import promote
+
+from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error
 
 
 class Concat(Circuit):

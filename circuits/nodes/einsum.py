@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 
 from ..errors import CircuitError
-from .base import Circuit, _pack_ints, check_children, dtype_of, int_tuple, promote, shape_error, shape_of
+from ..dtypes import promote
+from ..shapes import int_tuple
+from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error, shape_of
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK

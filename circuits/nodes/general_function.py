@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .. import functions as _functions  # a module object: circuits.functions imports this package
 from ..errors import CircuitError, ShapeError
-from .base import Circuit, check_children, dtype_of, int_tuple, quote_name, shape_error, shape_of
+from ..shapes import int_tuple
+from .base import Circuit, check_children, dtype_of, quote_name, shape_error, shape_of
 
 
 # Shape and dtype rules are pure functions of the children's shapes and dtypes, and circuits

@@ -10,7 +10,8 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
-from .base import Circuit, DEFAULT_FLOAT, _pack_ints, normalize_dtype, quote_name
+from ..dtypes import DEFAULT_FLOAT, normalize_dtype
+from .base import Circuit, _pack_ints, quote_name
 
 _HEX = set("0123456789abcdef")
 

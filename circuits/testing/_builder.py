@@ -15,7 +15,7 @@ from typing import NamedTuple
 from hypothesis import strategies as st
 
 from ..functions import lookup
-from ..nodes.add import broadcast_shapes
+from ..shapes import broadcast_shapes
 from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..traversal import toposort
 from ..nodes.einsum import format_spec

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 from html import escape as _escape
 
-from ..nodes.base import DEFAULT_FLOAT, quote_name, shape_text
+from ..dtypes import DEFAULT_FLOAT
+
+from ..shapes import shape_text
+
+from ..nodes.base import quote_name
 
 MAX_PAYLOAD_CHARS = 120
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ParseError
 from ..nodes import NODE_TYPE_BY_NAME
-from ..nodes.base import DTYPES
+from ..dtypes import DTYPES
 
 # What a line's content may be once its indentation is removed.
 _CONTENT = re.compile(

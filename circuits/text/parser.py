@@ -33,7 +33,8 @@ import uuid as uuid_module
 
 from ..errors import ParseError, StoreError
 from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from ..nodes.base import quote_name, shape_text
+from ..shapes import shape_text
+from ..nodes.base import quote_name
 from ..nodes.einsum import parse_spec
 from ..nodes.rearrange import parse_rearrange_spec
 from .lexer import FAST_LINE, fail, read_index, read_line, read_shape, read_symbol_payload

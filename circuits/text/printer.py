@@ -41,7 +41,9 @@ Options (all keyword):
 
 from __future__ import annotations
 
-from ..nodes.base import Circuit, bulk_build, quote_name, shape_text
+from ..shapes import shape_text
+
+from ..nodes.base import Circuit, bulk_build, quote_name
 
 DEFAULT_MAX_INDENT = 64
 DEFINITION_MARK = "~ "

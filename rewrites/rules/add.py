@@ -8,7 +8,7 @@ would leave a smaller broadcast shape keeps what is needed or does not apply.
 from __future__ import annotations
 
 from circuits.nodes import Add, Einsum, Scalar
-from circuits.nodes.add import broadcast_shapes
+from circuits.shapes import broadcast_shapes
 
 from ..engine import Rule, RuleSet, rule
 from ._common import einsum_fits, is_scalar, same_type, unwrap_identity

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from circuits.nodes import Add, Einsum, GeneralFunction, Scalar
-from circuits.nodes.add import broadcast_shapes
+from circuits.shapes import broadcast_shapes
 
 from ..engine import RuleSet, rule
 from ._common import same_type

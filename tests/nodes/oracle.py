@@ -1,5 +1,5 @@
 """An independent reference evaluator: plain numpy (and einops for Rearrange), float64, one node at
-a time in toposort order.  It shares nothing with ``circuits.evaluation`` but the node classes."""
+a time in toposort order.  It shares nothing with ``circuits.backend`` but the node classes."""
 
 from __future__ import annotations
 

@@ -70,7 +70,6 @@ def test_deep_chain_is_garbage_collected_without_crashing():
     script = textwrap.dedent(f"""
         import gc, sys, weakref
         sys.setrecursionlimit(1000)
-        sys.path.insert(0, {str(__file__.rsplit('/tests/', 1)[0])!r})
         from tests.nodes.test_deep import build_chain
         from circuits.nodes import base
         before = len(base._INTERNED)

@@ -151,7 +151,7 @@ def test_interning_returns_the_live_node_and_frees_dead_ones():
 
 
 def test_a_parent_over_a_valued_array_never_comes_back_over_its_placeholder():
-    from circuits.evaluation import evaluate
+    from circuits.backend import evaluate
     from circuits.hashing import content_hash
 
     value = np.arange(3, dtype=np.float32) + 11

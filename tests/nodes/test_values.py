@@ -5,7 +5,7 @@ from hypothesis import given, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import circuits as C
-from circuits.evaluation import evaluate
+from circuits.backend import evaluate
 from circuits.nodes.einsum import axis_letter
 from circuits.testing import (
     CLOSED_TYPES, arrays, circuits, circuits_with_inputs, einsum_specs, indices, int_arrays,

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar
-from circuits.evaluation import evaluate
+from circuits.backend import evaluate
 from circuits.testing import arrays, circuits, einsum_specs
 from rewrites import Trace, apply, at_root, check
 

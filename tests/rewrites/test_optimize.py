@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
 from circuits.models import attn_only, random_weights, tokens_symbol
-from circuits.symbolic import symbolic_equal
+from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs, int_arrays, shapes
 from circuits.traversal import toposort
 from rewrites import Trace, check
 from rewrites.optimize import gather_of_log_softmax, optimize, push_gather_through_function
 
-from rewrite_helpers import RULE_SETTINGS, assert_same, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, assert_same, must_not_fire, operands
 
 
 def functions_in(circuit) -> set[str]:
@@ -170,7 +170,7 @@ def test_optimize_pushes_an_index_down_a_deep_chain_in_one_go():
 
 # ---------------------------------------------------------------------------- chunked logsumexp
 def test_chunk_logsumexp_example_is_exact():
-    from circuits.symbolic import symbolic_equal
+    from circuits.backend.symbolic import symbolic_equal
     from rewrites.engine import name_result
     from rewrites.optimize import chunk_logsumexp
 

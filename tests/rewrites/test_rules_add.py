@@ -19,7 +19,7 @@ from rewrites.rules import (
     remove_add_zeros,
 )
 
-from rewrite_helpers import RULE_SETTINGS, NONZERO, broadcast_shapes_of, einsums, fire, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, NONZERO, broadcast_shapes_of, einsums, fire, must_not_fire, operands
 
 
 @st.composite

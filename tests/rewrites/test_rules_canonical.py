@@ -12,7 +12,7 @@ from circuits.traversal import toposort
 from rewrites import check
 from rewrites.rules.canonical import canonicalize, canonicalize_einsum, renumber_axes, sort_add_terms
 
-from rewrite_helpers import RULE_SETTINGS, assert_same, fire, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, assert_same, fire, must_not_fire, operands
 
 
 @given(case=circuits_with_inputs(max_nodes=12))

@@ -8,11 +8,11 @@ import opt_einsum
 from hypothesis import given
 
 from circuits import Array, Einsum, Scalar, Symbol
-from circuits.symbolic import symbolic_equal
+from circuits.backend.symbolic import symbolic_equal
 from circuits.traversal import toposort
 from rewrites.rules.contraction import contraction_order
 
-from rewrite_helpers import RULE_SETTINGS, einsums, fire, must_not_fire, value64
+from .rewrite_helpers import RULE_SETTINGS, einsums, fire, must_not_fire, value64
 
 
 def new_einsums(before, after):

@@ -21,7 +21,7 @@ from rewrites.rules import (
     rearrange_permute_to_einsum,
 )
 
-from rewrite_helpers import RULE_SETTINGS, broadcast_shapes_of, einsums, fire, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, broadcast_shapes_of, einsums, fire, must_not_fire, operands
 
 
 def arr(*shape, seed=0):

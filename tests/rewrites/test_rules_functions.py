@@ -12,7 +12,7 @@ from circuits import Array, GeneralFunction, Scalar, Symbol
 from circuits.testing import shapes
 from rewrites.rules.functions import RULES, fold_function_of_scalars, fold_last_dim_size
 
-from rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands
 
 
 # Elementwise functions and a safe range for their argument, with numpy as the oracle.

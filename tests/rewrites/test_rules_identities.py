@@ -8,7 +8,7 @@ from circuits import Array, Concat, Index
 from circuits.testing import shapes
 from rewrites.rules import concat_single, index_select_all
 
-from rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands
+from .rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands
 
 
 @st.composite

@@ -9,7 +9,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from circuits import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from circuits.symbolic import symbolic_equal
+from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import arrays, indices, int_arrays, rearrange_specs, shapes
 from rewrites import check
 from rewrites.rules.index import (
@@ -25,7 +25,7 @@ from rewrites.rules.index import (
     range_to_slice,
 )
 
-from rewrite_helpers import RULE_SETTINGS, assert_same, broadcast_shapes_of, einsums, fire, must_not_fire, operands, value64
+from .rewrite_helpers import RULE_SETTINGS, assert_same, broadcast_shapes_of, einsums, fire, must_not_fire, operands, value64
 
 
 # ---------------------------------------------------------------------------- oracles

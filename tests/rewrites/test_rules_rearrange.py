@@ -10,11 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from circuits import Array, Rearrange, Symbol
-from circuits.symbolic import symbolic_equal
+from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import rearrange_specs, shapes
 from rewrites.rules.rearrange import fuse_rearrange_rearrange, remove_identity_rearrange
 
-from rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands, value64
+from .rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands, value64
 
 
 def strides(sizes) -> set[int]:

@@ -8,7 +8,7 @@ from circuits import Add, Array, Einsum, GeneralFunction, Scalar
 from circuits.testing import einsum_specs, shapes
 from rewrites.rules import fold_add_scalars, fold_function_of_scalars, merge_einsum_scalars
 
-from rewrite_helpers import NONZERO, RULE_SETTINGS, broadcast_shapes_of, fire, must_not_fire, operands
+from .rewrite_helpers import NONZERO, RULE_SETTINGS, broadcast_shapes_of, fire, must_not_fire, operands
 
 
 @st.composite

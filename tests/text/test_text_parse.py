@@ -5,7 +5,7 @@ import pytest
 
 import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, ParseError, Scalar, Symbol
-from circuits.store import TensorStore
+from circuits.io.store import TensorStore
 from circuits.text import parse, parse_many, to_text
 
 

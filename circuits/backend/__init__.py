@@ -1,0 +1,36 @@
+"""The JAX backend: circuits lowered to one JAX function, evaluated, batched, differentiated.
+
+Modules, in dependency order:
+
+- ``einsum``: einsum planning (a contraction plan made once per Einsum node, with its reason);
+- ``program``: per-node-type op builders, the value-free ``Skeleton`` and the ``Program`` (a
+  circuit in toposort order with its Arrays and Scalars as arguments, keyed by name- and
+  value-blind structure);
+- ``runtime``: precision, argument binding and checks, the one compile cache and jit policy;
+- ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
+- ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
+- ``eager``: ``Eager``, op-by-op evaluation with a bounded per-node cache;
+- ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
+- ``symbolic``: the sympy interpreter behind ``symbolic_equal``.
+
+The package is not named ``evaluate``: that is the public function ``circuits.evaluate``.
+
+>>> import numpy as np, circuits as C
+>>> from circuits.backend import evaluate
+>>> float(evaluate(C.Einsum.from_spec('a->', C.Array(np.ones(3, np.float32)))))
+3.0
+"""
+
+from .batched import evaluate_batched
+from .eager import Eager
+from .evaluation import JIT_MAX_OPS, Compiled, compile, evaluate, make_jaxpr
+from .gradients import grad, value_and_grad
+from .program import Program
+from .runtime import cache_stats, clear_cache, set_cache_size
+from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
+
+__all__ = [
+    "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",
+    "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS",
+    "symbolic_equal", "symbolic_evaluate", "SymbolTable",
+]

@@ -1,0 +1,199 @@
+"""Batched evaluation over datasets: ``vmap`` over Symbol inputs that carry a leading batch axis,
+in chunks of ``batch_size`` rows to bound memory, optionally sharded over several devices with
+JAX's own sharding (``jax.sharding``): the chunk is split along the batch axis, Arrays and Scalars
+are replicated, and XLA places the computation.
+
+>>> import numpy as np
+>>> from circuits import Symbol, Array, Einsum
+>>> x = Symbol((3,), name='x')
+>>> w = Array(np.eye(3, dtype=np.float32), name='w')
+>>> y = Einsum.from_spec('a,ab->b', x, w)
+>>> evaluate_batched(y, {'x': np.arange(12.0).reshape(4, 3)}, batch_size=3)
+array([[ 0.,  1.,  2.],
+       [ 3.,  4.,  5.],
+       [ 6.,  7.,  8.],
+       [ 9., 10., 11.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import EvaluationError
+from .runtime import bind_arguments, cached_function, count_trace, float_dtype, is_cached, precision
+from .evaluation import JIT_MAX_OPS, _check_mode, program_with_also
+from .program import Program
+from ..nodes import Circuit
+
+__all__ = ["evaluate_batched"]
+
+
+def _devices(devices):
+    """``None`` (JAX's default placement), ``'all'``, a count, or a sequence of jax devices."""
+    if devices is None:
+        return None
+    import jax
+
+    available = jax.devices()
+    if isinstance(devices, str):
+        if devices != "all":
+            raise EvaluationError(f"devices={devices!r}: use None, 'all', a count or a list of devices")
+        return available
+    if isinstance(devices, int):
+        if not 1 <= devices <= len(available):
+            raise EvaluationError(f"devices={devices}: there are {len(available)} devices ({available})")
+        return available[:devices]
+    devices = list(devices)
+    if not devices:
+        raise EvaluationError("devices=[]: give at least one device")
+    return devices
+
+
+def _batched_function(program: Program, axes: tuple, jit: bool):
+    import jax
+
+    def make():
+        skeleton = program.skeleton()
+
+        def run(args):
+            if jit:
+                count_trace()
+            return skeleton.run(args)
+
+        mapped = jax.vmap(run, in_axes=(list(axes),))
+        return jax.jit(mapped) if jit else mapped
+
+    if not jit:
+        return make()
+    return cached_function((program.key, "vmap", axes), make)
+
+
+def _rows(value, start: int, count: int):
+    """``count`` rows from ``start``, the last row repeated to fill a short final chunk (so every
+    chunk has one shape and one compiled function serves them all)."""
+    part = value[start:start + count]
+    short = count - part.shape[0]
+    if short:
+        if isinstance(part, np.ndarray):
+            part = np.concatenate([part, np.repeat(part[-1:], short, axis=0)])
+        else:
+            import jax.numpy as jnp
+
+            part = jnp.concatenate([part, jnp.repeat(part[-1:], short, axis=0)])
+    return part
+
+
+def _batch_size_of(program: Program, args, axes) -> int:
+    sizes = {}
+    for node, value, axis in zip(program.arg_nodes(), args, axes):
+        if axis == 0:
+            sizes.setdefault(int(value.shape[0]), []).append(node)
+    if not sizes:
+        raise EvaluationError(
+            "evaluate_batched: no input has a batch axis; give at least one Symbol a value of shape "
+            "[batch, *symbol.shape] (use evaluate() for a single example)"
+        )
+    if len(sizes) > 1:
+        detail = "; ".join(f"{n} for {', '.join(s.line() for s in nodes[:3])}" for n, nodes in sizes.items())
+        raise EvaluationError(f"evaluate_batched: batched inputs disagree on the batch size: {detail}")
+    return next(iter(sizes))
+
+
+def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | None = None, dtype="float32",
+                     also=None, devices=None, mode: str = "auto", return_jax: bool = False):
+    """Evaluate ``circuit`` on every row of a dataset; the result has a leading batch axis.
+
+    - A Symbol input of shape ``[batch, *symbol.shape]`` is batched; one of the Symbol's own
+      shape is shared by every row.  All batched inputs must agree on ``batch``.
+    - ``batch_size`` bounds how many rows run at once (default: all); a short last chunk is
+      padded, so one compiled function serves every chunk.
+    - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
+      shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
+    - ``also``, ``dtype``, ``mode`` as for ``evaluate``; ``return_jax=True`` leaves results on the
+      device(s) as jax arrays instead of copying them to numpy.
+
+    Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
+
+    >>> from circuits import Symbol, Add
+    >>> x, b = Symbol((2,), name='x'), Symbol((2,), name='b')
+    >>> evaluate_batched(Add(x, b), {'x': np.ones((3, 2)), 'b': np.array([0.0, 10.0])})
+    array([[ 1., 11.],
+           [ 1., 11.],
+           [ 1., 11.]], dtype=float32)
+    """
+    fdt = float_dtype(dtype)
+    _check_mode(mode)
+    if batch_size is not None and int(batch_size) < 1:
+        raise EvaluationError(f"batch_size={batch_size}: give a positive number of rows")
+    program, items = program_with_also(circuit, fdt, also)
+    devs = _devices(devices)
+    with precision(fdt):
+        args, axes = bind_arguments(program, inputs, fdt, batched=True)
+        total = _batch_size_of(program, args, axes)
+        axes = tuple(axes)
+        jit = mode == "jit" or (
+            mode == "auto" and (len(program) <= JIT_MAX_OPS or is_cached((program.key, "vmap", axes)))
+        )
+        fn = _batched_function(program, axes, jit)
+        chunk = min(int(batch_size or total), total) or 1
+        place = None
+        if devs is not None:
+            chunk = -(-chunk // len(devs)) * len(devs)
+            place = _placer(devs)
+            args = [a if ax == 0 else place(a, False) for a, ax in zip(args, axes)]
+        if total == 0:
+            return _empty_outputs(fn, args, axes, items, return_jax)
+        pieces = []
+        for start in range(0, total, chunk):
+            part = [a if ax is None else _rows(a, start, chunk) for a, ax in zip(args, axes)]
+            if place is not None:
+                part = [place(a, True) if ax == 0 else a for a, ax in zip(part, axes)]
+            outs = fn(part)
+            real = min(chunk, total - start)
+            outs = [o[:real] if real < chunk else o for o in outs]
+            pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
+        outs = [_concat([p[k] for p in pieces], return_jax) for k in range(len(pieces[0]))]
+    if not items:
+        return outs[0]
+    return outs[0], dict(zip(items, outs[1:]))
+
+
+def _placer(devs):
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(devs), ("batch",))
+    split = NamedSharding(mesh, PartitionSpec("batch"))
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(value, batched: bool):
+        return jax.device_put(value, split if batched else replicated)
+
+    return place
+
+
+def _concat(parts, as_jax: bool):
+    if len(parts) == 1:
+        return parts[0]
+    if as_jax:
+        import jax.numpy as jnp
+
+        return jnp.concatenate(parts)
+    return np.concatenate(parts)
+
+
+def _empty_outputs(fn, args, axes, items, as_jax):
+    import jax
+
+    probe = [jax.ShapeDtypeStruct((1, *a.shape[1:]), a.dtype) if ax == 0 else a for a, ax in zip(args, axes)]
+    shapes = jax.eval_shape(fn, probe)
+    outs = [np.zeros((0, *s.shape[1:]), dtype=s.dtype) for s in shapes]
+    if as_jax:
+        import jax.numpy as jnp
+
+        outs = [jnp.asarray(o) for o in outs]
+    if not items:
+        return outs[0]
+    return outs[0], dict(zip(items, outs[1:]))

@@ -1,0 +1,320 @@
+"""What every evaluation path shares: precision, checking and binding argument values, the
+bounded compile cache and its counters, and resolving nodes given by name.
+
+All checks happen before anything runs: a bad input raises one ``EvaluationError`` that names
+every offending node and says what was expected.
+
+>>> import numpy as np
+>>> from circuits import Symbol, Add
+>>> from circuits.backend.program import Program
+>>> x = Symbol((2,), name='x')
+>>> bind_arguments(Program([Add(x, x)], 'float32'), {'x': [1, 2]}, 'float32')
+[array([1., 2.], dtype=float32)]
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import difflib
+import threading
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import EvaluationError, SelectionError
+from .program import Program
+from ..nodes import Circuit, Scalar, Symbol
+from ..dtypes import FLOAT_DTYPES, is_float
+
+__all__ = [
+    "float_dtype", "precision", "bind_arguments", "cached_function", "count_trace", "cache_stats",
+    "clear_cache", "set_cache_size", "resolve_nodes",
+]
+
+
+# ---------------------------------------------------------------------------- precision
+def float_dtype(dtype) -> str:
+    """Normalise the ``dtype=`` option: the float type every float value is computed in."""
+    try:
+        name = dtype if dtype == "bfloat16" else np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in FLOAT_DTYPES:
+        raise EvaluationError(f"dtype={dtype!r}: evaluation precision must be one of {', '.join(FLOAT_DTYPES)}")
+    return name
+
+
+def precision(fdt: str):
+    """A context in which JAX computes in ``fdt`` (float64 needs JAX's x64 mode, switched on only
+    for the duration of the call)."""
+    if fdt == "float64":
+        import jax
+
+        return jax.enable_x64(True)
+    return contextlib.nullcontext()
+
+
+def _canonical(dtype: str):
+    """The dtype JAX actually uses for ``dtype`` in the current precision (int64 -> int32 when
+    x64 is off)."""
+    import jax
+
+    return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype) if dtype != "bfloat16" else jax.numpy.bfloat16))
+
+
+# ---------------------------------------------------------------------------- binding values
+def _as_array(value):
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as e:  # noqa: BLE001 - report any unconvertible input the same way
+        raise EvaluationError(f"cannot read {type(value).__name__} as an array: {e}") from None
+
+
+def _kind(dtype) -> str:
+    name = str(dtype)
+    if name == "bfloat16":
+        return "f"
+    try:
+        return np.dtype(dtype).kind
+    except TypeError:
+        return "?"
+
+
+def _cast(value, dtype):
+    if str(value.dtype) == str(dtype):
+        return value
+    return value.astype(dtype)
+
+
+def _split_inputs(inputs: Mapping | None):
+    by_node, by_name = {}, {}
+    if inputs is None:
+        return by_node, by_name
+    if not isinstance(inputs, Mapping):
+        raise EvaluationError(f"inputs must be a dict {{symbol or name: value}}, got {type(inputs).__name__}")
+    for key, value in inputs.items():
+        if isinstance(key, Circuit):
+            if type(key) is not Symbol:
+                raise EvaluationError(f"inputs key {key.line()} is not a Symbol; only Symbols are bound by inputs")
+            by_node[key.hash] = value
+        elif isinstance(key, str):
+            by_name[key] = value
+        else:
+            raise EvaluationError(f"inputs keys must be Symbols or their names, got {key!r}")
+    return by_node, by_name
+
+
+def symbol_values(symbols: Iterable[Symbol], inputs: Mapping | None, problems: list) -> dict:
+    """Symbol hash -> the raw value bound to it; unbound or ambiguous ones go to ``problems``."""
+    by_node, by_name = _split_inputs(inputs)
+    symbols = list(symbols)
+    name_count = collections.Counter(s.name for s in symbols if s.name is not None and s.hash not in by_node)
+    out = {}
+    for sym in symbols:
+        if sym.hash in by_node:
+            out[sym.hash] = by_node[sym.hash]
+        elif sym.name in by_name:
+            if name_count[sym.name] > 1:
+                problems.append(
+                    f"input {sym.name!r} matches {name_count[sym.name]} distinct Symbols (e.g. "
+                    f"{sym.line()}); key the inputs by the Symbol nodes themselves"
+                )
+            out[sym.hash] = by_name[sym.name]
+        else:
+            how = f"inputs={{{sym.name!r}: value}}" if sym.name else "inputs={symbol: value}"
+            problems.append(f"unbound Symbol {sym.line()}: pass {how}")
+    return out
+
+
+def check_symbol_value(sym: Symbol, value, fdt: str, problems: list, batched: bool | None = False):
+    """The value cast for ``sym`` (None after appending to ``problems``).  ``batched=None`` accepts
+    either the Symbol's shape or one leading batch axis more; returns (value, is_batched)."""
+    arr = _as_array(value)
+    shape = tuple(arr.shape)
+    if batched is None:
+        is_batched = len(shape) == len(sym.shape) + 1
+    else:
+        is_batched = batched
+    core = shape[1:] if is_batched else shape
+    if core != sym.shape:
+        expected = f"{list(sym.shape)}" + (" (or [batch, ...] of it)" if batched is None else "")
+        problems.append(f"input for Symbol {sym.line()} has shape {list(shape)}; expected {expected}")
+        return None, is_batched
+    kind = _kind(arr.dtype)
+    if is_float(sym.dtype):
+        ok, target = kind in "fiu", fdt
+    elif sym.dtype == "bool":
+        ok, target = kind == "b", "bool"
+    else:
+        ok, target = kind in "iu", sym.dtype
+    if not ok:
+        problems.append(
+            f"input for Symbol {sym.line()} has dtype {arr.dtype}; expected {sym.dtype}"
+            + (" (a float array cannot be used as indices)" if kind == "f" else "")
+        )
+        return None, is_batched
+    return _cast(arr, _canonical(target)), is_batched
+
+
+def leaf_value(node: Circuit, fdt: str, problems: list):
+    """The argument value of an Array or Scalar (cast to the evaluation precision)."""
+    if type(node) is Scalar:
+        return np.asarray(node.value, dtype=_canonical(fdt))
+    if node.value is None:
+        problems.append(
+            f"placeholder Array {node.line()} has no value: give it one with "
+            "circuits.bind(circuit, {name: array}) or circuits.fill_random(circuit, seed)"
+        )
+        return None
+    target = fdt if is_float(node.dtype) else node.dtype
+    return _cast(_as_array(node.value), _canonical(target))
+
+
+def raise_problems(problems: list, what: str = "cannot evaluate"):
+    if problems:
+        shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+        raise EvaluationError(f"{what}:\n  " + "\n  ".join(shown))
+
+
+def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batched: bool = False,
+                   constants: list | None = None):
+    """Argument values in ``program.arg_slots`` order, every one checked before anything runs.
+
+    ``batched=True`` accepts a leading batch axis on Symbol values and also returns which
+    arguments carry one.  ``constants`` (values of Arrays and Scalars from an earlier call)
+    skips re-reading them.
+    """
+    problems: list[str] = []
+    nodes = program.arg_nodes()
+    syms = symbol_values([n for n in nodes if type(n) is Symbol], inputs, problems)
+    values, axes = [], []
+    const_iter = iter(constants) if constants is not None else None
+    for node in nodes:
+        if type(node) is Symbol:
+            raw = syms.get(node.hash)
+            v, b = (None, False) if raw is None else check_symbol_value(
+                node, raw, fdt, problems, batched=None if batched else False
+            )
+            values.append(v)
+            axes.append(0 if b else None)
+        else:
+            values.append(next(const_iter) if const_iter is not None else leaf_value(node, fdt, problems))
+            axes.append(None)
+    raise_problems(problems)
+    if batched:
+        return values, axes
+    return values
+
+
+# ---------------------------------------------------------------------------- compile cache
+_cache: "collections.OrderedDict[Any, Callable]" = collections.OrderedDict()
+_cache_lock = threading.Lock()
+_cache_size = 128
+_stats = collections.Counter()
+
+
+def count_trace():
+    """Called from inside every function the cache jits: counts compilations (traces)."""
+    with _cache_lock:
+        _stats["compilations"] += 1
+
+
+def cached_function(key, make: Callable[[], Callable]) -> Callable:
+    """The function cached under ``key``, made (and cached, evicting the least recently used)
+    on a miss."""
+    with _cache_lock:
+        fn = _cache.get(key)
+        if fn is not None:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+            return fn
+        _stats["misses"] += 1
+    fn = make()
+    with _cache_lock:
+        _cache[key] = fn
+        while len(_cache) > _cache_size:
+            _cache.popitem(last=False)
+            _stats["evictions"] += 1
+    return fn
+
+
+def is_cached(key) -> bool:
+    with _cache_lock:
+        return key in _cache
+
+
+def cache_stats() -> dict:
+    """Counters of the compile cache: ``compilations`` (functions traced for XLA), ``hits``,
+    ``misses``, ``evictions``, and its ``size`` and ``max_size``.
+
+    >>> sorted(cache_stats())
+    ['compilations', 'evictions', 'hits', 'max_size', 'misses', 'size']
+    """
+    with _cache_lock:
+        out = {k: _stats[k] for k in ("compilations", "hits", "misses", "evictions")}
+        out.update(size=len(_cache), max_size=_cache_size)
+    return out
+
+
+def clear_cache():
+    """Drop every cached compiled function (the counters keep counting).
+
+    >>> clear_cache(); cache_stats()['size']
+    0
+    """
+    with _cache_lock:
+        _cache.clear()
+
+
+def set_cache_size(n: int):
+    """Bound the compile cache to ``n`` functions (least recently used ones go first).
+
+    >>> set_cache_size(256); cache_stats()['max_size']
+    256
+    >>> set_cache_size(128)
+    """
+    global _cache_size
+    if int(n) < 1:
+        raise EvaluationError(f"cache size must be at least 1, got {n}")
+    with _cache_lock:
+        _cache_size = int(n)
+        while len(_cache) > _cache_size:
+            _cache.popitem(last=False)
+            _stats["evictions"] += 1
+
+
+# ---------------------------------------------------------------------------- nodes by name
+def resolve_nodes(program: Program, items, what: str) -> list[Circuit]:
+    """Nodes of ``program`` named by ``items`` (nodes, or names matching exactly one distinct
+    node); raises ``SelectionError`` naming the item otherwise."""
+    out = []
+    by_name: dict[str, list[Circuit]] | None = None
+    for item in items:
+        if isinstance(item, Circuit):
+            if item.hash not in program.slot_of:
+                raise SelectionError(f"{what}: {item.line()} is not a node of this circuit")
+            out.append(item)
+            continue
+        if not isinstance(item, str):
+            raise SelectionError(f"{what}: expected nodes or node names, got {item!r}")
+        if by_name is None:
+            by_name = {}
+            for n in program.nodes:
+                if n.name is not None:
+                    by_name.setdefault(n.name, []).append(n)
+        found = by_name.get(item, [])
+        if not found:
+            close = difflib.get_close_matches(item, list(by_name), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise SelectionError(f"{what}: no node named {item!r} in this circuit{hint}")
+        if len(found) > 1:
+            lines = "\n  ".join(n.line() for n in found[:5])
+            raise SelectionError(
+                f"{what}: name {item!r} is ambiguous, {len(found)} distinct nodes have it:\n  {lines}\n"
+                "pass the node itself instead of its name"
+            )
+        out.append(found[0])
+    return out

@@ -1,0 +1,393 @@
+"""Exact symbolic evaluation with sympy, and ``symbolic_equal`` to prove two circuits equal.
+
+Every entry of a float Array or Symbol becomes a real sympy symbol (``w[0,1]``); Arrays with the
+same content share their symbols whatever their names, int Arrays keep their values (they are
+gather indices), Scalars become exact rationals of their printed value (``0.00001`` is
+``1/100000``).  Einsum, Add, Index, Rearrange, Concat and Tag are computed exactly on object
+arrays.  A GeneralFunction is interpreted where its meaning is known — elementwise functions by
+their registered ``FunctionSpec.sympy``, the last-axis functions (softmax, log_softmax,
+logsumexp, mean, max, min, last_dim_size) by their definitions, the gen_index family by
+gathering — and is otherwise an uninterpreted sympy Function of the entries it reads.  Pass
+``interpret=False`` to keep every function but gen_index uninterpreted (then only equalities
+that hold for *any* function are proved).
+
+Meant for small shapes: the cost grows with the number of entries times the einsum sums.
+
+>>> import numpy as np
+>>> from circuits import Add, Einsum, Symbol
+>>> x, y, w = Symbol((2,), name='x'), Symbol((2,), name='y'), Symbol((2, 2), name='w')
+>>> lhs = Einsum.from_spec('ab,b->a', w, Add(x, y))
+>>> rhs = Add(Einsum.from_spec('ab,b->a', w, x), Einsum.from_spec('ab,b->a', w, y))
+>>> symbolic_equal(lhs, rhs)
+True
+>>> symbolic_equal(lhs, Einsum.from_spec('ab,b->a', w, x))
+False
+>>> symbolic_evaluate(Einsum.from_spec('a,a->', x, y))[()]
+x[0]*y[0] + x[1]*y[1]
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+
+from ..errors import EvaluationError
+from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from ..nodes.einsum import AXIS_LETTERS
+from ..nodes.leaves import format_scalar
+from ..traversal import toposort
+
+__all__ = ["SymbolTable", "symbolic_evaluate", "symbolic_equal"]
+
+_GEN_INDEX = re.compile(r"gen_index_at_(-?\d+)(_batch_x)?(_c)?")
+
+
+def _sympy():
+    import sympy
+
+    return sympy
+
+
+class SymbolTable:
+    """Which sympy symbols stand for which leaf entries.  Share one table between circuits so
+    the same Array content or the same Symbol maps to the same symbols in both."""
+
+    def __init__(self):
+        self._by_key: dict = {}
+        self._labels: set[str] = set()
+
+    def _label(self, wanted: str) -> str:
+        label, k = wanted, 1
+        while label in self._labels:
+            label = f"{wanted}_{k}"
+            k += 1
+        self._labels.add(label)
+        return label
+
+    def entries(self, key, shape, wanted_label: str) -> np.ndarray:
+        """The object array of symbols for leaf ``key`` (made on first use)."""
+        found = self._by_key.get(key)
+        if found is None:
+            sp = _sympy()
+            label = self._label(wanted_label)
+            found = np.empty(shape, dtype=object)
+            for pos in itertools.product(*[range(n) for n in shape]):
+                found[pos] = sp.Symbol(f"{label}[{','.join(map(str, pos))}]", real=True)
+            self._by_key[key] = found
+        return found
+
+    def bindings(self, circuit: Circuit, inputs=None) -> dict:
+        """``{sympy symbol: number}`` for the symbols this table made for ``circuit``'s float
+        Arrays (their values) and Symbols (from ``inputs``, keyed by Symbol or name): substitute
+        them to get numbers back.
+
+        >>> import numpy as np
+        >>> from circuits import Array, Einsum
+        >>> w = Array(np.array([2.0, 3.0]), name='w')
+        >>> table = SymbolTable()
+        >>> expr = symbolic_evaluate(Einsum.from_spec('a->', w), table=table)[()]
+        >>> expr, expr.xreplace(table.bindings(w))
+        (w[0] + w[1], 5.00000000000000)
+        """
+        out = {}
+        inputs = dict(inputs or {})
+        for node in toposort(circuit):
+            if isinstance(node, Array) and node.value is not None:
+                found = self._by_key.get(_array_key(node))
+                value = node.numpy()
+            elif isinstance(node, Symbol):
+                found = self._by_key.get(("symbol", node.hash))
+                key = node if node in inputs else node.name
+                value = np.asarray(inputs[key]) if key in inputs else None
+            else:
+                continue
+            if found is None or value is None:
+                continue
+            for sym, v in zip(found.reshape(-1), np.asarray(value, dtype=np.float64).reshape(-1)):
+                out[sym] = float(v)
+        return out
+
+
+def _array_key(node) -> tuple:
+    # Content, not name: two Arrays holding the same tensor are the same variables.
+    return ("array", node.content_hash[:24], node.shape, node.dtype)
+
+
+# ---------------------------------------------------------------------------- leaves
+def _scalar_value(value: float):
+    sp = _sympy()
+    if np.isnan(value):
+        return sp.nan
+    if np.isinf(value):
+        return sp.oo if value > 0 else -sp.oo
+    return sp.Rational(format_scalar(value))
+
+
+def _const_array(values) -> np.ndarray:
+    sp = _sympy()
+    arr = np.asarray(values)
+    out = np.empty(arr.shape, dtype=object)
+    for pos in itertools.product(*[range(n) for n in arr.shape]):
+        v = arr[pos]
+        out[pos] = sp.Integer(int(v)) if arr.dtype.kind in "iub" else _scalar_value(float(v))
+    return out
+
+
+def _leaf(node, table: SymbolTable, inputs: dict):
+    if isinstance(node, Scalar):
+        out = np.empty(node.shape, dtype=object)
+        out[...] = _scalar_value(node.value)
+        return out
+    if isinstance(node, Array):
+        if node.dtype in ("float16", "bfloat16", "float32", "float64"):
+            return table.entries(_array_key(node), node.shape, node.name or f"array_{node.short_hash[:6]}")
+        return _const_array(node.numpy())
+    if isinstance(node, Symbol):
+        key = node if node in inputs else node.name
+        if key in inputs:
+            value = np.asarray(inputs[key])
+            if value.shape != node.shape:
+                raise EvaluationError(f"input for {node.line()} has shape {list(value.shape)}")
+            return value if value.dtype == object else _const_array(value)
+        return table.entries(("symbol", node.hash), node.shape, node.name or "symbol")
+    raise EvaluationError(f"no symbolic rule for leaf {node.line()}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------- ops
+def _einsum(node: Einsum, args):
+    sp = _sympy()
+    if not args:
+        return np.array(sp.Integer(1), dtype=object)
+    ids: dict[int, str] = {}
+    for axes in node.in_axes:
+        for a in axes:
+            ids.setdefault(a, AXIS_LETTERS[len(ids)])
+    spec = ",".join("".join(ids[a] for a in axes) for axes in node.in_axes)
+    spec += "->" + "".join(ids[a] for a in node.out_axes)
+    if any(0 in np.shape(a) for a in args):
+        out = np.empty(node.shape, dtype=object)
+        out[...] = sp.Integer(0)
+        return out
+    return np.asarray(np.einsum(spec, *args), dtype=object).reshape(node.shape)
+
+
+def _add(node: Add, args):
+    sp = _sympy()
+    out = np.empty(node.shape, dtype=object)
+    flat = out.reshape(-1)
+    parts = [np.broadcast_to(a, node.shape).reshape(-1) for a in args]
+    for k in range(flat.size):
+        flat[k] = sp.Add(*[p[k] for p in parts])
+    return out
+
+
+def _index(node: Index, args):
+    (x,) = args
+    basic, takes, pos = [], [], 0
+    for e in node.full_index():
+        if isinstance(e, np.ndarray):
+            basic.append(slice(None))
+            takes.append((pos, e))
+            pos += 1
+        elif isinstance(e, slice):
+            basic.append(e)
+            pos += 1
+        else:
+            basic.append(e)
+    out = x[tuple(basic)]
+    for axis, arr in takes:
+        out = np.take(out, arr % out.shape[axis] if out.shape[axis] else arr, axis=axis)
+    return np.asarray(out, dtype=object).reshape(node.shape)
+
+
+def _rearrange(node: Rearrange, args):
+    (x,) = args
+    sizes = dict(node.sizes)
+    out_names = [a for g in node.out_groups for a in g]
+    kept = [a for g in node.in_groups for a in g if a in set(out_names)]
+    x = x.reshape([sizes[a] for a in kept])
+    present = [a for a in out_names if a in set(kept)]
+    x = np.transpose(x, [kept.index(a) for a in present])
+    for i, a in enumerate(out_names):
+        if a not in set(kept):
+            x = np.expand_dims(x, i)
+    x = np.broadcast_to(x, [sizes[a] for a in out_names])
+    return np.array(x, dtype=object).reshape(node.shape)
+
+
+def _rows(x: np.ndarray, core: int):
+    """Iterate (leading position, flattened core entries) over an object array."""
+    lead = x.shape[: x.ndim - core]
+    for pos in itertools.product(*[range(n) for n in lead]):
+        yield pos, list(np.asarray(x[pos]).reshape(-1))
+
+
+def _logsumexp(row):
+    sp = _sympy()
+    return sp.log(sp.Add(*[sp.exp(v) for v in row]))
+
+
+# Last-axis functions by definition: (row of entries) -> list of outputs (or one value).
+_ROW_DEFINITIONS = {
+    "softmax": lambda row: [_sympy().exp(v) / _sympy().Add(*[_sympy().exp(u) for u in row]) for v in row],
+    "log_softmax": lambda row: [v - _logsumexp(row) for v in row],
+    "logsumexp": _logsumexp,
+    "mean": lambda row: _sympy().Add(*row) / len(row),
+    "max": lambda row: _sympy().Max(*row),
+    "min": lambda row: _sympy().Min(*row),
+    "last_dim_size": lambda row: _sympy().Integer(len(row)),
+}
+
+
+def _gen_index(node: GeneralFunction, m, args):
+    sp = _sympy()
+    x, idx = args
+    d, batch, checked = int(m.group(1)), m.group(2) is not None, m.group(3) is not None
+    ax = x.ndim + d if d < 0 else (idx.ndim + d if batch else d)
+    n = x.shape[ax]
+    out = np.empty(node.shape, dtype=object)
+    for opos in itertools.product(*[range(k) for k in node.shape]):
+        if batch:
+            b = opos[: idx.ndim]
+            i = idx[b]
+            rest = list(opos)
+            xpos = rest[:ax] + [None] + rest[ax:]
+        else:
+            i = idx[opos[ax: ax + idx.ndim]]
+            xpos = list(opos[:ax]) + [None] + list(opos[ax + idx.ndim:])
+        if not isinstance(i, (int, np.integer, sp.Integer)):
+            raise EvaluationError(
+                f"{node.line()}: gathering needs concrete int indices, got {i}; pass "
+                "inputs={symbol: int array} for the index Symbol"
+            )
+        i = int(i)
+        if not checked and i < 0:
+            i += n
+        if not 0 <= i < n:
+            out[opos] = sp.nan
+            continue
+        xpos[ax] = i
+        out[opos] = x[tuple(xpos)]
+    return out
+
+
+def _function(node: GeneralFunction, args, interpret: bool):
+    sp = _sympy()
+    spec = node.function
+    m = _GEN_INDEX.fullmatch(spec.name)
+    if m is not None:
+        return _gen_index(node, m, args)
+    out = np.empty(node.shape, dtype=object)
+    if spec.elementwise:
+        f = spec.sympy if (interpret and spec.sympy is not None) else sp.Function(spec.name)
+        bargs = np.broadcast_arrays(*args) if len(args) > 1 else args
+        flat = [np.asarray(a, dtype=object).reshape(-1) for a in bargs]
+        for k, vals in enumerate(zip(*flat)):
+            out.reshape(-1)[k] = f(*vals)
+        return out
+    if len(args) == 1 and spec.core_ndim is not None and spec.core_ndim <= args[0].ndim:
+        core = spec.core_ndim
+        definition = _ROW_DEFINITIONS.get(spec.name) if interpret else None
+        f = sp.Function(spec.name)
+        out_core = node.shape[args[0].ndim - core:]
+        for pos, row in _rows(args[0], core):
+            if definition is not None and core == 1:
+                value = definition(row)
+            else:
+                value = [f(*[sp.Integer(i) for i in p], *row)
+                         for p in itertools.product(*[range(k) for k in out_core])]
+                if not out_core:
+                    value = value[0]
+            if out_core:
+                sub = np.empty(len(value), dtype=object)
+                sub[:] = value
+                out[pos] = sub.reshape(out_core)
+            else:
+                out[pos] = value
+        return out
+    # Anything else: every output entry an unknown function of its position and all the inputs.
+    f = sp.Function(spec.name)
+    everything = [v for a in args for v in np.asarray(a, dtype=object).reshape(-1)]
+    for pos in itertools.product(*[range(k) for k in node.shape]):
+        out[pos] = f(*[sp.Integer(i) for i in pos], *everything)
+    return out
+
+
+def symbolic_evaluate(circuit: Circuit, inputs=None, *, table: SymbolTable | None = None,
+                      interpret: bool = True) -> np.ndarray:
+    """The value of ``circuit`` as an object array of sympy expressions (iterative: one step per
+    distinct node).  ``inputs`` may give Symbols concrete values (int tokens for a gather) or
+    object arrays of expressions (keyed by the Symbol or by its name).
+
+    >>> from circuits import GeneralFunction, Symbol
+    >>> symbolic_evaluate(GeneralFunction('exp', Symbol((2,), name='x'))).tolist()
+    [exp(x[0]), exp(x[1])]
+    """
+    table = table if table is not None else SymbolTable()
+    given = dict(inputs or {})
+    values: dict[bytes, np.ndarray] = {}
+    for node in toposort(circuit):
+        args = [values[c.hash] for c in node.children]
+        t = type(node)
+        if not node.children and t in (Array, Scalar, Symbol):
+            out = _leaf(node, table, given)
+        elif t is Einsum:
+            out = _einsum(node, args)
+        elif t is Add:
+            out = _add(node, args)
+        elif t is GeneralFunction:
+            out = _function(node, args, interpret)
+        elif t is Index:
+            out = _index(node, args)
+        elif t is Rearrange:
+            out = _rearrange(node, args)
+        elif t is Concat:
+            out = np.concatenate(args, axis=node.axis)
+        elif t is Tag:
+            out = args[0]
+        else:
+            raise EvaluationError(f"no symbolic rule for {node.line()}")
+        if out.shape != node.shape:  # pragma: no cover - a bug in a rule above
+            raise EvaluationError(f"symbolic value of {node.line()} has shape {out.shape}, not {node.shape}")
+        values[node.hash] = out
+    return values[circuit.hash]
+
+
+def _entries_equal(a, b) -> bool:
+    sp = _sympy()
+    if a == b:
+        return True
+    if a is sp.nan or b is sp.nan:
+        return False
+    diff = sp.expand(a - b)
+    if diff == 0:
+        return True
+    return sp.simplify(diff) == 0
+
+
+def symbolic_equal(a: Circuit, b: Circuit, inputs=None, *, interpret: bool = True) -> bool:
+    """Whether two circuits are exactly equal as functions of their leaves (sympy proves each
+    entry's difference is 0).  Same-content Arrays and the same Symbols are the same variables
+    in both.  ``False`` when the shapes differ or an entry's difference does not simplify to 0.
+
+    >>> from circuits import Einsum, Scalar, Symbol
+    >>> x = Symbol((3,), name='x')
+    >>> symbolic_equal(Einsum.from_spec('a,->a', x, Scalar(2.0)), Einsum.from_spec('a,,->a', x, Scalar(4.0), Scalar(0.5)))
+    True
+    """
+    if a.shape != b.shape:
+        return False
+    table = SymbolTable()
+    try:
+        va = symbolic_evaluate(a, inputs, table=table, interpret=interpret)
+        vb = symbolic_evaluate(b, inputs, table=table, interpret=interpret)
+        return all(_entries_equal(x, y) for x, y in zip(va.reshape(-1), vb.reshape(-1)))
+    except RecursionError:
+        # Our walk is iterative, but sympy's expressions are trees that sympy walks recursively.
+        raise EvaluationError(
+            f"{a.line()}: the expressions are nested too deeply for sympy (its expression trees "
+            "are recursive); check small circuits symbolically and deep ones numerically "
+            "(circuits.evaluate with dtype='float64')"
+        ) from None

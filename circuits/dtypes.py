@@ -1,0 +1,57 @@
+"""Dtypes: the names circuits use, normalisation, and numpy-style promotion.
+
+A leaf module: it imports nothing from the rest of the package but ``errors``.
+
+>>> promote(["int64", "float32"]), normalize_dtype(None), is_int("uint8")
+('float64', 'float32', True)
+"""
+
+from __future__ import annotations
+
+from .errors import CircuitError
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+DEFAULT_FLOAT = "float32"
+
+
+def normalize_dtype(dtype) -> str:
+    """The canonical name of a dtype ('float32', 'int64', ...); raises on unsupported ones."""
+    if type(dtype) is str and dtype in DTYPES:
+        return dtype
+    import numpy as np
+
+    if dtype is None:
+        return DEFAULT_FLOAT
+    name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
+    if name not in DTYPES:
+        raise CircuitError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return name
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+def promote(dtypes) -> str:
+    """numpy-style result dtype of combining values of these dtypes (floats win over ints)."""
+    import numpy as np
+
+    dtypes = tuple(dtypes)
+    if not dtypes:
+        return DEFAULT_FLOAT
+    first = dtypes[0]
+    for d in dtypes:
+        if d != first:
+            break
+    else:
+        return first
+    if "bfloat16" in dtypes:
+        floats = [d for d in dtypes if is_float(d)]
+        return "bfloat16" if set(floats) == {"bfloat16"} else max(floats, key=FLOAT_DTYPES.index)
+    return np.result_type(*[np.dtype(d) for d in dtypes]).name

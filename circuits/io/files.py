@@ -1,0 +1,244 @@
+"""Circuit files: one self-contained file holding a circuit's text and all its tensors.
+
+A circuit file is a safetensors file: its metadata holds the circuit in the text format (and a
+format version), its tensors are keyed by their full content hash, so a tensor two Arrays share
+is stored once.  ``load`` needs nothing but the file; it never executes code from it (safetensors
+is raw bytes plus a JSON header, and the text is parsed, not evaluated) and checks every tensor
+against its hash.  ``save`` is atomic: it writes a hidden temporary file beside ``path`` and
+renames it into place, so a failed or interrupted save leaves any existing file at ``path`` as it
+was and never a truncated file there (a failed save also removes its temporary file; a process
+killed mid-write can leave the hidden temporary behind).
+
+>>> import os, tempfile, numpy as np
+>>> from circuits import Array, Einsum
+>>> w = Array(np.arange(6, dtype=np.float32).reshape(2, 3), name='w')
+>>> c = Einsum.from_spec('ab,ab->a', w, w, name='norms')
+>>> path = os.path.join(tempfile.mkdtemp(), 'norms.circuit')
+>>> save(c, path)
+>>> back = load(path)
+>>> back == c, np.array_equal(back.children[0].value, w.value)
+(True, True)
+
+Placeholder Arrays (shape, dtype and hash, no value) have no tensor to save: ``save`` refuses
+them by default, naming them, because a teammate loading the file could not evaluate it.  With
+``allow_placeholders=True`` they are saved as placeholders (their name, shape, dtype and hash) and
+load back as the same placeholders, to be filled with ``circuits.bind``.
+
+The arrays ``load`` returns are read-only views into one buffer holding the file's tensors (one
+copy from disk, no more; keeping any of them alive keeps that buffer).  A file that uses a
+GeneralFunction you registered yourself loads once the same function is registered again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from pathlib import Path
+
+import blake3
+import numpy as np
+
+from ..errors import ParseError, StoreError
+from ..hashing import PRINTED_HASH_HEX, content_hash
+from .store import host_array, read_safetensors, write_safetensors
+
+FORMAT = "circuits"
+FORMAT_VERSION = 1
+
+
+def save(circuit, path, *, allow_placeholders: bool = False) -> None:
+    """Write ``circuit`` (text and tensors) to one file at ``path``, atomically.
+
+    Raises ``StoreError`` naming the placeholder Arrays (no value) unless ``allow_placeholders``.
+    """
+    save_many([circuit], path, allow_placeholders=allow_placeholders)
+
+
+def save_many(circuits, path, *, allow_placeholders: bool = False) -> None:
+    """Write several circuits to one file; shared subtrees and tensors are stored once.
+
+    >>> import os, tempfile
+    >>> from circuits import Scalar, Add
+    >>> one = Scalar(1.0, name='one')
+    >>> path = os.path.join(tempfile.mkdtemp(), 'two.circuit')
+    >>> save_many([Add(one, name='a'), Add(one, one, name='b')], path)
+    >>> [c.name for c in load_many(path)]
+    ['a', 'b']
+    """
+    from ..nodes.base import Circuit
+    from ..nodes.leaves import Array
+    from ..text.printer import print_many
+    from ..traversal import toposort
+
+    roots = list(circuits)
+    if not roots:
+        raise ValueError("save_many needs at least one circuit")
+    for r in roots:
+        if not isinstance(r, Circuit):
+            raise TypeError(f"save takes circuit nodes, got {type(r).__name__}")
+    tensors: dict = {}
+    placeholders = []
+    for node in toposort(*roots):
+        if not isinstance(node, Array):
+            continue
+        if node.value is None:
+            placeholders.append(node)
+        elif node.content_hash not in tensors:
+            tensors[node.content_hash] = host_array(node.value)
+    if placeholders and not allow_placeholders:
+        listed = ", ".join(p.line() for p in placeholders[:10])
+        more = f" and {len(placeholders) - 10} more" if len(placeholders) > 10 else ""
+        raise StoreError(
+            f"cannot save {len(placeholders)} placeholder Array(s) with no value: {listed}{more}; "
+            "give them values (circuits.bind or circuits.fill_random) or save them as "
+            "placeholders with allow_placeholders=True"
+        )
+    text = print_many(roots)
+    metadata = {
+        "format": FORMAT,
+        "format_version": str(FORMAT_VERSION),
+        "roots": str(len(roots)),
+        "text": text,
+        # The text is not covered by the tensors' hashes: this catches a damaged or edited text.
+        "text_blake3": blake3.blake3(text.encode()).hexdigest(),
+    }
+    if placeholders:
+        metadata["placeholders"] = json.dumps(
+            [[p.name, list(p.shape), p.dtype, p.content_hash] for p in placeholders]
+        )
+    path = Path(os.fspath(path))
+    if not path.parent.is_dir():
+        raise StoreError(f"cannot save to {path}: directory {path.parent} does not exist")
+    write_safetensors(path, tensors, metadata)
+
+
+def load(path):
+    """The circuit saved in the file at ``path``, every tensor checked against its hash."""
+    roots = load_many(path)
+    if len(roots) != 1:
+        raise StoreError(f"{path} holds {len(roots)} circuits; use circuits.io.files.load_many")
+    return roots[0]
+
+
+def load_many(path) -> list:
+    """Every circuit saved in the file at ``path`` (by ``save`` or ``save_many``), in order."""
+    from ..nodes.leaves import Array
+    from ..text.parser import parse_many
+    from ..traversal import toposort
+
+    path = Path(os.fspath(path))
+    metadata, raw = read_safetensors(path)
+    if metadata.get("format") != FORMAT:
+        raise StoreError(f"{path}: a safetensors file, but not a circuit file (no circuit text in it)")
+    try:
+        version = int(metadata.get("format_version", ""))
+    except ValueError:
+        raise StoreError(f"{path}: corrupted circuit file (format_version {metadata.get('format_version')!r})") from None
+    if version > FORMAT_VERSION:
+        raise StoreError(f"{path}: written by a newer circuits (file format {version}); upgrade circuits")
+    if "text" not in metadata:
+        raise StoreError(f"{path}: corrupted circuit file (no circuit text)")
+    if blake3.blake3(metadata["text"].encode()).hexdigest() != metadata.get("text_blake3"):
+        raise StoreError(f"{path}: the circuit text in this file does not match its checksum (corrupted or edited)")
+    tensors = _FileTensors(path, raw)
+    # Built before parsing so that the parser's placeholder for the same name and hash is this
+    # node (nodes are interned), with the saved dtype and full hash, not a guessed dtype.
+    placeholders = tensors.placeholders(metadata.get("placeholders"))
+    try:
+        roots = parse_many(metadata["text"], store=tensors)
+    except ParseError as e:
+        tensors.verify_all()  # tampered tensors explain a text that does not fit them
+        raise StoreError(f"{path}: the circuit text in this file does not parse: {e}") from e
+    expected_roots = metadata.get("roots")
+    if expected_roots is not None and expected_roots != str(len(roots)):
+        raise StoreError(f"{path}: corrupted circuit file ({len(roots)} circuits, header says {expected_roots})")
+    used = set()
+    for node in toposort(*roots):
+        if not isinstance(node, Array):
+            continue
+        if node.value is None:
+            if node.hash not in placeholders:
+                raise StoreError(
+                    f"{path}: {node.line()} has no tensor in this file (truncated or tampered file?)"
+                )
+            if node.dtype != placeholders[node.hash].dtype:
+                raise StoreError(f"{path}: {node.line()} should be a {placeholders[node.hash].dtype} placeholder")
+            continue
+        key = tensors.given.get(id(node.value))
+        if key is None:
+            # The parser got an equal live node back (nodes are interned: the circuit was
+            # already in memory), so the hash computed from the file's bytes was not kept.
+            key = node.content_hash
+            if key not in tensors.raw:
+                raise StoreError(f"{path}: {node.line()} has no tensor in this file")
+            tensors.verify(key, node.line())
+        elif node.content_hash != key:
+            raise tensors.mismatch(key, node.content_hash, node.line())
+        used.add(key)
+    for key in tensors.raw.keys() - used:
+        tensors.verify(key)
+    return roots
+
+
+class _FileTensors:
+    """The tensors of one circuit file seen as a store (``find``, ``get``) for the parser.
+
+    ``get`` hands out the raw views without hashing them: the parser builds an ``Array`` from
+    each, which hashes it, and ``load_many`` then compares that hash with the tensor's key.  One
+    hash per tensor instead of two.
+    """
+
+    def __init__(self, path, raw: dict):
+        self.path = path
+        self.raw = raw
+        self.keys = sorted(raw)
+        self.given: dict[int, str] = {}  # id(array handed to the parser) -> its key
+        self._keep = []  # keeps those arrays alive so their ids stay theirs
+        self.short_placeholder_digests: set = set()
+
+    def find(self, prefix: str):
+        if prefix in self.short_placeholder_digests:
+            return None  # a placeholder printed with a short hash, not a prefix of a tensor here
+        i = bisect.bisect_left(self.keys, prefix)
+        found = []
+        while i < len(self.keys) and self.keys[i].startswith(prefix) and len(found) < 11:
+            found.append(self.keys[i])
+            i += 1
+        if len(found) > 1:
+            raise StoreError(f"{self.path}: hash prefix {prefix!r} is ambiguous: {', '.join(found[:10])}")
+        return found[0] if found else None
+
+    def get(self, key: str) -> np.ndarray:
+        arr = self.raw[key]
+        self.given[id(arr)] = key
+        self._keep.append(arr)
+        return arr
+
+    def placeholders(self, text) -> dict:
+        from ..nodes.leaves import Array
+
+        if not text:
+            return {}
+        try:
+            entries = json.loads(text)
+            nodes = [Array.placeholder(shape, h, name=name, dtype=dtype) for name, shape, dtype, h in entries]
+        except Exception as e:
+            raise StoreError(f"{self.path}: corrupted placeholder list in the header ({e})") from None
+        self.short_placeholder_digests = {n.short_hash for n in nodes if len(n.short_hash) < PRINTED_HASH_HEX}
+        return {n.hash: n for n in nodes}
+
+    def mismatch(self, key, actual, what) -> StoreError:
+        return StoreError(
+            f"{self.path}: tensor {key} (for {what}) hashes to {actual}: the file is corrupted or "
+            "was tampered with"
+        )
+
+    def verify(self, key, what="no Array"):
+        actual = content_hash(self.raw[key])
+        if actual != key:
+            raise self.mismatch(key, actual, what)
+
+    def verify_all(self):
+        for key in self.keys:
+            self.verify(key)

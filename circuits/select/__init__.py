@@ -1,0 +1,361 @@
+"""Selecting nodes: matchers by name, regex, glob, type and predicate, combined with ``&``, ``|``,
+``~``; structural matchers (below another match, within a depth, children of a match); and
+``get``, ``get_unique``, ``update`` and ``paths`` over a circuit.
+
+>>> import numpy as np
+>>> from circuits import Array, Add, Einsum
+>>> x = Array(np.ones(3, np.float32), name='x')
+>>> c = Add(Einsum.from_spec('a,->a', x, Array(np.float32(2.0), name='two'), name='2x'), x, name='y')
+>>> [n.name for n in get(c, Glob('*x'))]
+['x', '2x']
+>>> get_unique(c, Name('2x') & Type('Einsum')).line()
+"'2x' Einsum a,->a"
+>>> update(c, Name('x'), lambda n: n.rename('x0')).children[1].name
+'x0'
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Callable, Iterable
+
+from ..errors import SelectionError
+from ..nodes import NODE_TYPE_BY_NAME, Circuit
+from ..traversal import parents_map, toposort
+
+
+class Matcher:
+    """A predicate on nodes, possibly depending on where the node sits in the circuit.
+
+    Subclasses implement ``matches(root) -> set of node hashes`` (whole-circuit matchers) or
+    ``test(node) -> bool`` (local matchers)."""
+
+    def test(self, node: Circuit) -> bool:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def matches(self, root: Circuit, order: list[Circuit] | None = None) -> set[bytes]:
+        order = toposort(root) if order is None else order
+        return {n.hash for n in order if self.test(n)}
+
+    def __and__(self, other):
+        return _And(self, as_matcher(other))
+
+    def __or__(self, other):
+        return _Or(self, as_matcher(other))
+
+    def __invert__(self):
+        return _Not(self)
+
+    def below(self, ancestor) -> "Below":
+        """Nodes matching self that have a (strict) ancestor matching ``ancestor``."""
+        return Below(as_matcher(ancestor), self)
+
+    def __repr__(self):
+        return self.describe()
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+def as_matcher(m) -> Matcher:
+    """Coerce: a Matcher; a str (exact name); a node type or its name ('Einsum'); a node (that
+    node); a callable (predicate); a set/list (any of them)."""
+    if isinstance(m, Matcher):
+        return m
+    if isinstance(m, str):
+        return Type(m) if m in NODE_TYPE_BY_NAME else Name(m)
+    if isinstance(m, type) and issubclass(m, Circuit):
+        return Type(m)
+    if isinstance(m, Circuit):
+        return Is(m)
+    if isinstance(m, (set, frozenset, list, tuple)):
+        parts = [as_matcher(x) for x in m]
+        out = parts[0] if parts else Pred(lambda n: False, "nothing")
+        for p in parts[1:]:
+            out = out | p
+        return out
+    if callable(m):
+        return Pred(m)
+    raise TypeError(f"cannot match with {m!r}: give a Matcher, name, type, node, predicate or list of them")
+
+
+class Name(Matcher):
+    """Exact name (one or several)."""
+
+    def __init__(self, *names: str):
+        self.names = frozenset(names)
+
+    def test(self, node):
+        return node.name in self.names
+
+    def describe(self):
+        return "Name(" + ", ".join(map(repr, sorted(self.names))) + ")"
+
+
+class Regex(Matcher):
+    """Name matching a regular expression (``re.search``; anchor it for a full match)."""
+
+    def __init__(self, pattern: str):
+        self.pattern = re.compile(pattern)
+
+    def test(self, node):
+        return node.name is not None and self.pattern.search(node.name) is not None
+
+    def describe(self):
+        return f"Regex({self.pattern.pattern!r})"
+
+
+class Glob(Matcher):
+    """Name matching a shell-style pattern: ``'a*.w.q.head?'``."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        self._re = re.compile(fnmatch.translate(pattern))
+
+    def test(self, node):
+        return node.name is not None and self._re.match(node.name) is not None
+
+    def describe(self):
+        return f"Glob({self.pattern!r})"
+
+
+class Type(Matcher):
+    """Node type(s), as classes or printed names."""
+
+    def __init__(self, *types):
+        resolved = []
+        for t in types:
+            if isinstance(t, str):
+                if t not in NODE_TYPE_BY_NAME:
+                    raise SelectionError(f"unknown node type {t!r}; one of {', '.join(NODE_TYPE_BY_NAME)}")
+                t = NODE_TYPE_BY_NAME[t]
+            resolved.append(t)
+        self.types = tuple(resolved)
+
+    def test(self, node):
+        return isinstance(node, self.types)
+
+    def describe(self):
+        return "Type(" + ", ".join(t.type_name for t in self.types) + ")"
+
+
+class Is(Matcher):
+    """That very node (by identity hash)."""
+
+    def __init__(self, *nodes: Circuit):
+        self.hashes = frozenset(n.hash for n in nodes)
+
+    def test(self, node):
+        return node.hash in self.hashes
+
+    def describe(self):
+        return f"Is({len(self.hashes)} node(s))"
+
+
+class Pred(Matcher):
+    """Any predicate ``node -> bool``."""
+
+    def __init__(self, fn: Callable[[Circuit], bool], description: str | None = None):
+        self.fn = fn
+        self.description = description or getattr(fn, "__name__", "predicate")
+
+    def test(self, node):
+        return bool(self.fn(node))
+
+    def describe(self):
+        return f"Pred({self.description})"
+
+
+class _And(Matcher):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        return self.a.matches(root, order) & self.b.matches(root, order)
+
+    def describe(self):
+        return f"({self.a.describe()} & {self.b.describe()})"
+
+
+class _Or(Matcher):
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        return self.a.matches(root, order) | self.b.matches(root, order)
+
+    def describe(self):
+        return f"({self.a.describe()} | {self.b.describe()})"
+
+
+class _Not(Matcher):
+    def __init__(self, a):
+        self.a = a
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        return {n.hash for n in order} - self.a.matches(root, order)
+
+    def describe(self):
+        return f"~{self.a.describe()}"
+
+
+class Below(Matcher):
+    """Nodes matching ``inner`` with a strict ancestor matching ``ancestor`` (a chain: "a node
+    matching B below one matching A")."""
+
+    def __init__(self, ancestor: Matcher, inner: Matcher):
+        self.ancestor, self.inner = ancestor, inner
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        anc = self.ancestor.matches(root, order)
+        under: set[bytes] = set()
+        # Parents come after children in toposort order: walk it backwards (top-down).
+        for node in reversed(order):
+            if node.hash in anc or node.hash in under:
+                under.update(c.hash for c in node.children)
+        return self.inner.matches(root, order) & under
+
+    def describe(self):
+        return f"{self.inner.describe()}.below({self.ancestor.describe()})"
+
+
+class Depth(Matcher):
+    """Nodes at a distance (in edges) from the root within ``[min_depth, max_depth]`` along some
+    path (shortest distance is used)."""
+
+    def __init__(self, max_depth: int, min_depth: int = 0):
+        self.min_depth, self.max_depth = min_depth, max_depth
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        dist = {root.hash: 0}
+        for node in reversed(order):
+            d = dist.get(node.hash)
+            if d is None:
+                continue
+            for c in node.children:
+                if dist.get(c.hash, d + 2) > d + 1:
+                    dist[c.hash] = d + 1
+        return {h for h, d in dist.items() if self.min_depth <= d <= self.max_depth}
+
+    def describe(self):
+        return f"Depth({self.min_depth}..{self.max_depth})"
+
+
+class ChildOf(Matcher):
+    """Children of nodes matching ``parent`` (optionally only child number ``index``)."""
+
+    def __init__(self, parent, index: int | None = None):
+        self.parent, self.index = as_matcher(parent), index
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        parents = self.parent.matches(root, order)
+        out = set()
+        for node in order:
+            if node.hash in parents:
+                kids = node.children if self.index is None else node.children[self.index:self.index + 1 or None]
+                out.update(c.hash for c in kids)
+        return out
+
+    def describe(self):
+        return f"ChildOf({self.parent.describe()}{'' if self.index is None else f', {self.index}'})"
+
+
+def get(root: Circuit, matcher, *, require: bool = False) -> list[Circuit]:
+    """Distinct matching nodes in toposort order (children first).  ``require=True`` raises
+    SelectionError naming the matcher when nothing matches."""
+    m = as_matcher(matcher)
+    order = toposort(root)
+    hits = m.matches(root, order)
+    out = [n for n in order if n.hash in hits]
+    if require and not out:
+        raise SelectionError(f"{m.describe()} matched nothing in the circuit rooted at {root.line()}")
+    return out
+
+
+def get_unique(root: Circuit, matcher) -> Circuit:
+    """The one matching node; SelectionError naming the matcher (and the candidates) otherwise."""
+    m = as_matcher(matcher)
+    hits = get(root, m)
+    if len(hits) != 1:
+        listing = "".join(f"\n    {n.line()}" for n in hits[:10])
+        raise SelectionError(
+            f"{m.describe()} matched {len(hits)} nodes, expected exactly 1{listing}"
+            + ("" if hits else f" (in the circuit rooted at {root.line()})")
+        )
+    return hits[0]
+
+
+def update(root: Circuit, matcher, fn: Callable[[Circuit], Circuit], *, require: bool = True) -> Circuit:
+    """Replace every matching node ``n`` by ``fn(n)`` (bottom-up: a match inside a match sees its
+    updated children) and rebuild only the affected ancestors."""
+    m = as_matcher(matcher)
+    order = toposort(root)
+    hits = m.matches(root, order)
+    if require and not hits:
+        raise SelectionError(f"update: {m.describe()} matched nothing in the circuit rooted at {root.line()}")
+    new: dict[bytes, Circuit] = {}
+    for node in order:
+        rebuilt = node.with_children(tuple(new[c.hash] for c in node.children)) if node.children else node
+        if node.hash in hits:
+            out = fn(rebuilt)
+            if out.shape != node.shape:
+                raise SelectionError(
+                    f"update: the function turned {node.line()} of shape {list(node.shape)} into shape "
+                    f"{list(out.shape)}; a replacement must keep the shape"
+                )
+            rebuilt = out
+        new[node.hash] = rebuilt
+    return new[root.hash]
+
+
+def paths(root: Circuit, matcher, *, limit: int = 1000) -> list[list[Circuit]]:
+    """Root-to-node paths (lists of nodes) to each matching node, up to ``limit`` paths (a shared
+    DAG can have exponentially many)."""
+    m = as_matcher(matcher)
+    order = toposort(root)
+    hits = m.matches(root, order)
+    # Only walk into subtrees that contain a match, so every path explored ends in one.
+    reaches = set(hits)
+    for node in order:
+        if any(c.hash in reaches for c in node.children):
+            reaches.add(node.hash)
+    out: list[list[Circuit]] = []
+    # A path is a linked list (node, rest-of-path-to-root): extending it is O(1), so a deep
+    # chain costs its depth, not its depth squared.
+    stack = [(root, None)] if root.hash in reaches else []
+    while stack and len(out) < limit:
+        link = stack.pop()
+        node = link[0]
+        if node.hash in hits:
+            path, step = [], link
+            while step is not None:
+                path.append(step[0])
+                step = step[1]
+            out.append(path[::-1])
+        for c in reversed(node.children):
+            if c.hash in reaches:
+                stack.append((c, link))
+    return out
+
+
+def parents(root: Circuit, node: Circuit) -> list[Circuit]:
+    """The distinct parents of ``node`` within ``root``."""
+    return parents_map(root).get(node.hash, [])
+
+
+def names(root: Circuit) -> Iterable[str]:
+    """Every name used in the circuit, in toposort order, without repeats."""
+    seen = []
+    seen_set = set()
+    for n in toposort(root):
+        if n.name is not None and n.name not in seen_set:
+            seen_set.add(n.name)
+            seen.append(n.name)
+    return seen

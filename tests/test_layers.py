@@ -1,0 +1,115 @@
+"""The layer order of DESIGN §2, enforced: a module imports only from its own layer or below.
+
+    errors, dtypes, shapes, hashing -> functions -> nodes -> traversal, check
+    -> text, select, io, testing -> backend -> models, analysis -> rewrites -> interp, importers
+
+Every import is checked, module-level and function-level alike. The one sanctioned exception is
+the node protocol's convenience methods (``c.to_text()``, ``c.evaluate()``, ``c.get(...)``), which
+import their implementations lazily from ``circuits/nodes/base.py``: they are listed in ALLOWED.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+LAYERS = [
+    {"circuits.errors", "circuits.dtypes", "circuits.shapes", "circuits.hashing"},
+    {"circuits.functions"},
+    {"circuits.nodes"},
+    {"circuits.traversal", "circuits.check"},
+    {"circuits.text", "circuits.select", "circuits.io", "circuits.testing"},
+    {"circuits.backend"},
+    {"circuits.models", "circuits.analysis"},
+    {"rewrites"},
+    {"circuits.interp", "circuits.importers"},
+]
+
+# (importing module, imported package): lazy imports inside the Circuit convenience methods.
+ALLOWED = {
+    ("circuits.nodes.base", "circuits.traversal"),
+    ("circuits.nodes.base", "circuits.text"),
+    ("circuits.nodes.base", "circuits.backend"),
+    ("circuits.nodes.base", "circuits.select"),
+}
+
+
+def layer_of(module: str):
+    """(layer index, unit) of a module of ours, or None for third-party and the package roots."""
+    parts = module.split(".")
+    for n in (2, 1):
+        unit = ".".join(parts[:n])
+        for i, layer in enumerate(LAYERS):
+            if unit in layer:
+                return i, unit
+    return None
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path):
+    """(line, imported module) for every import in the file, relative imports resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            yield node.lineno, target
+            if node.module is None or node.level:  # `from . import x` may import a submodule
+                for alias in node.names:
+                    yield node.lineno, f"{target}.{alias.name}"
+
+
+def violations():
+    found = []
+    files = sorted([*ROOT.joinpath("circuits").rglob("*.py"), *ROOT.joinpath("rewrites").rglob("*.py")])
+    assert len(files) > 40
+    for path in files:
+        me = module_name(path)
+        mine = layer_of(me)
+        if mine is None:  # circuits/__init__.py: the public API re-exports every layer
+            continue
+        for line, target in imports_of(path):
+            theirs = layer_of(target)
+            if theirs is None or theirs[1] == mine[1]:
+                continue
+            if theirs[0] > mine[0] and (me, theirs[1]) not in ALLOWED:
+                found.append(f"{path.relative_to(ROOT)}:{line}: {mine[1]} (layer {mine[0]}) imports "
+                             f"{target} (layer {theirs[0]})")
+    return found
+
+
+def test_no_module_imports_a_higher_layer():
+    assert violations() == []
+
+
+def test_every_package_has_a_layer():
+    units = {u for layer in LAYERS for u in layer}
+    for path in ROOT.joinpath("circuits").iterdir():
+        if path.name.startswith(("_", ".")) or path.suffix not in (".py", ""):
+            continue
+        assert f"circuits.{path.stem}" in units, f"{path.name} has no layer in tests/test_layers.py"
+
+
+def test_the_checker_catches_an_upward_import():
+    # The check must be able to fail: without its allowance, base.py's lazy backend import is reported.
+    saved = set(ALLOWED)
+    ALLOWED.clear()
+    try:
+        assert any("circuits/nodes/base.py" in v and "circuits.backend" in v for v in violations())
+    finally:
+        ALLOWED.update(saved)
