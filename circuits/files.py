@@ -205,7 +205,7 @@ def _text(path, metadata: dict, raw: dict) -> tuple[str, str | None]:
     try:
         version = int(metadata.get("format_version", ""))
     except ValueError:
-        raise StoreError(f"{path}: corrupted circuit file (format_version {metadata.get('format_version')[:40]!r})") from None
+        raise StoreError(f"{path}: corrupted circuit file (format_version {str(metadata.get('format_version'))[:40]!r})") from None
     if version > FORMAT_VERSION:
         raise StoreError(f"{path}: written by a newer circuits (file format {version}); upgrade circuits")
     text_tensor = raw.pop(TEXT_TENSOR, None)

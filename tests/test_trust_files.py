@@ -208,6 +208,7 @@ def _crafted(path, header: bytes, body: bytes = b""):
     b'{"__metadata__": {"format": "circuits", "format_version": "1", "text": "\\ud800", "text_blake3": "x"}}',
     b'{"__metadata__": {"format": "circuits", "format_version": "99999999999999999999999"}}',
     b'{"__metadata__": {"format": "circuits", "format_version": "2"}}',
+    b'{"__metadata__": {"format": "circuits"}}',
     b'{"__metadata__": [1]}',
     b"\xff\xfe",
 ])
