@@ -190,6 +190,8 @@ def open_file(path, *, dir_fd: int | None = None, follow: bool = True, name: str
         fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
+    except ValueError as e:  # a NUL in the name
+        raise StoreError(f"{shown!r}: not a usable file name ({e})") from None
     except OSError as e:
         if e.errno == errno.ELOOP and not follow:
             raise StoreError(

@@ -360,3 +360,6 @@ def test_killed_save_never_leaves_a_partial_file(tmp_path, seed_circuit):
     for n in names:
         if n.endswith(".tmp"):  # a killed save may leave its temporary file, named as such
             assert n.startswith(".target.circuit.")
+            os.utime(tmp_path / n, (time.time() - 3600,) * 2)
+    save(seed_circuit, path)  # its writer is dead (no lock) and it is old: the next save removes it
+    assert os.listdir(tmp_path) == ["target.circuit"]

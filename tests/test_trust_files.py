@@ -168,6 +168,8 @@ def test_loading_a_fifo_or_a_directory_is_refused_at_once(tmp_path):
         load(fifo)  # would block forever waiting for a writer if it were opened for reading
     with pytest.raises(StoreError, match="directory"):
         load(tmp_path)
+    with pytest.raises(StoreError, match="file name"):
+        load(str(tmp_path / "a\0b"))
 
 
 # ---------------------------------------------------------------------------- item 12
