@@ -44,7 +44,7 @@ import numpy as np
 
 from .errors import StoreError
 from .hashing import content_hash
-from .localfs import DEAD_TEMPORARY_AGE, LocalDir, atomic_write, make_dirs, open_file  # noqa: F401
+from .localfs import DEAD_TEMPORARY_AGE, LocalDir, atomic_write, open_file
 from .remotefs import RemoteDir, is_url, local_path
 
 # numpy dtype name <-> safetensors dtype code (the subset circuits supports).

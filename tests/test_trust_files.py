@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-import circuits as C
 import circuits.store
 from circuits import Add, Array, Einsum, Scalar, StoreError
 from circuits.files import load, load_many, save
