@@ -1,13 +1,22 @@
 """Circuit files: one self-contained file holding a circuit's text and all its tensors.
 
-A circuit file is a safetensors file: its metadata holds the circuit in the text format (and a
-format version), its tensors are keyed by their full content hash, so a tensor two Arrays share
-is stored once.  ``load`` needs nothing but the file; it never executes code from it (safetensors
-is raw bytes plus a JSON header, and the text is parsed, not evaluated) and checks every tensor
-against its hash.  ``save`` is atomic: it writes a hidden temporary file beside ``path`` and
-renames it into place, so a failed or interrupted save leaves any existing file at ``path`` as it
-was and never a truncated file there (a failed save also removes its temporary file; a process
-killed mid-write can leave the hidden temporary behind).
+A circuit file is a safetensors file.  Its tensors are keyed by their full content hash, so a
+tensor two Arrays share is stored once; the circuit in the text format is one more tensor,
+``__circuit_text__`` (its UTF-8 bytes as uint8), in the file's body rather than in its header,
+so a text of any size loads (headers are capped at 100 MB); the header's metadata holds the format
+version, the number of roots and the text's checksum.  Format 2 is this layout; format 1 files
+(the text in the header's metadata) still load.  ``load`` needs nothing but the file; it never
+executes code from it (safetensors is raw bytes plus a JSON header, and the text is parsed, not
+evaluated) and checks every tensor against its hash.  It checks the header against the file's
+size before reading anything else and maps the tensors into memory rather than reading them, so
+a damaged file is refused at once and a large one costs no copy.
+
+``save`` is atomic: it writes a hidden temporary file beside ``path`` and renames it into place,
+so a failed or interrupted save leaves any existing file at ``path`` as it was and never a
+truncated file there.  A file saved over keeps its mode (a private 0600 file stays private).  A
+failed save removes its temporary file; a process killed mid-write leaves it behind, and the
+next save to the same path removes it (see ``circuits.io.localfs``).  ``path`` may also be an
+fsspec URL (``s3://...``, ``memory://...``; ``https://`` for loading), see ``circuits.io.remotefs``.
 
 >>> import os, tempfile, numpy as np
 >>> from circuits import Array, Einsum
@@ -24,8 +33,8 @@ them by default, naming them, because a teammate loading the file could not eval
 ``allow_placeholders=True`` they are saved as placeholders (their name, shape, dtype and hash) and
 load back as the same placeholders, to be filled with ``circuits.bind``.
 
-The arrays ``load`` returns are read-only views into one buffer holding the file's tensors (one
-copy from disk, no more; keeping any of them alive keeps that buffer).  A file that uses a
+The arrays ``load`` returns are read-only views into one memory map of the file (small files:
+one buffer; keeping any of them alive keeps it).  A file that uses a
 GeneralFunction you registered yourself loads once the same function is registered again.
 """
 
@@ -41,21 +50,27 @@ import numpy as np
 
 from ..errors import ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX, content_hash
-from .store import host_array, read_safetensors, write_safetensors
+from .localfs import atomic_write, open_file
+from .remotefs import is_url, local_path, open_url, write_url
+from .store import host_array, read_safetensors_from, safetensors_writer
 
 FORMAT = "circuits"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Reserved tensor names (every other name in a circuit file is a 64-digit content hash).
+TEXT_TENSOR = "__circuit_text__"
+PLACEHOLDERS_TENSOR = "__circuit_placeholders__"
 
 
-def save(circuit, path, *, allow_placeholders: bool = False) -> None:
-    """Write ``circuit`` (text and tensors) to one file at ``path``, atomically.
+def save(circuit, path, *, allow_placeholders: bool = False, storage_options: dict | None = None) -> None:
+    """Write ``circuit`` (text and tensors) to one file at ``path`` (or an fsspec URL), atomically.
 
-    Raises ``StoreError`` naming the placeholder Arrays (no value) unless ``allow_placeholders``.
+    Raises ``StoreError`` naming the placeholder Arrays (no value) unless ``allow_placeholders``,
+    and for any failure to write (naming ``path``).
     """
-    save_many([circuit], path, allow_placeholders=allow_placeholders)
+    save_many([circuit], path, allow_placeholders=allow_placeholders, storage_options=storage_options)
 
 
-def save_many(circuits, path, *, allow_placeholders: bool = False) -> None:
+def save_many(circuits, path, *, allow_placeholders: bool = False, storage_options: dict | None = None) -> None:
     """Write several circuits to one file; shared subtrees and tensors are stored once.
 
     >>> import os, tempfile
@@ -94,59 +109,60 @@ def save_many(circuits, path, *, allow_placeholders: bool = False) -> None:
             "give them values (circuits.bind or circuits.fill_random) or save them as "
             "placeholders with allow_placeholders=True"
         )
-    text = print_many(roots)
+    text = print_many(roots).encode("utf-8", "surrogatepass")
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
         "roots": str(len(roots)),
-        "text": text,
         # The text is not covered by the tensors' hashes: this catches a damaged or edited text.
-        "text_blake3": blake3.blake3(text.encode()).hexdigest(),
+        "text_blake3": blake3.blake3(text).hexdigest(),
     }
+    tensors[TEXT_TENSOR] = np.frombuffer(text, np.uint8)
     if placeholders:
-        metadata["placeholders"] = json.dumps(
-            [[p.name, list(p.shape), p.dtype, p.content_hash] for p in placeholders]
-        )
-    path = Path(os.fspath(path))
+        listed = json.dumps([[p.name, list(p.shape), p.dtype, p.content_hash] for p in placeholders])
+        tensors[PLACEHOLDERS_TENSOR] = np.frombuffer(listed.encode("utf-8", "surrogatepass"), np.uint8)
+    write = safetensors_writer(tensors, metadata)
+    if is_url(path):
+        write_url(path, write, storage_options)
+        return
+    path = Path(local_path(os.fspath(path)))
     if not path.parent.is_dir():
         raise StoreError(f"cannot save to {path}: directory {path.parent} does not exist")
-    write_safetensors(path, tensors, metadata)
+    atomic_write(path, write)
 
 
-def load(path):
-    """The circuit saved in the file at ``path``, every tensor checked against its hash."""
-    roots = load_many(path)
+def load(path, *, storage_options: dict | None = None):
+    """The circuit saved in the file at ``path`` (or an fsspec URL), every tensor checked against
+    its hash.  Anything but a circuit file raises ``StoreError``."""
+    roots = load_many(path, storage_options=storage_options)
     if len(roots) != 1:
         raise StoreError(f"{path} holds {len(roots)} circuits; use circuits.io.files.load_many")
     return roots[0]
 
 
-def load_many(path) -> list:
+def load_many(path, *, storage_options: dict | None = None) -> list:
     """Every circuit saved in the file at ``path`` (by ``save`` or ``save_many``), in order."""
     from ..nodes.leaves import Array
     from ..text.parser import parse_many
     from ..traversal import toposort
 
-    path = Path(os.fspath(path))
-    metadata, raw = read_safetensors(path)
-    if metadata.get("format") != FORMAT:
-        raise StoreError(f"{path}: a safetensors file, but not a circuit file (no circuit text in it)")
-    try:
-        version = int(metadata.get("format_version", ""))
-    except ValueError:
-        raise StoreError(f"{path}: corrupted circuit file (format_version {metadata.get('format_version')!r})") from None
-    if version > FORMAT_VERSION:
-        raise StoreError(f"{path}: written by a newer circuits (file format {version}); upgrade circuits")
-    if "text" not in metadata:
-        raise StoreError(f"{path}: corrupted circuit file (no circuit text)")
-    if blake3.blake3(metadata["text"].encode()).hexdigest() != metadata.get("text_blake3"):
-        raise StoreError(f"{path}: the circuit text in this file does not match its checksum (corrupted or edited)")
+    if is_url(path):
+        source = open_url(path, storage_options)
+    else:
+        path = Path(local_path(os.fspath(path)))
+        try:
+            source = open_file(path)
+        except FileNotFoundError:
+            raise StoreError(f"{path}: no such file") from None
+    with source:
+        metadata, raw = read_safetensors_from(source)
+    text, placeholder_list = _text(path, metadata, raw)
     tensors = _FileTensors(path, raw)
     # Built before parsing so that the parser's placeholder for the same name and hash is this
     # node (nodes are interned), with the saved dtype and full hash, not a guessed dtype.
-    placeholders = tensors.placeholders(metadata.get("placeholders"))
+    placeholders = tensors.placeholders(placeholder_list)
     try:
-        roots = parse_many(metadata["text"], store=tensors)
+        roots = parse_many(text, store=tensors)
     except ParseError as e:
         tensors.verify_all()  # tampered tensors explain a text that does not fit them
         raise StoreError(f"{path}: the circuit text in this file does not parse: {e}") from e
@@ -179,6 +195,43 @@ def load_many(path) -> list:
     for key in tensors.raw.keys() - used:
         tensors.verify(key)
     return roots
+
+
+def _text(path, metadata: dict, raw: dict) -> tuple[str, str | None]:
+    """The circuit text and the placeholder list (JSON or None) of a circuit file, checked;
+    removes their tensors from ``raw``."""
+    if metadata.get("format") != FORMAT:
+        raise StoreError(f"{path}: a safetensors file, but not a circuit file (no circuit text in it)")
+    try:
+        version = int(metadata.get("format_version", ""))
+    except ValueError:
+        raise StoreError(f"{path}: corrupted circuit file (format_version {str(metadata.get('format_version'))[:40]!r})") from None
+    if version > FORMAT_VERSION:
+        raise StoreError(f"{path}: written by a newer circuits (file format {version}); upgrade circuits")
+    text_tensor = raw.pop(TEXT_TENSOR, None)
+    placeholder_tensor = raw.pop(PLACEHOLDERS_TENSOR, None)
+    if version >= 2:
+        for t, what in ((text_tensor, "text"), (placeholder_tensor, "placeholder list")):
+            if t is not None and (t.dtype != np.uint8 or t.ndim != 1):
+                raise StoreError(f"{path}: corrupted circuit file (the {what} is not a uint8 vector)")
+        if text_tensor is None:
+            raise StoreError(f"{path}: corrupted circuit file (no circuit text)")
+        data = text_tensor.tobytes()
+        placeholders = None if placeholder_tensor is None else placeholder_tensor.tobytes()
+    else:  # format 1: both in the header
+        if "text" not in metadata:
+            raise StoreError(f"{path}: corrupted circuit file (no circuit text)")
+        data = metadata["text"].encode("utf-8", "surrogatepass")
+        placeholders = metadata.get("placeholders")
+    if blake3.blake3(data).hexdigest() != metadata.get("text_blake3"):
+        raise StoreError(f"{path}: the circuit text in this file does not match its checksum (corrupted or edited)")
+    try:
+        text = data.decode("utf-8", "surrogatepass")
+        if isinstance(placeholders, bytes):
+            placeholders = placeholders.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise StoreError(f"{path}: corrupted circuit file (text is not UTF-8: {e})") from None
+    return text, placeholders
 
 
 class _FileTensors:
@@ -223,8 +276,10 @@ class _FileTensors:
         try:
             entries = json.loads(text)
             nodes = [Array.placeholder(shape, h, name=name, dtype=dtype) for name, shape, dtype, h in entries]
-        except Exception as e:
-            raise StoreError(f"{self.path}: corrupted placeholder list in the header ({e})") from None
+        except RecursionError:
+            raise StoreError(f"{self.path}: corrupted placeholder list (nested too deeply)") from None
+        except Exception as e:  # any malformed entry: json, unpacking, Array.placeholder's checks
+            raise StoreError(f"{self.path}: corrupted placeholder list ({str(e)[:200]})") from None
         self.short_placeholder_digests = {n.short_hash for n in nodes if len(n.short_hash) < PRINTED_HASH_HEX}
         return {n.hash: n for n in nodes}
 

@@ -6,11 +6,16 @@ into the full key.  Files are written atomically (temporary file in the same dir
 ``os.replace``), so a reader sees a whole tensor or none, and two processes writing the same
 tensor at once both succeed with the same bytes.  Nothing needs a lock: a key names its content.
 Every read checks the hash, so a corrupted or tampered file raises ``StoreError`` and never
-returns data.  Nothing is ever unpickled (``.npy`` files are read with ``allow_pickle=False``).
+returns data, and ``put`` replaces a damaged file.  Nothing is ever unpickled (``.npy`` headers
+are parsed as data; object dtypes are refused).
 
-The store can sit on a directory several people share: files are always group-readable and the
-shard directories group-writable (make the root group-owned, e.g. ``chmod 2775 root``, so new
-directories inherit the group).
+The store can sit on a directory several people share (``shared=True``, or a root that is
+already group-writable, e.g. ``chmod 2775 root``): then its files are group-readable and the
+shard directories it creates group-writable.  It never follows a symbolic link inside the root
+(a planted link is refused, never written through, read or cleaned through), and it never
+changes the mode of a directory it did not create.  The root can also be an fsspec URL
+(``s3://``, ``gs://``, ``https://`` read-only...; see ``circuits.io.remotefs``), with the same
+checks.  Local file handling lives in ``circuits.io.localfs``.
 
 >>> import tempfile, numpy as np
 >>> store = TensorStore(tempfile.mkdtemp())
@@ -28,17 +33,19 @@ tests check files both ways against the ``safetensors`` package itself.
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import os
 import re
-import secrets
-import stat
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import StoreError
 from ..hashing import content_hash
+from .localfs import DEAD_TEMPORARY_AGE, LocalDir, atomic_write, open_file
+from .remotefs import RemoteDir, is_url, local_path
 
 # numpy dtype name <-> safetensors dtype code (the subset circuits supports).
 _CODE_BY_DTYPE = {
@@ -53,6 +60,7 @@ _MAX_HEADER = 100 * 1024 * 1024
 _FULL_HASH = re.compile(r"[0-9a-f]{64}")
 _STORED_FILE = re.compile(r"([0-9a-f]{64})\.(safetensors|npy)")
 _EXTENSIONS = (".safetensors", ".npy")
+_SHARD = re.compile(r"[0-9a-f]{2}")
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -74,83 +82,14 @@ def host_array(value) -> np.ndarray:
     return arr
 
 
-# ---------------------------------------------------------------------------- atomic files
-def _effective_mode(fd_or_path) -> int:
-    st = os.fstat(fd_or_path) if isinstance(fd_or_path, int) else os.stat(fd_or_path)
-    return stat.S_IMODE(st.st_mode)
-
-
-def make_dirs(path: Path, shared: bool = False) -> None:
-    """``mkdir -p`` that tolerates other processes creating the same directories; with
-    ``shared``, directories this call creates are made group-writable."""
-    missing = []
-    p = Path(path)
-    while not p.exists():
-        missing.append(p)
-        if p.parent == p:
-            break
-        p = p.parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o777)
-        except FileExistsError:
-            continue
-        if shared:
-            try:
-                os.chmod(d, _effective_mode(str(d)) | 0o070 | (os.stat(d).st_mode & stat.S_ISGID))
-            except OSError:  # another user's directory: leave it as they made it
-                pass
-
-
-def atomic_write(path, write, *, group_readable: bool = False) -> None:
-    """Write a file through ``write(fileobj)`` so that ``path`` holds either its old content or
-    the complete new one: a temporary file in the same directory, fsync, then ``os.replace``.
-
-    The file gets the usual ``0o666 & ~umask`` mode (``group_readable`` adds group read).  If
-    ``write`` fails the temporary file is removed; if the process is killed mid-write a stray
-    ``.<name>.<random>.tmp`` may remain beside ``path``, never a partial ``path``.
-    """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        if group_readable:
-            os.fchmod(fd, (_effective_mode(fd) & 0o644) | 0o440)
-        with os.fdopen(fd, "wb", closefd=True) as f:
-            fd = -1
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if fd != -1:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not every filesystem/OS allows opening a directory.
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 # ---------------------------------------------------------------------------- safetensors
 def safetensors_header(tensors: dict, metadata: dict | None = None) -> tuple[bytes, list]:
     """The header bytes of a safetensors file holding ``tensors`` (name -> C-contiguous array),
-    and the arrays in the order their bytes follow it (widest dtype first, so each is aligned)."""
+    and the arrays in the order their bytes follow it (widest dtype first, so each is aligned).
+
+    Raises ``StoreError`` for a header over the 100 MB every safetensors reader (this one
+    included) refuses: what is written must load.
+    """
     order = sorted(tensors.items(), key=lambda kv: (-kv[1].dtype.itemsize, kv[0]))
     header: dict = {}
     if metadata:
@@ -166,13 +105,18 @@ def safetensors_header(tensors: dict, metadata: dict | None = None) -> tuple[byt
             "data_offsets": [offset, offset + arr.nbytes],
         }
         offset += arr.nbytes
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     raw += b" " * (-len(raw) % 8)  # 8-byte alignment of the data, as the reference writer does
+    if len(raw) > _MAX_HEADER:
+        raise StoreError(
+            f"{len(tensors)} tensors need a safetensors header of {len(raw) >> 20} MB, over the "
+            f"{_MAX_HEADER >> 20} MB that readers accept; split them over several files or a TensorStore"
+        )
     return len(raw).to_bytes(8, "little") + raw, [arr for _, arr in order]
 
 
-def write_safetensors(path, tensors: dict, metadata: dict | None = None, *, group_readable=False) -> None:
-    """Atomically write ``tensors`` (name -> array) and string ``metadata`` as a safetensors file."""
+def safetensors_writer(tensors: dict, metadata: dict | None = None):
+    """A ``write(fileobj)`` function that writes ``tensors`` and ``metadata`` as safetensors."""
     tensors = {name: host_array(arr) for name, arr in tensors.items()}
     header, order = safetensors_header(tensors, metadata)
 
@@ -182,52 +126,56 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None, *, grou
             if arr.nbytes:
                 f.write(memoryview(arr.reshape(-1).view(np.uint8)))  # bfloat16 has no buffer format
 
-    atomic_write(path, write, group_readable=group_readable)
+    return write
+
+
+def write_safetensors(path, tensors: dict, metadata: dict | None = None, *, group_readable=False) -> None:
+    """Atomically write ``tensors`` (name -> array) and string ``metadata`` as a safetensors file."""
+    atomic_write(path, safetensors_writer(tensors, metadata), group_readable=group_readable)
 
 
 def read_safetensors(path) -> tuple[dict, dict]:
-    """``(metadata, {name: read-only array})`` of a safetensors file, read with one copy.
+    """``(metadata, {name: read-only array})`` of a local safetensors file.
 
-    The arrays are views into one read-only buffer holding the whole file.  A file whose header
-    is malformed, whose tensors overrun it (truncation) or that has bytes no tensor claims
-    raises ``StoreError`` naming the file and the tensor.
+    The header is read and checked first, against the file's size; the tensors are then views
+    of one read-only memory map (small files: one copy).  A file whose header is malformed,
+    whose tensors overrun it (truncation) or that has bytes no tensor claims raises
+    ``StoreError`` naming the file and the tensor; so does anything but a regular file.
     """
-    path = Path(path)
     try:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
-            buf = np.empty(size, np.uint8)
-            view = memoryview(buf)
-            got = 0
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+        source = open_file(path)
     except FileNotFoundError:
         raise StoreError(f"{path}: no such file") from None
-    except OSError as e:
-        raise StoreError(f"{path}: cannot read ({e})") from None
-    if got != size:
-        raise StoreError(f"{path}: file shrank while being read ({got} of {size} bytes)")
-    buf.flags.writeable = False
-    return parse_safetensors(buf, path)
+    with source:
+        return read_safetensors_from(source)
 
 
-def parse_safetensors(buf: np.ndarray, path="<bytes>") -> tuple[dict, dict]:
-    """Parse a safetensors file held in a uint8 buffer; see ``read_safetensors``."""
-    size = buf.size
-    if size < 8:
-        raise StoreError(f"{path}: not a safetensors file (only {size} bytes; truncated?)")
-    n = int.from_bytes(buf[:8].tobytes(), "little")
-    if n > _MAX_HEADER or 8 + n > size:
+def _short(value, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def read_safetensors_from(source) -> tuple[dict, dict]:
+    """``read_safetensors`` for an open ``localfs.Source`` or ``remotefs.RemoteSource``."""
+    path, size = source.name, source.size
+    head = source.read(8)
+    if len(head) < 8:
+        raise StoreError(f"{path}: not a safetensors file (only {len(head)} bytes; truncated?)")
+    n = int.from_bytes(head, "little")
+    if n > _MAX_HEADER or (size is not None and 8 + n > size):
         raise StoreError(
-            f"{path}: not a safetensors file or truncated (header claims {n} bytes, file has {size})"
+            f"{path}: not a safetensors file or truncated (its header length field is "
+            f"{'over 100 MB' if n > _MAX_HEADER else n} and the file has {size} bytes)"
         )
+    raw = source.read(n)
+    if len(raw) < n:
+        raise StoreError(f"{path}: truncated file (header of {n} bytes, {len(raw)} there)")
     try:
-        header = json.loads(buf[8 : 8 + n].tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError is a ValueError
         raise StoreError(f"{path}: corrupted safetensors header ({e})") from None
+    except RecursionError:
+        raise StoreError(f"{path}: corrupted safetensors header (nested too deeply)") from None
     if not isinstance(header, dict):
         raise StoreError(f"{path}: corrupted safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
@@ -235,57 +183,115 @@ def parse_safetensors(buf: np.ndarray, path="<bytes>") -> tuple[dict, dict]:
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
     ):
         raise StoreError(f"{path}: corrupted safetensors header (__metadata__ must map str to str)")
-    data = buf[8 + n :]
-    arrays = {}
-    spans = []
-    for name, info in header.items():
-        try:
-            code = info["dtype"]
-            shape = tuple(info["shape"])
-            start, end = info["data_offsets"]
-            ok = (
-                all(type(s) is int and s >= 0 for s in shape)
-                and type(start) is int and type(end) is int
-            )
-        except (TypeError, KeyError, ValueError):
-            ok = False
-        if not ok:
-            raise StoreError(f"{path}: corrupted safetensors header entry for tensor {name!r}: {info!r}")
-        if code not in _DTYPE_BY_CODE:
-            raise StoreError(f"{path}: tensor {name!r} has dtype {code!r}, which circuits does not support")
-        dtype = numpy_dtype(_DTYPE_BY_CODE[code])
-        expected = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
-        if not 0 <= start <= end or end - start != expected:
+    entries = [_entry(path, name, info) for name, info in header.items()]
+    # Every byte after the header belongs to exactly one tensor: checked before reading them.
+    covered = 0
+    for start, end, name, _, _ in sorted(entries, key=lambda e: (e[0], e[1])):
+        if start < covered:
+            raise StoreError(f"{path}: tensor {_short(name)} overlaps another tensor's bytes (corrupted header)")
+        if start > covered:
+            raise StoreError(f"{path}: {start - covered} bytes before tensor {_short(name)} belong to no tensor")
+        covered = end
+    if size is not None:
+        held = size - 8 - n
+        if held < covered:
+            last = max(entries, key=lambda e: e[1])[2]
             raise StoreError(
-                f"{path}: tensor {name!r} claims bytes {start}..{end}, but {code}{list(shape)} "
-                f"needs {expected} bytes (corrupted header)"
-            )
-        if end > data.size:
-            raise StoreError(
-                f"{path}: tensor {name!r} needs bytes up to {end} but the file holds {data.size} "
+                f"{path}: tensor {_short(last)} needs bytes up to {covered} but the file holds {held} "
                 "after its header (truncated file?)"
             )
-        arrays[name] = data[start:end].view(dtype).reshape(shape)
-        spans.append((start, end, name))
-    spans.sort()
-    covered = 0
-    for start, end, name in spans:
-        if start < covered:
-            raise StoreError(f"{path}: tensor {name!r} overlaps another tensor's bytes (corrupted header)")
-        if start > covered:
-            raise StoreError(f"{path}: {start - covered} bytes before tensor {name!r} belong to no tensor")
-        covered = end
-    if covered != data.size:
-        raise StoreError(f"{path}: {data.size - covered} trailing bytes belong to no tensor (corrupted file?)")
+        if held > covered:
+            raise StoreError(f"{path}: {held - covered} trailing bytes belong to no tensor (corrupted file?)")
+    data = source.map(covered)
+    if size is None and not source.at_end():
+        raise StoreError(f"{path}: trailing bytes belong to no tensor (corrupted file?)")
+    arrays = {}
+    for start, end, name, dtype, shape in entries:
+        try:
+            arrays[name] = data[start:end].view(dtype).reshape(shape)
+        except (ValueError, OverflowError) as e:  # numpy's limits on dimensions
+            raise StoreError(f"{path}: tensor {_short(name)} has a shape numpy cannot hold ({e})") from None
     return metadata, arrays
 
 
+def _entry(path, name, info):
+    """``(start, end, name, dtype, shape)`` of one header entry, every field checked."""
+    ok = isinstance(info, dict)
+    if ok:
+        code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        ok = (
+            isinstance(code, str) and isinstance(shape, list) and isinstance(offsets, list)
+            and len(offsets) == 2 and all(type(s) is int and s >= 0 for s in shape)
+            and all(type(o) is int for o in offsets)
+        )
+    if not ok:
+        raise StoreError(f"{path}: corrupted safetensors header entry for tensor {_short(name)}: {_short(info)}")
+    if code not in _DTYPE_BY_CODE:
+        raise StoreError(f"{path}: tensor {_short(name)} has dtype {_short(code)}, which circuits does not support")
+    dtype = numpy_dtype(_DTYPE_BY_CODE[code])
+    start, end = offsets
+    expected = dtype.itemsize * math.prod(shape)
+    if not 0 <= start <= end or end - start != expected:
+        raise StoreError(
+            f"{path}: tensor {_short(name)} claims bytes {start}..{end}, but {code}{_short(shape)} "
+            f"needs {expected} bytes (corrupted header)"
+        )
+    return start, end, name, dtype, tuple(shape)
+
+
+# ---------------------------------------------------------------------------- .npy
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_MAX_HEADER = 1 << 16
+
+
+def read_npy_from(source) -> np.ndarray:
+    """The array in a ``.npy`` file, read-only, without pickle and without trusting its header:
+    the header (a Python literal) is parsed as data, its dtype must be one circuits stores and
+    its shape must account for exactly the bytes that follow it."""
+    path = source.name
+    magic = source.read(8)
+    if len(magic) < 8 or magic[:6] != _NPY_MAGIC or magic[6] not in (1, 2, 3):
+        raise StoreError(f"{path}: not a .npy file (bad magic bytes)")
+    width = 2 if magic[6] == 1 else 4
+    length = int.from_bytes(source.read(width).ljust(width, b"\0"), "little")
+    if length > _NPY_MAX_HEADER:
+        raise StoreError(f"{path}: unreadable .npy file (header of {length} bytes)")
+    raw = source.read(length)
+    try:
+        header = ast.literal_eval(raw.decode("utf-8" if magic[6] == 3 else "latin1"))
+        descr, fortran, shape = header["descr"], header["fortran_order"], header["shape"]
+        dtype = np.dtype(descr) if isinstance(descr, str) else None
+    except (ValueError, SyntaxError, TypeError, KeyError, RecursionError, MemoryError, UnicodeDecodeError):
+        raise StoreError(f"{path}: unreadable .npy file (malformed header)") from None
+    if dtype is None or dtype.name not in _CODE_BY_DTYPE or dtype.hasobject:
+        raise StoreError(f"{path}: unreadable .npy file (dtype {_short(descr)}; circuits stores {', '.join(_CODE_BY_DTYPE)})")
+    if not (isinstance(shape, tuple) and all(type(s) is int and s >= 0 for s in shape) and type(fortran) is bool):
+        raise StoreError(f"{path}: unreadable .npy file (shape {_short(shape)})")
+    nbytes = dtype.itemsize * math.prod(shape)
+    if source.size is not None and source.size - source.position != nbytes:
+        raise StoreError(
+            f"{path}: unreadable .npy file ({dtype}{list(shape)} needs {nbytes} bytes, the file holds "
+            f"{source.size - source.position}; truncated?)"
+        )
+    data = source.map(nbytes)
+    if source.size is None and not source.at_end():
+        raise StoreError(f"{path}: unreadable .npy file (trailing bytes)")
+    try:
+        arr = data.view(dtype).reshape(shape[::-1]).T if fortran else data.view(dtype).reshape(shape)
+    except (ValueError, OverflowError) as e:
+        raise StoreError(f"{path}: unreadable .npy file ({e})") from None
+    if dtype.byteorder == ">":
+        arr = arr.astype(dtype.newbyteorder("<"))
+        arr.flags.writeable = False
+    return arr
+
+
 # ---------------------------------------------------------------------------- the store
-def default_root() -> Path:
-    """``$CIRCUITS_STORE`` if set, else ``<user cache dir>/circuits/tensors``."""
+def default_root():
+    """``$CIRCUITS_STORE`` if set (a path or an fsspec URL), else ``<user cache dir>/circuits/tensors``."""
     env = os.environ.get("CIRCUITS_STORE")
     if env:
-        return Path(env).expanduser()
+        return env if is_url(env) else Path(local_path(env)).expanduser()
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("circuits")) / "tensors"
@@ -302,10 +308,17 @@ def _check_full_hash(key) -> str:
 
 
 class TensorStore:
-    """Content-addressed tensors on disk: ``root/<first 2 hex digits>/<hash>.safetensors``.
+    """Content-addressed tensors: ``root/<first 2 hex digits>/<hash>.safetensors``.
 
-    ``root`` defaults to ``$CIRCUITS_STORE``, else ``<user cache dir>/circuits/tensors``.  Files
-    ending in ``.npy`` under the same names are read too (with ``allow_pickle=False``).
+    ``root`` is a directory or an fsspec URL (``s3://bucket/tensors``, ``https://host/tensors``
+    read-only, ``memory://...``; ``storage_options`` go to fsspec); it defaults to
+    ``$CIRCUITS_STORE``, else ``<user cache dir>/circuits/tensors``.  Files ending in ``.npy``
+    under the same names are read too (without pickle).
+
+    ``shared``: whether the group may write the store.  ``True`` makes the directories the store
+    creates group-writable and its files group-readable, ``False`` never; ``None`` (default)
+    shares exactly when the root directory already is group-writable (``chmod 2775 root``).
+    The store never changes the mode of a directory it did not create.
 
     >>> import tempfile, numpy as np
     >>> from circuits import Array, Add
@@ -315,40 +328,43 @@ class TensorStore:
     True
     """
 
-    def __init__(self, root=None):
-        self.root = Path(root).expanduser() if root is not None else default_root()
+    def __init__(self, root=None, *, shared: bool | None = None, storage_options: dict | None = None):
+        env = os.environ.get("CIRCUITS_STORE") if root is None else None
+        try:
+            root = default_root() if root is None else root
+            if isinstance(root, str) and is_url(root):
+                self._dir = RemoteDir(root, storage_options)
+                self.root = self._dir.url
+            else:
+                self.root = Path(local_path(os.fspath(root))).expanduser()
+                self._dir = LocalDir(self.root, shared)
+        except (StoreError, TypeError, ValueError) as e:
+            origin = f"CIRCUITS_STORE={env!r}" if env else f"TensorStore({_short(root)})"
+            raise StoreError(f"{origin}: not a usable store location ({e})") from None
 
     def __repr__(self):
         return f"TensorStore({str(self.root)!r})"
 
-    def path(self, full_hash: str) -> Path:
-        """Where the tensor with this hash is (or would be) stored."""
+    def path(self, full_hash: str):
+        """Where the tensor with this hash is (or would be) stored: a ``Path``, or a URL."""
         full_hash = _check_full_hash(full_hash)
-        return self.root / full_hash[:2] / f"{full_hash}.safetensors"
-
-    def _existing(self, full_hash: str) -> Path | None:
-        base = self.root / full_hash[:2] / full_hash
-        for ext in _EXTENSIONS:
-            p = base.with_name(full_hash + ext)
-            if p.is_file():
-                return p
-        return None
+        where = self._dir.where(full_hash[:2], f"{full_hash}.safetensors")
+        return where if isinstance(self.root, str) else Path(where)
 
     # ------------------------------------------------------------------ writing
     def put(self, array) -> str:
-        """Store a tensor (numpy or jax); returns its full content hash.  Idempotent."""
+        """Store a tensor (numpy or jax); returns its full content hash.  Idempotent; a damaged
+        file under the tensor's name is replaced."""
         arr = host_array(array)
         return self._put(content_hash(arr), arr)
 
     def _put(self, full_hash: str, arr: np.ndarray) -> str:
-        target = self.path(full_hash)
-        if target.is_file():
-            # Same name means same content; a damaged copy is rewritten (and get() would refuse it).
-            header, _ = safetensors_header({"tensor": arr})
-            if target.stat().st_size == len(header) + arr.nbytes:
-                return full_hash
-        make_dirs(target.parent, shared=True)
-        write_safetensors(target, {"tensor": arr}, group_readable=True)
+        try:
+            self._read(full_hash)  # hash-checked: a damaged copy is no copy
+            return full_hash
+        except StoreError:
+            pass
+        self._dir.write(safetensors_writer({"tensor": arr}), full_hash[:2], f"{full_hash}.safetensors")
         return full_hash
 
     def put_circuit(self, circuit) -> list[str]:
@@ -368,53 +384,47 @@ class TensorStore:
     def get(self, full_hash: str) -> np.ndarray:
         """The tensor with this full hash, read-only, its hash checked (``StoreError`` if the
         file is missing, corrupted or tampered with)."""
-        full_hash = _check_full_hash(full_hash)
-        path = self._existing(full_hash)
-        if path is None:
-            raise StoreError(f"no tensor {full_hash} in {self}; put it there or load a circuit file")
-        if path.suffix == ".npy":
+        return self._read(_check_full_hash(full_hash))
+
+    def _read(self, full_hash: str) -> np.ndarray:
+        for ext in _EXTENSIONS:
             try:
-                arr = np.load(path, allow_pickle=False, mmap_mode=None)
-            except (ValueError, OSError, EOFError) as e:
-                raise StoreError(f"{path}: unreadable .npy file ({e})") from None
-            arr.flags.writeable = False
-        else:
-            _, tensors = read_safetensors(path)
-            if len(tensors) != 1:
-                raise StoreError(f"{path}: a store file holds exactly one tensor, this one {len(tensors)}")
-            (arr,) = tensors.values()
-        actual = content_hash(arr)
-        if actual != full_hash:
-            raise StoreError(
-                f"{path}: the tensor in this file hashes to {actual}, not to its name; the file is "
-                "corrupted or was tampered with (delete it and put the tensor again)"
-            )
-        return arr
+                source = self._dir.open(full_hash[:2], full_hash + ext)
+            except FileNotFoundError:
+                continue
+            with source:
+                if ext == ".npy":
+                    arr = read_npy_from(source)
+                else:
+                    _, tensors = read_safetensors_from(source)
+                    if len(tensors) != 1:
+                        raise StoreError(f"{source.name}: a store file holds exactly one tensor, this one {len(tensors)}")
+                    (arr,) = tensors.values()
+            actual = content_hash(arr)
+            if actual != full_hash:
+                raise StoreError(
+                    f"{source.name}: the tensor in this file hashes to {actual}, not to its name; the "
+                    "file is corrupted or was tampered with (put the tensor again to replace it)"
+                )
+            return arr
+        raise StoreError(f"no tensor {full_hash} in {self}; put it there or load a circuit file")
 
     def find(self, prefix: str) -> str | None:
         """The full hash of the one stored tensor whose hash starts with ``prefix``; ``None``
         when there is none, ``StoreError`` (listing them) when there are several."""
         prefix = str(prefix).lower()
         if not prefix or not re.fullmatch(r"[0-9a-f]{1,64}", prefix):
-            raise StoreError(f"{prefix!r} is not a hash prefix (1 to 64 hex digits)")
+            raise StoreError(f"{_short(prefix)} is not a hash prefix (1 to 64 hex digits)")
         if len(prefix) >= 2:
-            shards = [self.root / prefix[:2]]
+            shards = [prefix[:2]]
         else:
-            try:
-                shards = [e.path for e in os.scandir(self.root) if e.name.startswith(prefix) and len(e.name) == 2]
-            except FileNotFoundError:
-                return None
+            shards = [s for s in self._shards() if s.startswith(prefix)]
         found = set()
         for shard in shards:
-            try:
-                entries = os.scandir(shard)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            with entries:
-                for e in entries:
-                    m = _STORED_FILE.fullmatch(e.name)
-                    if m and m.group(1).startswith(prefix):
-                        found.add(m.group(1))
+            for name in self._dir.list(shard):
+                m = _STORED_FILE.fullmatch(name)
+                if m and m.group(1).startswith(prefix):
+                    found.add(m.group(1))
         if not found:
             return None
         if len(found) > 1:
@@ -431,40 +441,24 @@ class TensorStore:
         key = getattr(key, "content_hash", key)
         key = str(key).lower()
         if _FULL_HASH.fullmatch(key):
-            return self._existing(key) is not None
+            return any(self._dir.isfile(key[:2], key + ext) for ext in _EXTENSIONS)
         return self.find(key) is not None
 
-    def remove_stale_temporaries(self, older_than: float = 24 * 3600) -> int:
-        """Delete temporary files that writers killed mid-write left behind (only those older
-        than ``older_than`` seconds, so that live writes are untouched); returns how many."""
-        import time
-
-        cutoff = time.time() - older_than
-        removed = 0
-        for shard in self._shards():
-            with os.scandir(shard) as entries:
-                for e in entries:
-                    if e.name.startswith(".") and e.name.endswith(".tmp") and e.stat().st_mtime < cutoff:
-                        try:
-                            os.unlink(e.path)
-                            removed += 1
-                        except FileNotFoundError:
-                            pass
-        return removed
+    def remove_stale_temporaries(self, older_than: float = DEAD_TEMPORARY_AGE) -> int:
+        """Delete temporary files that writers killed mid-write left behind: those untouched for
+        ``older_than`` seconds whose writer holds no lock on them (live writes keep theirs).
+        Returns how many.  Writing a tensor already does this in its shard; local stores only."""
+        return sum(self._dir.remove_dead_temporaries(shard, older_than) for shard in self._shards())
 
     def _shards(self) -> list[str]:
-        try:
-            return [e.path for e in os.scandir(self.root) if e.is_dir() and len(e.name) == 2]
-        except FileNotFoundError:
-            return []
+        return [name for name in self._dir.list(dirs=True) if _SHARD.fullmatch(name)]
 
     def hashes(self) -> list[str]:
         """Every stored tensor's full hash, sorted."""
         found = set()
         for shard in self._shards():
-            with os.scandir(shard) as entries:
-                for e in entries:
-                    m = _STORED_FILE.fullmatch(e.name)
-                    if m:
-                        found.add(m.group(1))
+            for name in self._dir.list(shard):
+                m = _STORED_FILE.fullmatch(name)
+                if m:
+                    found.add(m.group(1))
         return sorted(found)

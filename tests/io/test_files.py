@@ -73,12 +73,14 @@ def test_file_is_plain_safetensors_with_tensors_keyed_by_content_hash(tmp_path):
     path = tmp_path / "c.circuit"
     save(c, path)
     with safetensors.safe_open(path, framework="numpy") as f:
-        assert sorted(f.keys()) == sorted({w.content_hash, b.content_hash})  # shared once
+        # Tensors shared once; the text is a uint8 tensor in the body (format 2).
+        assert sorted(f.keys()) == sorted({w.content_hash, b.content_hash, "__circuit_text__"})
         meta = f.metadata()
         np.testing.assert_array_equal(f.get_tensor(w.content_hash), w.value)
-    assert meta["format"] == "circuits" and meta["format_version"] == "1"
-    assert meta["text"] == c.to_text()
-    assert C.parse(meta["text"], store=None).to_text() == c.to_text()
+        text = f.get_tensor("__circuit_text__").tobytes().decode()
+    assert meta["format"] == "circuits" and meta["format_version"] == "2"
+    assert text == c.to_text() and "text" not in meta
+    assert C.parse(text, store=None).to_text() == c.to_text()
 
 
 def test_every_dtype_and_odd_shapes_round_trip(tmp_path):
@@ -275,7 +277,8 @@ def test_tensor_removed_or_swapped(saved):
 def test_edited_text_and_foreign_files(saved, tmp_path):
     path, _, _ = saved
     good = path.read_bytes()
-    _rewrite(path, lambda meta, t: meta.update(text=meta["text"].replace("ab->a", "ab->b")))
+    edited = lambda t: np.frombuffer(t.tobytes().replace(b"ab->a", b"ab->b"), np.uint8)  # noqa: E731
+    _rewrite(path, lambda meta, t: t.update(__circuit_text__=edited(t["__circuit_text__"])))
     with pytest.raises(StoreError, match="checksum"):
         load(path)
     path.write_bytes(good)
@@ -357,3 +360,6 @@ def test_killed_save_never_leaves_a_partial_file(tmp_path, seed_circuit):
     for n in names:
         if n.endswith(".tmp"):  # a killed save may leave its temporary file, named as such
             assert n.startswith(".target.circuit.")
+            os.utime(tmp_path / n, (time.time() - 3600,) * 2)
+    save(seed_circuit, path)  # its writer is dead (no lock) and it is old: the next save removes it
+    assert os.listdir(tmp_path) == ["target.circuit"]

@@ -270,7 +270,8 @@ def test_location_argument_env_var_and_default(tmp_path, monkeypatch):
     assert TensorStore().path(key).is_file()
 
 
-def test_shared_store_permissions_even_with_a_private_umask(store):
+def test_shared_store_permissions_even_with_a_private_umask(tmp_path):
+    store = TensorStore(tmp_path / "store", shared=True)  # sharing is asked for
     old = os.umask(0o077)
     try:
         key = store.put(np.arange(3, dtype=np.float32))
