@@ -5,6 +5,20 @@ dtype name), a structural ``hash`` fixed at construction and ``with_children``. 
 immutable and interned: building a node equal to a live one returns that one, so identical
 subtrees are stored once and equality is a comparison of 16-byte hashes, never a walk.
 
+Identity, in one place:
+
+- ``a == b`` means same hash: same type, payload, children (by hash, in order) and name.  The
+  hash covers everything a node carries that matters to a computation, so equal nodes are
+  interchangeable.  In particular an Array's identity includes its shape, its dtype and whether
+  it has a value: a placeholder and the valued Array it stands for *print* identically but are
+  different nodes (``!=``), so every "did this change?" check, every table keyed by hash and the
+  intern table keep them apart (see ``circuits.nodes.leaves.Array``).
+- ``a is b`` follows from ``a == b`` while both are alive: the intern table (hash -> weak
+  reference) hands back the live node.  The one exception is a node that may not stand for an
+  equal one (``_interchangeable_with``: a GeneralFunction whose function was re-registered under
+  the same name, and parents over such nodes); "unchanged" in ``with_children`` is therefore
+  ``is``, child by child.
+
 Constructors validate (shapes, axes, bounds, dtypes) and raise ``ShapeError``/``CircuitError``
 naming the node; they never simplify — simplification is ``rewrites``' job.
 """
@@ -225,11 +239,11 @@ class Circuit:
         return self
 
     def _interchangeable_with(self, other) -> bool:
-        """Whether the live interned node may stand for ``other`` (same hash).  Array overrides
-        this so that a node with a value is never replaced by a placeholder of it; for the same
-        reason a parent may stand for another only over the very same children (or leaves that
-        may stand for theirs): else ``Add(w, s)`` over a valued ``w`` could come back as a live
-        ``Add`` over a placeholder of ``w``.  One level only, never recursive."""
+        """Whether the live interned node may stand for ``other`` (same hash).  Equal hashes
+        normally mean interchangeable nodes; GeneralFunction overrides this for a function
+        re-registered under the same name, and so a parent may stand for another only over the
+        very same children (or leaves that may stand for theirs): else a parent over the old
+        function could come back for one over the new.  One level only, never recursive."""
         for mine, theirs in zip(self.children, other.children):
             if mine is not theirs and (mine.children or not mine._interchangeable_with(theirs)):
                 return False
@@ -239,6 +253,11 @@ class Circuit:
     def _payload_bytes(self) -> bytes:
         """Bytes identifying the payload (hash input), excluding children and name."""
         raise NotImplementedError
+
+    def _structure_bytes(self) -> bytes:
+        """The payload as the name-blind structure hash sees it: ``_payload_bytes`` except where
+        a node carries something that is identity but not structure (an Array's having a value)."""
+        return self._payload_bytes()
 
     def payload_text(self) -> str:
         """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
@@ -250,10 +269,12 @@ class Circuit:
 
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
-        """This node over new children (validated); ``self`` when nothing changed."""
+        """This node over new children (validated); ``self`` when they are the very same
+        children (``is``: an equal child can be a node that may not stand for this one's, see
+        ``_interchangeable_with``)."""
         children = tuple(children)
         old = self.children
-        if len(children) == len(old) and all(a is b or a == b for a, b in zip(children, old)):
+        if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
             return self
         return self._rebuild(children)
 
