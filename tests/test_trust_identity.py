@@ -1,12 +1,13 @@
-"""Node identity: placeholders vs valued Arrays, dtype identity.
+"""Node identity: placeholders vs valued Arrays, dtype identity, thread-safe interning.
 
 A placeholder Array (shape, dtype, hash, no value) and the valued Array it stands for print the
 same line but are different nodes, so binding the true values to a parsed circuit changes it and
-it evaluates (see ``circuits.nodes.leaves``).
+it evaluates (see ``circuits.nodes.leaves``).  Interning hands every thread the same object.
 """
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import circuits as C
 from circuits.models import attn_only, causal_mask, random_weights
+from circuits.nodes import base
 from circuits.select import update
 from circuits.traversal import deep_map, replace
 from circuits.values import placeholders
@@ -158,3 +160,106 @@ def test_a_file_keeps_placeholder_dtypes_and_refuses_twins_it_cannot_tell_apart(
     twin = C.Array.placeholder((3,), "0abc", name="i", dtype="float32")
     with pytest.raises(C.StoreError, match="differ only in dtype"):
         C.save(C.Add(idx, twin), tmp_path / "twins.circuit", allow_placeholders=True)
+
+
+# ---------------------------------------------------------------------------- threads
+N_THREADS = 8
+ROUNDS = 12
+NODES_PER_ROUND = 1500
+
+
+def _build(round_number):
+    """The same fresh nodes in every thread (new each round, so the threads race to intern them):
+    leaves, parents over them, and parents over parents."""
+    out = []
+    base_value = float(round_number * NODES_PER_ROUND)
+    for i in range(NODES_PER_ROUND // 3):
+        leaf = C.Scalar(base_value + i, (2,))
+        parent = C.Add(leaf, leaf, name="p")
+        out += [leaf, parent, C.GeneralFunction("exp", parent)]
+    return out
+
+
+def test_interning_is_thread_safe():
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up quickly
+    try:
+        start, finish = threading.Barrier(N_THREADS), threading.Barrier(N_THREADS)
+        results = [None] * N_THREADS
+        errors = []
+
+        def work(t):
+            try:
+                for r in range(ROUNDS):
+                    start.wait()
+                    # Drop last round's nodes and rebuild: the shared part (the same every round)
+                    # dies in one thread while another builds it again, racing the table's
+                    # removal of a dead node against the insertion of its successor; the fresh
+                    # part races threads that all miss the table at once.
+                    results[t] = None
+                    results[t] = _build(0) + _build(r + 1)
+                    finish.wait()
+                    if t == 0:
+                        check(r)
+            except BaseException as e:  # noqa: BLE001  (reported by the main thread)
+                errors.append(e)
+                start.abort()
+                finish.abort()
+
+        def check(r):
+            first = results[0]
+            for other in results[1:]:
+                twins = sum(a is not b for a, b in zip(first, other))
+                assert twins == 0, f"round {r}: {twins} nodes built twice"
+            missing = sum(base._INTERNED.get(n.hash) is None or base._INTERNED[n.hash]() is not n
+                          for n in first)
+            assert missing == 0, f"round {r}: {missing} live nodes missing from the intern table"
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(N_THREADS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert not errors, errors[0]
+
+
+def test_forgetting_a_dead_node_never_drops_the_entry_of_its_successor(monkeypatch):
+    """The race the stress test above rarely hits, forced: node N has died and its weak reference
+    callback has just read the table (N's dead entry) when another thread builds N again.  The
+    callback must not then delete the new node's entry (a later build would make a twin)."""
+    node = C.Scalar(0.375, (5,), name="reborn")
+    key = node.hash
+    del node
+
+    class Dead:
+        pass
+
+    corpse = Dead()
+    dead = base._Ref(corpse)
+    dead.key = key
+    del corpse
+    assert dead() is None
+    successor = []
+
+    class Table(dict):
+        """The intern table, which lets another thread build N right after the callback's read."""
+        rebuild = True
+
+        def get(self, k, default=None):
+            out = dict.get(self, k, default)
+            if k == key and self.rebuild:
+                self.rebuild = False
+                builder = threading.Thread(target=lambda: successor.append(C.Scalar(0.375, (5,), name="reborn")))
+                builder.start()
+                builder.join(timeout=0.5)  # it finishes now unless the table is locked (it must be)
+                self.builder = builder
+            return out
+
+    table = Table({key: dead})
+    monkeypatch.setattr(base, "_INTERNED", table)
+    base._forget(dead, table)
+    table.builder.join()
+    assert successor and key in table, "the dead node's callback deleted its successor's entry"
+    assert table[key]() is successor[0]

@@ -18,6 +18,9 @@ Identity, in one place:
   equal one (``_interchangeable_with``: a GeneralFunction whose function was re-registered under
   the same name, and parents over such nodes); "unchanged" in ``with_children`` is therefore
   ``is``, child by child.
+- Interning is thread-safe: looking a hash up is one dict read and inserting a new node one
+  atomic ``setdefault``; replacing or forgetting an entry happens under a lock that re-checks
+  the table.  Threads building the same node concurrently all get one object.
 
 Constructors validate (shapes, axes, bounds, dtypes) and raise ``ShapeError``/``CircuitError``
 naming the node; they never simplify — simplification is ``rewrites``' job.
@@ -29,6 +32,7 @@ import contextlib
 import gc
 import operator
 import struct
+import threading
 import weakref
 from typing import ClassVar
 
@@ -46,15 +50,20 @@ class _Ref(weakref.ref):
 
 # Interning table: node hash -> weak reference to the live node, so dropping a circuit frees it.
 _INTERNED: "dict[bytes, _Ref]" = {}
+# A new key is inserted with one atomic ``setdefault`` (no lock: two threads that both missed
+# the table get one winner).  Every other change (replacing an entry, removing a dead node's)
+# is a check-then-write and happens under this lock, so that a dead node's removal cannot delete
+# the entry of its successor.  Reentrant because a weak reference callback (``_forget``) can run
+# in the thread that holds it, when building a node frees another.
+_INTERN_LOCK = threading.RLock()
 
 
-def _forget(ref, _table=_INTERNED):
-    # Called when an interned node dies; a newer node may already hold the key.
-    if _table.get(ref.key) is ref:
-        try:
+def _forget(ref, _table=_INTERNED, _lock=_INTERN_LOCK):
+    # Called when an interned node dies; a newer node may already hold the key.  Under the lock:
+    # between the check and the delete another thread could insert a new node under this key.
+    with _lock:
+        if _table.get(ref.key) is ref:
             del _table[ref.key]
-        except KeyError:  # pragma: no cover - removed concurrently
-            pass
 
 
 @contextlib.contextmanager
@@ -233,10 +242,25 @@ class Circuit:
         self.hash = h
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
-        ref = _Ref(self, _forget)
-        ref.key = h
-        _INTERNED[h] = ref
+        mine = _Ref(self, _forget)
+        mine.key = h
+        # One atomic insert-if-absent: of threads racing to build this node, one wins.
+        if _INTERNED.setdefault(h, mine) is not mine:
+            return self._intern_taken(h, mine)
         return self
+
+    def _intern_taken(self, h, mine) -> "Circuit":
+        """The key is held: by an equal node another thread just built, by a dead node not yet
+        forgotten, or by one that may not stand for this one.  Under the lock: the live node if
+        it may stand for this one, else this one replaces the entry."""
+        with _INTERN_LOCK:
+            ref = _INTERNED.get(h)
+            if ref is not None:
+                existing = ref()
+                if existing is not None and existing._interchangeable_with(self):
+                    return existing
+            _INTERNED[h] = mine
+            return self
 
     def _interchangeable_with(self, other) -> bool:
         """Whether the live interned node may stand for ``other`` (same hash).  Equal hashes
