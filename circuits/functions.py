@@ -170,7 +170,7 @@ def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, 
     >>> c = C.GeneralFunction('cumsum_last_demo', C.Array(np.ones(3, np.float32), name='x'))
     >>> C.evaluate(c)
     array([1., 2., 3.], dtype=float32)
-    >>> C.parse(c.to_text()) == c       # it prints and parses by its registered name
+    >>> C.bind(C.parse(c.to_text()), {'x': np.ones(3, np.float32)}) == c   # it prints and parses by its name
     True
     >>> unregister_function('cumsum_last_demo')
     """

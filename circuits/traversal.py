@@ -140,7 +140,7 @@ def fill_structure_hashes(root: Circuit) -> None:
     for node in toposort(root, stop=lambda n: n._blind_hash is not None):
         if node._blind_hash is not None:
             continue
-        parts = [node.type_name.encode(), b"\0", node._payload_bytes(), b"\0",
+        parts = [node.type_name.encode(), b"\0", node._structure_bytes(), b"\0",
                  len(node.children).to_bytes(4, "little")]
         parts.extend(c._blind_hash for c in node.children)
         node._blind_hash = node_hash(b"".join(parts))

@@ -109,6 +109,15 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
             "give them values (circuits.bind or circuits.fill_random) or save them as "
             "placeholders with allow_placeholders=True"
         )
+    printed: dict = {}
+    for p in placeholders:
+        twin = printed.setdefault((p.short_hash, p.shape, p.name), p)
+        if twin is not p:  # the same line in the text: only their dtypes differ
+            raise StoreError(
+                f"cannot save placeholders {p.line()} ({twin.dtype} and {p.dtype}): they differ only "
+                "in dtype, which the text does not show, so loading could not tell them apart; "
+                "rename one or give it a value (circuits.bind)"
+            )
     text = print_many(roots).encode("utf-8", "surrogatepass")
     metadata = {
         "format": FORMAT,
@@ -158,8 +167,8 @@ def load_many(path, *, storage_options: dict | None = None) -> list:
         metadata, raw = read_safetensors_from(source)
     text, placeholder_list = _text(path, metadata, raw)
     tensors = _FileTensors(path, raw)
-    # Built before parsing so that the parser's placeholder for the same name and hash is this
-    # node (nodes are interned), with the saved dtype and full hash, not a guessed dtype.
+    # The parser asks ``tensors.placeholder`` for each Array the file has no tensor for, and gets
+    # these: the saved dtype (part of an Array's identity) and full hash, not a guessed dtype.
     placeholders = tensors.placeholders(placeholder_list)
     try:
         roots = parse_many(text, store=tensors)
@@ -178,8 +187,6 @@ def load_many(path, *, storage_options: dict | None = None) -> list:
                 raise StoreError(
                     f"{path}: {node.line()} has no tensor in this file (truncated or tampered file?)"
                 )
-            if node.dtype != placeholders[node.hash].dtype:
-                raise StoreError(f"{path}: {node.line()} should be a {placeholders[node.hash].dtype} placeholder")
             continue
         key = tensors.given.get(id(node.value))
         if key is None:
@@ -249,6 +256,7 @@ class _FileTensors:
         self.given: dict[int, str] = {}  # id(array handed to the parser) -> its key
         self._keep = []  # keeps those arrays alive so their ids stay theirs
         self.short_placeholder_digests: set = set()
+        self.by_line: dict = {}  # (printed hash, shape, name) -> saved placeholder
 
     def find(self, prefix: str):
         if prefix in self.short_placeholder_digests:
@@ -281,7 +289,12 @@ class _FileTensors:
         except Exception as e:  # any malformed entry: json, unpacking, Array.placeholder's checks
             raise StoreError(f"{self.path}: corrupted placeholder list ({str(e)[:200]})") from None
         self.short_placeholder_digests = {n.short_hash for n in nodes if len(n.short_hash) < PRINTED_HASH_HEX}
+        self.by_line = {(n.short_hash, n.shape, n.name): n for n in nodes}
         return {n.hash: n for n in nodes}
+
+    def placeholder(self, prefix: str, shape, name):
+        """The saved placeholder a printed Array line stands for (the parser's hook), or None."""
+        return self.by_line.get((prefix, shape, name))
 
     def mismatch(self, key, actual, what) -> StoreError:
         return StoreError(

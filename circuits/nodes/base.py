@@ -5,6 +5,23 @@ dtype name), a structural ``hash`` fixed at construction and ``with_children``. 
 immutable and interned: building a node equal to a live one returns that one, so identical
 subtrees are stored once and equality is a comparison of 16-byte hashes, never a walk.
 
+Identity, in one place:
+
+- ``a == b`` means same hash: same type, payload, children (by hash, in order) and name.  The
+  hash covers everything a node carries that matters to a computation, so equal nodes are
+  interchangeable.  In particular an Array's identity includes its shape, its dtype and whether
+  it has a value: a placeholder and the valued Array it stands for *print* identically but are
+  different nodes (``!=``), so every "did this change?" check, every table keyed by hash and the
+  intern table keep them apart (see ``circuits.nodes.leaves.Array``).
+- ``a is b`` follows from ``a == b`` while both are alive: the intern table (hash -> weak
+  reference) hands back the live node.  The one exception is a node that may not stand for an
+  equal one (``_interchangeable_with``: a GeneralFunction whose function was re-registered under
+  the same name, and parents over such nodes); "unchanged" in ``with_children`` is therefore
+  ``is``, child by child.
+- Interning is thread-safe: looking a hash up is one dict read and inserting a new node one
+  atomic ``setdefault``; replacing or forgetting an entry happens under a lock that re-checks
+  the table.  Threads building the same node concurrently all get one object.
+
 Constructors validate (shapes, axes, bounds, dtypes) and raise ``ShapeError``/``CircuitError``
 naming the node; they never simplify — simplification is ``rewrites``' job.
 """
@@ -15,6 +32,7 @@ import contextlib
 import gc
 import operator
 import struct
+import threading
 import weakref
 from typing import ClassVar
 
@@ -34,15 +52,20 @@ class _Ref(weakref.ref):
 
 # Interning table: node hash -> weak reference to the live node, so dropping a circuit frees it.
 _INTERNED: "dict[bytes, _Ref]" = {}
+# A new key is inserted with one atomic ``setdefault`` (no lock: two threads that both missed
+# the table get one winner).  Every other change (replacing an entry, removing a dead node's)
+# is a check-then-write and happens under this lock, so that a dead node's removal cannot delete
+# the entry of its successor.  Reentrant because a weak reference callback (``_forget``) can run
+# in the thread that holds it, when building a node frees another.
+_INTERN_LOCK = threading.RLock()
 
 
-def _forget(ref, _table=_INTERNED):
-    # Called when an interned node dies; a newer node may already hold the key.
-    if _table.get(ref.key) is ref:
-        try:
+def _forget(ref, _table=_INTERNED, _lock=_INTERN_LOCK):
+    # Called when an interned node dies; a newer node may already hold the key.  Under the lock:
+    # between the check and the delete another thread could insert a new node under this key.
+    with _lock:
+        if _table.get(ref.key) is ref:
             del _table[ref.key]
-        except KeyError:  # pragma: no cover - removed concurrently
-            pass
 
 
 @contextlib.contextmanager
@@ -170,17 +193,32 @@ class Circuit:
         self.hash = h
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
-        ref = _Ref(self, _forget)
-        ref.key = h
-        _INTERNED[h] = ref
+        mine = _Ref(self, _forget)
+        mine.key = h
+        # One atomic insert-if-absent: of threads racing to build this node, one wins.
+        if _INTERNED.setdefault(h, mine) is not mine:
+            return self._intern_taken(h, mine)
         return self
 
+    def _intern_taken(self, h, mine) -> "Circuit":
+        """The key is held: by an equal node another thread just built, by a dead node not yet
+        forgotten, or by one that may not stand for this one.  Under the lock: the live node if
+        it may stand for this one, else this one replaces the entry."""
+        with _INTERN_LOCK:
+            ref = _INTERNED.get(h)
+            if ref is not None:
+                existing = ref()
+                if existing is not None and existing._interchangeable_with(self):
+                    return existing
+            _INTERNED[h] = mine
+            return self
+
     def _interchangeable_with(self, other) -> bool:
-        """Whether the live interned node may stand for ``other`` (same hash).  Array overrides
-        this so that a node with a value is never replaced by a placeholder of it; for the same
-        reason a parent may stand for another only over the very same children (or leaves that
-        may stand for theirs): else ``Add(w, s)`` over a valued ``w`` could come back as a live
-        ``Add`` over a placeholder of ``w``.  One level only, never recursive."""
+        """Whether the live interned node may stand for ``other`` (same hash).  Equal hashes
+        normally mean interchangeable nodes; GeneralFunction overrides this for a function
+        re-registered under the same name, and so a parent may stand for another only over the
+        very same children (or leaves that may stand for theirs): else a parent over the old
+        function could come back for one over the new.  One level only, never recursive."""
         for mine, theirs in zip(self.children, other.children):
             if mine is not theirs and (mine.children or not mine._interchangeable_with(theirs)):
                 return False
@@ -190,6 +228,11 @@ class Circuit:
     def _payload_bytes(self) -> bytes:
         """Bytes identifying the payload (hash input), excluding children and name."""
         raise NotImplementedError
+
+    def _structure_bytes(self) -> bytes:
+        """The payload as the name-blind structure hash sees it: ``_payload_bytes`` except where
+        a node carries something that is identity but not structure (an Array's having a value)."""
+        return self._payload_bytes()
 
     def payload_text(self) -> str:
         """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
@@ -201,10 +244,12 @@ class Circuit:
 
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
-        """This node over new children (validated); ``self`` when nothing changed."""
+        """This node over new children (validated); ``self`` when they are the very same
+        children (``is``: an equal child can be a node that may not stand for this one's, see
+        ``_interchangeable_with``)."""
         children = tuple(children)
         old = self.children
-        if len(children) == len(old) and all(a is b or a == b for a, b in zip(children, old)):
+        if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
             return self
         return self._rebuild(children)
 

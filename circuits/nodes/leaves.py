@@ -1,5 +1,31 @@
 """Leaf nodes: Array (a tensor or a placeholder for one), Scalar (a constant) and Symbol (a free
-input bound at evaluation)."""
+input bound at evaluation).
+
+Placeholders.  A *placeholder* Array is a promise of a tensor: shape, dtype and (a prefix of) its
+content hash, no value.  Parsing text without a store (or with one that lacks the tensor) makes
+placeholders; ``circuits.bind`` and ``circuits.fill_random`` replace them by valued Arrays.  An
+Array's identity (its node hash, hence ``==``, ``hash()`` and the intern table) covers its printed
+content hash, its shape, its dtype and **whether it has a value**:
+
+- a placeholder and the valued Array it stands for print the same line but are different nodes
+  (``!=``), so binding the true values to a parsed circuit really changes it, and parsing never
+  hands back a live valued Array for a placeholder line (or the reverse);
+- two placeholders of the same hash and shape but different dtypes are different nodes;
+- two placeholders that agree on all of that are the same node even when one knows the full
+  64-digit hash and the other only the printed prefix (the live one is returned);
+- the name-blind ``structure_hash`` ignores whether a value is there (a placeholder circuit and
+  its bound twin sort their operands alike), and compiled code never depends on it (the compile
+  cache key sees only an Array's shape and dtype).
+
+>>> import numpy as np
+>>> from circuits import parse, bind
+>>> w = Array(np.ones((2,), np.float32), name='w')
+>>> p = parse(w.to_text())
+>>> p.is_placeholder, p.to_text() == w.to_text(), p == w
+(True, True, False)
+>>> bind(p, {'w': np.ones((2,), np.float32)}) is w
+True
+"""
 
 from __future__ import annotations
 
@@ -39,7 +65,8 @@ class Array(Circuit):
 
     A placeholder Array knows only shape, dtype and hash (``Array.placeholder``): it prints like
     the real one and raises a clear error if evaluated before ``circuits.bind`` or
-    ``circuits.fill_random`` give it a value.
+    ``circuits.fill_random`` give it a value.  It is not equal to the valued Array (see the
+    module docstring): having a value is part of an Array's identity, and so is its dtype.
 
     >>> import numpy as np
     >>> w = Array(np.zeros((2, 3), np.float32), name='w')
@@ -100,18 +127,17 @@ class Array(Circuit):
         return self.content_hash[:PRINTED_HASH_HEX]
 
     def _payload_bytes(self):
-        # The shape is implied by a real array's content hash, but not by a placeholder's
-        # (possibly short) hash prefix: keep it in the identity so shapes can never be confused.
-        return self.short_hash.encode() + b"|" + _pack_ints(self.shape)
+        # "P" or "V": a placeholder is never the valued Array it stands for, so no "did this
+        # change?" check or hash-keyed table can confuse them (see the module docstring).
+        return (b"P|" if self.value is None else b"V|") + self._structure_bytes()
+
+    def _structure_bytes(self):
+        # Shape and dtype are implied by a real array's content hash, but not by a placeholder's
+        # (possibly short) hash prefix: keep them in the identity so they can never be confused.
+        return self.short_hash.encode() + b"|" + self.dtype.encode() + b"|" + _pack_ints(self.shape)
 
     def payload_text(self):
         return self.short_hash
-
-    def _interchangeable_with(self, other):
-        # Never hand back a placeholder for a node that has its value.  Between placeholders the
-        # live one wins: the text format does not carry dtypes, so a parsed placeholder's dtype is
-        # a guess that a live node of the same identity knows better.
-        return not (self.value is None and other.value is not None)
 
     def _rebuild(self, children):
         if children:

@@ -16,7 +16,11 @@ Parsing runs in four passes, none recursive, so a 50,000-deep text parses like a
 Any text gives circuits or a ``ParseError`` naming the line number, the line, the column where it
 can and what was expected; errors from node constructors (a ``ShapeError``...) are wrapped into
 one.  An Array is looked up in ``store`` (``store.find(prefix)``, then ``store.get(full_hash)``)
-and becomes a placeholder when the store lacks it or no store is given.
+and becomes a placeholder when the store lacks it or no store is given: a placeholder with the
+dtype of pass 3, unless the store knows the placeholder itself (an optional
+``store.placeholder(prefix, shape, name)``: a circuit file records its placeholders' dtypes).
+A placeholder is never equal to the valued Array it stands for (``circuits.nodes.leaves``), so
+parsing without a store gives placeholders even while the original circuit is alive.
 
 >>> c = parse('''
 ... 'y' Einsum ab,b->a
@@ -418,6 +422,10 @@ def _array(r, kids, store):
             raise r.error(str(e), "a longer hash prefix, unique in the store", r.payload_column + 1) from None
         if full is not None:
             return Array(store.get(full), name=r.name)
+        known = getattr(store, "placeholder", None)
+        node = None if known is None else known(digest.lower(), r.shape, r.name)
+        if node is not None:
+            return node
     dtype = "int64" if r.int_index else "float32"
     return Array.placeholder(r.shape, digest, name=r.name, dtype=dtype)
 

@@ -137,17 +137,20 @@ def test_interning_returns_the_live_node_and_frees_dead_ones():
     gc.collect()
     assert ref() is None
     assert key not in base._INTERNED  # the table forgets dead nodes
-    # A live Array with its value stands for a placeholder of it, never the other way round.
+    # Having a value is part of an Array's identity: a placeholder and the valued Array it
+    # stands for print alike but are different nodes, whichever was built first.
     value = np.arange(3, dtype=np.float32) + 0.5
     w = C.Array(value, name="w")
-    assert C.Array.placeholder(w.shape, w.content_hash, name="w", dtype="float32") is w
+    ph_w = C.Array.placeholder(w.shape, w.content_hash, name="w", dtype="float32")
+    assert ph_w.value is None and ph_w != w and ph_w.line() == w.line()
     h = C.Array(value * 3, name="w2")
     content = h.content_hash
     del h
     gc.collect()
     ph = C.Array.placeholder((3,), content, name="w2", dtype="float32")
     filled = C.Array(value * 3, name="w2")
-    assert ph.value is None and filled.value is not None and ph == filled and ph is not filled
+    assert ph.value is None and filled.value is not None and ph != filled
+    assert C.Array.placeholder((3,), content, name="w2", dtype="float32") is ph
 
 
 def test_a_parent_over_a_valued_array_never_comes_back_over_its_placeholder():
@@ -164,11 +167,12 @@ def test_a_parent_over_a_valued_array_never_comes_back_over_its_placeholder():
     over_value = w
     for _ in range(30):
         over_value = C.GeneralFunction("tanh", C.Add(over_value, s))
-    assert over_value == over_placeholder  # the same circuit ...
+    # The same text, but different circuits: one has its values, the other does not ...
+    assert over_value.to_text() == over_placeholder.to_text() and over_value != over_placeholder
     expected = value.astype(np.float64)
     for _ in range(30):
         expected = np.tanh(expected + 1.0)
-    # ... but the one built over the value evaluates, all the way down
+    # ... and the one built over the value evaluates, all the way down
     np.testing.assert_allclose(evaluate(over_value, dtype="float64"), expected, rtol=1e-12)
-    # and rebuilding over the placeholder now hands back the valued circuit
-    assert C.Add(placeholder, s).children[0] is w
+    # while rebuilding over the placeholder keeps the placeholder
+    assert C.Add(placeholder, s).children[0] is placeholder
