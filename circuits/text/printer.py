@@ -60,15 +60,19 @@ _RESET = "\x1b[0m"
 
 
 def to_text(circuit, **options) -> str:
-    """The text of a circuit (or of a list of circuits sharing serials and references).
+    """The text of one circuit (``circuit.to_text()``); several roots sharing serials and
+    references are ``print_many(roots)``.
 
     >>> from circuits import Scalar
     >>> to_text(Scalar(1e-5, name='ln.c.eps'))
     "'ln.c.eps' [] Scalar 0.00001"
     """
-    if isinstance(circuit, Circuit):
-        return print_many([circuit], **options)
-    return print_many(list(circuit), **options)
+    if not isinstance(circuit, Circuit):
+        raise TypeError(
+            f"to_text prints one circuit node, got {type(circuit).__name__}; "
+            "print several roots with print_many(roots)"
+        )
+    return print_many([circuit], **options)
 
 
 def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
