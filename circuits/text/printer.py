@@ -196,7 +196,7 @@ def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count,
 
 
 # ---------------------------------------------------------------------------- strings
-def _body(node, shapes, names):
+def _body(node, shapes):
     """The line after the identifier: ``[shape] Type [payload]``."""
     parts = []
     if shapes or node.prints_shape:
@@ -259,7 +259,7 @@ def _styled(node, kind, serial, identifier, shapes, comments, color, names):
             head.append(_paint(serial[:-1], "2", color))
         if names and node.name is not None:
             head.append(_paint(quote_name(node.name), "1", color))
-        body = _body(node, shapes, names)
+        body = _body(node, shapes)
         head.append(_paint(body, _COLORS.get(node.type_name, "0"), color))
         text = " ".join(head)
     else:
