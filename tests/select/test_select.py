@@ -9,6 +9,7 @@ from circuits.select import (
     Below, ChildOf, Depth, Glob, Is, Name, Pred, Regex, Type, as_matcher, get, get_unique, names,
     parents, paths, update,
 )
+from tests.deep import DEPTH
 
 SMALL = dict(vocab=31, d_model=16, n_heads=2, head_size=8, n_layers=2, max_positions=16)
 
@@ -116,9 +117,7 @@ def test_paths_through_a_match_to_a_match_below_it():
         ["top", "m"], ["top", "m", "x"], ["top", "other", "m"], ["top", "other", "m", "x"]]
 
 
-def test_paths_on_a_deep_chain_costs_its_depth():
-    c = C.Symbol((2,), name="x")
-    for i in range(50_000):
-        c = C.Add(c, name=f"n{i}")
-    (p,) = paths(c, "x")
-    assert len(p) == 50_001 and p[0] is c and p[-1].name == "x"
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_paths_on_a_deep_chain_costs_its_depth(deep_chain):
+    (p,) = paths(deep_chain, "x")
+    assert len(p) == DEPTH + 1 and p[0] is deep_chain and p[-1].name == "x"
