@@ -27,7 +27,7 @@ from .errors import (
 )
 from .functions import FunctionSpec, register_elementwise, register_function, unregister_function
 from .nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from .traversal import count_nodes, deep_map, filter_nodes, replace, strip_names, toposort
+from .traversal import count_nodes, deep_map, replace, strip_names, toposort
 
 # name -> module that defines it (loaded on first access).
 _LAZY = {
@@ -51,10 +51,8 @@ _LAZY = {
     "TensorStore": ("circuits.io", "TensorStore"),
     "save": ("circuits.io", "save"),
     "load": ("circuits.io", "load"),
-    # selection (circuits/select/)
-    "get": ("circuits.select", "get"),
-    "get_unique": ("circuits.select", "get_unique"),
-    "update": ("circuits.select", "update"),
+    # selection: the Circuit methods c.get / get_unique / update / paths, and the same
+    # functions and the matchers in circuits.select
     "select": ("circuits.select", None),
     # exact symbolic comparison
     "symbolic_equal": ("circuits.backend", "symbolic_equal"),
@@ -67,7 +65,7 @@ __all__ = [
     # functions
     "FunctionSpec", "register_function", "register_elementwise", "unregister_function",
     # traversal
-    "toposort", "count_nodes", "deep_map", "filter_nodes", "replace", "strip_names",
+    "toposort", "count_nodes", "deep_map", "replace", "strip_names",
     # errors
     "CircuitError", "ShapeError", "ParseError", "EvaluationError", "RewriteError",
     "RewriteLoopError", "StoreError", "SelectionError",

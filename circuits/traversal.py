@@ -56,11 +56,6 @@ def count_nodes(*roots: Circuit) -> int:
     return len(toposort(*roots))
 
 
-def filter_nodes(root: Circuit, predicate: Callable[[Circuit], bool]) -> list[Circuit]:
-    """Distinct nodes satisfying ``predicate``, in toposort order."""
-    return [n for n in toposort(root) if predicate(n)]
-
-
 def deep_map(root: Circuit, fn: Callable[[Circuit], Circuit | None]) -> Circuit:
     """Rebuild ``root`` bottom-up: each distinct node once, over its already-mapped children,
     is passed to ``fn``; a ``None`` result keeps the node.

@@ -13,11 +13,13 @@ PUBLIC = {
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
-    "evaluate", "evaluate_batched", "fill_random", "filter_nodes", "get", "get_unique", "grad",
+    "evaluate", "evaluate_batched", "fill_random", "grad",
     "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
-    "toposort", "unregister_function", "update", "value_and_grad",
+    "toposort", "unregister_function", "value_and_grad",
 }
+# Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in
+# circuits.select: there are no top-level aliases.  filter_nodes is c.get(predicate).
 
 
 def test_public_names_are_exactly_these():

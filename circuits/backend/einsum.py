@@ -34,7 +34,7 @@ def _same_dtype(a, b):
     return lax.convert_element_type(a, t), lax.convert_element_type(b, t)
 
 
-def _diagonal_step(axes: tuple, shape: tuple):
+def _diagonal_step(axes: tuple):
     """(unique axes, fn) taking the diagonal over repeated ids of one operand, or None."""
     if len(set(axes)) == len(axes):
         return None
@@ -134,7 +134,7 @@ def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]
     terms: list[tuple] = []
     for k, t in enumerate(in_axes):
         fns = []
-        step = _diagonal_step(t, shapes[k])
+        step = _diagonal_step(t)
         if step:
             t, fn = step
             fns.append(fn)

@@ -41,7 +41,7 @@ def _head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w, mask: Circ
     return attention_head(norm, qk_input, wq, wk, wv, wo, mask, bias, name=f"b{layer}.a.head{head}")
 
 
-def _weight_arrays(weights: Mapping, n_layers: int) -> dict[str, Circuit]:
+def _weight_arrays(weights: Mapping) -> dict[str, Circuit]:
     out = {}
     for k, v in weights.items():
         out[k] = v if isinstance(v, Circuit) else Array(np.asarray(v), name=k)
@@ -90,7 +90,7 @@ def attn_only_residual(weights: Mapping, tokens) -> tuple[Circuit, Circuit, dict
     """The final residual stream ``'b{L-1}'`` and the tokens node."""
     n_layers = n_layers_of(weights)
     _check_weights(weights, n_layers)
-    w = _weight_arrays(weights, n_layers)
+    w = _weight_arrays(weights)
     toks = _tokens_node(tokens)
     n_pos = toks.shape[0] - 2
     if n_pos < 1:

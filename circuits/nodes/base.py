@@ -93,10 +93,6 @@ def bulk_build():
             gc.enable()
 
 
-def interned_count() -> int:
-    """How many interned nodes are alive."""
-    return sum(1 for r in list(_INTERNED.values()) if r() is not None)
-
 # C-level getters: map() with these avoids a Python frame per list comprehension.
 shape_of = operator.attrgetter("shape")
 dtype_of = operator.attrgetter("dtype")
@@ -267,10 +263,6 @@ class Circuit:
         return len(self.shape)
 
     @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
     def numel(self) -> int:
         n = 1
         for s in self.shape:
@@ -370,31 +362,32 @@ class Circuit:
 
         return count_nodes(self)
 
-    # selection (circuits.select): matchers are names, globs, types, predicates, Matcher objects
-    def get(self, matcher, *, require: bool = False) -> list["Circuit"]:
-        """Distinct nodes matching ``matcher`` (children first); see ``circuits.select``."""
+    # Selection: each method is its ``circuits.select`` function with the same signature and
+    # defaults (tests/select/test_select_spelling.py checks they stay identical).
+    def get(self, matcher, *, require: bool = True) -> list["Circuit"]:
+        """Distinct nodes matching ``matcher`` (children first); ``circuits.select.get``."""
         from ..select import get
 
         return get(self, matcher, require=require)
 
     def get_unique(self, matcher) -> "Circuit":
-        """The one node matching ``matcher``; SelectionError naming the matcher otherwise."""
+        """The one node matching ``matcher``; ``circuits.select.get_unique``."""
         from ..select import get_unique
 
         return get_unique(self, matcher)
 
-    def update(self, matcher, fn) -> "Circuit":
+    def update(self, matcher, fn, *, require: bool = True) -> "Circuit":
         """This circuit with every matching node ``n`` replaced by ``fn(n)`` (only the affected
-        ancestors are rebuilt)."""
+        ancestors are rebuilt); ``circuits.select.update``."""
         from ..select import update
 
-        return update(self, matcher, fn)
+        return update(self, matcher, fn, require=require)
 
-    def paths(self, matcher, *, limit: int = 1000) -> list[list["Circuit"]]:
-        """Root-to-node paths to the matching nodes (at most ``limit``)."""
+    def paths(self, matcher, *, require: bool = True, limit: int = 1000) -> list[list["Circuit"]]:
+        """Root-to-node paths to the matching nodes (at most ``limit``); ``circuits.select.paths``."""
         from ..select import paths
 
-        return paths(self, matcher, limit=limit)
+        return paths(self, matcher, require=require, limit=limit)
 
 
 def quote_name(name: str) -> str:

@@ -2,16 +2,23 @@
 ``~``; structural matchers (below another match, within a depth, children of a match); and
 ``get``, ``get_unique``, ``update`` and ``paths`` over a circuit.
 
+Each selection has one implementation, here, and two spellings with the same signature and
+defaults: the Circuit method (``c.get(matcher)``) and this module's function (``get(c, matcher)``).
+A matcher that matches nothing is an error naming it (``SelectionError``) unless the call says
+``require=False``.
+
 >>> import numpy as np
 >>> from circuits import Array, Add, Einsum
 >>> x = Array(np.ones(3, np.float32), name='x')
 >>> c = Add(Einsum.from_spec('a,->a', x, Array(np.float32(2.0), name='two'), name='2x'), x, name='y')
->>> [n.name for n in get(c, Glob('*x'))]
+>>> [n.name for n in c.get(Glob('*x'))]
 ['x', '2x']
->>> get_unique(c, Name('2x') & Type('Einsum')).line()
+>>> c.get_unique(Name('2x') & Type('Einsum')).line()
 "'2x' Einsum a,->a"
->>> update(c, Name('x'), lambda n: n.rename('x0')).children[1].name
+>>> c.update(Name('x'), lambda n: n.rename('x0')).children[1].name
 'x0'
+>>> get(c, Regex('^z'), require=False)
+[]
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import fnmatch
 import re
 from typing import Callable, Iterable
 
-from ..errors import SelectionError
+from ..errors import CircuitError, SelectionError, ShapeError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..traversal import parents_map, toposort
 
@@ -267,22 +274,22 @@ class ChildOf(Matcher):
         return f"ChildOf({self.parent.describe()}{'' if self.index is None else f', {self.index}'})"
 
 
-def get(root: Circuit, matcher, *, require: bool = False) -> list[Circuit]:
-    """Distinct matching nodes in toposort order (children first).  ``require=True`` raises
-    SelectionError naming the matcher when nothing matches."""
+def get(root: Circuit, matcher, *, require: bool = True) -> list[Circuit]:
+    """Distinct matching nodes in toposort order (children first).  When nothing matches:
+    SelectionError naming the matcher, or ``[]`` with ``require=False``."""
     m = as_matcher(matcher)
     order = toposort(root)
     hits = m.matches(root, order)
     out = [n for n in order if n.hash in hits]
     if require and not out:
-        raise SelectionError(f"{m.describe()} matched nothing in the circuit rooted at {root.line()}")
+        raise _matched_nothing("get", m, root)
     return out
 
 
 def get_unique(root: Circuit, matcher) -> Circuit:
     """The one matching node; SelectionError naming the matcher (and the candidates) otherwise."""
     m = as_matcher(matcher)
-    hits = get(root, m)
+    hits = get(root, m, require=False)
     if len(hits) != 1:
         listing = "".join(f"\n    {n.line()}" for n in hits[:10])
         raise SelectionError(
@@ -294,33 +301,44 @@ def get_unique(root: Circuit, matcher) -> Circuit:
 
 def update(root: Circuit, matcher, fn: Callable[[Circuit], Circuit], *, require: bool = True) -> Circuit:
     """Replace every matching node ``n`` by ``fn(n)`` (bottom-up: a match inside a match sees its
-    updated children) and rebuild only the affected ancestors."""
+    updated children) and rebuild only the affected ancestors.  ``fn`` must keep the node's
+    shape (ShapeError naming the node otherwise).  When nothing matches: SelectionError naming
+    the matcher, or ``root`` unchanged with ``require=False``."""
     m = as_matcher(matcher)
     order = toposort(root)
     hits = m.matches(root, order)
     if require and not hits:
-        raise SelectionError(f"update: {m.describe()} matched nothing in the circuit rooted at {root.line()}")
+        raise _matched_nothing("update", m, root)
     new: dict[bytes, Circuit] = {}
     for node in order:
         rebuilt = node.with_children(tuple(new[c.hash] for c in node.children)) if node.children else node
         if node.hash in hits:
             out = fn(rebuilt)
+            if not isinstance(out, Circuit):
+                raise CircuitError(
+                    f"update: the function returned a {type(out).__name__} for {node.line()}, not a "
+                    "circuit node; return a node (wrap values in Array(...) or Scalar(...))"
+                )
             if out.shape != node.shape:
-                raise SelectionError(
-                    f"update: the function turned {node.line()} of shape {list(node.shape)} into shape "
-                    f"{list(out.shape)}; a replacement must keep the shape"
+                raise ShapeError(
+                    f"update: the function turned {node.line()} of shape {list(node.shape)} into "
+                    f"{out.line()} of shape {list(out.shape)}; a replacement must keep the shape "
+                    "(its parents were built for it)"
                 )
             rebuilt = out
         new[node.hash] = rebuilt
     return new[root.hash]
 
 
-def paths(root: Circuit, matcher, *, limit: int = 1000) -> list[list[Circuit]]:
+def paths(root: Circuit, matcher, *, require: bool = True, limit: int = 1000) -> list[list[Circuit]]:
     """Root-to-node paths (lists of nodes) to each matching node, up to ``limit`` paths (a shared
-    DAG can have exponentially many)."""
+    DAG can have exponentially many).  When nothing matches: SelectionError naming the matcher,
+    or ``[]`` with ``require=False``."""
     m = as_matcher(matcher)
     order = toposort(root)
     hits = m.matches(root, order)
+    if require and not hits:
+        raise _matched_nothing("paths", m, root)
     # Only walk into subtrees that contain a match, so every path explored ends in one.
     reaches = set(hits)
     for node in order:
@@ -343,6 +361,13 @@ def paths(root: Circuit, matcher, *, limit: int = 1000) -> list[list[Circuit]]:
             if c.hash in reaches:
                 stack.append((c, link))
     return out
+
+
+def _matched_nothing(what: str, m: Matcher, root: Circuit) -> SelectionError:
+    return SelectionError(
+        f"{what}: {m.describe()} matched nothing in the circuit rooted at {root.line()} "
+        "(pass require=False to allow an empty selection)"
+    )
 
 
 def parents(root: Circuit, node: Circuit) -> list[Circuit]:

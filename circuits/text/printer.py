@@ -60,15 +60,19 @@ _RESET = "\x1b[0m"
 
 
 def to_text(circuit, **options) -> str:
-    """The text of a circuit (or of a list of circuits sharing serials and references).
+    """The text of one circuit (``circuit.to_text()``); several roots sharing serials and
+    references are ``print_many(roots)``.
 
     >>> from circuits import Scalar
     >>> to_text(Scalar(1e-5, name='ln.c.eps'))
     "'ln.c.eps' [] Scalar 0.00001"
     """
-    if isinstance(circuit, Circuit):
-        return print_many([circuit], **options)
-    return print_many(list(circuit), **options)
+    if not isinstance(circuit, Circuit):
+        raise TypeError(
+            f"to_text prints one circuit node, got {type(circuit).__name__}; "
+            "print several roots with print_many(roots)"
+        )
+    return print_many([circuit], **options)
 
 
 def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
@@ -192,7 +196,7 @@ def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count,
 
 
 # ---------------------------------------------------------------------------- strings
-def _body(node, shapes, names):
+def _body(node, shapes):
     """The line after the identifier: ``[shape] Type [payload]``."""
     parts = []
     if shapes or node.prints_shape:
@@ -255,7 +259,7 @@ def _styled(node, kind, serial, identifier, shapes, comments, color, names):
             head.append(_paint(serial[:-1], "2", color))
         if names and node.name is not None:
             head.append(_paint(quote_name(node.name), "1", color))
-        body = _body(node, shapes, names)
+        body = _body(node, shapes)
         head.append(_paint(body, _COLORS.get(node.type_name, "0"), color))
         text = " ".join(head)
     else:

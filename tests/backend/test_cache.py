@@ -18,7 +18,7 @@ def compilations():
     return cache_stats()["compilations"]
 
 
-def model(w, b, scale=0.5, names=("w", "b", "h", "out"), shape=(7, 11)):
+def model(w, b, scale=0.5, names=("w", "b", "h", "out")):
     """A small circuit whose structure only this module uses (odd shapes)."""
     wn, bn, hn, on = names
     W = Array(w, name=wn)

@@ -17,6 +17,7 @@ from circuits.testing import circuits_with_inputs, einsum_specs, indices, shapes
 from rewrites.rules import add as add_rules
 from rewrites.rules import einsum as einsum_rules
 from rewrites.rules import index as index_rules
+from tests.deep import DEPTH, build_deep_chain
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -99,13 +100,12 @@ def test_uninterpreted_functions_and_gathers():
     assert str(got[0, 2]) == "x[1,2]" and got[1, 0] is __import__("sympy").nan
 
 
+@pytest.mark.usefixtures("low_recursion_limit")
 def test_public_name_and_deep_chain():
     assert circuits.symbolic_equal is symbolic_equal
-    x = Symbol((), name="x")
-    c = x
-    for _ in range(50_000):  # iterative: no recursion limit
-        c = Add(c, Scalar(1.0))
-    assert str(symbolic_evaluate(c)[()]) == "x[] + 50000"
+    # the shared chain's Add steps only (sympy nests tanh too deeply): iterative, no recursion limit
+    c = build_deep_chain(steps=("add",), leaf=Symbol((1,), name="x"))
+    assert str(symbolic_evaluate(c)[0]) == f"x[0] + {DEPTH}"
 
 
 # ---------------------------------------------------------------------------- proving rewrites
@@ -135,9 +135,9 @@ def test_distribute_is_exact(node):
         assert symbolic_equal(node, out)
 
 
-@given(node=einsum_over_adds(), data=st.data())
+@given(node=einsum_over_adds())
 @SETTINGS
-def test_flatten_and_nest_einsum_are_exact(node, data):
+def test_flatten_and_nest_einsum_are_exact(node):
     nested = einsum_rules.nest_einsum(node)
     if nested is not None:
         assert symbolic_equal(node, nested)
@@ -145,9 +145,9 @@ def test_flatten_and_nest_einsum_are_exact(node, data):
         assert flat is not None and symbolic_equal(nested, flat)
 
 
-@given(shape=shapes(max_rank=2, max_side=2), data=st.data())
+@given(shape=shapes(max_rank=2, max_side=2))
 @SETTINGS
-def test_flatten_factor_and_dedupe_add_are_exact(shape, data):
+def test_flatten_factor_and_dedupe_add_are_exact(shape):
     a, u, v = symbols_of([shape, shape, shape])
     ids = tuple(range(len(shape)))
     inner = Add(Einsum(a, u, in_axes=(ids, ids), out_axes=ids), Einsum(a, v, in_axes=(ids, ids), out_axes=ids))

@@ -94,7 +94,7 @@ def test_jax_values_are_stored_by_value(store):
     np.testing.assert_array_equal(store.get(key), np.arange(5, dtype=np.float32))
 
 
-def test_files_are_plain_safetensors_both_ways(store, tmp_path):
+def test_files_are_plain_safetensors_both_ways(store):
     arr = np.arange(12, dtype=np.int32).reshape(3, 4)
     key = store.put(arr)
     # The reference implementation reads what we write ...

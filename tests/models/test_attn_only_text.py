@@ -38,7 +38,7 @@ def test_model_structure_equals_parsed_seed(seed_text):
     w = random_weights(1)
     toks = np.random.default_rng(1).integers(0, 50259, 302)
     built = attn_only(w, toks)
-    values = {a.name: a.value for a in C.filter_nodes(built, lambda n: isinstance(n, C.Array))}
+    values = {a.name: a.value for a in built.get(C.Array)}
     parsed = C.bind(C.parse(seed_text), values)
     assert parsed == built
     assert C.count_nodes(parsed) == C.count_nodes(built)

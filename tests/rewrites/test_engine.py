@@ -17,7 +17,10 @@ from rewrites import (
     Rule, RuleSet, Trace, apply, at_root, bottom_up, check, fixpoint, normalize, once, rule, seq, simp,
     top_down,
 )
-from rewrites.rules import SIMP_RULES, add_single_term, all_rules, flatten_add, nest_add, remove_add_zeros
+from rewrites.rules import (
+    SIMP_RULES, add_single_term, all_rules, einsum_identity, flatten_add, nest_add, remove_add_zeros,
+)
+from tests.deep import DEPTH, STEPS
 
 
 def sym(name, shape=(2,)):
@@ -269,17 +272,18 @@ def test_simp_keeps_value_never_renames_leaves_and_is_idempotent(case):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
-def test_simp_on_a_50000_deep_chain():
-    x = sym("x", (2,))
-    node = x
-    for _ in range(50_000):
-        node = GeneralFunction("tanh", Add(node, Scalar(0.0)))
-    out = simp(node)
-    assert count_nodes(out) == 50_001
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_simp_on_a_50000_deep_chain(deep_chain):
+    out = simp(deep_chain)  # removes every identity Einsum 'a->a' (and orders Add operands)
+    identities = sum(1 for i in range(DEPTH) if STEPS[i % len(STEPS)] == "einsum")
+    assert count_nodes(out) == count_nodes(deep_chain) - identities
+    assert not any(isinstance(n, Einsum) for n in toposort(out))
     check(out)
     # the other drivers walk it without recursion too (fixpoint runs bottom_up twice)
-    assert apply(top_down(remove_add_zeros), node) == out
-    assert apply(fixpoint(bottom_up(remove_add_zeros)), node) == out
+    no_identities = apply(top_down(einsum_identity), deep_chain)
+    assert count_nodes(no_identities) == count_nodes(out)
+    assert apply(fixpoint(bottom_up(einsum_identity)), deep_chain) == no_identities
+    assert simp(no_identities) == out
 
 
 def test_check_finds_a_broken_node():

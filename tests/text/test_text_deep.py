@@ -4,46 +4,21 @@ Printing and parsing are iterative; the recursion limit is lowered in these test
 recursion proportional to depth would fail loudly.
 """
 
-import sys
-
 import pytest
 
-from circuits import Add, GeneralFunction, Scalar, Symbol, toposort
+from circuits import Add, Scalar, Symbol, toposort
 from circuits.text import parse, parse_many, print_many, to_text
 from circuits.text.printer import DEFAULT_MAX_INDENT
-
-DEPTH = 50_000
-
-
-@pytest.fixture
-def low_recursion_limit():
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(500)
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(old)
-
-
-def chain(depth, *, every=2, start=None):
-    x = start if start is not None else Symbol((3,), name="x")
-    one = Scalar(1.0, name="one")
-    c = x
-    for i in range(depth - 1):
-        c = Add(c, one) if i % every else GeneralFunction("exp", c, name=f"n{i}")
-    return c
-
-
-@pytest.fixture(scope="module")
-def deep():
-    return chain(DEPTH)
+from tests.deep import DEPTH, build_deep_chain
 
 
 def _indent(line):
     return len(line) - len(line.lstrip(" "))
 
 
-def test_deep_chain_prints_and_parses(deep, low_recursion_limit):
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_deep_chain_prints_and_parses(deep_chain):
+    deep = deep_chain
     text = to_text(deep)
     lines = text.split("\n")
     assert max(_indent(l) for l in lines) <= 2 * DEFAULT_MAX_INDENT
@@ -57,13 +32,16 @@ def test_deep_chain_prints_and_parses(deep, low_recursion_limit):
     assert parse_many(text) == [deep]
 
 
-def test_deep_chain_in_tree_mode(deep, low_recursion_limit):
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_deep_chain_in_tree_mode(deep_chain):
+    deep = deep_chain
     text = to_text(deep, tree=True, max_indent=16)
     assert max(len(l) for l in text.split("\n")) < 3 * 17 + 60
     assert parse(text) == deep
 
 
-def test_deep_shared_dag_with_forward_references(low_recursion_limit):
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_deep_shared_dag_with_forward_references():
     # Every node also uses the node 500 levels below it, so blocks refer to nodes that other
     # blocks define, before and after them in the text.
     x = Symbol((2,), name="x")
@@ -81,10 +59,11 @@ def test_deep_shared_dag_with_forward_references(low_recursion_limit):
     assert parse_many(print_many(roots, max_indent=9)) == roots
 
 
-def test_naive_indentation_on_request(low_recursion_limit):
-    c = chain(2_000)
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_naive_indentation_on_request():
+    c = build_deep_chain(2_000)
     text = to_text(c, max_indent=None)
-    assert max(_indent(l) for l in text.split("\n")) == 2 * 1_999
+    assert max(_indent(l) for l in text.split("\n")) == 2 * 2_000  # the leaf, 2,000 levels down
     assert "~" not in text
     assert parse(text) == c
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from circuits import Circuit, ParseError, Symbol
-from circuits.text import parse_many, to_text
+from circuits.text import parse_many, print_many, to_text
 
 SEED_TEXT = (Path(__file__).resolve().parents[1] / "golden" / "attn_only_loss.txt").read_text(encoding="utf-8")
 SEED_LINES = SEED_TEXT.split("\n")
@@ -36,7 +36,7 @@ def check(text):
         return None
     assert roots and all(isinstance(r, Circuit) for r in roots)
     # Whatever parsed prints and parses back to the same circuits.
-    assert parse_many(to_text(roots)) == roots
+    assert parse_many(print_many(roots)) == roots
     return roots
 
 
@@ -121,7 +121,7 @@ def _printed_examples():
     d = Tag(Rearrange(Index(c, (slice(None, None, -1),)), "a -> a"), "00000000-0000-0000-0000-000000000002")
     texts = []
     for opts in ({}, dict(tree=True), dict(color=True, comments=True), dict(max_indent=1), dict(shapes=True)):
-        texts.append(to_text([c, d], **opts).split("\n"))
+        texts.append(print_many([c, d], **opts).split("\n"))
     return texts
 
 

@@ -143,7 +143,7 @@ def test_seed_loss_evaluates_like_numpy(evaluated):
     assert abs(float(loss.mean()) - np.log(50259)) < 1.0
 
 
-def test_filled_seed_prints_with_its_new_hashes(evaluated, seed):
+def test_filled_seed_prints_with_its_new_hashes(evaluated):
     filled, _, weights = evaluated
     text = to_text(filled)
     # Same lines but the Array hashes, which now name the random values.
