@@ -8,7 +8,7 @@ import pytest
 import circuits as C
 import rewrites
 from circuits.select import Name, get, paths, update
-from tests.deep import DEPTH, deep_chain_value
+from tests.deep import DEPTH, X, deep_chain_value
 
 
 @pytest.mark.usefixtures("low_recursion_limit")
@@ -17,7 +17,7 @@ def test_deep_chain_everywhere(deep_chain, tmp_path):
     want = deep_chain_value(DEPTH)
     text = chain.to_text()
     parsed = C.parse(text)  # placeholders: binding the true value gives the chain itself
-    assert parsed != chain and C.bind(parsed, {"x": np.full(2, 0.5, np.float32)}) == chain
+    assert parsed != chain and C.bind(parsed, {"x": X}) == chain
     np.testing.assert_allclose(C.evaluate(chain, dtype="float64"), want, rtol=1e-9)
     np.testing.assert_allclose(C.evaluate(rewrites.simp(chain), dtype="float64"), want, rtol=1e-9)
     np.testing.assert_allclose(C.evaluate(rewrites.optimize(chain), dtype="float64"), want, rtol=1e-9)

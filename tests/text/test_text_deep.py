@@ -9,6 +9,7 @@ import pytest
 from circuits import Add, Scalar, Symbol, toposort
 from circuits.text import parse, parse_many, print_many, to_text
 from circuits.text.printer import DEFAULT_MAX_INDENT
+from circuits.testing import store_of
 from tests.deep import DEPTH, build_deep_chain
 
 
@@ -27,9 +28,10 @@ def test_deep_chain_prints_and_parses(deep_chain):
     assert len(text) < 2 * DEPTH * (2 * DEFAULT_MAX_INDENT + 20)
     blocks = [l for l in lines if l.startswith("~ ")]
     assert len(blocks) >= DEPTH // DEFAULT_MAX_INDENT - 1
-    parsed = parse(text)
-    assert parsed == deep
-    assert parse_many(text) == [deep]
+    store = store_of(deep)  # the text and its tensor: the lossless round trip
+    assert parse(text, store=store) == deep
+    assert parse_many(text, store=store) == [deep]
+    assert parse(text) != deep  # the text alone gives a placeholder leaf
 
 
 @pytest.mark.usefixtures("low_recursion_limit")
@@ -37,7 +39,7 @@ def test_deep_chain_in_tree_mode(deep_chain):
     deep = deep_chain
     text = to_text(deep, tree=True, max_indent=16)
     assert max(len(l) for l in text.split("\n")) < 3 * 17 + 60
-    assert parse(text) == deep
+    assert parse(text, store=store_of(deep)) == deep
 
 
 @pytest.mark.usefixtures("low_recursion_limit")
@@ -65,7 +67,7 @@ def test_naive_indentation_on_request():
     text = to_text(c, max_indent=None)
     assert max(_indent(l) for l in text.split("\n")) == 2 * 2_000  # the leaf, 2,000 levels down
     assert "~" not in text
-    assert parse(text) == c
+    assert parse(text, store=store_of(c)) == c
 
 
 def test_wide_circuit():
