@@ -18,7 +18,7 @@ import struct
 import weakref
 from typing import ClassVar
 
-from ..errors import CircuitError, ShapeError
+from ..errors import CircuitError, ShapeError, escape_char
 from hashlib import blake2b as _blake2b
 
 from ..hashing import NODE_HASH_BYTES
@@ -71,6 +71,65 @@ def bulk_build():
 def interned_count() -> int:
     """How many interned nodes are alive."""
     return sum(1 for r in list(_INTERNED.values()) if r() is not None)
+
+# Sizes, slice bounds and axis ids are stored (and hashed) as signed 64-bit ints.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# The largest single tensor the library will allocate (evaluation, fill_random...), in bytes:
+# the environment variable CIRCUITS_MAX_ALLOC_BYTES, else 4 GiB.  A request beyond it is refused
+# with an error naming the node before anything is allocated.
+MAX_ALLOC_ENV = "CIRCUITS_MAX_ALLOC_BYTES"
+DEFAULT_MAX_ALLOC_BYTES = 4 << 30
+
+
+def max_alloc_bytes() -> int:
+    """The allocation budget in bytes (see ``MAX_ALLOC_ENV``).
+
+    >>> max_alloc_bytes() > 0
+    True
+    """
+    import os
+
+    text = os.environ.get(MAX_ALLOC_ENV)
+    if not text:
+        return DEFAULT_MAX_ALLOC_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise CircuitError(f"{MAX_ALLOC_ENV}={text!r} is not an int number of bytes") from None
+    if value <= 0:
+        raise CircuitError(f"{MAX_ALLOC_ENV}={text!r} must be a positive number of bytes")
+    return value
+
+
+_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2,
+             "float32": 4, "int32": 4, "uint32": 4, "float64": 8, "int64": 8, "uint64": 8}
+
+
+def check_allocation(shape, dtype: str, what, error=CircuitError, budget=None) -> None:
+    """Raise ``error`` naming ``what`` (a string, or a callable making one) when a tensor of
+    this shape and dtype would take more than ``budget`` bytes (default ``max_alloc_bytes()``)."""
+    n = _ITEMSIZE.get(dtype, 8)
+    for s in shape:
+        n *= s
+    limit = max_alloc_bytes() if budget is None else budget
+    if n > limit:
+        if callable(what):
+            what = what()
+        raise error(
+            f"{what} would allocate {_human_bytes(n)} (shape {shape_text(shape)}, {dtype}), over the "
+            f"budget of {_human_bytes(limit)}; raise it with the environment variable "
+            f"{MAX_ALLOC_ENV}=<bytes> if this is intended, or make the tensor smaller"
+        )
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -207,7 +266,7 @@ class Circuit:
             b"".join((
                 self._hash_prefix, self._payload_bytes(), b"\0",
                 _COUNTS[n] if n < 64 else n.to_bytes(4, "little"), kids,
-                b"\0" if name is None else b"\1" + name.encode(),
+                b"\0" if name is None else b"\1" + name.encode("utf-8", "surrogatepass"),
             )),
             digest_size=NODE_HASH_BYTES,
         ).digest()
@@ -402,12 +461,17 @@ class Circuit:
 
 
 def quote_name(name: str) -> str:
-    """A name in the text format: single-quoted, with backslash escapes for ``'`` and ``\\``."""
-    if "\\" in name or "'" in name or "\n" in name or "\r" in name:
-        name = (
-            name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
-        )
-    return f"'{name}'"
+    r"""A name in the text format: single-quoted, with backslash escapes for ``'``, ``\`` and
+    every character that is not printable (``\n``, ``\t``, ``\x1b``, ``\u202e``...), so that
+    printed text, errors and the notebook view never carry a raw control, escape, bell or
+    right-to-left character.  The parser reads the escapes back: the name round-trips exactly.
+
+    >>> print(quote_name("it's"), quote_name("bell\x07"), quote_name("\u202eevil"))
+    'it\'s' 'bell\x07' '\u202eevil'
+    """
+    if name.isprintable() and "\\" not in name and "'" not in name:
+        return f"'{name}'"
+    return "'" + "".join(map(escape_char, name)) + "'"
 
 
 def describe(type_name: str, name, payload: str, children=(), shape=None) -> str:

@@ -50,7 +50,10 @@ FAST_LINE = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _INDENT_CHARS = " │├└─"
-_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
+_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r", "t": "\t"}
+# \xHH, \uHHHH, \UHHHHHHHH: how many hex digits follow (see ``circuits.errors.escape_char``).
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 TYPE_NAMES = ", ".join(NODE_TYPE_BY_NAME)
 
 
@@ -168,9 +171,18 @@ def _unescape(raw, line, line_number, column):
         c = raw[i]
         if c == "\\":
             nxt = raw[i + 1] if i + 1 < n else ""
+            width = _HEX_ESCAPES.get(nxt)
+            if width is not None:
+                digits = raw[i + 2:i + 2 + width]
+                if len(digits) != width or not _HEX_DIGITS.issuperset(digits) or int(digits, 16) > 0x10FFFF:
+                    raise fail(f"bad escape \\{nxt}{digits} in a name", line_number, line, column + i + 1,
+                               f"\\{nxt} then {width} hex digits (a code point up to 10ffff)")
+                out.append(chr(int(digits, 16)))
+                i += 2 + width
+                continue
             if nxt not in _ESCAPES:
                 raise fail(f"unknown escape \\{nxt} in a name", line_number, line, column + i + 1,
-                           "one of \\\\ \\' \\n \\r")
+                           "one of \\\\ \\' \\n \\r \\t \\xHH \\uHHHH \\UHHHHHHHH")
             out.append(_ESCAPES[nxt])
             i += 2
         else:
