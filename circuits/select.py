@@ -305,6 +305,12 @@ def update(root: Circuit, matcher, fn: Callable[[Circuit], Circuit], *, require:
         rebuilt = node.with_children(tuple(new[c.hash] for c in node.children)) if node.children else node
         if node.hash in hits:
             out = fn(rebuilt)
+            if not isinstance(out, Circuit):
+                what = type(out).__name__
+                raise SelectionError(
+                    f"update: the function returned a {what} for {node.line()}; it must return a circuit "
+                    "node of the same shape — wrap a value as Array(value, name=...) (or Scalar(x, shape))"
+                )
             if out.shape != node.shape:
                 raise SelectionError(
                     f"update: the function turned {node.line()} of shape {list(node.shape)} into shape "
