@@ -1,11 +1,27 @@
 """Testing helpers for circuits and for users' own rewrites: public hypothesis strategies.
 
 See ``circuits.testing.strategies`` for the strategies and an example of property-testing a rewrite.
+
+A failing example explains itself: ``circuits(...)`` draws circuits, which print in the text
+format, and ``circuits_with_inputs(...)`` draws a ``CircuitWithInputs`` whose repr is the shrunk
+circuit's text, the values of its small Arrays and the inputs.  A rule that wrongly rewrites
+``x + y`` to ``x`` fails like this::
+
+    Falsifying example: test_rule(
+        case=CircuitWithInputs(circuit=parse(r'''
+    0 Add
+      'x' [] Symbol
+      1 [] Scalar 1
+    '''),
+    arrays={},
+    inputs={'x': [0.5]}),
+    )
 """
 
 from .strategies import (
     ALL_TYPES,
     CLOSED_TYPES,
+    CircuitWithInputs,
     DEFAULT_FUNCTIONS,
     DEFAULT_NAMES,
     MAGNITUDE_CAP,
@@ -15,6 +31,7 @@ from .strategies import (
     arrays,
     circuits,
     circuits_with_inputs,
+    describe_case,
     einsum_specs,
     indices,
     inputs_for,
@@ -27,6 +44,7 @@ from .strategies import (
 
 __all__ = [
     "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "DEFAULT_NAMES", "MAGNITUDE_CAP", "POSITIVE_MIN",
-    "EinsumSpec", "RearrangeSpec", "arrays", "circuits", "circuits_with_inputs", "einsum_specs",
+    "CircuitWithInputs", "EinsumSpec", "RearrangeSpec", "arrays", "circuits", "circuits_with_inputs",
+    "describe_case", "einsum_specs",
     "indices", "inputs_for", "int_arrays", "names", "rearrange_specs", "shapes", "slices",
 ]

@@ -241,6 +241,20 @@ def _diagnose(content, width, line, line_number):
 
 
 # ---------------------------------------------------------------------------- payloads
+# Payload caches are global: keep them small, and never let them hold a big payload (a failed
+# parse of a huge text must not stay in memory through them).
+CACHE_ENTRIES = 4096
+CACHED_PAYLOAD_CHARS = 256
+
+
+def remember_payload(cache: dict, text: str, value) -> None:
+    if len(text) > CACHED_PAYLOAD_CHARS:
+        return
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    cache[text] = value
+
+
 _SHAPES: dict = {}
 
 
@@ -258,8 +272,7 @@ def read_shape(text, line_number, line, column):
     if any(s < 0 for s in shape):
         raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,
                    "non-negative sizes")
-    if len(_SHAPES) < 100_000:
-        _SHAPES[text] = shape
+    remember_payload(_SHAPES, text, shape)
     return shape
 
 
@@ -317,8 +330,7 @@ def read_index(text, line_number, line, column=0):
                 break
             pos += 1
     result = tuple(entries)
-    if len(_INDICES) < 100_000:
-        _INDICES[text] = result
+    remember_payload(_INDICES, text, result)
     return result
 
 

@@ -36,7 +36,7 @@ from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index,
 from ..nodes.base import quote_name, shape_text
 from ..nodes.einsum import parse_spec
 from ..nodes.rearrange import parse_rearrange_spec
-from .lexer import FAST_LINE, fail, read_index, read_line, read_shape, read_symbol_payload
+from .lexer import FAST_LINE, remember_payload, fail, read_index, read_line, read_shape, read_symbol_payload
 from .printer import gc_paused
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -453,8 +453,7 @@ def _einsum(r, kids, store):
             axes = parse_spec(spec)
         except CircuitError as e:
             raise r.error(str(e), "a spec like qc,kc,,qk->qk", r.payload_column + 1) from None
-        if len(_SPECS) < 100_000:
-            _SPECS[spec] = axes
+        remember_payload(_SPECS, spec, axes)
     in_axes = axes[0]
     if not in_axes and len(kids) == 1:
         in_axes = ((),)  # '->' is both no operand and one scalar operand: the children decide
@@ -500,8 +499,7 @@ def _rearrange(r, kids, store):
         except CircuitError as e:
             raise r.error(str(e), "a spec like '(h d) s -> h s d h=2'", r.payload_column + 1) from None
         spec = (groups, sizes)
-        if len(_REARRANGE_SPECS) < 100_000:
-            _REARRANGE_SPECS[text] = spec
+        remember_payload(_REARRANGE_SPECS, text, spec)
     return Rearrange(kids[0], spec[0], name=r.name, **spec[1])
 
 
