@@ -55,3 +55,8 @@ def promote(dtypes) -> str:
         floats = [d for d in dtypes if is_float(d)]
         return "bfloat16" if set(floats) == {"bfloat16"} else max(floats, key=FLOAT_DTYPES.index)
     return np.result_type(*[np.dtype(d) for d in dtypes]).name
+
+
+# Bytes per element of each dtype (for allocation budgets and cost estimates).
+ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2,
+            "float32": 4, "int32": 4, "uint32": 4, "float64": 8, "int64": 8, "uint64": 8}

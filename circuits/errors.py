@@ -5,6 +5,45 @@ expected and, where there is one, how to fix it.
 """
 
 
+_NAMED_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_char(c: str) -> str:
+    r"""One character as the text format writes it inside a quoted name: itself when printable,
+    else a backslash escape (``\n``, ``\t``, ``\x07``, ``\u202e``, ``\U000e0001``)."""
+    named = _NAMED_ESCAPES.get(c)
+    if named is not None:
+        return named
+    if c.isprintable():
+        return c
+    o = ord(c)
+    if o < 0x100:
+        return f"\\x{o:02x}"
+    if o < 0x10000:
+        return f"\\u{o:04x}"
+    return f"\\U{o:08x}"
+
+
+def printable(text: str, keep: str = "") -> str:
+    r"""``text`` with every character that is not printable (control, escape, bell, bidi and
+    other format characters, line separators, lone surrogates) written as a backslash escape,
+    so that a message or a line shown to a person never carries them raw.  Characters in
+    ``keep`` stay as they are.
+
+    >>> printable("a\x1b[31mb\u202e")
+    'a\\x1b[31mb\\u202e'
+    """
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        if c.isprintable() or c in keep:
+            out.append(c)
+        else:
+            out.append(escape_char(c))
+    return "".join(out)
+
+
 class CircuitError(Exception):
     """Base class of every error this library raises on purpose."""
 
@@ -31,13 +70,15 @@ class ParseError(CircuitError, ValueError):
             if column is not None:
                 where += f", column {column}"
             where += ": "
-        text = f"{where}{message}"
+        # The text at fault is shown with its unprintable characters escaped (a name may hold a
+        # terminal escape or a right-to-left mark); the caret counts the escaped characters.
+        text = printable(f"{where}{message}", keep="\n")
         if expected:
-            text += f" (expected {expected})"
+            text += f" (expected {printable(str(expected))})"
         if line is not None:
-            text += f"\n    {line}"
+            text += f"\n    {printable(line)}"
             if column is not None:
-                text += "\n    " + " " * (column - 1) + "^"
+                text += "\n    " + " " * len(printable(line[: max(column - 1, 0)])) + "^"
         super().__init__(text)
 
 

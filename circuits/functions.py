@@ -16,8 +16,11 @@ Register your own:
 
 from __future__ import annotations
 
+import collections
 import math
 import re
+import threading
+import weakref
 from typing import Callable, Optional
 
 import attrs
@@ -86,17 +89,36 @@ def register_family(pattern: str, factory: Callable[[re.Match], FunctionSpec]):
     _FAMILIES.append((re.compile(pattern), factory))
 
 
+# Members of a family (``gen_index_at_7_c``...) are built on demand and are not registered: the
+# nodes using one keep it alive, a weak table finds it again while they live, and only the most
+# recently used few are held strongly.  So every distinct name a parser ever read (a failed parse
+# included) does not stay in memory for good.
+_FAMILY_SPECS: "weakref.WeakValueDictionary[str, FunctionSpec]" = weakref.WeakValueDictionary()
+_FAMILY_RECENT: "collections.OrderedDict[str, FunctionSpec]" = collections.OrderedDict()
+_FAMILY_RECENT_SIZE = 64
+_FAMILY_LOCK = threading.Lock()
+
+
 def lookup(name: str) -> FunctionSpec:
-    """The spec registered under ``name`` (families are built on first use)."""
+    """The spec registered under ``name`` (members of a family are built on first use)."""
     spec = _REGISTRY.get(name)
     if spec is not None:
         return spec
-    for pattern, factory in _FAMILIES:
-        m = pattern.fullmatch(name)
-        if m:
-            spec = factory(m)
-            _REGISTRY[name] = spec
-            return spec
+    spec = _FAMILY_SPECS.get(name)
+    if spec is None:
+        for pattern, factory in _FAMILIES:
+            m = pattern.fullmatch(name)
+            if m:
+                spec = factory(m)
+                _FAMILY_SPECS[name] = spec
+                break
+    if spec is not None:
+        with _FAMILY_LOCK:
+            _FAMILY_RECENT[name] = spec
+            _FAMILY_RECENT.move_to_end(name)
+            if len(_FAMILY_RECENT) > _FAMILY_RECENT_SIZE:
+                _FAMILY_RECENT.popitem(last=False)
+        return spec
     known = ", ".join(sorted(_REGISTRY))
     raise CircuitError(
         f"unknown GeneralFunction {name!r}; registered: {known}, gen_index_at_<d>[_batch_x][_c]. "
@@ -302,41 +324,115 @@ _last_axis("last_dim_size", _last_dim_size, _drop_last,
 
 
 # ---------------------------------------------------------------------------- gen_index family
-def _gen_index_factory(m: re.Match) -> FunctionSpec:
-    """``gen_index_at_<d>[_batch_x][_c]``: gather along axis d of x by an int tensor.
+GEN_INDEX_PATTERN = r"gen_index_at_(-?\d{1,9})(_batch_x)?(_no_batch_index)?(_c)?"
+_GEN_INDEX_RE = re.compile(GEN_INDEX_PATTERN)
 
-    - plain: ``out = take(x, idx, axis=d)``: shape x[:d] + idx + x[d+1:].
-    - ``_batch_x``: x's leading axes are batched with idx's (x.shape[:idx.ndim] == idx.shape);
-      d counts from the first axis after them (negative d counts from the end of x):
-      ``out[b] = x[b, ..., idx[b], ...]``, shape x without that axis.
-    - ``_c`` (checked): indices must lie in [0, size); an out-of-range index gives NaN (never a
-      silently wrapped or clamped value).  Without ``_c`` negative indices count from the end.
+
+@attrs.frozen
+class GenIndex:
+    """The meaning of a ``gen_index_at_<d>[_batch_x][_no_batch_index][_c]`` name, as in
+    rust_circuit (``GeneralFunction.gen_index(x, index, index_dim, batch_x, batch_index)``):
+
+    - ``gen_index_at_<d>`` (batch_index): the index's axes come **first**:
+      ``out[i..., rest...] = x[..., idx[i...], ...]`` (``d`` the axis of x), shape
+      ``idx.shape + x.shape without axis d``;
+    - ``_batch_x``: x's leading axes are the index's (``x.shape[:idx.ndim] == idx.shape``), ``d``
+      counts within the axes after them: ``out[b, ...] = x[b, ..., idx[b], ...]``;
+    - ``_no_batch_index``: the index's axes replace axis ``d`` where it is (numpy's ``take``),
+      shape ``x.shape[:d] + idx.shape + x.shape[d+1:]`` (``_batch_x_no_batch_index``: the same
+      values, ``d`` must be negative);
+    - ``_c``: indices must lie in ``[0, size)``; without it negative indices count from the end.
+
+    A negative ``d`` counts from the end of x (of its axes after the batch axes with
+    ``_batch_x``).  At ``d = 0`` the plain and ``_no_batch_index`` forms agree.
+
+    >>> g = GenIndex.parse('gen_index_at_1_c')
+    >>> g.layout, g.axis(3, 2), g.out_shape((4, 5, 6), (2, 7))
+    ('first', 1, (2, 7, 4, 6))
+    >>> GenIndex.parse('gen_index_at_1_no_batch_index').out_shape((4, 5, 6), (2, 7))
+    (4, 2, 7, 6)
     """
-    d = int(m.group(1))
-    batch_x = m.group(2) is not None
-    checked = m.group(3) is not None
-    name = m.group(0)
 
-    def axis_of(x_ndim, i_ndim):
-        if batch_x:
-            return x_ndim + d if d < 0 else i_ndim + d
-        return x_ndim + d if d < 0 else d
+    d: int
+    batch_x: bool = False
+    batch_index: bool = True
+    checked: bool = False
+
+    @classmethod
+    def parse(cls, name: str) -> "GenIndex | None":
+        """The parts of a gen_index function name, or None for any other name."""
+        m = _GEN_INDEX_RE.fullmatch(name)
+        if m is None:
+            return None
+        return cls(int(m.group(1)), m.group(2) is not None, m.group(3) is None, m.group(4) is not None)
+
+    @property
+    def name(self) -> str:
+        return (f"gen_index_at_{self.d}{'_batch_x' if self.batch_x else ''}"
+                f"{'' if self.batch_index else '_no_batch_index'}{'_c' if self.checked else ''}")
+
+    @property
+    def layout(self) -> str:
+        """``'batch'`` (x's leading axes are idx's, out is x without the gathered axis),
+        ``'first'`` (idx's axes, then x's others) or ``'at'`` (idx's axes where axis d was)."""
+        if self.batch_index:
+            return "batch" if self.batch_x else "first"
+        return "at"
+
+    def axis(self, x_ndim: int, i_ndim: int) -> int:
+        """The gathered axis of x (may be out of range: ``check`` says so)."""
+        lead = i_ndim if self.layout == "batch" else 0
+        return lead + (self.d if self.d >= 0 else x_ndim - lead + self.d)
+
+    def check(self, x_shape, i_shape) -> int:
+        """The gathered axis, or ShapeError (message only) when the shapes do not fit."""
+        x_ndim, i_ndim = len(x_shape), len(i_shape)
+        ax = self.axis(x_ndim, i_ndim)
+        lead = i_ndim if self.layout == "batch" else 0
+        if self.batch_x and not self.batch_index and self.d >= 0:
+            raise ShapeError(f"{self.name}: _batch_x without batching the index needs a negative axis, "
+                             f"e.g. gen_index_at_{self.d - x_ndim}_batch_x_no_batch_index")
+        if not lead <= ax < x_ndim:
+            raise ShapeError(f"axis {self.d} is out of range for x of shape {list(x_shape)}"
+                             + (f" with {i_ndim} batch axes" if lead else ""))
+        if lead and tuple(x_shape[:lead]) != tuple(i_shape):
+            raise ShapeError(
+                f"_batch_x needs x's leading axes {list(x_shape[:lead])} to equal the index "
+                f"shape {list(i_shape)}"
+            )
+        return ax
+
+    def out_shape(self, x_shape, i_shape) -> tuple:
+        ax = self.check(x_shape, i_shape)
+        x_shape, i_shape = tuple(x_shape), tuple(i_shape)
+        rest = x_shape[:ax] + x_shape[ax + 1:]
+        if self.layout == "batch":
+            return rest
+        if self.layout == "first":
+            return i_shape + rest
+        return x_shape[:ax] + i_shape + x_shape[ax + 1:]
+
+    def valid_range(self, size: int) -> tuple:
+        """``(lo, hi)``: the index values that select an entry of an axis of ``size``."""
+        return (0, size) if self.checked else (-size, size)
+
+
+def gen_index_name(d: int, batch_x: bool, checked: bool, batch_index: bool = True) -> str:
+    return GenIndex(d, batch_x, batch_index, checked).name
+
+
+def _gen_index_factory(m: re.Match) -> FunctionSpec:
+    """``gen_index_at_<d>[_batch_x][_no_batch_index][_c]``: gather along axis d of x by an int
+    tensor; see ``GenIndex`` for the layouts (rust_circuit's).  An out-of-range index gives NaN
+    at evaluation (never a silently wrapped or clamped value); an index Array whose values are
+    known is checked when the node is built, and int Symbols feeding a gather when they are
+    bound (``circuits.evaluate`` checks its inputs before running)."""
+    g = GenIndex.parse(m.group(0))
+    name = g.name
 
     def shape_rule(shapes):
         xs, ids = shapes
-        ax = axis_of(len(xs), len(ids))
-        lo = len(ids) if batch_x else 0
-        if not lo <= ax < len(xs):
-            raise ShapeError(f"axis {d} is out of range for x of shape {list(xs)}"
-                             + (f" with {len(ids)} batch axes" if batch_x else ""))
-        if batch_x:
-            if tuple(xs[: len(ids)]) != tuple(ids):
-                raise ShapeError(
-                    f"_batch_x needs x's leading axes {list(xs[:len(ids)])} to equal the index "
-                    f"shape {list(ids)}"
-                )
-            return tuple(xs[:ax]) + tuple(xs[ax + 1:])
-        return tuple(xs[:ax]) + tuple(ids) + tuple(xs[ax + 1:])
+        return g.out_shape(xs, ids)
 
     def dtype_rule(dtypes):
         if not is_int(dtypes[1]):
@@ -345,25 +441,29 @@ def _gen_index_factory(m: re.Match) -> FunctionSpec:
 
     def lower(x, idx):
         jnp = _jnp()
-        ax = axis_of(x.ndim, idx.ndim)
+        ax = g.axis(x.ndim, idx.ndim)
         n = x.shape[ax]
-        if checked:
+        if g.checked:
             bad = (idx < 0) | (idx >= n)
         else:
             idx = jnp.where(idx < 0, idx + n, idx)
             bad = (idx < 0) | (idx >= n)
         safe = jnp.clip(idx, 0, max(n - 1, 0))
-        if batch_x:
-            b = idx.ndim
-            expanded = safe.reshape(safe.shape + (1,) * (x.ndim - b))
+        q = idx.ndim
+        if g.layout == "batch":
+            expanded = safe.reshape(safe.shape + (1,) * (x.ndim - q))
             expanded = jnp.broadcast_to(
                 expanded, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax + 1:])
-            ) if x.ndim > b else expanded
-            out = jnp.take_along_axis(x, expanded, axis=ax).squeeze(ax) if x.ndim > b else x
-            bad_b = bad.reshape(bad.shape + (1,) * (out.ndim - b))
+            ) if x.ndim > q else expanded
+            out = jnp.take_along_axis(x, expanded, axis=ax).squeeze(ax) if x.ndim > q else x
+            bad_b = bad.reshape(bad.shape + (1,) * (out.ndim - q))
         else:
             out = jnp.take(x, safe, axis=ax)
-            bad_b = bad.reshape((1,) * ax + bad.shape + (1,) * (x.ndim - ax - 1))
+            if g.layout == "first" and ax and q:
+                out = jnp.moveaxis(out, tuple(range(ax, ax + q)), tuple(range(q)))
+                bad_b = bad.reshape(bad.shape + (1,) * (x.ndim - 1))
+            else:
+                bad_b = bad.reshape((1,) * ax + bad.shape + (1,) * (x.ndim - ax - 1))
         if jnp.issubdtype(out.dtype, jnp.floating):
             return jnp.where(bad_b, jnp.nan, out)
         return out
@@ -374,4 +474,4 @@ def _gen_index_factory(m: re.Match) -> FunctionSpec:
     )
 
 
-register_family(r"gen_index_at_(-?\d+)(_batch_x)?(_c)?", _gen_index_factory)
+register_family(GEN_INDEX_PATTERN, _gen_index_factory)

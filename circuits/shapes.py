@@ -1,12 +1,26 @@
 """Shape helpers shared by nodes, functions and the backend: broadcasting, printing, int tuples.
 
-A leaf module: it imports nothing from the rest of the package.
+Sizes, slice bounds and axis ids are signed 64-bit ints (``INT64_MIN``..``INT64_MAX``).  The
+allocation budget (``max_alloc_bytes``: the environment variable ``CIRCUITS_MAX_ALLOC_BYTES``, else
+4 GiB) bounds any single tensor the library allocates; ``check_allocation`` refuses a larger one
+with an error naming what asked for it, before anything is allocated.
+
+A leaf module: it imports only ``errors`` and ``dtypes``.
 
 >>> broadcast_shapes([(3, 1), (4,)]), shape_text((300, 256)), broadcast_shapes([(2,), (3,)]) is None
 ((3, 4), '[300,256]', True)
 """
 
 from __future__ import annotations
+
+import os
+
+from .dtypes import ITEMSIZE
+from .errors import CircuitError
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_ALLOC_ENV = "CIRCUITS_MAX_ALLOC_BYTES"
+DEFAULT_MAX_ALLOC_BYTES = 4 << 30
 
 
 def broadcast_shapes(shapes):
@@ -47,3 +61,46 @@ def int_tuple(values) -> tuple:
         else:
             return values
     return tuple(int(v) for v in values)
+
+
+def max_alloc_bytes() -> int:
+    """The allocation budget in bytes (see the module docstring).
+
+    >>> max_alloc_bytes() > 0
+    True
+    """
+    text = os.environ.get(MAX_ALLOC_ENV)
+    if not text:
+        return DEFAULT_MAX_ALLOC_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        raise CircuitError(f"{MAX_ALLOC_ENV}={text!r} is not an int number of bytes") from None
+    if value <= 0:
+        raise CircuitError(f"{MAX_ALLOC_ENV}={text!r} must be a positive number of bytes")
+    return value
+
+
+def check_allocation(shape, dtype: str, what, error=CircuitError, budget=None) -> None:
+    """Raise ``error`` naming ``what`` (a string, or a callable making one) when a tensor of
+    this shape and dtype would take more than ``budget`` bytes (default ``max_alloc_bytes()``)."""
+    n = ITEMSIZE.get(dtype, 8)
+    for s in shape:
+        n *= s
+    limit = max_alloc_bytes() if budget is None else budget
+    if n > limit:
+        if callable(what):
+            what = what()
+        raise error(
+            f"{what} would allocate {_human_bytes(n)} (shape {shape_text(shape)}, {dtype}), over the "
+            f"budget of {_human_bytes(limit)}; raise it with the environment variable "
+            f"{MAX_ALLOC_ENV}=<bytes> if this is intended, or make the tensor smaller"
+        )
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"

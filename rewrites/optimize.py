@@ -39,13 +39,14 @@ True
 from __future__ import annotations
 
 from circuits.errors import CircuitError
+from circuits.functions import gen_index_name
 from circuits.nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
 from circuits.traversal import deep_map, toposort
 
 from .engine import RuleSet, Trace, check_result, name_result, rule
 from .rules.contraction import contraction_order
 from .rules.functions import fold_function_of_scalars, fold_last_dim_size
-from .rules.index import PUSH_RULES, fold_index_of_scalar, fuse_index_index, gen_index_name, gen_index_parts
+from .rules.index import PUSH_RULES, fold_index_of_scalar, fuse_index_index, gen_index_parts
 from .rules.rearrange import fuse_rearrange_rearrange, remove_identity_rearrange
 from .strategies import apply, bottom_up, normalize
 
@@ -72,19 +73,21 @@ def gather_of_log_softmax(node):
     parts = gen_index_parts(node)
     if parts is None:
         return None
-    d, batch, checked, ax = parts
+    g, ax = parts
     lsm, idx = node.children
     if not (isinstance(lsm, GeneralFunction) and lsm.function.name == "log_softmax"):
         return None
     (z,) = lsm.children
     if ax != len(z.shape) - 1:
         return None
-    picked = GeneralFunction(gen_index_name(d, batch, checked), z, idx)
+    picked = GeneralFunction(g.name, z, idx)
     lse = GeneralFunction("logsumexp", z)
-    if not batch and idx.shape:
-        # The gathered axes sit where z's last axis was: give logsumexp unit axes there.
+    if g.layout != "batch" and idx.shape:
+        # The gathered axes sit where z's last axis was (or first): give logsumexp unit axes there.
         lead = " ".join(f"a{i}" for i in range(len(lse.shape)))
-        lse = Rearrange(lse, f"{lead} -> {lead} {' '.join('1' for _ in idx.shape)}".strip())
+        units = " ".join("1" for _ in idx.shape)
+        spec = f"{lead} -> {units} {lead}" if g.layout == "first" else f"{lead} -> {lead} {units}"
+        lse = Rearrange(lse, spec.strip())
     ids = tuple(range(len(lse.shape)))
     neg_lse = Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids)
     out = Add(picked, neg_lse)
@@ -104,7 +107,7 @@ def push_gather_through_function(node):
     parts = gen_index_parts(node)
     if parts is None:
         return None
-    d, batch, checked, ax = parts
+    g, ax = parts
     f, idx = node.children
     if not isinstance(f, GeneralFunction) or len(f.children) != 1:
         return None
@@ -112,7 +115,7 @@ def push_gather_through_function(node):
     core = 0 if spec.elementwise else spec.core_ndim
     if core is None or gen_index_parts(f) is not None:
         return None
-    if checked and spec.name not in _NAN_PROPAGATING:
+    if g.checked and spec.name not in _NAN_PROPAGATING:
         return None
     (z,) = f.children
     leading = len(z.shape) - core
@@ -120,8 +123,8 @@ def push_gather_through_function(node):
         return None
     # The gathered axis keeps its position counted from the front; counted from the back it
     # moves with the difference between the ranks of z and f(z).
-    new_d = d if d >= 0 else ax - len(z.shape)
-    out = GeneralFunction(spec, GeneralFunction(gen_index_name(new_d, batch, checked), z, idx))
+    new_d = g.d if g.d >= 0 else ax - len(z.shape)
+    out = GeneralFunction(spec, GeneralFunction(gen_index_name(new_d, g.batch_x, g.checked, g.batch_index), z, idx))
     return out if out.shape == node.shape and out.dtype == node.dtype else None
 
 
@@ -139,7 +142,8 @@ def push_gather_through_einsum(node):
     parts = gen_index_parts(node)
     if parts is None:
         return None
-    d, batch, checked, ax = parts
+    g, ax = parts
+    batch = g.layout == "batch"
     z, idx = node.children
     if not isinstance(z, Einsum):
         return None
@@ -155,10 +159,13 @@ def push_gather_through_einsum(node):
     else:
         fresh = max((a for t in z.in_axes for a in t), default=-1) + 1
         idx_ids = tuple(range(fresh, fresh + len(idx.shape)))
-    gathered = GeneralFunction(gen_index_name(p, False, checked), z.children[h], idx)
+    # The index's axes replace the operand's axis where it is (the plain form at p = 0).
+    gathered = GeneralFunction(gen_index_name(p, False, g.checked, batch_index=p == 0), z.children[h], idx)
     in_axes = z.in_axes[:h] + (axes[:p] + idx_ids + axes[p + 1:],) + z.in_axes[h + 1:]
     if batch:
         out_axes = z.out_axes[:ax] + z.out_axes[ax + 1:]
+    elif g.layout == "first":
+        out_axes = idx_ids + z.out_axes[:ax] + z.out_axes[ax + 1:]
     else:
         out_axes = z.out_axes[:ax] + idx_ids + z.out_axes[ax + 1:]
     try:

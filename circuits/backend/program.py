@@ -30,6 +30,8 @@ from ..errors import EvaluationError
 from ..hashing import node_hash
 from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..traversal import toposort
+from ..shapes import check_allocation, max_alloc_bytes
+from ..dtypes import is_float, is_int
 
 ARGUMENT_TYPES = (Array, Scalar, Symbol)
 
@@ -61,7 +63,17 @@ def _common_dtype(values):
 def _build_einsum(node: Einsum, fdt: str) -> Callable:
     if not node.children:
         return lambda: _jnp().ones((), dtype=fdt)
-    return einsum_op(node.in_axes, node.out_axes, [c.shape for c in node.children])
+    op = einsum_op(node.in_axes, node.out_axes, [c.shape for c in node.children])
+    if node.dtype != "bool":
+        return op
+
+    def logical(*xs):
+        # An einsum of bools means numpy's: True where any product of its terms is True (an OR
+        # of ANDs).  JAX's sums refuse bools, so count in int32 and compare.
+        jnp = _jnp()
+        return op(*[x.astype(jnp.int32) for x in xs]) > 0
+
+    return logical
 
 
 def _build_add(node: Add, fdt: str) -> Callable:
@@ -303,7 +315,7 @@ class Program:
     """
 
     __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "outputs", "float_dtype", "key", "_body_key",
-                 "_skeleton")
+                 "_skeleton", "_index_ranges")
 
     def __init__(self, roots: Sequence[Circuit], float_dtype: str):
         roots = list(roots)
@@ -315,6 +327,7 @@ class Program:
         self.child_slots = [tuple(slot_of[c.hash] for c in n.children) for n in nodes]
         self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES)
         self._skeleton = None
+        self._index_ranges = None
         parts = [float_dtype.encode(), b"#"]
         for node, kids in zip(nodes, self.child_slots):
             parts.append(_key_part(node))
@@ -331,7 +344,7 @@ class Program:
 
         Raises ``KeyError`` for a node that is not in the program."""
         other = object.__new__(Program)
-        for name in ("nodes", "slot_of", "child_slots", "arg_slots", "float_dtype", "_body_key"):
+        for name in ("nodes", "slot_of", "child_slots", "arg_slots", "float_dtype", "_body_key", "_index_ranges"):
             setattr(other, name, getattr(self, name))
         other._skeleton = None
         other._set_outputs(list(roots))
@@ -343,11 +356,31 @@ class Program:
     def arg_nodes(self) -> list[Circuit]:
         return [self.nodes[i] for i in self.arg_slots]
 
+    def index_ranges(self) -> dict:
+        """Argument node hash -> ``(lo, hi, gather)`` for the int arguments whose values index
+        a gather (``circuits.io.values.gather_index_ranges``); computed once."""
+        if self._index_ranges is None:
+            ranges = {}
+            if any(is_int(self.nodes[i].dtype) for i in self.arg_slots):
+                from ..io.values import gather_index_ranges
+
+                found = gather_index_ranges(self.nodes)
+                for i in self.arg_slots:
+                    r = found.get(self.nodes[i].hash)
+                    if r is not None:
+                        ranges[self.nodes[i].hash] = r
+            self._index_ranges = ranges
+        return self._index_ranges
+
     def skeleton(self) -> Skeleton:
         """Ops built from payloads (raises ``EvaluationError`` before anything runs if a node
         cannot be lowered)."""
         if self._skeleton is None:
             fdt = self.float_dtype
+            budget = max_alloc_bytes()
+            for n in self.nodes:  # refuse a tensor too large to allocate before tracing anything
+                check_allocation(n.shape, fdt if is_float(n.dtype) else n.dtype,
+                                 n.line, EvaluationError, budget)
             ops = [None if type(n) in ARGUMENT_TYPES else build_op(n, fdt) for n in self.nodes]
             scalar_shapes = {i: self.nodes[i].shape for i in self.arg_slots if type(self.nodes[i]) is Scalar}
             self._skeleton = Skeleton(ops, self.child_slots, self.arg_slots, scalar_shapes, self.outputs)

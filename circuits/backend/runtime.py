@@ -173,6 +173,24 @@ def leaf_value(node: Circuit, fdt: str, problems: list):
     return _cast(_as_array(node.value), _canonical(target))
 
 
+def check_index_values(node: Circuit, value, index_range, problems: list) -> None:
+    """Append to ``problems`` when ``value`` (bound to ``node``) holds an index outside
+    ``index_range = (lo, hi, gather)``: a gather would silently give NaN there."""
+    lo, hi, gather = index_range
+    arr = np.asarray(value)
+    if not arr.size:
+        return
+    vmin, vmax = int(arr.min()), int(arr.max())
+    if lo <= vmin and vmax < hi:
+        return
+    bad = vmin if vmin < lo else vmax
+    what = f"input for Symbol {node.line()}" if type(node) is Symbol else f"Array {node.line()}"
+    problems.append(
+        f"{what} holds index {bad}, outside [{lo}, {hi}) of the axis it gathers in "
+        f"{gather.line()} (an out-of-range index would give NaN): check the tokens against the vocabulary"
+    )
+
+
 def raise_problems(problems: list, what: str = "cannot evaluate"):
     if problems:
         shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
@@ -203,6 +221,13 @@ def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batche
         else:
             values.append(next(const_iter) if const_iter is not None else leaf_value(node, fdt, problems))
             axes.append(None)
+    ranges = program.index_ranges()
+    if ranges:
+        for node, v in zip(nodes, values):
+            r = ranges.get(node.hash)
+            # Symbols every call; Arrays when their values are read (constants were checked then).
+            if r is not None and v is not None and (type(node) is Symbol or const_iter is None):
+                check_index_values(node, v, r, problems)
     raise_problems(problems)
     if batched:
         return values, axes

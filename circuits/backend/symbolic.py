@@ -29,7 +29,6 @@ x[0]*y[0] + x[1]*y[1]
 from __future__ import annotations
 
 import itertools
-import re
 
 import numpy as np
 
@@ -38,10 +37,10 @@ from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index,
 from ..nodes.einsum import AXIS_LETTERS
 from ..nodes.leaves import format_scalar
 from ..traversal import toposort
+from ..functions import GenIndex
 
 __all__ = ["SymbolTable", "symbolic_evaluate", "symbolic_equal"]
 
-_GEN_INDEX = re.compile(r"gen_index_at_(-?\d+)(_batch_x)?(_c)?")
 
 
 def _sympy():
@@ -241,29 +240,32 @@ _ROW_DEFINITIONS = {
 }
 
 
-def _gen_index(node: GeneralFunction, m, args):
+def _gen_index(node: GeneralFunction, g: GenIndex, args):
     sp = _sympy()
     x, idx = args
-    d, batch, checked = int(m.group(1)), m.group(2) is not None, m.group(3) is not None
-    ax = x.ndim + d if d < 0 else (idx.ndim + d if batch else d)
+    ax = g.axis(x.ndim, idx.ndim)
+    q = idx.ndim
     n = x.shape[ax]
     out = np.empty(node.shape, dtype=object)
     for opos in itertools.product(*[range(k) for k in node.shape]):
-        if batch:
-            b = opos[: idx.ndim]
-            i = idx[b]
+        if g.layout == "batch":
+            i = idx[opos[:q]]
             rest = list(opos)
             xpos = rest[:ax] + [None] + rest[ax:]
+        elif g.layout == "first":
+            i = idx[opos[:q]]
+            rest = list(opos[q:])
+            xpos = rest[:ax] + [None] + rest[ax:]
         else:
-            i = idx[opos[ax: ax + idx.ndim]]
-            xpos = list(opos[:ax]) + [None] + list(opos[ax + idx.ndim:])
+            i = idx[opos[ax: ax + q]]
+            xpos = list(opos[:ax]) + [None] + list(opos[ax + q:])
         if not isinstance(i, (int, np.integer, sp.Integer)):
             raise EvaluationError(
                 f"{node.line()}: gathering needs concrete int indices, got {i}; pass "
                 "inputs={symbol: int array} for the index Symbol"
             )
         i = int(i)
-        if not checked and i < 0:
+        if not g.checked and i < 0:
             i += n
         if not 0 <= i < n:
             out[opos] = sp.nan
@@ -276,9 +278,9 @@ def _gen_index(node: GeneralFunction, m, args):
 def _function(node: GeneralFunction, args, interpret: bool):
     sp = _sympy()
     spec = node.function
-    m = _GEN_INDEX.fullmatch(spec.name)
-    if m is not None:
-        return _gen_index(node, m, args)
+    g = GenIndex.parse(spec.name)
+    if g is not None:
+        return _gen_index(node, g, args)
     out = np.empty(node.shape, dtype=object)
     if spec.elementwise:
         f = spec.sympy if (interpret and spec.sympy is not None) else sp.Function(spec.name)

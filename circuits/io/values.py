@@ -24,7 +24,6 @@ array([ 0., 12., 12.,  3.], dtype=float32)
 
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
 import numpy as np
@@ -33,11 +32,12 @@ from ..errors import CircuitError, ShapeError
 from ..nodes import Array, Circuit
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..traversal import replace, toposort
+from ..functions import GenIndex
+from ..shapes import check_allocation
 
 # Node types whose values are a selection or copy of their children's values, so an int index
 # passes through them unchanged on its way to a gather.
 _INDEX_PATH_TYPES = ("Index", "Rearrange", "Concat", "Tag")
-_GEN_INDEX = re.compile(r"gen_index_at_(-?\d+)(_batch_x)?(_c)?")
 # Range for random ints that feed no gather.
 _DEFAULT_INT_HIGH = 8
 
@@ -120,25 +120,60 @@ def gather_index_bounds(circuit: Circuit) -> dict:
     >>> list(gather_index_bounds(c).values())
     [7]
     """
-    bounds: dict = {}
-    for node in toposort(circuit):
+    # One pass, parents before children: each node hands the bound it must respect on to the
+    # children its values come from, so shared index chains are walked once (not once per gather).
+    nodes = toposort(circuit)
+    demand: dict = {}
+    for node in reversed(nodes):
         spec = getattr(node, "function", None)
-        if spec is None or spec.index_arg is None or spec.index_arg >= len(node.children):
-            continue
-        size = _gathered_size(node, spec)
-        stack = [node.children[spec.index_arg]]
-        seen = set()
-        while stack:
-            n = stack.pop()
-            if n.hash in seen:
-                continue
-            seen.add(n.hash)
-            if isinstance(n, Array):
-                old = bounds.get(n.hash)
-                bounds[n.hash] = size if old is None else min(old, size)
-            elif n.type_name in _INDEX_PATH_TYPES:
-                stack.extend(n.children)
-    return bounds
+        if spec is not None and spec.index_arg is not None and spec.index_arg < len(node.children):
+            size = _gathered_size(node, spec)
+            h = node.children[spec.index_arg].hash
+            old = demand.get(h)
+            demand[h] = size if old is None else min(old, size)
+        if node.type_name in _INDEX_PATH_TYPES:
+            size = demand.get(node.hash)
+            if size is not None:
+                for c in node.children:
+                    old = demand.get(c.hash)
+                    demand[c.hash] = size if old is None else min(old, size)
+    return {n.hash: demand[n.hash] for n in nodes if isinstance(n, Array) and n.hash in demand}
+
+
+def gather_index_ranges(nodes) -> dict:
+    """Node hash -> ``(lo, hi, gather)``: the values a node's entries must lie in
+    (``lo <= v < hi``) because they reach, through Index, Rearrange, Concat and Tag, the index
+    argument of the gen_index node ``gather`` (the tightest one when several).  ``nodes`` is a
+    circuit's toposort (children first).  An index outside its range would give NaN.
+
+    >>> from circuits import parse
+    >>> c = parse("'e' GeneralFunction gen_index_at_0\\n  'table' [7,3] Array 0a\\n  'toks' [4] Symbol")
+    >>> [(lo, hi) for lo, hi, _ in gather_index_ranges(c.toposort()).values()]
+    [(-7, 7)]
+    """
+    ranges: dict = {}
+
+    def narrow(h, lo, hi, gather):
+        old = ranges.get(h)
+        if old is None or (hi - lo) < (old[1] - old[0]):
+            ranges[h] = (lo, hi, gather) if old is None else (max(lo, old[0]), min(hi, old[1]), gather)
+        else:
+            ranges[h] = (max(lo, old[0]), min(hi, old[1]), old[2])
+
+    for node in reversed(nodes):  # parents before children
+        spec = getattr(node, "function", None)
+        if spec is not None and spec.index_arg is not None and len(node.children) == 2:
+            g = GenIndex.parse(spec.name)
+            if g is not None:
+                x, idx = node.children
+                lo, hi = g.valid_range(x.shape[g.axis(len(x.shape), len(idx.shape))])
+                narrow(idx.hash, lo, hi, node)
+        if node.type_name in _INDEX_PATH_TYPES:
+            r = ranges.get(node.hash)
+            if r is not None:
+                for c in node.children:
+                    narrow(c.hash, *r)
+    return ranges
 
 
 def _gathered_size(node, spec) -> int:
@@ -146,27 +181,25 @@ def _gathered_size(node, spec) -> int:
     gen_index family, which is in range whichever axis it is)."""
     data = [c for i, c in enumerate(node.children) if i != spec.index_arg]
     index = node.children[spec.index_arg]
-    m = _GEN_INDEX.fullmatch(spec.name)
-    if m is not None and data:
-        d = int(m.group(1))
+    g = GenIndex.parse(spec.name)
+    if g is not None and data:
         x_ndim, i_ndim = len(data[0].shape), len(index.shape)
-        if d < 0:
-            axis = x_ndim + d
-        else:
-            axis = i_ndim + d if m.group(2) else d
+        axis = g.axis(x_ndim, i_ndim)
         if 0 <= axis < x_ndim:
             return data[0].shape[axis]
     sizes = [s for c in data for s in c.shape]
     return min(sizes) if sizes else 1
 
 
-def fill_random(circuit: Circuit, seed: int = 0) -> Circuit:
+def fill_random(circuit: Circuit, seed: int = 0, *, max_bytes: int | None = None) -> Circuit:
     """``circuit`` with every placeholder Array given a random value.
 
     Ints feeding a gather lie in ``[0, size)`` of the gathered axis (the smallest over all its
     uses); other ints in ``[0, 8)``; floats are standard normal over sqrt(last dim); bools are
     fair coins.  Each placeholder's values depend only on ``seed`` and the placeholder itself,
-    so a sub-circuit filled alone gets the same values as inside the whole.
+    so a sub-circuit filled alone gets the same values as inside the whole.  A placeholder
+    larger than ``max_bytes`` (default: the allocation budget, ``CIRCUITS_MAX_ALLOC_BYTES`` or
+    4 GiB) raises ``CircuitError`` before anything is allocated.
 
     >>> from circuits import parse
     >>> w = fill_random(parse("'w' [2,4] Array 0a"), seed=1)
@@ -176,6 +209,8 @@ def fill_random(circuit: Circuit, seed: int = 0) -> Circuit:
     holes = placeholders(circuit)
     if not holes:
         return circuit
+    for node in holes:  # refuse before allocating anything
+        check_allocation(node.shape, node.dtype, lambda: f"fill_random of {node.line()}", budget=max_bytes)
     bounds = gather_index_bounds(circuit)
     mapping = {}
     for node in holes:

@@ -38,7 +38,7 @@ from typing import ClassVar
 
 from hashlib import blake2b as _blake2b
 
-from ..errors import CircuitError, ShapeError
+from ..errors import CircuitError, ShapeError, escape_char
 
 from ..hashing import NODE_HASH_BYTES
 from ..shapes import shape_text
@@ -177,7 +177,7 @@ class Circuit:
             b"".join((
                 self._hash_prefix, self._payload_bytes(), b"\0",
                 _COUNTS[n] if n < 64 else n.to_bytes(4, "little"), kids,
-                b"\0" if name is None else b"\1" + name.encode(),
+                b"\0" if name is None else b"\1" + name.encode("utf-8", "surrogatepass"),
             )),
             digest_size=NODE_HASH_BYTES,
         ).digest()
@@ -391,12 +391,17 @@ class Circuit:
 
 
 def quote_name(name: str) -> str:
-    """A name in the text format: single-quoted, with backslash escapes for ``'`` and ``\\``."""
-    if "\\" in name or "'" in name or "\n" in name or "\r" in name:
-        name = (
-            name.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
-        )
-    return f"'{name}'"
+    r"""A name in the text format: single-quoted, with backslash escapes for ``'``, ``\`` and
+    every character that is not printable (``\n``, ``\t``, ``\x1b``, ``\u202e``...), so that
+    printed text, errors and the notebook view never carry a raw control, escape, bell or
+    right-to-left character.  The parser reads the escapes back: the name round-trips exactly.
+
+    >>> print(quote_name("it's"), quote_name("bell\x07"), quote_name("\u202eevil"))
+    'it\'s' 'bell\x07' '\u202eevil'
+    """
+    if name.isprintable() and "\\" not in name and "'" not in name:
+        return f"'{name}'"
+    return "'" + "".join(map(escape_char, name)) + "'"
 
 
 def describe(type_name: str, name, payload: str, children=(), shape=None) -> str:

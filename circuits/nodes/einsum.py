@@ -8,6 +8,7 @@ from ..errors import CircuitError
 from ..dtypes import promote
 from ..shapes import int_tuple
 from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error, shape_of
+from ..shapes import INT64_MAX
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK
@@ -93,6 +94,8 @@ def _analyse(in_axes, out_axes, shapes):
                 raise mismatch(f"axis {_axis_name(ax)} has size {sizes[ax]} in one place and {n} in operand {k}")
     if any(ax < 0 for ax in sizes):
         raise mismatch(f"negative axis id {min(sizes)}")
+    if any(ax > INT64_MAX for ax in sizes):
+        raise mismatch(f"axis id {max(sizes)} is over 2**63 - 1; use small ids (they print as letters)")
     if len(set(out_axes)) != len(out_axes):
         raise mismatch("an output axis is repeated")
     try:

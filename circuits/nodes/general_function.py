@@ -16,6 +16,42 @@ _RULE_RESULTS: dict = {}
 _RULE_CACHE_SIZE = 4096
 
 
+# Array content hash -> (min, max) of its values, for the index check below.
+_EXTREMES: dict = {}
+
+
+def _check_known_indices(spec, children, name):
+    """A gather whose index is an Array with values: every value must select an entry (an
+    out-of-range index would silently give NaN, e.g. a token id >= the vocabulary size).
+    Indices known only at evaluation (Symbols) are checked when bound."""
+    g = _functions.GenIndex.parse(spec.name)
+    if g is None or len(children) != 2:
+        return
+    x, idx = children
+    value = getattr(idx, "value", None)
+    if idx.type_name != "Array" or value is None or not idx.numel:
+        return
+    extremes = _EXTREMES.get(idx.content_hash)
+    if extremes is None:
+        import numpy as np
+
+        arr = np.asarray(value)
+        extremes = (int(arr.min()), int(arr.max()))
+        if len(_EXTREMES) >= _RULE_CACHE_SIZE:
+            _EXTREMES.clear()
+        _EXTREMES[idx.content_hash] = extremes
+    ax = g.axis(len(x.shape), len(idx.shape))
+    lo, hi = g.valid_range(x.shape[ax])
+    if lo <= extremes[0] and extremes[1] < hi:
+        return
+    bad = extremes[0] if extremes[0] < lo else extremes[1]
+    raise shape_error(
+        "GeneralFunction", name, spec.name, children,
+        f"index {bad} is out of range for axis {ax} of size {x.shape[ax]} (valid: {lo} to {hi - 1})",
+        "fix the index values (token ids must be below the vocabulary size)",
+    )
+
+
 class GeneralFunction(Circuit):
     """A function from the registry in ``circuits.functions`` applied to the children.
 
@@ -62,6 +98,8 @@ class GeneralFunction(Circuit):
             if len(_RULE_RESULTS) >= _RULE_CACHE_SIZE:
                 _RULE_RESULTS.clear()
             _RULE_RESULTS[key] = (spec, shape, dtype)
+        if spec.index_arg is not None:
+            _check_known_indices(spec, children, name)
         self.function = spec
         return self._set_common(children, shape, dtype, name)
 

@@ -7,6 +7,7 @@ import struct
 import numpy as np
 
 from ..errors import CircuitError
+from ..shapes import INT64_MAX, INT64_MIN
 from .base import Circuit, _pack_ints, check_children, shape_error
 
 
@@ -38,8 +39,9 @@ def _plain_slice(e) -> bool:
     if type(e) is not slice:
         return False
     start, stop, step = e.start, e.stop, e.step
-    return ((start is None or type(start) is int) and (stop is None or type(stop) is int)
-            and (step is None or (type(step) is int and step != 0)))
+    return ((start is None or (type(start) is int and INT64_MIN <= start <= INT64_MAX))
+            and (stop is None or (type(stop) is int and INT64_MIN <= stop <= INT64_MAX))
+            and (step is None or (type(step) is int and step != 0 and INT64_MIN <= step <= INT64_MAX)))
 
 
 def _normalize_entry(entry, what):
@@ -52,7 +54,12 @@ def _normalize_entry(entry, what):
         if entry.step == 0:
             raise CircuitError(f"{what}: slice step cannot be 0")
         conv = lambda v: None if v is None else int(v)  # noqa: E731
-        return slice(conv(entry.start), conv(entry.stop), conv(entry.step))
+        bounds = (conv(entry.start), conv(entry.stop), conv(entry.step))
+        for v in bounds:
+            if v is not None and not INT64_MIN <= v <= INT64_MAX:
+                raise CircuitError(f"{what}: slice bound {v} is beyond a 64-bit int; an axis has at "
+                                   "most 2**63 - 1 entries, so a bound that size selects the same")
+        return slice(*bounds)
     if isinstance(entry, (bool, np.bool_)):
         raise CircuitError(f"{what}: a bool is not an index; use an int, a slice or an int array")
     if isinstance(entry, (int, np.integer)):

@@ -38,6 +38,7 @@ from ..errors import CircuitError
 from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
 from ..dtypes import DEFAULT_FLOAT, normalize_dtype
 from .base import Circuit, _pack_ints, quote_name
+from ..shapes import INT64_MAX
 
 _HEX = set("0123456789abcdef")
 
@@ -45,7 +46,7 @@ _HEX = set("0123456789abcdef")
 def _check_shape(shape, what):
     if type(shape) is tuple:
         for s in shape:
-            if type(s) is not int or s < 0:
+            if type(s) is not int or s < 0 or s > INT64_MAX:
                 break
         else:
             return shape
@@ -57,6 +58,8 @@ def _check_shape(shape, what):
         raise CircuitError(f"{what}: shape must be a sequence of ints, got {shape!r}") from None
     if any(s < 0 for s in shape):
         raise CircuitError(f"{what}: shape {list(shape)} has a negative size")
+    if any(s > INT64_MAX for s in shape):
+        raise CircuitError(f"{what}: shape {list(shape)} has a size over 2**63 - 1 (the most any axis can hold)")
     return shape
 
 
@@ -100,6 +103,12 @@ class Array(Circuit):
             stored = value
         else:
             host = np.asarray(value)
+            if host.dtype == np.bool_ and host.size and host.view(np.uint8).max() > 1:
+                # A bool array can hold bytes other than 0 and 1 (np.frombuffer, a view): numpy
+                # and JAX then compute with the raw byte (True + 0.0 == 2.0).  Normalise to 0/1
+                # before hashing, so equal truth values are one Array and evaluate as 0/1.
+                host = host.view(np.uint8) != 0
+                host.flags.writeable = False
             if host.flags.writeable:
                 # A private read-only copy: a later write to the caller's array must not change a
                 # node whose hash was computed from the old bytes.

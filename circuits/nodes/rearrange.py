@@ -6,6 +6,7 @@ import functools
 import re
 
 from ..errors import CircuitError
+from ..shapes import INT64_MAX
 from .base import Circuit, check_children, shape_error
 
 _TOKEN = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*|1|->)")
@@ -74,7 +75,10 @@ def _side_text(groups) -> str:
 
 
 def format_rearrange_spec(ins, outs) -> str:
-    return f"{_side_text(ins)} -> {_side_text(outs)}"
+    """The spec as printed: ``'a (b c) -> b a c'``; an empty side leaves no stray space
+    (``'->'`` over a scalar, ``'a ->'``), so no printed line ends with a space."""
+    lhs, rhs = _side_text(ins), _side_text(outs)
+    return f"{lhs} -> {rhs}" if lhs and rhs else (f"{lhs} ->" if lhs else f"-> {rhs}" if rhs else "->")
 
 
 class _SpecMismatch(Exception):
@@ -128,6 +132,8 @@ def _solve(ins, outs, given, child_shape):
         prod = 1
         for a in g:
             prod *= known[a]
+        if prod > INT64_MAX:
+            raise _SpecMismatch(f"output axis {g} would have size {prod}, over 2**63 - 1")
         shape.append(prod)
     return tuple(sorted(known.items())), tuple(shape)
 

@@ -315,9 +315,10 @@ def update(root: Circuit, matcher, fn: Callable[[Circuit], Circuit], *, require:
         if node.hash in hits:
             out = fn(rebuilt)
             if not isinstance(out, Circuit):
-                raise CircuitError(
-                    f"update: the function returned a {type(out).__name__} for {node.line()}, not a "
-                    "circuit node; return a node (wrap values in Array(...) or Scalar(...))"
+                raise SelectionError(
+                    f"update: the function returned a {type(out).__name__} for {node.line()}, not a circuit "
+                    "node; return a node of the same shape — wrap a value as Array(value, name=...) (or "
+                    "Scalar(x, shape))"
                 )
             if out.shape != node.shape:
                 raise ShapeError(

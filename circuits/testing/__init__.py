@@ -2,11 +2,27 @@
 
 See ``circuits.testing.strategies`` for the strategies and an example of property-testing a rewrite,
 and ``circuits.testing.roundtrip.store_of`` for exact text round trips.
+
+A failing example explains itself: ``circuits(...)`` draws circuits, which print in the text
+format, and ``circuits_with_inputs(...)`` draws a ``CircuitWithInputs`` whose repr is the shrunk
+circuit's text, the values of its small Arrays and the inputs.  A rule that wrongly rewrites
+``x + y`` to ``x`` fails like this::
+
+    Falsifying example: test_rule(
+        case=CircuitWithInputs(circuit=parse(r'''
+    0 Add
+      'x' [] Symbol
+      1 [] Scalar 1
+    '''),
+    arrays={},
+    inputs={'x': [0.5]}),
+    )
 """
 
 from .strategies import (
     ALL_TYPES,
     CLOSED_TYPES,
+    CircuitWithInputs,
     DEFAULT_FUNCTIONS,
     DEFAULT_NAMES,
     MAGNITUDE_CAP,
@@ -16,6 +32,7 @@ from .strategies import (
     arrays,
     circuits,
     circuits_with_inputs,
+    describe_case,
     einsum_specs,
     indices,
     inputs_for,
@@ -29,6 +46,7 @@ from .roundtrip import store_of
 
 __all__ = [
     "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "DEFAULT_NAMES", "MAGNITUDE_CAP", "POSITIVE_MIN",
-    "EinsumSpec", "RearrangeSpec", "arrays", "circuits", "circuits_with_inputs", "einsum_specs",
-    "indices", "inputs_for", "int_arrays", "names", "rearrange_specs", "shapes", "slices", "store_of",
+    "CircuitWithInputs", "EinsumSpec", "RearrangeSpec", "arrays", "circuits", "circuits_with_inputs",
+    "describe_case", "einsum_specs", "indices", "inputs_for", "int_arrays", "names", "rearrange_specs",
+    "shapes", "slices", "store_of",
 ]

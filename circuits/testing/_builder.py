@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from hypothesis import strategies as st
 
-from ..functions import lookup
+from ..functions import GenIndex, gen_index_name, lookup
 from ..shapes import broadcast_shapes
 from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..traversal import toposort
@@ -333,15 +333,23 @@ class Builder:
         draw = self.draw
         m = draw(st.integers(1, 4))
         checked = draw(st.booleans())
-        suffix = "_c" if checked else ""
-        if draw(st.booleans()):
-            # plain: out = x[:ax] + idx.shape + x[ax+1:]
+        layout = draw(st.sampled_from(("first", "at", "batch")))
+        if layout == "first":
+            # plain (rust_circuit's): out = idx.shape + x.shape without axis ax
+            r = draw(st.integers(0, len(shape)))
+            idx_shape, rest = shape[:r], shape[r:]
+            ax = draw(st.integers(0, len(rest)))
+            x_shape = rest[:ax] + (m,) + rest[ax:]
+            d = ax if draw(st.booleans()) else ax - len(x_shape)
+            fname = gen_index_name(d, False, checked)
+        elif layout == "at":
+            # _no_batch_index: out = x[:ax] + idx.shape + x[ax+1:]
             ax = draw(st.integers(0, len(shape)))
             r = draw(st.integers(0, len(shape) - ax))
             x_shape = shape[:ax] + (m,) + shape[ax + r:]
             idx_shape = shape[ax:ax + r]
             d = ax if draw(st.booleans()) else ax - len(x_shape)
-            fname = f"gen_index_at_{d}{suffix}"
+            fname = gen_index_name(d, False, checked, batch_index=False)
         else:
             # batched: x[:r] == idx.shape, out = x without axis ax (ax >= r)
             r = draw(st.integers(0, len(shape)))
@@ -349,7 +357,7 @@ class Builder:
             x_shape = shape[:ax] + (m,) + shape[ax:]
             idx_shape = shape[:r]
             d = ax - r if draw(st.booleans()) else ax - len(x_shape)
-            fname = f"gen_index_at_{d}_batch_x{suffix}"
+            fname = gen_index_name(d, True, checked)
         if math.prod(x_shape) > _MAX_ELEMENTS:
             return None
         x, iv = self.build(x_shape, depth, Need(need.positive))
@@ -470,13 +478,5 @@ def int_symbol_ranges(circuit) -> dict:
 
 
 def _gather_axis_sizes(node, x, idx):
-    # The gathered axis is the one whose size disappears: try each axis of x.
-    name = node.function.name
-    body = name[len("gen_index_at_"):]
-    batch = "_batch_x" in body
-    d = int(body.split("_")[0])
-    if batch:
-        ax = x.ndim + d if d < 0 else idx.ndim + d
-    else:
-        ax = x.ndim + d if d < 0 else d
-    return [x.shape[ax]]
+    g = GenIndex.parse(node.function.name)
+    return [x.shape[g.axis(x.ndim, idx.ndim)]]

@@ -50,14 +50,14 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ..nodes import NODE_TYPES, Array, Concat, Scalar, Symbol
+from ..nodes import NODE_TYPES, Array, Circuit, Concat, Scalar, Symbol
 from ..nodes.einsum import format_spec
 
 __all__ = [
     "DEFAULT_NAMES", "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "MAGNITUDE_CAP", "POSITIVE_MIN",
     "EinsumSpec", "RearrangeSpec",
     "shapes", "names", "arrays", "int_arrays", "einsum_specs", "indices", "slices", "rearrange_specs",
-    "circuits", "circuits_with_inputs", "inputs_for",
+    "circuits", "circuits_with_inputs", "inputs_for", "CircuitWithInputs", "describe_case",
 ]
 
 # A small pool so that distinct nodes often share a name (as in real circuits: 'ln.mean_subbed').
@@ -380,6 +380,65 @@ def _options(shape, types, functions, max_nodes, max_depth, names_strategy, dtyp
     )
 
 
+class CircuitWithInputs(NamedTuple):
+    """What ``circuits_with_inputs`` draws: a circuit and a value for each of its Symbols.  A
+    tuple (``circuit, inputs = case``) whose repr — the one hypothesis prints for a falsifying
+    example, and IPython too — is the circuit in the text format, the values of its small
+    Arrays and the inputs, so a failure shows what failed (see ``describe_case``)."""
+
+    circuit: Circuit
+    inputs: dict
+
+    def __repr__(self):
+        return describe_case(self.circuit, self.inputs)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(repr(self))
+
+
+#: Arrays with at most this many entries have their values shown in a failing example.
+SHOWN_ARRAY_ENTRIES = 64
+
+
+def describe_case(circuit, inputs=None) -> str:
+    """A circuit in the text format (in full, however deep), then the values of its Arrays of
+    up to ``SHOWN_ARRAY_ENTRIES`` entries and of ``inputs``: what a failing example shows.
+
+    >>> import numpy as np
+    >>> from circuits import Add, Array, Symbol
+    >>> x = Symbol((2,), name='x')
+    >>> w = Array(np.array([1.0, 2.0], np.float32), name='w')
+    >>> print(describe_case(Add(x, w, name='y'), {x: np.array([0.5, -1.0])}))
+    CircuitWithInputs(circuit=parse(r'''
+    'y' Add
+      'x' [2] Symbol
+      'w' [2] Array 8dca9d37eb1d6a2b9a1a2ba9
+    '''),
+    arrays={'w': [1.0, 2.0]},
+    inputs={'x': [0.5, -1.0]})
+    """
+    from ..traversal import toposort
+
+    nodes = toposort(circuit)
+    counts: dict = {}
+    for n in nodes:
+        counts[n.name] = counts.get(n.name, 0) + 1
+
+    def show(node, value):
+        arr = np.asarray(value)
+        label = node.name if node.name is not None and counts.get(node.name) == 1 else node.line()
+        shown = arr.tolist() if arr.size <= SHOWN_ARRAY_ENTRIES else f"<{arr.dtype} {list(arr.shape)}>"
+        return f"{label!r}: {shown}"
+
+    arrays = [show(n, n.value) for n in nodes
+              if type(n) is Array and n.value is not None and n.numel <= SHOWN_ARRAY_ENTRIES]
+    given = [show(k, v) if isinstance(k, Circuit) else f"{k!r}: {np.asarray(v).tolist()}"
+             for k, v in (inputs or {}).items()]
+    # A raw string: the text's escapes (\' \n \u202e...) paste back into parse() unchanged.
+    return (f"CircuitWithInputs(circuit=parse(r'''\n{circuit.to_text()}\n'''),\n"
+            f"arrays={{{', '.join(arrays)}}},\ninputs={{{', '.join(given)}}})")
+
+
 def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5, names=None,
              dtype="float32", root_types=None):
     """Circuits (DAGs with shared subtrees) of ``shape`` (drawn when None).
@@ -408,19 +467,34 @@ def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=
     True
     """
     opts = _options(shape, types, functions, max_nodes, max_depth, names, dtype, root_types)
-    from ._builder import built_circuits
-
-    return built_circuits(opts).map(lambda built: built[0])
+    # A composite, not ``.map(lambda ...)``: hypothesis would print a mapped example as the
+    # lambda's body (``built[0]``) instead of the circuit's text.
+    return _circuit_only(opts)
 
 
 def circuits_with_inputs(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5,
                          names=None, dtype="float32", root_types=None):
-    """``(circuit, inputs)`` pairs: a circuit as from ``circuits(...)`` and a value for each of its
-    Symbols (``{symbol: ndarray}``, ready for ``circuits.evaluate(circuit, inputs)``)."""
+    """``(circuit, inputs)`` pairs (``CircuitWithInputs``): a circuit as from ``circuits(...)``
+    and a value for each of its Symbols (``{symbol: ndarray}``, ready for
+    ``circuits.evaluate(circuit, inputs)``).  A falsifying example prints as the circuit's text
+    with its inputs (see ``describe_case``)."""
     opts = _options(shape, types, functions, max_nodes, max_depth, names, dtype, root_types)
+    return _circuit_and_inputs(opts)
+
+
+@st.composite
+def _circuit_only(draw, opts):
     from ._builder import built_circuits
 
-    return built_circuits(opts).flatmap(lambda built: inputs_for(built[0]).map(lambda i: (built[0], i)))
+    return draw(built_circuits(opts))[0]
+
+
+@st.composite
+def _circuit_and_inputs(draw, opts):
+    from ._builder import built_circuits
+
+    circuit = draw(built_circuits(opts))[0]
+    return CircuitWithInputs(circuit, draw(inputs_for(circuit)))
 
 
 @st.composite

@@ -50,7 +50,10 @@ FAST_LINE = re.compile(
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _INDENT_CHARS = " │├└─"
-_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r"}
+_ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r", "t": "\t"}
+# \xHH, \uHHHH, \UHHHHHHHH: how many hex digits follow (see ``circuits.errors.escape_char``).
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 TYPE_NAMES = ", ".join(NODE_TYPE_BY_NAME)
 
 
@@ -168,9 +171,18 @@ def _unescape(raw, line, line_number, column):
         c = raw[i]
         if c == "\\":
             nxt = raw[i + 1] if i + 1 < n else ""
+            width = _HEX_ESCAPES.get(nxt)
+            if width is not None:
+                digits = raw[i + 2:i + 2 + width]
+                if len(digits) != width or not _HEX_DIGITS.issuperset(digits) or int(digits, 16) > 0x10FFFF:
+                    raise fail(f"bad escape \\{nxt}{digits} in a name", line_number, line, column + i + 1,
+                               f"\\{nxt} then {width} hex digits (a code point up to 10ffff)")
+                out.append(chr(int(digits, 16)))
+                i += 2 + width
+                continue
             if nxt not in _ESCAPES:
                 raise fail(f"unknown escape \\{nxt} in a name", line_number, line, column + i + 1,
-                           "one of \\\\ \\' \\n \\r")
+                           "one of \\\\ \\' \\n \\r \\t \\xHH \\uHHHH \\UHHHHHHHH")
             out.append(_ESCAPES[nxt])
             i += 2
         else:
@@ -229,6 +241,20 @@ def _diagnose(content, width, line, line_number):
 
 
 # ---------------------------------------------------------------------------- payloads
+# Payload caches are global: keep them small, and never let them hold a big payload (a failed
+# parse of a huge text must not stay in memory through them).
+CACHE_ENTRIES = 4096
+CACHED_PAYLOAD_CHARS = 256
+
+
+def remember_payload(cache: dict, text: str, value) -> None:
+    if len(text) > CACHED_PAYLOAD_CHARS:
+        return
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    cache[text] = value
+
+
 _SHAPES: dict = {}
 
 
@@ -246,8 +272,7 @@ def read_shape(text, line_number, line, column):
     if any(s < 0 for s in shape):
         raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,
                    "non-negative sizes")
-    if len(_SHAPES) < 100_000:
-        _SHAPES[text] = shape
+    remember_payload(_SHAPES, text, shape)
     return shape
 
 
@@ -305,8 +330,7 @@ def read_index(text, line_number, line, column=0):
                 break
             pos += 1
     result = tuple(entries)
-    if len(_INDICES) < 100_000:
-        _INDICES[text] = result
+    remember_payload(_INDICES, text, result)
     return result
 
 

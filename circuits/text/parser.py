@@ -7,15 +7,15 @@ Parsing runs in four passes, none recursive, so a 50,000-deep text parses like a
 2. resolve references (``20 'ln.mean_subbed'``, ``'idxed_embeds'``, ``7``) against the records
    defined anywhere in the text, then against ``references``; definition blocks (``~`` roots,
    written by the printer for deep circuits) may be referred to before or after they appear;
-3. give each placeholder Array a dtype: ``int64`` when it reaches, through Index, Rearrange,
-   Concat or Tag, the index argument of a gather function (``gen_index_at_0_c``...), else
-   ``float32``;
+3. give each placeholder Array, and each Symbol printed without a dtype, a dtype: ``int64``
+   when it reaches, through Index, Rearrange, Concat or Tag, the index argument of a gather
+   function (``gen_index_at_0_c``...), else ``float32``;
 4. build the nodes children-first with the public constructors (which validate), checking every
    printed shape against the one the node computes.
 
 Any text gives circuits or a ``ParseError`` naming the line number, the line, the column where it
-can and what was expected; errors from node constructors (a ``ShapeError``...) are wrapped into
-one.  An Array is looked up in ``store`` (``store.find(prefix)``, then ``store.get(full_hash)``)
+can and what was expected; the library's errors from node constructors (a ``ShapeError``...) are wrapped into
+one (any other exception is a bug and propagates as it is).  An Array is looked up in ``store`` (``store.find(prefix)``, then ``store.get(full_hash)``)
 and becomes a placeholder when the store lacks it or no store is given: a placeholder with the
 dtype of pass 3, unless the store knows the placeholder itself (an optional
 ``store.placeholder(prefix, shape, name)``: a circuit file records its placeholders' dtypes).
@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import uuid as uuid_module
 
-from ..errors import ParseError, StoreError
+from ..errors import CircuitError, ParseError, StoreError
 from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..shapes import shape_text
 from ..nodes.base import quote_name
 from ..nodes.einsum import parse_spec
 from ..nodes.rearrange import parse_rearrange_spec
-from .lexer import FAST_LINE, fail, read_index, read_line, read_shape, read_symbol_payload
+from .lexer import FAST_LINE, remember_payload, fail, read_index, read_line, read_shape, read_symbol_payload
 from .printer import gc_paused
 
 _HEX = frozenset("0123456789abcdefABCDEF")
@@ -237,8 +237,10 @@ def _function(record, cache):
     if spec is None:
         try:
             spec = lookup(name)
-        except Exception as e:  # an unknown name, or a family factory refusing it
-            raise record.error(str(e).split(";")[0], "a registered function name",
+        except CircuitError:  # not registered, and no family's name
+            raise record.error(f"unknown GeneralFunction {name!r}",
+                               "a registered function name (circuits.functions.registered_names()) or "
+                               "gen_index_at_<d>[_batch_x][_no_batch_index][_c]",
                                record.payload_column + 1) from None
         cache[name] = spec
     return spec
@@ -332,7 +334,7 @@ def _mark_int_indices(records):
         if id(r) in seen:
             continue
         seen.add(id(r))
-        if r.type_name == "Array":
+        if r.type_name in ("Array", "Symbol"):
             r.int_index = True
         elif r.type_name in _INDEX_PATH_TYPES:
             stack.extend(r.children)
@@ -379,9 +381,9 @@ def _node(r, store):
         node = builder(r, kids, store)
     except ParseError:
         raise
-    except Exception as e:  # a constructor refusing the node: ShapeError, CircuitError, ...
-        message = str(e)
-        raise r.error(f"cannot build this {r.type_name}: {message}",
+    except CircuitError as e:  # a constructor refusing the node: ShapeError, ...  (anything else
+        # is a bug in the library, and is left to say so)
+        raise r.error(f"cannot build this {r.type_name}: {e}",
                       "children and payload that fit together") from None
     if r.shape is not None and node.shape != r.shape:
         if r.type_name == "Array":
@@ -444,7 +446,9 @@ def _scalar(r, kids, store):
 def _symbol(r, kids, store):
     _leaf(r, kids)
     dtype, uid = read_symbol_payload(r.payload, r.line_number, r.line, r.payload_column)
-    return Symbol(r.shape, name=r.name, dtype=dtype or "float32", uuid=uid)
+    # Without a dtype, a Symbol that indexes a gather is int64 (rust_circuit prints no dtypes:
+    # its loss module's label Symbol is one), any other float32.
+    return Symbol(r.shape, name=r.name, dtype=dtype or ("int64" if r.int_index else "float32"), uuid=uid)
 
 
 _SPECS: dict = {}
@@ -456,10 +460,9 @@ def _einsum(r, kids, store):
     if axes is None:
         try:
             axes = parse_spec(spec)
-        except Exception as e:
+        except CircuitError as e:
             raise r.error(str(e), "a spec like qc,kc,,qk->qk", r.payload_column + 1) from None
-        if len(_SPECS) < 100_000:
-            _SPECS[spec] = axes
+        remember_payload(_SPECS, spec, axes)
     in_axes = axes[0]
     if not in_axes and len(kids) == 1:
         in_axes = ((),)  # '->' is both no operand and one scalar operand: the children decide
@@ -502,11 +505,10 @@ def _rearrange(r, kids, store):
                               r.payload_column + 1) from None
         try:
             groups = parse_rearrange_spec(" ".join(words))
-        except Exception as e:
+        except CircuitError as e:
             raise r.error(str(e), "a spec like '(h d) s -> h s d h=2'", r.payload_column + 1) from None
         spec = (groups, sizes)
-        if len(_REARRANGE_SPECS) < 100_000:
-            _REARRANGE_SPECS[text] = spec
+        remember_payload(_REARRANGE_SPECS, text, spec)
     return Rearrange(kids[0], spec[0], name=r.name, **spec[1])
 
 

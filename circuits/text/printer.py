@@ -17,6 +17,9 @@ Options (all keyword):
 - ``color``: ANSI colours by node type (the parser strips them again).
 - ``tree``: draw the tree with ``├─ └─ │`` glyphs instead of plain indentation (parses too).
 - ``names``: ``False`` leaves names out (every node then gets a serial number).
+- ``max_chars``: refuse (``CircuitError``) to write more than this many characters (default
+  ``CIRCUITS_MAX_TEXT_CHARS`` or 2**28): a shared node is never expanded twice, but every
+  reference repeats its name, so a small text with long names can print very large.
 - ``max_indent``: the deepest indentation level written (default 64).  A node with children that
   would start deeper is printed as a reference and its subtree goes, as a definition block (a root
   line marked ``~``), before the roots; definition blocks are ordered deepest first.  This keeps a
@@ -41,11 +44,25 @@ Options (all keyword):
 
 from __future__ import annotations
 
+from ..errors import CircuitError
+from ..nodes.base import Circuit, bulk_build, quote_name
 from ..shapes import shape_text
 
-from ..nodes.base import Circuit, bulk_build, quote_name
-
 DEFAULT_MAX_INDENT = 64
+# A printed text is refused beyond this many characters (``max_chars``): a circuit whose
+# references repeat a long name could otherwise print as gigabytes from a small file.
+MAX_TEXT_ENV = "CIRCUITS_MAX_TEXT_CHARS"
+DEFAULT_MAX_TEXT_CHARS = 1 << 28
+
+
+def max_text_chars() -> int:
+    import os
+
+    text = os.environ.get(MAX_TEXT_ENV)
+    try:
+        return int(text) if text else DEFAULT_MAX_TEXT_CHARS
+    except ValueError:
+        raise CircuitError(f"{MAX_TEXT_ENV}={text!r} is not an int number of characters") from None
 DEFINITION_MARK = "~ "
 
 # Line kinds.
@@ -76,7 +93,7 @@ def to_text(circuit, **options) -> str:
 
 
 def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
-               names=True, max_indent=DEFAULT_MAX_INDENT, max_lines=None) -> str:
+               names=True, max_indent=DEFAULT_MAX_INDENT, max_lines=None, max_chars=None) -> str:
     """Several roots in one text: serials count on from one root to the next and a node printed
     under an earlier root is only referred to later.
 
@@ -99,11 +116,13 @@ def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, 
         raise ValueError(f"max_indent must be >= 1 or None, got {max_indent}")
     if max_lines is not None and max_lines < 1:
         raise ValueError(f"max_lines must be >= 1 or None, got {max_lines}")
+    if max_chars is None:
+        max_chars = max_text_chars()
     with gc_paused():
         name_count: dict = {}
         budget = [max_lines if max_lines is not None else -1]
         blocks = _layout(roots, depth, max_indent, tree, name_count if names else None, budget)
-        text = _render(blocks, name_count, shapes, comments, color, tree, names)
+        text = _render(blocks, name_count, shapes, comments, color, tree, names, max_chars)
         del blocks  # freed while the collector is off, so it never scans the line entries
     return text
 
@@ -208,10 +227,11 @@ def _body(node, shapes):
     return " ".join(parts)
 
 
-def _render(blocks, name_count, shapes, comments, color, tree, names):
+def _render(blocks, name_count, shapes, comments, color, tree, names, max_chars):
     """The lines, numbering serials in text order as nodes first appear."""
     lines = []
     emit = lines.append
+    written = 0
     indents = ["  " * i for i in range(64)]
     plain = not (shapes or comments or color or not names)
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
@@ -249,6 +269,13 @@ def _render(blocks, name_count, shapes, comments, color, tree, names):
             if level == 0 and is_definition and kind == _DEF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
             emit(indent + text)
+            written += len(indent) + len(text) + 1
+            if written > max_chars:
+                raise CircuitError(
+                    f"the text would be over {max_chars} characters (after {len(lines)} lines); "
+                    "print less with max_lines=... or depth=..., or allow more with max_chars=... "
+                    f"(default: the environment variable {MAX_TEXT_ENV} or {DEFAULT_MAX_TEXT_CHARS})"
+                )
     return "\n".join(lines)
 
 

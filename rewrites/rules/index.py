@@ -18,10 +18,9 @@ dropped by ``rewrites.rules.identities.index_select_all``.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from circuits.functions import GenIndex, gen_index_name
 from circuits.nodes import Add, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
 
 from ..engine import rule
@@ -342,25 +341,16 @@ def push_index_through_concat(node):
     return out if out.dtype == node.dtype else None
 
 
-_GEN_INDEX = re.compile(r"gen_index_at_(-?\d+)(_batch_x)?(_c)?")
-
-
 def gen_index_parts(node):
-    """``(d, batch_x, checked, axis)`` for a gen_index GeneralFunction (``axis`` is the gathered
-    axis of ``x``), else None."""
+    """``(g, axis)`` for a gen_index GeneralFunction: ``g`` the ``circuits.functions.GenIndex``
+    its name means, ``axis`` the gathered axis of ``x``; else None."""
     if not isinstance(node, GeneralFunction):
         return None
-    m = _GEN_INDEX.fullmatch(node.function.name)
-    if m is None:
+    g = GenIndex.parse(node.function.name)
+    if g is None:
         return None
-    d, batch, checked = int(m.group(1)), m.group(2) is not None, m.group(3) is not None
     x, idx = node.children
-    axis = len(x.shape) + d if d < 0 else (len(idx.shape) + d if batch else d)
-    return d, batch, checked, axis
-
-
-def gen_index_name(d: int, batch: bool, checked: bool) -> str:
-    return f"gen_index_at_{d}{'_batch_x' if batch else ''}{'_c' if checked else ''}"
+    return g, g.axis(len(x.shape), len(idx.shape))
 
 
 @rule(on=Index, example=(
@@ -378,16 +368,21 @@ def push_index_through_gen_index(node):
     parts = gen_index_parts(g)
     if parts is None or _trivial(node):
         return None
-    d, batch, checked, ax = parts
+    gi, ax = parts
     x, idx = g.children
     xn, q = len(x.shape), len(idx.shape)
     x_entries, i_entries = [ALL] * xn, [ALL] * q
     for k, e in enumerate(node.full_index()):
-        if batch:
+        if gi.layout == "batch":
             a = k if k < ax else k + 1
             x_entries[a] = e
             if a < q:
                 i_entries[a] = e
+        elif gi.layout == "first":
+            if k < q:
+                i_entries[k] = e
+            else:
+                x_entries[k - q if k - q < ax else k - q + 1] = e
         elif k < ax:
             x_entries[k] = e
         elif k < ax + q:
@@ -397,8 +392,11 @@ def push_index_through_gen_index(node):
     ints = lambda es: sum(isinstance(e, int) for e in es)  # noqa: E731
     new_xn, new_q = xn - ints(x_entries), q - ints(i_entries)
     new_ax = ax - ints(x_entries[:ax])
-    new_d = new_ax - new_xn if d < 0 else (new_ax - new_q if batch else new_ax)
-    return GeneralFunction(gen_index_name(new_d, batch, checked),
+    if gi.d < 0:
+        new_d = new_ax - new_xn
+    else:
+        new_d = new_ax - new_q if gi.layout == "batch" else new_ax
+    return GeneralFunction(gen_index_name(new_d, gi.batch_x, gi.checked, gi.batch_index),
                            make_index(x, x_entries), make_index(idx, i_entries))
 
 

@@ -56,26 +56,38 @@ UNARY = {
 
 
 def gen_index(name: str, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """``gen_index_at_<d>[_batch_x][_c]`` by explicit loops (slow, obviously right)."""
+    """``gen_index_at_<d>[_batch_x][_no_batch_index][_c]`` by explicit loops (slow, obviously
+    right), with rust_circuit's layouts: plain puts the index's axes first, ``_batch_x`` batches
+    x's leading axes with the index's, ``_no_batch_index`` puts the index's axes where axis d was."""
     body = name[len("gen_index_at_"):]
     batch = "_batch_x" in body
+    batch_index = "_no_batch_index" not in body
     checked = body.endswith("_c")
     d = int(body.split("_")[0])
     idx = np.asarray(idx, dtype=np.int64)
-    if batch:
-        ax = x.ndim + d if d < 0 else idx.ndim + d
+    q = idx.ndim
+    if batch and batch_index:
+        ax = x.ndim + d if d < 0 else q + d
         out = np.empty(x.shape[:ax] + x.shape[ax + 1:])
         for pos in np.ndindex(*out.shape):
-            b = pos[: idx.ndim]
+            b = pos[:q]
             i = int(idx[b])
             src = pos[:ax] + (i,) + pos[ax:]
             out[pos] = _gather_one(x, src, ax, i, checked)
         return out
     ax = x.ndim + d if d < 0 else d
+    if batch_index:  # index axes first
+        out = np.empty(idx.shape + x.shape[:ax] + x.shape[ax + 1:])
+        for pos in np.ndindex(*out.shape):
+            i = int(idx[pos[:q]])
+            rest = pos[q:]
+            src = rest[:ax] + (i,) + rest[ax:]
+            out[pos] = _gather_one(x, src, ax, i, checked)
+        return out
     out = np.empty(x.shape[:ax] + idx.shape + x.shape[ax + 1:])
     for pos in np.ndindex(*out.shape):
-        i = int(idx[pos[ax: ax + idx.ndim]])
-        src = pos[:ax] + (i,) + pos[ax + idx.ndim:]
+        i = int(idx[pos[ax: ax + q]])
+        src = pos[:ax] + (i,) + pos[ax + q:]
         out[pos] = _gather_one(x, src, ax, i, checked)
     return out
 

@@ -148,7 +148,9 @@ def test_gen_index_gathers_like_loops(data):
 
 def test_checked_gen_index_out_of_range_is_nan_not_wrapped():
     x = C.Array(np.arange(3.0))
-    node = C.GeneralFunction("gen_index_at_0_c", x, C.Array(np.array([0, -1, 2])))
+    # (an index Array is checked when the node is built; a computed index is not)
+    computed = C.Add(C.Array(np.array([0, -1, 2])), C.Array(np.array([0, 0, 0]), name="zeros"))
+    node = C.GeneralFunction("gen_index_at_0_c", x, computed)
     out = value(node)
     assert out[0] == 0.0 and np.isnan(out[1]) and out[2] == 2.0
     unchecked = C.GeneralFunction("gen_index_at_0", x, C.Array(np.array([-1])))

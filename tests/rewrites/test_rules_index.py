@@ -359,9 +359,11 @@ def test_push_index_through_concat_cases():
 # ---------------------------------------------------------------------------- gen_index
 @st.composite
 def gathers(draw):
-    batch = draw(st.booleans())
+    """A gather in one of rust_circuit's layouts: plain (index axes first), ``_batch_x``,
+    ``_no_batch_index`` (index axes where the gathered axis was)."""
+    layout = draw(st.sampled_from(("first", "at", "batch")))
     checked = draw(st.booleans())
-    if batch:
+    if layout == "batch":
         idx_shape = draw(shapes(min_rank=0, max_rank=2))
         rest = draw(shapes(min_rank=1, max_rank=2))
         x_shape = idx_shape + rest
@@ -375,11 +377,12 @@ def gathers(draw):
         ax = draw(st.integers(0, len(x_shape) - 1))
         d = ax if draw(st.booleans()) else ax - len(x_shape)
     n = x_shape[ax]
-    # Checked gathers get an out-of-range index now and then (NaN); unchecked ones negatives.
-    lo, hi = (0, n + 1) if checked else (-n, n)
+    # In range (out-of-range index Arrays are refused when built); unchecked ones take negatives.
+    lo, hi = (0, n) if checked else (-n, n)
     idx = Array(draw(int_arrays(idx_shape, lo, hi)))
     x = draw(operands(x_shape, scalars=False))
-    name = f"gen_index_at_{d}{'_batch_x' if batch else ''}{'_c' if checked else ''}"
+    name = (f"gen_index_at_{d}{'_batch_x' if layout == 'batch' else ''}"
+            f"{'_no_batch_index' if layout == 'at' else ''}{'_c' if checked else ''}")
     return GeneralFunction(name, x, idx)
 
 
@@ -390,17 +393,24 @@ def test_push_index_through_gen_index(node):
     assert isinstance(out, GeneralFunction) and out.function.name.startswith("gen_index_at_")
     assert out.shape == node.shape and out.dtype == node.dtype
     check(out)
-    # Out-of-range indices of checked gathers give NaN, and must give NaN at the same places.
     assert_same(node, out)
 
 
 def test_push_index_through_gen_index_cases():
     x = Array(np.arange(24.0).reshape(2, 3, 4))
     idx = Array(np.array([[3, 0, 1], [2, 2, 0]]))
+    node = Index(GeneralFunction("gen_index_at_2_no_batch_index", x, idx), (1, slice(None), 0))
+    out = fire(push_index_through_gen_index, node)
+    assert out.function.name == "gen_index_at_1_no_batch_index"
+    assert [k.line() for k in out.children] == ["[3,4] Index [1]", "[3] Index [0]"]
+    assert symbolic_equal(node, out)
+    # plain (rust_circuit's): the index's axes come first, then x's other axes
     node = Index(GeneralFunction("gen_index_at_2", x, idx), (1, slice(None), 0))
+    assert node.children[0].shape == (2, 3, 2, 3)
     out = fire(push_index_through_gen_index, node)
     assert out.function.name == "gen_index_at_1"
-    assert [k.line() for k in out.children] == ["[3,4] Index [1]", "[3] Index [0]"]
+    assert [k.line() for k in out.children] == ["[3,4] Index [0]", "[3] Index [1]"]
+    assert symbolic_equal(node, out)
     # batch axes index x and idx alike; d counted from the end follows the dropped axes
     bx = Array(np.arange(24.0).reshape(2, 3, 4))
     bidx = Array(np.array([3, 0]))

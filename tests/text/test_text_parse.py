@@ -198,7 +198,8 @@ def test_parse_errors(text, line_number, column, message, expected):
     if line_number is not None:
         assert err.line == text.split("\n")[line_number - 1]
         assert f"line {line_number}" in str(err)
-        assert err.line in str(err)
+        # (shown with unprintable characters escaped: a tab as \t)
+        assert err.line.replace("\t", "\\t") in str(err)
     assert err.column == column
     assert message in str(err)
     assert expected in err.expected
