@@ -12,12 +12,17 @@ from circuits import (
     toposort,
 )
 from circuits.backend import evaluate
+from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs
+from circuits.text.parser import parse
 from rewrites import (
     Rule, RuleSet, Trace, apply, at_root, bottom_up, check, fixpoint, normalize, once, rule, seq, simp,
     top_down,
 )
+from rewrites.optimize import OPTIMIZE_RULES
 from rewrites.rules import SIMP_RULES, add_single_term, all_rules, flatten_add, nest_add, remove_add_zeros
+
+from .rewrite_helpers import assert_same
 
 
 def sym(name, shape=(2,)):
@@ -69,21 +74,45 @@ def test_every_rule_has_a_docstring_and_an_example():
         assert r.example, f"rule {r.name} has no before/after example"
 
 
+def test_the_optimize_rules_are_in_the_catalogue():
+    """optimize's rules live in rewrites.rules, so the example test below covers them."""
+    names = {r.name for r in all_rules()}
+    assert {r.name for r in OPTIMIZE_RULES} <= names
+    assert {"gather_of_log_softmax", "push_gather_through_function", "push_gather_through_einsum",
+            "chunk_logsumexp"} <= names
+
+
 @pytest.mark.parametrize("r", all_rules(), ids=lambda r: r.name)
 def test_rule_example(r):
-    """Parse ``before``, apply the rule once at the root, print: that is ``after``."""
-    parse = pytest.importorskip("circuits.text.parser").parse
+    """Parse ``before``, apply the rule once at the root (with its ``example_options``: a rule
+    with parameters), print: that is ``after``.  Every example is then proved exact with sympy
+    (int Symbols read as zeros) and, as well, evaluated in float64 on random values."""
     before, after = r.example
     node = parse(before)
-    out = apply(at_root(r), node)
+    out = apply(at_root(r.with_options(**r.example_options)), node)
     assert out != node, f"{r.name} does not fire on its own example"
     assert out.to_text() == after
     check(out)
     assert out.shape == node.shape and out.dtype == node.dtype
-    # and the example is an exact identity (sympy over the Symbols' entries)
-    symbolic_equal = pytest.importorskip("circuits.backend.symbolic").symbolic_equal
-    ints = {n: np.zeros(n.shape, n.dtype) for n in toposort(node) if type(n) is Symbol and "int" in n.dtype}
+    symbols = [n for n in toposort(node) if type(n) is Symbol]
+    ints = {n: np.zeros(n.shape, n.dtype) for n in symbols if "int" in n.dtype}
     assert symbolic_equal(node, out, ints or None), f"{r.name}: before and after differ symbolically"
+    rng = np.random.default_rng(0)
+    assert_same(node, out, {n: ints.get(n, rng.standard_normal(n.shape)) for n in symbols} or None)
+
+
+def test_rule_options():
+    @rule(on=Scalar, example=("before", "after"), example_options={"by": 2.0})
+    def scale(node, *, by=1.0):
+        """Scalar v -> Scalar v * by."""
+        return Scalar(node.value * by, node.shape)
+
+    doubled = scale.with_options(by=2.0)
+    assert doubled.name == "scale" and doubled.example == scale.example and doubled.doc == scale.doc
+    assert doubled.example_options == {"by": 2.0}
+    assert doubled(Scalar(3.0)).value == 6.0 and scale(Scalar(3.0)).value == 3.0
+    trace = Trace()
+    assert apply(at_root(doubled), Scalar(3.0), trace=trace).value == 6.0 and trace.rules() == ["scale"]
 
 
 # ---------------------------------------------------------------------------- strategies
