@@ -103,7 +103,7 @@ def schedule(max_steps: int = 20) -> Strategy:
     return seq(
         normalize(FOLD_RULES),
         fixpoint(dynamic(push_down), max_steps=max_steps),
-        normalize(CLEANUP_RULES + FOLD_RULES),
+        normalize(RuleSet(CLEANUP_RULES, FOLD_RULES, name="cleanup + fold")),
         bottom_up(contraction_order),
         dynamic(chunk_unshared_logsumexps),
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 from circuits.nodes import Concat, Einsum, GeneralFunction, Index, Rearrange
 
 from ..engine import rule
+from ._common import same_type, sole_holder
 
 __all__ = ["chunk_logsumexp", "CHUNK_MIN_ENTRIES", "CHUNK_ENTRIES", "RULES"]
 
@@ -53,8 +54,8 @@ def chunk_logsumexp(node, *, chunks: int | None = None):
     if not isinstance(z, Einsum) or not z.out_axes:
         return None
     v = z.out_axes[-1]
-    holders = [i for i, axes in enumerate(z.in_axes) if v in axes]
-    if len(holders) != 1 or z.in_axes[holders[0]].count(v) != 1:
+    h = sole_holder(z, v)
+    if h is None:
         return None
     n = z.shape[-1]
     if chunks is None:
@@ -63,7 +64,6 @@ def chunk_logsumexp(node, *, chunks: int | None = None):
         chunks = min(_MAX_CHUNKS, -(-z.numel // CHUNK_ENTRIES), n)
     if chunks < 2:
         return None
-    (h,) = holders
     w = z.children[h]
     pos = z.in_axes[h].index(v)
     size = -(-n // chunks)
@@ -75,7 +75,7 @@ def chunk_logsumexp(node, *, chunks: int | None = None):
         lse = GeneralFunction("logsumexp", piece)
         parts.append(Rearrange(lse, f"{lead} -> {lead} 1".strip() if lead else " -> 1"))
     out = GeneralFunction("logsumexp", Concat(*parts, axis=len(z.shape) - 1))
-    return out if out.shape == node.shape and out.dtype == node.dtype else None
+    return same_type(node, out)
 
 
 RULES = [chunk_logsumexp]

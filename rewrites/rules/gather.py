@@ -22,6 +22,7 @@ from circuits.errors import CircuitError
 from circuits.nodes import Add, Einsum, GeneralFunction, Rearrange, Scalar
 
 from ..engine import rule
+from ._common import same_type, sole_holder
 from .index import gen_index_name, gen_index_parts
 
 __all__ = ["gather_of_log_softmax", "push_gather_through_function", "push_gather_through_einsum", "RULES"]
@@ -61,7 +62,7 @@ def gather_of_log_softmax(node):
     ids = tuple(range(len(lse.shape)))
     neg_lse = Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids)
     out = Add(picked, neg_lse)
-    return out if out.shape == node.shape and out.dtype == node.dtype else None
+    return same_type(node, out)
 
 
 @rule(on=GeneralFunction, example=(
@@ -95,7 +96,7 @@ def push_gather_through_function(node):
     # moves with the difference between the ranks of z and f(z).
     new_d = d if d >= 0 else ax - len(z.shape)
     out = GeneralFunction(spec, GeneralFunction(gen_index_name(new_d, batch, checked), z, idx))
-    return out if out.shape == node.shape and out.dtype == node.dtype else None
+    return same_type(node, out)
 
 
 @rule(on=GeneralFunction, example=(
@@ -117,10 +118,9 @@ def push_gather_through_einsum(node):
     if not isinstance(z, Einsum):
         return None
     v = z.out_axes[ax]
-    holders = [i for i, axes in enumerate(z.in_axes) if v in axes]
-    if len(holders) != 1 or z.in_axes[holders[0]].count(v) != 1:
+    h = sole_holder(z, v)
+    if h is None:
         return None
-    (h,) = holders
     axes = z.in_axes[h]
     p = axes.index(v)
     if batch:
@@ -138,7 +138,7 @@ def push_gather_through_einsum(node):
         out = Einsum(*z.children[:h], gathered, *z.children[h + 1:], in_axes=in_axes, out_axes=out_axes)
     except CircuitError:  # e.g. more axis ids than an einsum can letter
         return None
-    return out if out.shape == node.shape and out.dtype == node.dtype else None
+    return same_type(node, out)
 
 
 RULES = [gather_of_log_softmax, push_gather_through_function, push_gather_through_einsum]

@@ -299,3 +299,35 @@ def test_optimize_pushes_a_small_gather_into_shared_logits_then_chunks(monkeypat
     # no node of the optimized circuit holds the whole [5, 80] logit matrix
     assert all(n.shape != (5, 80) for n in C.toposort(fast))
     np.testing.assert_allclose(C.evaluate(fast), C.evaluate(ll), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- the schedule
+def test_optimize_is_a_schedule_of_strategies():
+    from rewrites.optimize import schedule
+    from rewrites.strategies import Strategy
+
+    s = schedule()
+    assert isinstance(s, Strategy)
+    assert repr(s).split(" >> ") == [
+        "normalize(fold)", "fixpoint(dynamic(push_down), max_steps=20)", "normalize(cleanup + fold)",
+        "bottom_up(contraction_order)", "dynamic(chunk_unshared_logsumexps)",
+    ]
+
+
+def test_optimize_step_caps_raise_instead_of_stopping_silently(monkeypatch):
+    import importlib
+
+    opt = importlib.import_module("rewrites.optimize")  # the module, not the function rewrites.optimize
+    x = Symbol((3,), name="x")
+    c = x
+    for _ in range(4):
+        c = GeneralFunction("tanh", Add(c, Scalar(1.0)))
+    node = Index(c, (0,))
+    assert optimize(node, max_steps=2).shape == ()  # one pass moves the Index down, one finds no more
+    # a cap on push-down passes: one pass is not enough to see that nothing more changes
+    with pytest.raises(C.RewriteLoopError, match=r"max_steps=1[\s\S]*push_index_through"):
+        optimize(node, max_steps=1)
+    # a cap on the rewrites at one node within a pass
+    monkeypatch.setattr(opt, "MAX_STEPS_AT_A_NODE", 1)
+    with pytest.raises(C.RewriteLoopError, match=r"max_steps=1[\s\S]*push_index_through_function"):
+        optimize(node)
