@@ -268,14 +268,19 @@ class Run:
         self.trace = trace
         self.fired: list[str] = []
 
-    def fire(self, rules: RuleSet, node: Circuit):
-        """The first rule of ``rules`` that rewrites ``node``: ``(rule, result)``, or None.
+    def fire(self, rules: RuleSet, node: Circuit) -> Circuit | None:
+        """What the first rule of ``rules`` that rewrites ``node`` makes of it, or None; the
+        rule's name is then ``self.fired[-1]``.
 
         The result is checked (a node, same shape, same dtype: else ``RewriteError``), named by
         ``name_result`` and recorded; a rule that returns None, the node itself or an equal node
         has not fired.
         """
-        for r in rules.for_type(type(node)):
+        cls = type(node)
+        candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
+        if candidates is None:
+            candidates = rules.for_type(cls)
+        for r in candidates:
             out = r.fn(node)
             if out is None or out is node:
                 continue
@@ -288,7 +293,7 @@ class Run:
             self.fired.append(r.name)
             if self.trace is not None:
                 self.trace.record(r.name, node, out)
-            return r, out
+            return out
         return None
 
 

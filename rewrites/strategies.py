@@ -169,9 +169,9 @@ class _Once(Strategy):
 
     def run(self, root, state):
         for node in toposort(root):
-            fired = state.fire(self.rules, node)
-            if fired is not None:
-                return replace(root, {node: fired[1]})
+            out = state.fire(self.rules, node)
+            if out is not None:
+                return replace(root, {node: out})
         return root
 
     def __repr__(self):
@@ -189,8 +189,8 @@ class _AtRoot(Strategy):
         self.rules = rules_of(rules)
 
     def run(self, root, state):
-        fired = state.fire(self.rules, root)
-        return root if fired is None else fired[1]
+        out = state.fire(self.rules, root)
+        return root if out is None else out
 
     def __repr__(self):
         return f"at_root({_names(self.rules)})"
@@ -371,12 +371,11 @@ class _Normalize(Strategy):
                     pop()
                     continue
             pop()
-            fired = fire(rules, cur)
-            if fired is None:
+            out = fire(rules, cur)
+            if out is None:
                 memo[h] = cur
                 memo[cur.hash] = cur
                 continue
-            r, out = fired
             steps += 1
             if budget is not None and steps > budget:
                 raise RewriteLoopError(
@@ -387,7 +386,7 @@ class _Normalize(Strategy):
             if oh in memo:
                 memo[h] = memo[cur.hash] = memo[oh]
                 continue
-            aw = _Await((h, cur.hash) if cur is not item else (h,), out, r.name)
+            aw = _Await((h, cur.hash) if cur is not item else (h,), out, fired_names[-1])
             if oh in active or oh == h:
                 raise self._loop(stack + [aw], active.get(oh, aw), out)
             for k in aw.keys:
