@@ -219,8 +219,12 @@ def when(predicate: Callable[[Circuit], bool], rules) -> RuleSet:
 
     def guard(r: Rule) -> Rule:
         fn = r.fn
-        return Rule(lambda node: fn(node) if predicate(node) else None, name=r.name, on=r.on, doc=r.doc,
-                    example=r.example, example_options=r.example_options)
+
+        def guarded(node, **options):
+            return fn(node, **options) if predicate(node) else None
+
+        return Rule(guarded, name=r.name, on=r.on, doc=r.doc, example=r.example,
+                    example_options=r.example_options)
 
     return RuleSet(*[guard(r) for r in rules_of(rules)])
 

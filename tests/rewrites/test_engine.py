@@ -435,3 +435,15 @@ def test_when_and_dynamic():
     assert len(made) == 2 and made[1] != made[0]
     with pytest.raises(TypeError, match="dynamic.*built a RuleSet"):
         apply(dynamic(lambda root: RuleSet(flatten_add)), shared)
+
+
+def test_a_guarded_rule_keeps_its_options():
+    from rewrites.rules.chunking import chunk_logsumexp
+
+    x, w = Symbol((3, 4), name="x"), Symbol((6, 4), name="w")
+    lse = GeneralFunction("logsumexp", Einsum.from_spec("sh,vh->sv", x, w))
+    (guarded,) = when(lambda n: True, chunk_logsumexp)
+    assert guarded(lse) is None  # too small to chunk by default
+    assert len(guarded.with_options(chunks=3)(lse).children[0].children) == 3
+    (never,) = when(lambda n: False, chunk_logsumexp)
+    assert never.with_options(chunks=3)(lse) is None
