@@ -2,8 +2,10 @@
 
 Rules are named pure functions ``node -> node | None`` (``rewrites.rules``); strategies say
 where and how often they run (``bottom_up``, ``top_down``, ``once``, ``at_root``, ``fixpoint``,
-``normalize``); ``apply(strategy, circuit, trace)`` runs one; ``simp`` runs the default
-value-preserving set to a fixpoint; ``check`` validates a whole circuit.
+``normalize``, ``dynamic``); ``apply(strategy, circuit, trace)`` runs one; ``simp`` runs the
+default value-preserving set to a fixpoint; ``optimize`` runs a schedule of strategies that
+makes a circuit faster to evaluate; ``check`` (``circuits.check``) validates a whole circuit.
+Step limits are ``max_steps`` everywhere (see ``rewrites.strategies`` for what a step is).
 
 >>> import rewrites
 >>> from circuits import Add, Scalar, Symbol
@@ -12,23 +14,15 @@ value-preserving set to a fixpoint; ``check`` validates a whole circuit.
 <'x' [2] Symbol>
 """
 
-from . import engine  # noqa: F401  (first: the strategies module imports from it)
 from circuits.check import check
-from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of
+from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of, when
+from .strategies import Strategy, apply, at_root, bottom_up, dynamic, fixpoint, normalize, once, seq, top_down
 from .simplify import default_rules, simp
-from .strategies import Strategy, apply, at_root, bottom_up, fixpoint, normalize, once, seq, top_down
-from . import rules  # noqa: E402
+from .optimize import optimize
+from . import rules
 
 __all__ = [
-    "Rule", "RuleSet", "rule", "rules_of", "Trace", "TraceEntry", "name_result",
-    "Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq",
-    "simp", "default_rules", "check", "rules",
+    "Rule", "RuleSet", "rule", "rules_of", "when", "Trace", "TraceEntry", "name_result",
+    "Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq", "dynamic",
+    "simp", "default_rules", "optimize", "check", "rules",
 ]
-
-try:  # rewrites.optimize (contraction order etc.) lives in its own module when present
-    from .optimize import optimize  # noqa: F401
-except ModuleNotFoundError as _e:
-    if _e.name != f"{__name__}.optimize":
-        raise
-else:
-    __all__.append("optimize")

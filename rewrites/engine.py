@@ -22,17 +22,23 @@ True
 that replaces ``N`` takes ``N``'s name unless it already has a name of its own (the rule named
 it, or it is an existing named node); Arrays and Symbols are never renamed.  New intermediate
 nodes a rule builds are unnamed.
+
+**Firing.**  Every driver fires rules one way, ``Run.fire``: call the rule, check that its result
+is a node of the same shape and dtype (else ``RewriteError`` naming the rule), name it by
+``name_result``, and record it in the ``Trace``.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Callable, Iterable, Iterator
 
 from circuits.errors import RewriteError
 from circuits.nodes import Array, Circuit, Symbol
 
-__all__ = ["Rule", "RuleSet", "rule", "rules_of", "Trace", "TraceEntry", "name_result", "check_result"]
+__all__ = ["Rule", "RuleSet", "rule", "rules_of", "when", "Run", "Trace", "TraceEntry", "name_result",
+           "check_result"]
 
 
 class Rule:
@@ -41,9 +47,12 @@ class Rule:
     ``on``: the node classes it looks at (the drivers call it only on those; ``None`` = all).
     ``example``: ``(before_text, after_text)`` — applying the rule once at the root of the parsed
     ``before`` and printing gives ``after`` (this is run as a test).
+    ``example_options``: for a rule with parameters (keyword arguments after the node), those the
+    example is run with (``rule.with_options(**rule.example_options)``).
     """
 
-    def __init__(self, fn: Callable, *, name: str | None = None, example=None, on=None, doc=None):
+    def __init__(self, fn: Callable, *, name: str | None = None, example=None, on=None, doc=None,
+                 example_options=None):
         self.fn = fn
         self.name = name or fn.__name__
         self.doc = doc if doc is not None else (fn.__doc__ or "").strip()
@@ -54,6 +63,22 @@ class Rule:
         if on is not None and not isinstance(on, tuple):
             on = (on,)
         self.on = on
+        self.example_options = dict(example_options or {})
+
+    def with_options(self, **options) -> "Rule":
+        """The same rule called with these keyword arguments (same name, docs and example).
+
+        >>> from circuits import Add, Symbol
+        >>> @rule(on=Add)
+        ... def keep_first(node, *, k=1):
+        ...     '''The first ``k`` terms only (wrong on purpose).'''
+        ...     return Add(*node.children[:k])
+        >>> x = Symbol((2,), name='x')
+        >>> len(keep_first.with_options(k=2)(Add(x, x, x)).children)
+        2
+        """
+        return Rule(functools.partial(self.fn, **options), name=self.name, example=self.example, on=self.on,
+                    doc=self.doc, example_options=self.example_options)
 
     def __call__(self, node: Circuit):
         return self.fn(node)
@@ -83,7 +108,7 @@ class Rule:
         return self.doc.splitlines()[0] if self.doc else ""
 
 
-def rule(fn=None, *, example=None, on=None, name=None):
+def rule(fn=None, *, example=None, on=None, name=None, example_options=None):
     """Declare a rule: ``@rule(on=Add, example=(before, after))`` over ``def name(node): ...``.
 
     The rule's name is the function's name and its documentation the docstring.
@@ -98,7 +123,7 @@ def rule(fn=None, *, example=None, on=None, name=None):
     """
 
     def wrap(f):
-        r = Rule(f, name=name, example=example, on=on)
+        r = Rule(f, name=name, example=example, on=on, example_options=example_options)
         r.__module__, r.__qualname__ = f.__module__, f.__qualname__
         return r
 
@@ -180,6 +205,30 @@ def rules_of(x) -> RuleSet:
     raise TypeError(f"expected a rule, a RuleSet or an iterable of rules, got {type(x).__name__}")
 
 
+def when(predicate: Callable[[Circuit], bool], rules) -> RuleSet:
+    """``rules`` that fire only at nodes where ``predicate(node)`` holds (same names and docs): for
+    a condition that is not the rule's own, e.g. one about the circuit around the node.
+
+    >>> from circuits import Add, Symbol
+    >>> from rewrites.rules import flatten_add
+    >>> x = Symbol((2,), name='x')
+    >>> guarded, = when(lambda n: n.name != 'keep', flatten_add)
+    >>> guarded.name, guarded(Add(Add(x, x), name='keep')), len(guarded(Add(Add(x, x))).children)
+    ('flatten_add', None, 2)
+    """
+
+    def guard(r: Rule) -> Rule:
+        fn = r.fn
+
+        def guarded(node, **options):
+            return fn(node, **options) if predicate(node) else None
+
+        return Rule(guarded, name=r.name, on=r.on, doc=r.doc, example=r.example,
+                    example_options=r.example_options)
+
+    return RuleSet(*[guard(r) for r in rules_of(rules)])
+
+
 # ---------------------------------------------------------------------------- names and checks
 def name_result(before: Circuit, after: Circuit) -> Circuit:
     """The naming rule of every rewrite: the node replacing ``before`` takes its name unless it
@@ -211,6 +260,45 @@ def check_result(rule_name: str, before: Circuit, after) -> None:
             f"    after:  {after.line()}  # shape {list(after.shape)}, {after.dtype}\n"
             "fix the rule so it returns None where its result would differ"
         )
+
+
+class Run:
+    """The state of one ``apply``: the user's trace (or None) and the names of the rules that
+    fired, which loop errors report.  ``fire`` is the one way any driver fires a rule."""
+
+    __slots__ = ("trace", "fired")
+
+    def __init__(self, trace: "Trace | None" = None):
+        self.trace = trace
+        self.fired: list[str] = []
+
+    def fire(self, rules: RuleSet, node: Circuit) -> Circuit | None:
+        """What the first rule of ``rules`` that rewrites ``node`` makes of it, or None; the
+        rule's name is then ``self.fired[-1]``.
+
+        The result is checked (a node, same shape, same dtype: else ``RewriteError``), named by
+        ``name_result`` and recorded; a rule that returns None, the node itself or an equal node
+        has not fired.
+        """
+        cls = type(node)
+        candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
+        if candidates is None:
+            candidates = rules.for_type(cls)
+        for r in candidates:
+            out = r.fn(node)
+            if out is None or out is node:
+                continue
+            if not isinstance(out, Circuit) or out.shape != node.shape or out.dtype != node.dtype:
+                check_result(r.name, node, out)
+            if out.name is None and node.name is not None:
+                out = name_result(node, out)
+            if out == node:
+                continue
+            self.fired.append(r.name)
+            if self.trace is not None:
+                self.trace.record(r.name, node, out)
+            return out
+        return None
 
 
 # ---------------------------------------------------------------------------- trace
@@ -263,18 +351,3 @@ class Trace:
 
     def __repr__(self):
         return f"<Trace of {len(self.entries)} rewrites>"
-
-
-from .strategies import (  # noqa: E402  (re-exported: the engine's public face is one module)
-    Strategy,
-    apply,
-    at_root,
-    bottom_up,
-    fixpoint,
-    normalize,
-    once,
-    seq,
-    top_down,
-)
-
-__all__ += ["Strategy", "apply", "at_root", "bottom_up", "fixpoint", "normalize", "once", "seq", "top_down"]

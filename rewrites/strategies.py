@@ -7,9 +7,23 @@
 - ``at_root(rules)``: the rules tried at the root only.
 - ``fixpoint(strategy, max_steps=100)``: repeat until nothing changes; a run that comes back to an
   earlier circuit, or outlives its budget, raises ``RewriteLoopError`` naming the rules.
-- ``normalize(rules)``: rewrite to a normal form in one memoised pass — every node, including
-  those the rules create, is rewritten until no rule applies; the fast way to a fixpoint.
+- ``normalize(rules, max_steps=1_000_000)``: rewrite to a normal form in one memoised pass —
+  every node, including those the rules create, is rewritten until no rule applies; the fast way
+  to a fixpoint.
 - ``seq(a, b, ...)`` (or ``a >> b``): one strategy after another.
+- ``dynamic(make)``: the strategy ``make(circuit)`` builds for the circuit it is run on (for
+  rules guarded by a fact about the whole circuit, such as how many parents a node has).
+
+``bottom_up`` and ``top_down`` also take a strategy for what to do at each node instead of rules:
+``top_down(fixpoint(at_root(rules)))`` rewrites each node until no rule applies at it before
+moving on to its children.
+
+**Step limits** are called ``max_steps`` everywhere.  A step of ``fixpoint`` is one run of the
+strategy it repeats (one pass over the circuit); a step of ``normalize`` (and of
+``rewrites.simp``) is one rewrite, a rule firing.  Running out raises ``RewriteLoopError``
+naming the rules that were still firing; no driver stops silently.
+
+Every rule is fired one way (``rewrites.engine.Run.fire``: call, check, name, trace).
 
 Every driver is iterative (an explicit stack; a 50,000-deep chain is fine) and memoised by node
 hash, so a node shared by many parents is rewritten once.
@@ -32,43 +46,17 @@ from circuits.errors import RewriteLoopError
 from circuits.nodes import Circuit
 from circuits.traversal import replace, toposort
 
-from .engine import RuleSet, Trace, check_result, name_result, rules_of
+from .engine import Run, RuleSet, Trace, rules_of
 
-__all__ = ["Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq"]
-
-
-class _Run:
-    """Per-apply state: the user's trace (or None) and the names of the rules that fired, which
-    loop errors report."""
-
-    __slots__ = ("trace", "fired")
-
-    def __init__(self, trace: Trace | None):
-        self.trace = trace
-        self.fired: list[str] = []
-
-    def try_rules(self, rules: RuleSet, node: Circuit):
-        """The first rule that applies to ``node``: (rule, named result), or None."""
-        for r in rules.for_type(type(node)):
-            out = r.fn(node)
-            if out is None or out is node:
-                continue
-            if not isinstance(out, Circuit) or out.shape != node.shape or out.dtype != node.dtype:
-                check_result(r.name, node, out)
-            out = name_result(node, out)
-            if out == node:
-                continue
-            self.fired.append(r.name)
-            if self.trace is not None:
-                self.trace.record(r.name, node, out)
-            return r, out
-        return None
+__all__ = ["Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq",
+           "dynamic"]
 
 
 class Strategy:
-    """Base class: ``run(root, state) -> root``.  ``a >> b`` runs ``a`` then ``b``."""
+    """Base class: ``run(root, state) -> root``, firing rules through ``state.fire``
+    (``state`` is the ``rewrites.engine.Run`` of this ``apply``).  ``a >> b`` runs ``a`` then ``b``."""
 
-    def run(self, root: Circuit, state: _Run) -> Circuit:  # pragma: no cover - abstract
+    def run(self, root: Circuit, state: Run) -> Circuit:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def __rshift__(self, other: "Strategy") -> "Strategy":
@@ -92,42 +80,50 @@ def apply(strategy, circuit: Circuit, trace: Trace | None = None) -> Circuit:
         strategy = normalize(rules_of(strategy))
     if not isinstance(circuit, Circuit):
         raise TypeError(f"apply(strategy, circuit): circuit is a {type(circuit).__name__}, not a node")
-    return strategy.run(circuit, _Run(trace))
+    return strategy.run(circuit, Run(trace))
 
 
 # ---------------------------------------------------------------------------- one-pass strategies
-class _BottomUp(Strategy):
-    def __init__(self, rules):
-        self.rules = rules_of(rules)
+class _AtEachNode(Strategy):
+    """A pass that does ``at_node`` (rules: the first that applies; or a strategy run at the node)
+    at every node."""
 
+    def __init__(self, at_node):
+        self.at_node = at_node if isinstance(at_node, Strategy) else at_root(at_node)
+
+    def rewrite(self, node: Circuit, state: Run) -> Circuit:
+        return self.at_node.run(node, state)
+
+    def inner(self) -> str:
+        return _names(self.at_node.rules) if isinstance(self.at_node, _AtRoot) else repr(self.at_node)
+
+
+class _BottomUp(_AtEachNode):
     def run(self, root, state):
         new: dict[bytes, Circuit] = {}
-        rules = self.rules
+        rewrite = self.rewrite
         for node in toposort(root):
             kids = node.children
             cur = node.with_children(tuple(new[c.hash] for c in kids)) if kids else node
-            fired = state.try_rules(rules, cur)
-            new[node.hash] = cur if fired is None else fired[1]
+            new[node.hash] = rewrite(cur, state)
         return new[root.hash]
 
     def __repr__(self):
-        return f"bottom_up({_names(self.rules)})"
+        return f"bottom_up({self.inner()})"
 
 
 def bottom_up(rules) -> Strategy:
     """One pass, children before parents: each distinct node is rebuilt over its rewritten
-    children and the first applicable rule replaces it (the replacement is not revisited)."""
+    children and the first applicable rule replaces it (the replacement is not revisited).
+    ``rules`` may be a strategy to run at each node instead."""
     return _BottomUp(rules)
 
 
-class _TopDown(Strategy):
-    def __init__(self, rules):
-        self.rules = rules_of(rules)
-
+class _TopDown(_AtEachNode):
     def run(self, root, state):
         done: dict[bytes, Circuit] = {}
-        pending: dict[bytes, str] = {}  # node hash -> rule that rewrote it (its children still open)
-        rules = self.rules
+        pending: dict[bytes, tuple] = {}  # node hash -> rules that rewrote it (its children still open)
+        rewrite, fired = self.rewrite, state.fired
         stack: list = [root]
         while stack:
             item = stack.pop()
@@ -140,14 +136,14 @@ class _TopDown(Strategy):
             h = item.hash
             if h in done or h in pending:
                 continue
-            fired = state.try_rules(rules, item)
-            rep = item if fired is None else fired[1]
-            pending[h] = fired[0].name if fired else ""
+            start = len(fired)
+            rep = rewrite(item, state)
+            pending[h] = tuple(fired[start:])
             stack.append((item, rep))
             for c in reversed(rep.children):
                 ch = c.hash
                 if ch in pending:
-                    names = sorted({n for n in pending.values() if n})
+                    names = sorted({n for ns in pending.values() for n in ns})
                     raise RewriteLoopError(
                         f"top_down: a rewrite put {c.line()} below itself (rules {', '.join(names)}); "
                         "a top-down pass would rewrite it forever. Use bottom_up or fix the rule"
@@ -157,12 +153,13 @@ class _TopDown(Strategy):
         return done[root.hash]
 
     def __repr__(self):
-        return f"top_down({_names(self.rules)})"
+        return f"top_down({self.inner()})"
 
 
 def top_down(rules) -> Strategy:
     """One pass, parents before children: a node is rewritten first, then the children of its
-    replacement are visited (each distinct node once)."""
+    replacement are visited (each distinct node once).  ``rules`` may be a strategy to run at
+    each node instead (``fixpoint(at_root(rules))``: rewrite the node until no rule applies)."""
     return _TopDown(rules)
 
 
@@ -172,9 +169,9 @@ class _Once(Strategy):
 
     def run(self, root, state):
         for node in toposort(root):
-            fired = state.try_rules(self.rules, node)
-            if fired is not None:
-                return replace(root, {node: fired[1]})
+            out = state.fire(self.rules, node)
+            if out is not None:
+                return replace(root, {node: out})
         return root
 
     def __repr__(self):
@@ -192,8 +189,8 @@ class _AtRoot(Strategy):
         self.rules = rules_of(rules)
 
     def run(self, root, state):
-        fired = state.try_rules(self.rules, root)
-        return root if fired is None else fired[1]
+        out = state.fire(self.rules, root)
+        return root if out is None else out
 
     def __repr__(self):
         return f"at_root({_names(self.rules)})"
@@ -225,6 +222,55 @@ def seq(*strategies) -> Strategy:
             raise TypeError(f"seq takes strategies (bottom_up(rules), ...), got {type(s).__name__}")
         flat.extend(s.strategies if isinstance(s, _Seq) else (s,))
     return _Seq(flat)
+
+
+class _Dynamic(Strategy):
+    def __init__(self, make):
+        self.make = make
+
+    def run(self, root, state):
+        strategy = self.make(root)
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"dynamic({self._label()}): it built a {type(strategy).__name__}, not a strategy")
+        return strategy.run(root, state)
+
+    def _label(self) -> str:
+        return getattr(self.make, "__name__", repr(self.make))
+
+    def __repr__(self):
+        return f"dynamic({self._label()})"
+
+
+def dynamic(make) -> Strategy:
+    """The strategy ``make(circuit)`` builds for the circuit it is run on, built afresh each time
+    (inside ``fixpoint``: for every pass).  For rules guarded (``rewrites.engine.when``) by a
+    fact about the whole circuit, such as how many parents a node has.
+
+    >>> from circuits import Add, Einsum, Symbol
+    >>> from circuits.traversal import parents_map
+    >>> from rewrites.engine import when
+    >>> from rewrites.rules import flatten_add
+    >>> def flatten_unshared(root):  # an Add that another node reads too is left whole
+    ...     parents = parents_map(root)
+    ...     return bottom_up(when(lambda n: len(parents.get(n.children[0].hash, ())) < 2, flatten_add))
+    >>> x = Symbol((2,), name='x')
+    >>> shared = Add(x, x)
+    >>> c = Einsum.from_spec('a,a,a->a', Add(Add(x, x, x), x), Add(shared, x), shared, name='s')
+    >>> print(apply(dynamic(flatten_unshared), c).to_text())
+    's' Einsum a,a,a->a
+      0 Add
+        'x' [2] Symbol
+        'x'
+        'x'
+        'x'
+      1 Add
+        2 Add
+          'x'
+          'x'
+        'x'
+      2
+    """
+    return _Dynamic(make)
 
 
 # ---------------------------------------------------------------------------- fixpoints
@@ -265,7 +311,8 @@ class _Fixpoint(Strategy):
 
 def fixpoint(strategy, max_steps: int = 100) -> Strategy:
     """Repeat ``strategy`` (a rule set means ``bottom_up`` of it) until the circuit stops
-    changing; ``RewriteLoopError`` names the rules when it revisits a circuit or runs out of steps."""
+    changing; a step is one run of ``strategy``.  ``RewriteLoopError`` names the rules when it
+    revisits a circuit or has not stopped changing after ``max_steps`` steps."""
     return _Fixpoint(strategy, max_steps)
 
 
@@ -287,9 +334,7 @@ class _Normalize(Strategy):
         rules = self.rules
         memo: dict[bytes, Circuit] = {}  # node hash -> its normal form
         active: dict[bytes, _Await] = {}  # nodes whose normal form waits on a rewrite result
-        dispatch: dict[type, tuple] = {}
-        fired_names = state.fired
-        trace = state.trace
+        fire, fired_names = state.fire, state.fired
         stack: list = [root]
         steps = 0
         budget = self.max_steps
@@ -326,28 +371,7 @@ class _Normalize(Strategy):
                     pop()
                     continue
             pop()
-            # The first rule that applies (inlined _Run.try_rules: this is the hot loop).
-            cls = type(cur)
-            candidates = dispatch.get(cls)
-            if candidates is None:
-                candidates = dispatch[cls] = rules.for_type(cls)
-            out = None
-            for r in candidates:
-                out = r.fn(cur)
-                if out is None or out is cur:
-                    out = None
-                    continue
-                if not isinstance(out, Circuit) or out.shape != cur.shape or out.dtype != cur.dtype:
-                    check_result(r.name, cur, out)
-                if out.name is None and cur.name is not None:
-                    out = name_result(cur, out)
-                if out == cur:
-                    out = None
-                    continue
-                fired_names.append(r.name)
-                if trace is not None:
-                    trace.record(r.name, cur, out)
-                break
+            out = fire(rules, cur)
             if out is None:
                 memo[h] = cur
                 memo[cur.hash] = cur
@@ -362,7 +386,7 @@ class _Normalize(Strategy):
             if oh in memo:
                 memo[h] = memo[cur.hash] = memo[oh]
                 continue
-            aw = _Await((h, cur.hash) if cur is not item else (h,), out, r.name)
+            aw = _Await((h, cur.hash) if cur is not item else (h,), out, fired_names[-1])
             if oh in active or oh == h:
                 raise self._loop(stack + [aw], active.get(oh, aw), out)
             for k in aw.keys:
@@ -395,7 +419,7 @@ def normalize(rules, max_steps: int | None = 1_000_000) -> Strategy:
 
     Each distinct node (original or created) is tried once.  A chain of rewrites that comes back
     to a node still being rewritten raises ``RewriteLoopError`` naming the rules; so does firing
-    more than ``max_steps`` rewrites in all.
+    more than ``max_steps`` rewrites in all (a step is one rewrite).
     """
     return _Normalize(rules, max_steps)
 

@@ -1,11 +1,13 @@
 """The rule catalogue: small named rules, each with a docstring and a before/after example.
 
-Rule sets by subject (``add.RULES``, ``einsum.RULES``, ``scalars.RULES``,
-``identities.RULES``) compose with ``+``; ``SIMP_RULES`` is the value-preserving set that
-``rewrites.simp`` runs to a fixpoint (with the sets of ``index``, ``rearrange`` and
-``canonical`` when those modules are present).  Rules that undo one another (flatten/nest,
-distribute/factor, Einsum <-> Rearrange) are not in it, nor those that inline named results
-(``flatten_add_all``, ``flatten_einsum_all``): use them with a strategy of your own.
+One family per file: ``add``, ``einsum``, ``scalars``, ``identities``, ``index``,
+``rearrange``, ``canonical``, ``functions``, and the rules that only make evaluation faster,
+``contraction``, ``gather`` and ``chunking`` (which ``rewrites.optimize`` runs).  Each family's
+``RULES`` compose with ``+``; ``SIMP_RULES`` is the core of the value-preserving set that
+``rewrites.simp`` runs to a fixpoint (``rewrites.default_rules()`` adds the sets of
+``index``, ``rearrange``, ``canonical`` and ``functions``).  Rules that undo one another
+(flatten/nest, distribute/factor, Einsum <-> Rearrange) are not in it, nor those that inline
+named results (``flatten_add_all``, ``flatten_einsum_all``): use them with a strategy of your own.
 
 >>> from circuits import Add, Symbol
 >>> x = Symbol((2,), name='x')
@@ -59,7 +61,7 @@ STRUCTURAL_RULES = RuleSet(
 
 
 def all_rules() -> list[Rule]:
-    """Every Rule object defined in the modules of ``rewrites.rules`` that are importable."""
+    """Every Rule object defined in the modules of ``rewrites.rules``."""
     import importlib
     import pkgutil
 
@@ -67,10 +69,7 @@ def all_rules() -> list[Rule]:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
-        try:
-            mod = importlib.import_module(f"{__name__}.{info.name}")
-        except ImportError:
-            continue
+        mod = importlib.import_module(f"{__name__}.{info.name}")
         for value in vars(mod).values():
             if isinstance(value, Rule) and id(value) not in seen:
                 seen.add(id(value))

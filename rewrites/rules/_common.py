@@ -37,6 +37,15 @@ def einsum_fits(in_axes, out_axes) -> bool:
     return len(ids) <= MAX_EINSUM_AXES and (not ids or max(ids) < len(AXIS_LETTERS))
 
 
+def sole_holder(node: Einsum, axis: int) -> int | None:
+    """The position of the one operand of ``node`` that carries axis id ``axis``, once; None
+    when several operands (or none) carry it, or it carries it twice (a diagonal)."""
+    holders = [i for i, axes in enumerate(node.in_axes) if axis in axes]
+    if len(holders) != 1 or node.in_axes[holders[0]].count(axis) != 1:
+        return None
+    return holders[0]
+
+
 def unwrap_identity(node: Circuit) -> Circuit:
     """The child of a one-operand Einsum that only copies it (``ab->ab``), else the node."""
     if type(node) is Einsum and len(node.children) == 1:

@@ -15,9 +15,9 @@ True
 from __future__ import annotations
 
 from circuits.nodes import Add, Circuit, Einsum
-from circuits.traversal import deep_map
 
 from ..engine import rule
+from ..strategies import apply, bottom_up
 
 
 def _order_key(node: Circuit):
@@ -81,12 +81,4 @@ def canonicalize(circuit: Circuit) -> Circuit:
     True
     """
 
-    def one(node):
-        t = type(node)
-        if t is Add:
-            return sort_add_terms(node)
-        if t is Einsum:
-            return canonicalize_einsum(node)
-        return None
-
-    return deep_map(circuit, one)
+    return apply(bottom_up(RULES), circuit)

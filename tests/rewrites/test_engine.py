@@ -12,15 +12,20 @@ from circuits import (
     toposort,
 )
 from circuits.backend import evaluate
+from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs
+from circuits.text.parser import parse
 from rewrites import (
-    Rule, RuleSet, Trace, apply, at_root, bottom_up, check, fixpoint, normalize, once, rule, seq, simp,
-    top_down,
+    Rule, RuleSet, Trace, apply, at_root, bottom_up, check, dynamic, fixpoint, normalize, once, rule, seq,
+    simp, top_down, when,
 )
+from rewrites.optimize import OPTIMIZE_RULES
 from rewrites.rules import (
     SIMP_RULES, add_single_term, all_rules, einsum_identity, flatten_add, nest_add, remove_add_zeros,
 )
 from tests.deep import DEPTH, STEPS
+
+from .rewrite_helpers import assert_same
 
 
 def sym(name, shape=(2,)):
@@ -72,21 +77,45 @@ def test_every_rule_has_a_docstring_and_an_example():
         assert r.example, f"rule {r.name} has no before/after example"
 
 
+def test_the_optimize_rules_are_in_the_catalogue():
+    """optimize's rules live in rewrites.rules, so the example test below covers them."""
+    names = {r.name for r in all_rules()}
+    assert {r.name for r in OPTIMIZE_RULES} <= names
+    assert {"gather_of_log_softmax", "push_gather_through_function", "push_gather_through_einsum",
+            "chunk_logsumexp"} <= names
+
+
 @pytest.mark.parametrize("r", all_rules(), ids=lambda r: r.name)
 def test_rule_example(r):
-    """Parse ``before``, apply the rule once at the root, print: that is ``after``."""
-    parse = pytest.importorskip("circuits.text.parser").parse
+    """Parse ``before``, apply the rule once at the root (with its ``example_options``: a rule
+    with parameters), print: that is ``after``.  Every example is then proved exact with sympy
+    (int Symbols read as zeros) and, as well, evaluated in float64 on random values."""
     before, after = r.example
     node = parse(before)
-    out = apply(at_root(r), node)
+    out = apply(at_root(r.with_options(**r.example_options)), node)
     assert out != node, f"{r.name} does not fire on its own example"
     assert out.to_text() == after
     check(out)
     assert out.shape == node.shape and out.dtype == node.dtype
-    # and the example is an exact identity (sympy over the Symbols' entries)
-    symbolic_equal = pytest.importorskip("circuits.backend.symbolic").symbolic_equal
-    ints = {n: np.zeros(n.shape, n.dtype) for n in toposort(node) if type(n) is Symbol and "int" in n.dtype}
+    symbols = [n for n in toposort(node) if type(n) is Symbol]
+    ints = {n: np.zeros(n.shape, n.dtype) for n in symbols if "int" in n.dtype}
     assert symbolic_equal(node, out, ints or None), f"{r.name}: before and after differ symbolically"
+    rng = np.random.default_rng(0)
+    assert_same(node, out, {n: ints.get(n, rng.standard_normal(n.shape)) for n in symbols} or None)
+
+
+def test_rule_options():
+    @rule(on=Scalar, example=("before", "after"), example_options={"by": 2.0})
+    def scale(node, *, by=1.0):
+        """Scalar v -> Scalar v * by."""
+        return Scalar(node.value * by, node.shape)
+
+    doubled = scale.with_options(by=2.0)
+    assert doubled.name == "scale" and doubled.example == scale.example and doubled.doc == scale.doc
+    assert doubled.example_options == {"by": 2.0}
+    assert doubled(Scalar(3.0)).value == 6.0 and scale(Scalar(3.0)).value == 3.0
+    trace = Trace()
+    assert apply(at_root(doubled), Scalar(3.0), trace=trace).value == 6.0 and trace.rules() == ["scale"]
 
 
 # ---------------------------------------------------------------------------- strategies
@@ -321,3 +350,104 @@ def test_simp_on_the_seed_model_keeps_value_and_names():
     names = {n.name for n in toposort(out)}
     assert {"t.loss", "log_probs", "b0.a", "a.attn_probs"} <= names
     np.testing.assert_allclose(evaluate(out, dtype="float64"), evaluate(circuit, dtype="float64"), rtol=1e-9)
+
+
+# ---------------------------------------------------------------------------- one firing protocol
+@pytest.mark.parametrize("make", [
+    at_root, once, bottom_up, top_down, normalize, fixpoint,
+    lambda rules: top_down(fixpoint(at_root(rules))),
+    lambda rules: bottom_up(at_root(rules)),
+    lambda rules: dynamic(lambda root: bottom_up(when(lambda n: n is not None, rules))),
+], ids=["at_root", "once", "bottom_up", "top_down", "normalize", "fixpoint", "top_down_at_node",
+        "bottom_up_at_node", "dynamic_when"])
+def test_every_driver_fires_rules_the_same_way(make):
+    """Each driver checks, names and traces a firing alike (one implementation: Run.fire)."""
+    @rule(on=Add)
+    def shrink(node):
+        """Wrong on purpose."""
+        return Scalar(1.0)
+
+    node = Add(sym("a"), sym("b"), name="s")
+    with pytest.raises(RewriteError, match=r"rule shrink changed a node's shape or dtype[\s\S]*'s' Add"):
+        apply(make(shrink), node)
+    trace = Trace()
+    out = apply(make(remove_add_zeros), Add(sym("a"), Scalar(0.0), name="s"), trace=trace)
+    assert out == sym("a") and trace.rules() == ["remove_add_zeros"]
+    trace = Trace()
+    out = apply(make(flatten_add), Add(Add(sym("a"), sym("b")), sym("c"), name="s"), trace=trace)
+    assert out == Add(sym("a"), sym("b"), sym("c"), name="s") and trace.rules() == ["flatten_add"]
+
+
+def test_rules_are_fired_only_by_the_engine():
+    """No module of rewrites but the engine calls a rule's function, and the engine does not
+    import the strategies (no import cycle)."""
+    import ast
+    import pathlib
+
+    import rewrites
+
+    root = pathlib.Path(rewrites.__file__).parent
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls_fn = [n.lineno for n in ast.walk(tree)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "fn"]
+        if path.name != "engine.py" or path.parent != root:
+            assert not calls_fn, f"{path} calls a rule's fn at lines {calls_fn}: fire it with Run.fire"
+    engine = ast.parse((root / "engine.py").read_text())
+    imported = {n.module for n in ast.walk(engine) if isinstance(n, ast.ImportFrom)}
+    assert not any(m and "strateg" in m for m in imported)
+
+
+def test_top_down_with_a_strategy_at_each_node():
+    a, b, c, d = sym("a"), sym("b"), sym("c"), sym("d")
+    node = Add(Add(Add(a, b), c), Add(Add(c, d), a), name="s")
+    # top_down(rules) fires once at the root, then visits the replacement's children
+    assert apply(top_down(flatten_add), node).children == (Add(a, b), c, Add(c, d), a)
+    # top_down(fixpoint(at_root(rules))) rewrites the root until nothing applies first
+    trace = Trace()
+    out = apply(top_down(fixpoint(at_root(flatten_add))), node, trace=trace)
+    assert out.children == (a, b, c, c, d, a) and trace.rules() == ["flatten_add"] * 2
+    assert repr(top_down(fixpoint(at_root(flatten_add)))) == (
+        "top_down(fixpoint(at_root(flatten_add), max_steps=100))")
+
+    @rule(on=Scalar)
+    def count_up(node):
+        """Scalar v -> Scalar v + 1 (never ends)."""
+        return Scalar(node.value + 1, node.shape)
+
+    with pytest.raises(RewriteLoopError, match=r"count_up[\s\S]*max_steps=7|max_steps=7[\s\S]*count_up"):
+        apply(top_down(fixpoint(at_root(count_up), max_steps=7)), Add(Scalar(0.0)))
+
+
+def test_when_and_dynamic():
+    a, b = sym("a"), sym("b")
+    inner = Add(a, b)
+    made = []
+
+    def unshared_only(root):  # flatten an Add only into a child that no other node reads
+        made.append(root)
+        parents = collections.Counter(c.hash for n in toposort(root) for c in set(n.children))
+        return bottom_up(when(lambda n: parents[n.children[0].hash] < 2, flatten_add))
+
+    shared = Einsum.from_spec("a,a->a", Add(inner, a), inner)
+    assert apply(dynamic(unshared_only), shared) == shared
+    alone = Einsum.from_spec("a,a->a", Add(inner, a), b)
+    assert apply(dynamic(unshared_only), alone).children[0] == Add(a, b, a)
+    # inside fixpoint the strategy is built afresh for every pass
+    made.clear()
+    apply(fixpoint(dynamic(unshared_only)), alone)
+    assert len(made) == 2 and made[1] != made[0]
+    with pytest.raises(TypeError, match="dynamic.*built a RuleSet"):
+        apply(dynamic(lambda root: RuleSet(flatten_add)), shared)
+
+
+def test_a_guarded_rule_keeps_its_options():
+    from rewrites.rules.chunking import chunk_logsumexp
+
+    x, w = Symbol((3, 4), name="x"), Symbol((6, 4), name="w")
+    lse = GeneralFunction("logsumexp", Einsum.from_spec("sh,vh->sv", x, w))
+    (guarded,) = when(lambda n: True, chunk_logsumexp)
+    assert guarded(lse) is None  # too small to chunk by default
+    assert len(guarded.with_options(chunks=3)(lse).children[0].children) == 3
+    (never,) = when(lambda n: False, chunk_logsumexp)
+    assert never.with_options(chunks=3)(lse) is None

@@ -15,7 +15,8 @@ from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs, int_arrays, shapes
 from circuits.traversal import toposort
 from rewrites import Trace, check
-from rewrites.optimize import gather_of_log_softmax, optimize, push_gather_through_function
+from rewrites.optimize import optimize
+from rewrites.rules.gather import gather_of_log_softmax, push_gather_through_function
 
 from .rewrite_helpers import RULE_SETTINGS, assert_same, must_not_fire, operands
 
@@ -175,7 +176,7 @@ def test_optimize_pushes_an_index_down_a_deep_chain_in_one_go():
 def test_chunk_logsumexp_example_is_exact():
     from circuits.backend.symbolic import symbolic_equal
     from rewrites.engine import name_result
-    from rewrites.optimize import chunk_logsumexp
+    from rewrites.rules.chunking import chunk_logsumexp
 
     before, after = chunk_logsumexp.example
     node = C.parse(before)
@@ -187,7 +188,7 @@ def test_chunk_logsumexp_example_is_exact():
 
 @pytest.mark.parametrize("chunks", [2, 3, 7])
 def test_chunk_logsumexp_keeps_the_value(chunks):
-    from rewrites.optimize import chunk_logsumexp
+    from rewrites.rules.chunking import chunk_logsumexp
 
     rng = np.random.default_rng(chunks)
     x = C.Array(rng.standard_normal((2, 5, 4)), name="x")
@@ -200,7 +201,7 @@ def test_chunk_logsumexp_keeps_the_value(chunks):
 
 
 def test_chunk_logsumexp_must_not_fire():
-    from rewrites.optimize import chunk_logsumexp
+    from rewrites.rules.chunking import chunk_logsumexp
 
     x, w = C.Symbol((3, 4), name="x"), C.Symbol((6, 4), name="w")
     # the last axis is carried by two operands: no single operand to slice
@@ -212,29 +213,27 @@ def test_chunk_logsumexp_must_not_fire():
 
 
 def test_optimize_chunks_only_unshared_logits(monkeypatch):
-    import importlib
+    from rewrites.rules import chunking
 
-    opt = importlib.import_module("rewrites.optimize")  # the module, not the function rewrites.optimize
-
-    monkeypatch.setattr(opt, "CHUNK_MIN_ENTRIES", 16)
-    monkeypatch.setattr(opt, "CHUNK_ENTRIES", 8)
+    monkeypatch.setattr(chunking, "CHUNK_MIN_ENTRIES", 16)
+    monkeypatch.setattr(chunking, "CHUNK_ENTRIES", 8)
     rng = np.random.default_rng(0)
     x = C.Array(rng.standard_normal((3, 4)).astype(np.float32), name="x")
     w = C.Array(rng.standard_normal((10, 4)).astype(np.float32), name="w")
     z = C.Einsum.from_spec("sh,vh->sv", x, w, name="z")
     lse = C.GeneralFunction("logsumexp", z, name="lse")
-    chunked = opt.optimize(lse)
+    chunked = optimize(lse)
     assert any(isinstance(n, C.Concat) for n in C.toposort(chunked))
     np.testing.assert_allclose(C.evaluate(chunked), C.evaluate(lse), rtol=1e-5)
     # z also read elsewhere: its full value is computed anyway, so no chunking
     shared = C.Add(lse, C.Einsum.from_spec("sv->s", z), name="both")
-    assert not any(isinstance(n, C.Concat) for n in C.toposort(opt.optimize(shared)))
+    assert not any(isinstance(n, C.Concat) for n in C.toposort(optimize(shared)))
 
 
 # ---------------------------------------------------------------------------- gather through einsum
 def test_push_gather_through_einsum_example_is_exact():
     from rewrites.engine import name_result
-    from rewrites.optimize import push_gather_through_einsum
+    from rewrites.rules.gather import push_gather_through_einsum
 
     before, after = push_gather_through_einsum.example
     node = C.parse(before)
@@ -248,7 +247,7 @@ def test_push_gather_through_einsum_example_is_exact():
                                 "gen_index_at_0_batch_x", "gen_index_at_0_batch_x_c", "gen_index_at_1_batch_x"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_push_gather_through_einsum_keeps_the_value(fn, seed):
-    from rewrites.optimize import push_gather_through_einsum
+    from rewrites.rules.gather import push_gather_through_einsum
 
     rng = np.random.default_rng(seed)
     a = C.Array(rng.standard_normal((3, 4, 5)), name="a")
@@ -272,7 +271,7 @@ def test_push_gather_through_einsum_keeps_the_value(fn, seed):
 
 
 def test_push_gather_through_einsum_must_not_fire():
-    from rewrites.optimize import push_gather_through_einsum
+    from rewrites.rules.gather import push_gather_through_einsum
 
     x, y = C.Symbol((3, 3), name="x"), C.Symbol((3, 3), name="y")
     t = C.Symbol((2,), name="t", dtype="int64")
@@ -288,21 +287,52 @@ def test_push_gather_through_einsum_must_not_fire():
 def test_optimize_pushes_a_small_gather_into_shared_logits_then_chunks(monkeypatch):
     """The seed's shape in small: log_softmax's gather becomes one dot product per position,
     and the logsumexp then reads the logits alone, so it is chunked."""
-    import importlib
+    from rewrites.rules import chunking
 
-    opt = importlib.import_module("rewrites.optimize")
-    monkeypatch.setattr(opt, "CHUNK_MIN_ENTRIES", 64)
-    monkeypatch.setattr(opt, "CHUNK_ENTRIES", 64)
+    monkeypatch.setattr(chunking, "CHUNK_MIN_ENTRIES", 64)
+    monkeypatch.setattr(chunking, "CHUNK_ENTRIES", 64)
     rng = np.random.default_rng(0)
     x = C.Array(rng.standard_normal((5, 4)).astype(np.float32), name="x")
     w = C.Array(rng.standard_normal((80, 4)).astype(np.float32), name="w")
     t = C.Array(rng.integers(0, 80, 5), name="t")
     lp = C.GeneralFunction("log_softmax", C.Einsum.from_spec("sh,vh->sv", x, w, name="logits"))
     ll = C.GeneralFunction("gen_index_at_0_batch_x_c", lp, t, name="ll")
-    fast = opt.optimize(ll)
+    fast = optimize(ll)
     kinds = {n.function_name for n in C.toposort(fast) if isinstance(n, C.GeneralFunction)}
     assert "log_softmax" not in kinds and "gen_index_at_0_c" in kinds
     assert any(isinstance(n, C.Concat) for n in C.toposort(fast))
     # no node of the optimized circuit holds the whole [5, 80] logit matrix
     assert all(n.shape != (5, 80) for n in C.toposort(fast))
     np.testing.assert_allclose(C.evaluate(fast), C.evaluate(ll), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- the schedule
+def test_optimize_is_a_schedule_of_strategies():
+    from rewrites.optimize import schedule
+    from rewrites.strategies import Strategy
+
+    s = schedule()
+    assert isinstance(s, Strategy)
+    assert repr(s).split(" >> ") == [
+        "normalize(fold)", "fixpoint(dynamic(push_down), max_steps=20)", "normalize(cleanup + fold)",
+        "bottom_up(contraction_order)", "dynamic(chunk_unshared_logsumexps)",
+    ]
+
+
+def test_optimize_step_caps_raise_instead_of_stopping_silently(monkeypatch):
+    import importlib
+
+    opt = importlib.import_module("rewrites.optimize")  # the module, not the function rewrites.optimize
+    x = Symbol((3,), name="x")
+    c = x
+    for _ in range(4):
+        c = GeneralFunction("tanh", Add(c, Scalar(1.0)))
+    node = Index(c, (0,))
+    assert optimize(node, max_steps=2).shape == ()  # one pass moves the Index down, one finds no more
+    # a cap on push-down passes: one pass is not enough to see that nothing more changes
+    with pytest.raises(C.RewriteLoopError, match=r"max_steps=1[\s\S]*push_index_through"):
+        optimize(node, max_steps=1)
+    # a cap on the rewrites at one node within a pass
+    monkeypatch.setattr(opt, "MAX_STEPS_AT_A_NODE", 1)
+    with pytest.raises(C.RewriteLoopError, match=r"max_steps=1[\s\S]*push_index_through_function"):
+        optimize(node)
