@@ -3,13 +3,16 @@
 Modules, in dependency order:
 
 - ``einsum``: einsum planning (a contraction plan made once per Einsum node, with its reason);
-- ``program``: per-node-type op builders, the value-free ``Skeleton`` and the ``Program`` (a
-  circuit in toposort order with its Arrays and Scalars as arguments, keyed by name- and
-  value-blind structure);
-- ``runtime``: precision, argument binding and checks, the one compile cache and jit policy;
+- ``ops``: per-node-type op builders (``build_op``): functions of the children's values that hold
+  no node and no tensor;
+- ``program``: the value-free ``Skeleton`` (ops, wiring, one interpreter loop, traceable) and the
+  ``Program`` (a circuit in toposort order with its Arrays and Scalars as arguments, keyed by
+  name- and value-blind structure);
+- ``runtime``: precision, argument binding and checks, the one jit policy (``maybe_jit``) and the
+  one compile cache (``cached_jit``);
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
-- ``eager``: ``Eager``, op-by-op evaluation with a bounded per-node cache;
+- ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
 - ``symbolic``: the sympy interpreter behind ``symbolic_equal``.
 
@@ -23,10 +26,10 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 
 from .batched import evaluate_batched
 from .eager import Eager
-from .evaluation import JIT_MAX_OPS, Compiled, compile, evaluate, make_jaxpr
+from .evaluation import Compiled, compile, evaluate, make_jaxpr
 from .gradients import grad, value_and_grad
 from .program import Program
-from .runtime import cache_stats, clear_cache, set_cache_size
+from .runtime import JIT_MAX_OPS, cache_stats, clear_cache, set_cache_size
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 
 __all__ = [

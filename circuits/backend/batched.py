@@ -22,10 +22,17 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import EvaluationError
-from .runtime import bind_arguments, cached_function, count_trace, float_dtype, is_cached, precision
-from .evaluation import JIT_MAX_OPS, _check_mode, program_with_also
-from .program import Program
 from ..nodes import Circuit
+from .program import Program
+from .runtime import (
+    bind_arguments,
+    check_mode,
+    float_dtype,
+    maybe_jit,
+    package_outputs,
+    precision,
+    program_with_also,
+)
 
 __all__ = ["evaluate_batched"]
 
@@ -51,23 +58,16 @@ def _devices(devices):
     return devices
 
 
-def _batched_function(program: Program, axes: tuple, jit: bool):
-    import jax
+def _batched_function(program: Program, axes: tuple, mode: str):
+    """``args -> outputs`` of ``program`` mapped over the batch axes ``axes`` (compiled or not, as
+    the jit policy decides)."""
 
     def make():
-        skeleton = program.skeleton()
+        import jax
 
-        def run(args):
-            if jit:
-                count_trace()
-            return skeleton.run(args)
+        return jax.vmap(program.skeleton().run, in_axes=(list(axes),))
 
-        mapped = jax.vmap(run, in_axes=(list(axes),))
-        return jax.jit(mapped) if jit else mapped
-
-    if not jit:
-        return make()
-    return cached_function((program.key, "vmap", axes), make)
+    return maybe_jit((program.key, "vmap", axes), len(program), mode, make)
 
 
 def _rows(value, start: int, count: int):
@@ -124,7 +124,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
            [ 1., 11.]], dtype=float32)
     """
     fdt = float_dtype(dtype)
-    _check_mode(mode)
+    check_mode(mode)
     if batch_size is not None and int(batch_size) < 1:
         raise EvaluationError(f"batch_size={batch_size}: give a positive number of rows")
     program, items = program_with_also(circuit, fdt, also)
@@ -133,10 +133,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
-        jit = mode == "jit" or (
-            mode == "auto" and (len(program) <= JIT_MAX_OPS or is_cached((program.key, "vmap", axes)))
-        )
-        fn = _batched_function(program, axes, jit)
+        fn = _batched_function(program, axes, mode)
         chunk = min(int(batch_size or total), total) or 1
         place = None
         if devs is not None:
@@ -155,9 +152,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
             outs = [o[:real] if real < chunk else o for o in outs]
             pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
         outs = [_concat([p[k] for p in pieces], return_jax) for k in range(len(pieces[0]))]
-    if not items:
-        return outs[0]
-    return outs[0], dict(zip(items, outs[1:]))
+    return package_outputs(outs, items)
 
 
 def _placer(devs):
@@ -194,6 +189,4 @@ def _empty_outputs(fn, args, axes, items, as_jax):
         import jax.numpy as jnp
 
         outs = [jnp.asarray(o) for o in outs]
-    if not items:
-        return outs[0]
-    return outs[0], dict(zip(items, outs[1:]))
+    return package_outputs(outs, items)

@@ -5,6 +5,11 @@ least-recently-used cache (its own, bounded by bytes and by entries), so looking
 children, then at theirs, reuses everything already computed.  No compilation: each op runs as
 soon as it is reached, which also suits very deep or very large circuits.
 
+Each request runs the same ``Skeleton`` as ``evaluate(..., mode='eager')``, over the *uncached
+frontier* only: a ``Program`` whose walk stops at cached nodes, their values fed in as arguments
+(``Program(..., given=cache)``); every value the skeleton computes is offered to the cache as it
+appears (``Skeleton.run``'s ``observe``), and freed after its last use as usual.
+
 >>> import numpy as np
 >>> from circuits import Symbol, GeneralFunction, Add
 >>> x = Symbol((2,), name='x')
@@ -27,18 +32,9 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import EvaluationError
-from .runtime import (
-    check_symbol_value,
-    float_dtype,
-    leaf_value,
-    precision,
-    raise_problems,
-    resolve_nodes,
-    symbol_values,
-)
-from .program import ARGUMENT_TYPES, Program, broadcast_scalar, build_op
-from ..nodes import Circuit, Scalar, Symbol
-from ..traversal import toposort
+from ..nodes import Circuit
+from .program import Program
+from .runtime import bind_arguments, float_dtype, precision, resolve_nodes
 
 __all__ = ["Eager"]
 
@@ -105,52 +101,25 @@ class Eager:
 
     def _compute(self, targets: list[Circuit]) -> list:
         cache = self._cache
-        order = toposort(*targets, stop=lambda n: n.hash in cache)
-        # Check and prepare everything before running anything.
-        problems: list[str] = []
-        todo = [n for n in order if n.hash not in cache]
-        symbols = [n for n in todo if type(n) is Symbol]
-        raw = symbol_values(symbols, self.inputs, problems)
-        prepared = {}
-        for n in todo:
-            t = type(n)
-            if t is Symbol:
-                if n.hash in raw:
-                    prepared[n.hash] = check_symbol_value(n, raw[n.hash], self.float_dtype, problems)[0]
-            elif t in ARGUMENT_TYPES:
-                v = leaf_value(n, self.float_dtype, problems)
-                prepared[n.hash] = broadcast_scalar(v, n.shape) if t is Scalar and v is not None else v
-            else:
-                prepared[n.hash] = build_op(n, self.float_dtype)
-        raise_problems(problems)
+        program = Program(targets, self.float_dtype, given=cache)
+        # Every check and every op is prepared before anything runs.  Cached values are read
+        # (pinned) now: storing new ones during the run may evict them.
+        given = {}
+        for slot in program.given_slots:
+            h = program.nodes[slot].hash
+            cache.move_to_end(h)
+            given[h] = cache[h]
+        args = bind_arguments(program, self.inputs, self.float_dtype, given=given)
+        skeleton = program.skeleton()
+        self._counts["hits"] += len(given)
+        nodes, given_slots = program.nodes, program.given_slots
 
-        # Values already cached are pinned for this pass: storing new ones may evict them.
-        env: dict[bytes, object] = {}
-        for n in order:
-            if n.hash in cache:
-                cache.move_to_end(n.hash)
-                env[n.hash] = cache[n.hash]
-                self._counts["hits"] += 1
-        last_use = {}
-        for i, n in enumerate(order):
-            for c in n.children:
-                last_use[c.hash] = i
-        wanted = {t.hash for t in targets}
-        for i, n in enumerate(order):
-            h = n.hash
-            if h in env:
-                continue
-            if type(n) in ARGUMENT_TYPES:
-                value = prepared[h]
-            else:
-                value = prepared[h](*[env[c.hash] for c in n.children])
-            self._counts["misses"] += 1
-            env[h] = value
-            self._store(h, value)
-            for c in n.children:
-                if last_use.get(c.hash) == i and c.hash not in wanted:
-                    env.pop(c.hash, None)
-        return [env[t.hash] for t in targets]
+        def observe(slot, value):
+            if slot not in given_slots:
+                self._counts["misses"] += 1
+                self._store(nodes[slot].hash, value)
+
+        return skeleton.run(args, observe=observe)
 
     def _store(self, h: bytes, value):
         size = int(getattr(value, "nbytes", 0))

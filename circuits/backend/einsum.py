@@ -24,14 +24,17 @@ def _lax():
     return lax
 
 
-def _same_dtype(a, b):
-    if a.dtype == b.dtype:
-        return a, b
+def common_dtype(values) -> list:
+    """``values`` converted to their common (promoted) dtype; unchanged when they already agree.
+    (``lax`` ops, unlike ``jnp``'s, do not promote.)"""
+    first = values[0].dtype
+    if all(v.dtype == first for v in values):
+        return list(values)
     import jax.numpy as jnp
 
-    t = jnp.result_type(a, b)
-    lax = _lax()
-    return lax.convert_element_type(a, t), lax.convert_element_type(b, t)
+    target = jnp.result_type(*values)
+    convert = _lax().convert_element_type
+    return [v if v.dtype == target else convert(v, target) for v in values]
 
 
 def _diagonal_step(axes: tuple):
@@ -102,7 +105,7 @@ def _pair_step(left: tuple, right: tuple, keep: set):
     )
 
     def dot(x, y):
-        x, y = _same_dtype(x, y)
+        x, y = common_dtype((x, y))
         return _lax().dot_general(x, y, dims)
 
     return result, dot
@@ -110,7 +113,7 @@ def _pair_step(left: tuple, right: tuple, keep: set):
 
 def _mul(x, y):
     # one operand is 0-d: broadcast it explicitly (lax.mul, unlike jnp, does not broadcast)
-    x, y = _same_dtype(x, y)
+    x, y = common_dtype((x, y))
     lax = _lax()
     if x.shape != y.shape:
         if x.ndim == 0:

@@ -11,108 +11,42 @@ dtypes, so a patched circuit (same structure, other arrays) reuses compiled code
 >>> evaluate(Einsum.from_spec('ab->a', x))
 array([ 3., 12.], dtype=float32)
 
-The entry points:
-
-- ``evaluate(circuit, inputs=None, *, dtype='float32', also=None, mode='auto')``
-- ``compile(circuit, *, dtype='float32', also=None)`` -> ``Compiled``; ``f(inputs=None)``
-- ``evaluate_batched(circuit, inputs, *, batch_size=None, devices=None, ...)`` (``eval_batch``)
-- ``grad`` / ``value_and_grad(circuit, wrt, inputs=None, ...)`` (``gradients``)
-- ``Eager(inputs=None, *, dtype='float32', max_bytes=...)`` per-node values, cached (``eager``)
-- ``cache_stats()``, ``clear_cache()``, ``set_cache_size(n)``, ``make_jaxpr(circuit, inputs)``
+The entry points here: ``evaluate(circuit, inputs=None, *, dtype='float32', also=None,
+mode='auto')``, ``compile(circuit, *, dtype='float32', also=None)`` -> ``Compiled`` (call it with
+the inputs), and ``make_jaxpr(circuit, inputs)``.  Whether ``evaluate`` compiles is the one jit
+policy of ``circuits.backend.runtime``, shared with ``evaluate_batched`` and the gradients.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from ..errors import EvaluationError
+from ..nodes import Circuit, Symbol
+from .program import Program
 from .runtime import (
     bind_arguments,
-    cache_stats,
-    cached_function,
-    clear_cache,
-    count_trace,
+    check_mode,
     float_dtype,
-    is_cached,
+    leaf_value,
+    maybe_jit,
+    package_outputs,
     precision,
-    resolve_nodes,
-    set_cache_size,
+    program_with_also,
 )
-from .program import Program
-from ..nodes import Circuit
 
-__all__ = [
-    "evaluate", "compile", "Compiled", "evaluate_batched", "grad", "value_and_grad", "Eager",
-    "cache_stats", "clear_cache", "set_cache_size", "make_jaxpr", "JIT_MAX_OPS",
-]
-
-# Above this many distinct nodes ``mode='auto'`` runs op by op: XLA's compile time grows with
-# program size (a 50,000-op chain takes ~15 s to compile on CPU, ~0.6 s to run eagerly), and a
-# program already in the compile cache is jitted whatever its size.
-JIT_MAX_OPS = 5000
-
-MODES = ("auto", "jit", "eager")
+__all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
 
-def _check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise EvaluationError(f"mode={mode!r}: use one of {', '.join(MODES)}")
-    return mode
+def program_function(program: Program, mode: str):
+    """``args -> outputs`` of ``program``: compiled (from the compile cache) or op by op, as the
+    jit policy decides for ``mode``."""
+    return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
 
 
-def as_items(also) -> list:
-    """The ``also=`` (or ``wrt=``) option as a list: one node or name, or a sequence of them."""
-    if also is None:
-        return []
-    return [also] if isinstance(also, (str, Circuit)) else list(also)
-
-
-def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
-    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given."""
-    items = as_items(also)
-    program = Program([circuit], fdt)
-    if items:
-        program = program.with_outputs([circuit, *resolve_nodes(program, items, "also")])
-    return program, items
-
-
-def jitted(program: Program):
-    """The jitted ``args -> outputs`` function of ``program`` (from the compile cache)."""
-
-    def make():
-        import jax
-
-        skeleton = program.skeleton()
-
-        def run(args):
-            count_trace()
-            return skeleton.run(args)
-
-        return jax.jit(run)
-
-    return cached_function((program.key, "run"), make)
-
-
-def _use_jit(program: Program, mode: str) -> bool:
-    if mode == "auto":
-        return len(program) <= JIT_MAX_OPS or is_cached((program.key, "run"))
-    return mode == "jit"
-
-
-def run_program(program: Program, args: list, mode: str) -> list:
-    """Output values (jax arrays) of ``program`` on checked arguments."""
-    if _use_jit(program, mode):
-        return jitted(program)(args)
-    return program.skeleton().run(args)
-
-
-def _package(outs, items):
-    value = np.asarray(outs[0])
-    if not items:
-        return value
-    return value, {item: np.asarray(v) for item, v in zip(items, outs[1:])}
+def _numpy_outputs(outs, items):
+    return package_outputs([np.asarray(o) for o in outs], items)
 
 
 def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32", also=None,
@@ -135,12 +69,11 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     (array([1., 1.], dtype=float32), {'y': array([1., 1.], dtype=float32)})
     """
     fdt = float_dtype(dtype)
-    _check_mode(mode)
+    check_mode(mode)
     program, items = program_with_also(circuit, fdt, also)
     with precision(fdt):
         args = bind_arguments(program, inputs, fdt)
-        outs = run_program(program, args, mode)
-        return _package(outs, items)
+        return _numpy_outputs(program_function(program, mode)(args), items)
 
 
 class Compiled:
@@ -166,9 +99,6 @@ class Compiled:
         if self._constants is None:
             import jax
 
-            from .runtime import leaf_value
-            from ..nodes import Symbol
-
             problems: list[str] = []
             values = [leaf_value(n, self.float_dtype, problems) for n in self.program.arg_nodes()
                       if type(n) is not Symbol]
@@ -180,7 +110,7 @@ class Compiled:
     def __call__(self, inputs: Mapping | None = None):
         with precision(self.float_dtype):
             args = bind_arguments(self.program, inputs, self.float_dtype, constants=self._constant_values())
-            return _package(jitted(self.program)(args), self._items)
+            return _numpy_outputs(program_function(self.program, "jit")(args), self._items)
 
     def __repr__(self):
         return f"<Compiled {len(self.program)} nodes, {self.float_dtype}: {self.circuit.line()}>"

@@ -20,20 +20,21 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import EvaluationError
-from .runtime import bind_arguments, cached_function, count_trace, float_dtype, precision, resolve_nodes
-from .evaluation import JIT_MAX_OPS, _check_mode, as_items
-from .program import Program
-from ..nodes import Circuit
 from ..dtypes import is_float
+from ..errors import EvaluationError
+from ..nodes import Circuit
+from .program import Program
+from .runtime import as_items, bind_arguments, check_mode, float_dtype, maybe_jit, precision, resolve_nodes
 
 __all__ = ["grad", "value_and_grad"]
 
 
-def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: bool, jit: bool):
-    import jax
+def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: bool, mode: str):
+    """``(args, cotangent) -> (output, gradients at slots)`` (compiled or not, as the jit policy
+    decides)."""
 
     def make():
+        import jax
         import jax.numpy as jnp
 
         skeleton = program.skeleton()
@@ -47,17 +48,13 @@ def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: 
         value_and_grad = jax.value_and_grad(loss, has_aux=True)
 
         def run(args, cotangent):
-            if jit:
-                count_trace()
             zeros = [jnp.zeros(shape, dtype=fdt) for shape in shapes]
             (_, out), grads = value_and_grad(zeros, args, cotangent)
             return out, grads
 
-        return jax.jit(run) if jit else run
+        return run
 
-    if not jit:
-        return make()
-    return cached_function((program.key, "grad", slots, weighted), make)
+    return maybe_jit((program.key, "grad", slots, weighted), len(program), mode, make)
 
 
 def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cotangent=None,
@@ -75,7 +72,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     (array([1., 1.], dtype=float32), array([1., 3.], dtype=float32))
     """
     fdt = float_dtype(dtype)
-    _check_mode(mode)
+    check_mode(mode)
     single = isinstance(wrt, (str, Circuit))
     items = as_items(wrt)
     if not items:
@@ -102,8 +99,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
                     f"{list(circuit.shape)} ({circuit.line()})"
                 )
             weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
-        jit = mode == "jit" or (mode == "auto" and len(program) <= JIT_MAX_OPS)
-        fn = _gradient_function(program, slots, shapes, weights is not None, jit)
+        fn = _gradient_function(program, slots, shapes, weights is not None, mode)
         out, grads = fn(args, weights)
         value = np.asarray(out)
         by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}

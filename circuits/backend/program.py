@@ -19,223 +19,20 @@ True
 
 from __future__ import annotations
 
-import collections
 import struct
-from typing import Any, Callable, Sequence
+from typing import Any, Collection, Sequence
 
-import numpy as np
-
-from .einsum import einsum_op
 from ..errors import EvaluationError
 from ..hashing import node_hash
-from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
 from ..traversal import toposort
-from ..shapes import check_allocation, max_alloc_bytes
 from ..dtypes import is_float, is_int
+from ..shapes import check_allocation, max_alloc_bytes
+from .ops import broadcast_scalar, build_op
+
+__all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]
 
 ARGUMENT_TYPES = (Array, Scalar, Symbol)
-
-
-def _jnp():
-    import jax.numpy as jnp
-
-    return jnp
-
-
-def _lax():
-    import jax.lax as lax
-
-    return lax
-
-
-def _common_dtype(values):
-    first = values[0].dtype
-    if all(v.dtype == first for v in values):
-        return list(values)
-    target = _jnp().result_type(*values)
-    convert = _lax().convert_element_type
-    return [v if v.dtype == target else convert(v, target) for v in values]
-
-
-# ---------------------------------------------------------------------------- op builders
-# Each builder reads only the node's payload and shapes and returns ``op(*child_values)``; the op
-# must not hold the node (a cached compiled function would then keep its tensors alive).
-def _build_einsum(node: Einsum, fdt: str) -> Callable:
-    if not node.children:
-        return lambda: _jnp().ones((), dtype=fdt)
-    op = einsum_op(node.in_axes, node.out_axes, [c.shape for c in node.children])
-    if node.dtype != "bool":
-        return op
-
-    def logical(*xs):
-        # An einsum of bools means numpy's: True where any product of its terms is True (an OR
-        # of ANDs).  JAX's sums refuse bools, so count in int32 and compare.
-        jnp = _jnp()
-        return op(*[x.astype(jnp.int32) for x in xs]) > 0
-
-    return logical
-
-
-def _build_add(node: Add, fdt: str) -> Callable:
-    shape = node.shape
-    rank = len(shape)
-    if not node.children:
-        return lambda: _jnp().zeros((), dtype=fdt)
-
-    def add(*xs):
-        # lax.add, not jnp's +: no implicit broadcasting or promotion to trace, so do both here
-        lax = _lax()
-        xs = _common_dtype(xs)
-        if xs[0].dtype == np.bool_:
-            return _jnp().broadcast_to(sum(xs[1:], xs[0]), shape)
-        out = None
-        for x in xs:
-            if x.shape != shape:
-                x = lax.broadcast_in_dim(x, shape, tuple(range(rank - x.ndim, rank)))
-            out = x if out is None else lax.add(out, x)
-        return out
-
-    return add
-
-
-def _build_function(node: GeneralFunction, fdt: str) -> Callable:
-    return node.function.jax
-
-
-def _build_index(node: Index, fdt: str) -> Callable:
-    # Outer-style indexing, axis by axis, planned once: ints and slices become one strided
-    # lax.slice (reversed where the step is negative, int axes squeezed), then each array entry
-    # gathers along its (renumbered) axis.
-    shape = node.children[0].shape
-    starts, limits, strides, reverse, squeeze, takes = [], [], [], [], [], []
-    pos = 0
-    for axis, (entry, n) in enumerate(zip(node.full_index(), shape)):
-        start, limit, stride = 0, n, 1
-        if isinstance(entry, np.ndarray):
-            # Constructors check bounds; normalise negatives so the gather needs no wrap.
-            takes.append((pos, np.asarray(entry % max(n, 1), dtype=np.int32)))
-            pos += 1
-        elif isinstance(entry, slice):
-            r = range(*entry.indices(n))
-            if not r:
-                start, limit = 0, 0
-            elif r.step > 0:
-                start, limit, stride = r[0], r[-1] + 1, r.step
-            else:
-                start, limit, stride = r[-1], r[0] + 1, -r.step
-                reverse.append(axis)
-            pos += 1
-        else:
-            start, limit = entry % n, entry % n + 1
-            squeeze.append(axis)
-        starts.append(start)
-        limits.append(limit)
-        strides.append(stride)
-    sliced = starts != [0] * len(shape) or limits != list(shape) or strides != [1] * len(shape)
-    strides_arg = None if strides == [1] * len(shape) else tuple(strides)
-    starts, limits, reverse, squeeze = tuple(starts), tuple(limits), tuple(reverse), tuple(squeeze)
-
-    def index(x):
-        lax = _lax()
-        if sliced:
-            x = lax.slice(x, starts, limits, strides_arg)
-        if reverse:
-            x = lax.rev(x, reverse)
-        if squeeze:
-            x = lax.squeeze(x, squeeze)
-        for axis, arr in takes:
-            x = _jnp().take(x, arr, axis=axis, mode="clip")
-        return x
-
-    return index
-
-
-def _build_rearrange(node: Rearrange, fdt: str) -> Callable:
-    sizes = dict(node.sizes)
-    out_names = [a for g in node.out_groups for a in g]
-    kept = [a for g in node.in_groups for a in g if a in out_names]
-    present = [a for a in out_names if a in kept]
-    perm = tuple(kept.index(a) for a in present)
-    split_shape = tuple(sizes[a] for a in kept)
-    repeats = len(present) != len(out_names)
-    # Axes on the right only repeat the input: broadcast into their output positions.
-    positions = tuple(i for i, a in enumerate(out_names) if a in kept)
-    expanded_shape = tuple(sizes[a] for a in out_names)
-    out_shape = node.shape
-    identity_perm = perm == tuple(range(len(perm)))
-
-    def rearrange(x):
-        lax = _lax()
-        if x.shape != split_shape:
-            x = lax.reshape(x, split_shape)
-        if not identity_perm:
-            x = lax.transpose(x, perm)
-        if repeats:
-            x = lax.broadcast_in_dim(x, expanded_shape, positions)
-        return x if x.shape == out_shape else lax.reshape(x, out_shape)
-
-    return rearrange
-
-
-def _build_concat(node: Concat, fdt: str) -> Callable:
-    axis = node.axis
-
-    def concat(*xs):
-        return _lax().concatenate(_common_dtype(xs), axis)
-
-    return concat
-
-
-def _identity(x):
-    return x
-
-
-def _build_tag(node: Tag, fdt: str) -> Callable:
-    return _identity
-
-
-OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
-    Einsum: _build_einsum,
-    Add: _build_add,
-    GeneralFunction: _build_function,
-    Index: _build_index,
-    Rearrange: _build_rearrange,
-    Concat: _build_concat,
-    Tag: _build_tag,
-}
-
-
-# Ops depend only on payload and shapes, and a model repeats the same few (every head's
-# einsums, every layer's norm): build each once.  Bounded; ops hold no tensors.
-_OP_MEMO: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
-_OP_MEMO_SIZE = 4096
-_MEMOIZED = (Einsum, Index, Rearrange, Add, Concat)
-
-
-def build_op(node: Circuit, fdt: str) -> Callable:
-    """The JAX op computing ``node`` from its children's values."""
-    t = type(node)
-    builder = OP_BUILDERS.get(t)
-    if builder is None:
-        raise EvaluationError(
-            f"no JAX lowering for node type {t.__name__}: {node.line()}; "
-            "add a builder to circuits.backend.program.OP_BUILDERS"
-        )
-    if t not in _MEMOIZED:
-        return builder(node, fdt)
-    key = (t, node._payload_bytes(), node.shape, tuple(c.shape for c in node.children), fdt)
-    op = _OP_MEMO.get(key)
-    if op is None:
-        op = builder(node, fdt)
-        _OP_MEMO[key] = op
-        if len(_OP_MEMO) > _OP_MEMO_SIZE:
-            _OP_MEMO.popitem(last=False)
-    return op
-
-
-def broadcast_scalar(value, shape):
-    """A Scalar's 0-d argument broadcast to the Scalar's shape."""
-    return value if shape == () else _lax().broadcast(value, shape)
 
 
 # ---------------------------------------------------------------------------- key
@@ -256,6 +53,11 @@ def _key_part(node: Circuit) -> bytes:
         # id(spec): a function re-registered under the same name must not reuse old code.
         return b"GF" + node.function.name.encode() + b"|" + _pack((id(node.function),))
     return node.type_name.encode() + b"|" + node._payload_bytes()
+
+
+def _given_key_part(node: Circuit) -> bytes:
+    # a value supplied from outside: only its shape and dtype matter to the code
+    return b"Given" + node.dtype.encode() + b"|" + _pack(node.shape)
 
 
 # ---------------------------------------------------------------------------- programs
@@ -283,11 +85,13 @@ class Skeleton:
                 frees[i].append(j)
         self.frees = tuple(tuple(f) for f in frees)
 
-    def run(self, args: Sequence, deltas: dict | None = None) -> list:
+    def run(self, args: Sequence, deltas: dict | None = None, observe=None) -> list:
         """Output values from argument values (in ``arg_slots`` order).
 
         ``deltas`` maps slots to values added to what is computed there (zeros that make a node's
-        value a differentiable input: gradients with respect to any node).
+        value a differentiable input: gradients with respect to any node).  ``observe(slot,
+        value)``, if given, sees every slot's value as soon as it is there, before it is freed
+        (the eager evaluator caches values this way).
         """
         env: list[Any] = [None] * self.size
         scalar_shapes = self.scalar_shapes
@@ -301,6 +105,8 @@ class Skeleton:
                 env[i] = op(*[env[j] for j in child_slots[i]])
             if deltas and i in deltas:
                 env[i] = env[i] + deltas[i]
+            if observe is not None:
+                observe(i, env[i])
             for j in frees[i]:
                 env[j] = None
         return [env[i] for i in self.outputs]
@@ -310,28 +116,44 @@ class Program:
     """A circuit flattened for evaluation (see the module docstring).
 
     ``nodes``: distinct nodes in toposort order; ``slot_of``: node hash -> slot; ``arg_slots``:
-    the slots of Arrays, Scalars and Symbols, in order; ``outputs``: the slots of ``roots``;
-    ``key``: bytes naming the computation (float dtype included).
+    the slots of Arrays, Scalars, Symbols (and given nodes), in order; ``outputs``: the slots of
+    ``roots``; ``key``: bytes naming the computation (float dtype included).
+
+    ``given`` (node hashes) names nodes whose values are supplied: they are arguments too (in
+    ``given_slots``) and the walk does not descend below them, so the program computes only the
+    frontier above values known already (the eager evaluator's cache).
+
+    >>> from circuits import Add, GeneralFunction, Symbol
+    >>> h = GeneralFunction('exp', Symbol((2,), name='x'))
+    >>> p = Program([Add(h, h)], 'float32', given={h.hash})
+    >>> [n.line() for n in p.nodes], p.arg_slots, p.given_slots
+    (['GeneralFunction exp', 'Add'], (0,), frozenset({0}))
     """
 
-    __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "outputs", "float_dtype", "key", "_body_key",
-                 "_skeleton", "_index_ranges")
+    __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "outputs", "float_dtype", "key",
+                 "_body_key", "_skeleton", "_index_ranges")
 
-    def __init__(self, roots: Sequence[Circuit], float_dtype: str):
+    def __init__(self, roots: Sequence[Circuit], float_dtype: str, given: Collection[bytes] = ()):
         roots = list(roots)
-        nodes = toposort(*roots)
+        stop = (lambda n: n.hash in given) if given else None
+        nodes = toposort(*roots, stop=stop)
         slot_of = {n.hash: i for i, n in enumerate(nodes)}
         self.nodes = nodes
         self.slot_of = slot_of
         self.float_dtype = float_dtype
-        self.child_slots = [tuple(slot_of[c.hash] for c in n.children) for n in nodes]
-        self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES)
+        given_slots = frozenset(i for i, n in enumerate(nodes) if n.hash in given) if given else frozenset()
+        self.given_slots = given_slots
+        self.child_slots = [tuple(slot_of[c.hash] for c in n.children) for n in nodes] if not given_slots else [
+            () if i in given_slots else tuple(slot_of[c.hash] for c in n.children) for i, n in enumerate(nodes)]
+        self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES or i in given_slots)
         self._skeleton = None
         self._index_ranges = None
         parts = [float_dtype.encode(), b"#"]
         for node, kids in zip(nodes, self.child_slots):
             parts.append(_key_part(node))
             parts.append(b"(" + _pack(kids) + b")")
+        for i in given_slots:
+            parts[2 + 2 * i] = _given_key_part(nodes[i])
         self._body_key = node_hash(b"".join(parts))
         self._set_outputs(roots)
 
@@ -344,7 +166,8 @@ class Program:
 
         Raises ``KeyError`` for a node that is not in the program."""
         other = object.__new__(Program)
-        for name in ("nodes", "slot_of", "child_slots", "arg_slots", "float_dtype", "_body_key", "_index_ranges"):
+        for name in ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "float_dtype", "_body_key",
+                     "_index_ranges"):
             setattr(other, name, getattr(self, name))
         other._skeleton = None
         other._set_outputs(list(roots))
@@ -376,12 +199,13 @@ class Program:
         """Ops built from payloads (raises ``EvaluationError`` before anything runs if a node
         cannot be lowered)."""
         if self._skeleton is None:
-            fdt = self.float_dtype
+            fdt, nodes, args = self.float_dtype, self.nodes, set(self.arg_slots)
             budget = max_alloc_bytes()
-            for n in self.nodes:  # refuse a tensor too large to allocate before tracing anything
-                check_allocation(n.shape, fdt if is_float(n.dtype) else n.dtype,
-                                 n.line, EvaluationError, budget)
-            ops = [None if type(n) in ARGUMENT_TYPES else build_op(n, fdt) for n in self.nodes]
-            scalar_shapes = {i: self.nodes[i].shape for i in self.arg_slots if type(self.nodes[i]) is Scalar}
+            for n in nodes:  # refuse a tensor too large to allocate before tracing anything
+                check_allocation(n.shape, fdt if is_float(n.dtype) else n.dtype, n.line, EvaluationError, budget)
+            ops = [None if i in args else build_op(n, fdt) for i, n in enumerate(nodes)]
+            # a given Scalar's value is already the broadcast one
+            scalar_shapes = {i: nodes[i].shape for i in self.arg_slots
+                             if type(nodes[i]) is Scalar and i not in self.given_slots}
             self._skeleton = Skeleton(ops, self.child_slots, self.arg_slots, scalar_shapes, self.outputs)
         return self._skeleton

@@ -1,15 +1,29 @@
-"""What every evaluation path shares: precision, checking and binding argument values, the
-bounded compile cache and its counters, and resolving nodes given by name.
+"""What every evaluation path shares: precision, checking and binding argument values, the one
+jit policy with the one bounded compile cache and its counters, and resolving nodes given by name.
 
 All checks happen before anything runs: a bad input raises one ``EvaluationError`` that names
 every offending node and says what was expected.
+
+Whether a program is compiled is decided in one place, ``maybe_jit``: ``mode='jit'`` always
+compiles, ``'eager'`` never does, ``'auto'`` compiles programs of up to ``JIT_MAX_OPS`` distinct
+nodes and any program whose compiled function is already cached.  Compiled functions live in
+one cache keyed by the program's name- and value-blind key plus what the caller adds (``'run'``,
+``'vmap'`` and its batch axes, ``'grad'`` and its slots), so every path reuses compiled code for
+patched circuits alike.
 
 >>> import numpy as np
 >>> from circuits import Symbol, Add
 >>> from circuits.backend.program import Program
 >>> x = Symbol((2,), name='x')
->>> bind_arguments(Program([Add(x, x)], 'float32'), {'x': [1, 2]}, 'float32')
+>>> program = Program([Add(x, x)], 'float32')
+>>> args = bind_arguments(program, {'x': [1, 2]}, 'float32')
+>>> args
 [array([1., 2.], dtype=float32)]
+>>> run = maybe_jit((program.key, 'run'), len(program), 'auto', lambda: program.skeleton().run)
+>>> run(args)
+[Array([2., 4.], dtype=float32)]
+>>> is_cached((program.key, 'run'))
+True
 """
 
 from __future__ import annotations
@@ -22,14 +36,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from ..errors import EvaluationError, SelectionError
-from .program import Program
-from ..nodes import Circuit, Scalar, Symbol
 from ..dtypes import FLOAT_DTYPES, is_float
+from ..errors import EvaluationError, SelectionError
+from ..nodes import Circuit, Scalar, Symbol
+from .program import Program
 
 __all__ = [
-    "float_dtype", "precision", "bind_arguments", "cached_function", "count_trace", "cache_stats",
-    "clear_cache", "set_cache_size", "resolve_nodes",
+    "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
+    "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
+    "cache_stats", "clear_cache", "set_cache_size", "resolve_nodes", "as_items", "program_with_also",
+    "package_outputs",
 ]
 
 
@@ -198,20 +214,26 @@ def raise_problems(problems: list, what: str = "cannot evaluate"):
 
 
 def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batched: bool = False,
-                   constants: list | None = None):
+                   constants: list | None = None, given: Mapping | None = None):
     """Argument values in ``program.arg_slots`` order, every one checked before anything runs.
 
     ``batched=True`` accepts a leading batch axis on Symbol values and also returns which
     arguments carry one.  ``constants`` (values of Arrays and Scalars from an earlier call)
-    skips re-reading them.
+    skips re-reading them.  ``given`` (node hash -> value) holds the values of the program's
+    ``given_slots``, taken as they are.
     """
     problems: list[str] = []
     nodes = program.arg_nodes()
-    syms = symbol_values([n for n in nodes if type(n) is Symbol], inputs, problems)
+    given_slots = program.given_slots
+    syms = symbol_values([n for s, n in zip(program.arg_slots, nodes) if type(n) is Symbol and s not in given_slots],
+                         inputs, problems)
     values, axes = [], []
     const_iter = iter(constants) if constants is not None else None
-    for node in nodes:
-        if type(node) is Symbol:
+    for slot, node in zip(program.arg_slots, nodes):
+        if slot in given_slots:
+            values.append(given[node.hash])
+            axes.append(None)
+        elif type(node) is Symbol:
             raw = syms.get(node.hash)
             v, b = (None, False) if raw is None else check_symbol_value(
                 node, raw, fdt, problems, batched=None if batched else False
@@ -234,22 +256,50 @@ def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batche
     return values
 
 
-# ---------------------------------------------------------------------------- compile cache
+# ---------------------------------------------------------------------------- jit policy and compile cache
+MODES = ("auto", "jit", "eager")
+
+# Above this many distinct nodes ``mode='auto'`` runs op by op: XLA's compile time grows with
+# program size (a 50,000-op chain takes ~15 s to compile on CPU, ~0.6 s to run eagerly), and a
+# program already in the compile cache is jitted whatever its size.
+JIT_MAX_OPS = 5000
+
 _cache: "collections.OrderedDict[Any, Callable]" = collections.OrderedDict()
 _cache_lock = threading.Lock()
 _cache_size = 128
 _stats = collections.Counter()
 
 
-def count_trace():
-    """Called from inside every function the cache jits: counts compilations (traces)."""
-    with _cache_lock:
-        _stats["compilations"] += 1
+def check_mode(mode: str) -> str:
+    """The ``mode=`` option, checked."""
+    if mode not in MODES:
+        raise EvaluationError(f"mode={mode!r}: use one of {', '.join(MODES)}")
+    return mode
 
 
-def cached_function(key, make: Callable[[], Callable]) -> Callable:
-    """The function cached under ``key``, made (and cached, evicting the least recently used)
-    on a miss."""
+def use_jit(mode: str, size: int, key) -> bool:
+    """The jit policy: compile a program of ``size`` distinct nodes whose function is cached
+    under ``key``?"""
+    if mode == "auto":
+        return size <= JIT_MAX_OPS or is_cached(key)
+    return mode == "jit"
+
+
+def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable]) -> Callable:
+    """The function ``make()`` builds: jitted and from the compile cache (under ``key``) when
+    the jit policy says so, else as it is (it then runs op by op).
+
+    ``make`` must build a function that holds no node and no tensor (a ``Skeleton``'s ops):
+    the cache outlives the circuit."""
+    if use_jit(mode, size, key):
+        return cached_jit(key, make)
+    return make()
+
+
+def cached_jit(key, make: Callable[[], Callable]) -> Callable:
+    """``jax.jit`` of the function ``make()`` builds, cached under ``key``: made on a miss (the
+    least recently used entry is evicted beyond the cache size), every trace counted as a
+    compilation."""
     with _cache_lock:
         fn = _cache.get(key)
         if fn is not None:
@@ -257,13 +307,24 @@ def cached_function(key, make: Callable[[], Callable]) -> Callable:
             _stats["hits"] += 1
             return fn
         _stats["misses"] += 1
-    fn = make()
+    fn = _counted_jit(make())
     with _cache_lock:
         _cache[key] = fn
         while len(_cache) > _cache_size:
             _cache.popitem(last=False)
             _stats["evictions"] += 1
     return fn
+
+
+def _counted_jit(fn: Callable) -> Callable:
+    import jax
+
+    def traced(*args):
+        with _cache_lock:
+            _stats["compilations"] += 1
+        return fn(*args)
+
+    return jax.jit(traced)
 
 
 def is_cached(key) -> bool:
@@ -312,6 +373,29 @@ def set_cache_size(n: int):
 
 
 # ---------------------------------------------------------------------------- nodes by name
+def as_items(also) -> list:
+    """The ``also=`` (or ``wrt=``) option as a list: one node or name, or a sequence of them."""
+    if also is None:
+        return []
+    return [also] if isinstance(also, (str, Circuit)) else list(also)
+
+
+def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
+    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given."""
+    items = as_items(also)
+    program = Program([circuit], fdt)
+    if items:
+        program = program.with_outputs([circuit, *resolve_nodes(program, items, "also")])
+    return program, items
+
+
+def package_outputs(outs: list, items: list):
+    """The root's value alone, or ``(value, {item: value})`` when ``also=`` named ``items``."""
+    if not items:
+        return outs[0]
+    return outs[0], dict(zip(items, outs[1:]))
+
+
 def resolve_nodes(program: Program, items, what: str) -> list[Circuit]:
     """Nodes of ``program`` named by ``items`` (nodes, or names matching exactly one distinct
     node); raises ``SelectionError`` naming the item otherwise."""

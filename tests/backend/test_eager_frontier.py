@@ -1,0 +1,80 @@
+"""``Eager`` runs the program's ``Skeleton`` over the uncached frontier: a ``Program`` whose walk
+stops at nodes with known values (``given``), those values fed in as arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Scalar, Symbol, evaluate
+from circuits.backend import Eager, cache_stats
+from circuits.backend.program import Program
+
+rng = np.random.default_rng(3)
+XV = rng.standard_normal((2, 3)).astype(np.float32)
+X = Symbol((2, 3), name="x")
+W = Array(rng.standard_normal((3, 3)).astype(np.float32), name="w")
+PRE = Einsum.from_spec("ab,bc->ac", X, W, name="pre")
+ACT = GeneralFunction("tanh", PRE, name="act")
+OUT = Add(ACT, PRE, name="out")
+
+
+def test_a_program_stops_at_given_nodes_and_takes_them_as_arguments():
+    full = Program([OUT], "float32")
+    frontier = Program([OUT], "float32", given={PRE.hash})
+    assert [n.name for n in frontier.nodes] == ["pre", "act", "out"]  # nothing below 'pre'
+    assert frontier.arg_slots == (0,) and frontier.given_slots == frozenset({0})
+    assert frontier.child_slots[0] == ()
+    assert frontier.key != full.key  # a supplied value is not the computation that made it
+    pre = XV @ W.numpy()
+    (out,) = frontier.skeleton().run([pre])
+    np.testing.assert_allclose(out, np.tanh(pre) + pre, rtol=1e-6)
+
+
+def test_observe_sees_every_slot_once_in_order():
+    program = Program([OUT], "float32")
+    seen = []
+    (out,) = program.skeleton().run([XV, W.numpy()], observe=lambda slot, value: seen.append((slot, value.shape)))
+    assert [s for s, _ in seen] == list(range(len(program)))
+    assert all(shape == program.nodes[s].shape for s, shape in seen)
+    np.testing.assert_allclose(out, evaluate(OUT, {"x": XV}), rtol=1e-6)
+
+
+def test_a_cached_broadcast_scalar_is_not_broadcast_again():
+    s = Scalar(2.0, shape=(2, 3), name="two")
+    ev = Eager(inputs={"x": XV})
+    np.testing.assert_array_equal(ev(s), np.full((2, 3), 2.0, np.float32))
+    # 's' is now a given argument of the next frontier: fed as its (2, 3) value
+    np.testing.assert_allclose(ev(Add(X, s)), XV + 2, rtol=1e-6)
+    assert ev.cache_info()["hits"] == 1
+
+
+def test_each_node_is_computed_once_across_requests_and_nothing_compiles():
+    before = cache_stats()["compilations"]
+    ev = Eager(OUT, {"x": XV})
+    np.testing.assert_allclose(ev("pre"), XV @ W.numpy(), rtol=1e-6)
+    assert ev.cache_info()["misses"] == 3  # x, w, pre
+    both = ev.values(["act", OUT])
+    np.testing.assert_allclose(both[1], both[0] + XV @ W.numpy(), rtol=1e-6)
+    info = ev.cache_info()
+    assert info["misses"] == 5 and info["hits"] == 1  # act and out computed over the cached 'pre'
+    assert cache_stats()["compilations"] == before
+
+
+def test_values_evicted_during_a_request_are_still_used_by_it():
+    # room for one value: computing 'act' and 'out' evicts 'pre', which both still need
+    ev = Eager(OUT, {"x": XV}, max_entries=1)
+    ev(PRE)
+    np.testing.assert_allclose(ev(OUT), np.tanh(XV @ W.numpy()) + XV @ W.numpy(), rtol=1e-6)
+    assert ev.cache_info()["entries"] == 1 and ev.cache_info()["hits"] == 1
+
+
+def test_a_symbol_below_the_frontier_need_not_be_bound():
+    ev = Eager(OUT, {"x": XV})
+    ev(PRE)
+    later = Eager(OUT)  # no inputs: 'x' is unbound
+    with pytest.raises(EvaluationError, match="unbound Symbol 'x'"):
+        later(ACT)
+    # with 'pre' cached, 'x' is below the frontier and not needed
+    ev.inputs = {}
+    np.testing.assert_allclose(ev(ACT), np.tanh(XV @ W.numpy()), rtol=1e-6)
