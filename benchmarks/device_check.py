@@ -28,8 +28,7 @@ def main(argv=None):
 
     import circuits as C
     from circuits.models import attn_only, random_weights, tokens_symbol
-    sys.path.insert(0, "tests")
-    from models.numpy_attn_only import forward
+    from tests.models.numpy_attn_only import forward
 
     dev = jax.devices()[0]
     print(f"devices: {jax.devices()}  ({dev.platform}, {dev.device_kind})", flush=True)
