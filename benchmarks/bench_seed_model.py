@@ -12,7 +12,7 @@ import numpy as np
 import circuits as C
 from circuits.models import attn_only, random_weights, tokens_symbol
 
-from .common import interleaved_medians, report
+from .common import agreement_tolerance, interleaved_medians, report
 from .handwritten_attn_only import loss_naive, loss_naive_per_head
 
 
@@ -25,7 +25,7 @@ def main(runs: int = 20, batch: int = 32):
     wj = {k: jax.device_put(v) for k, v in w.items()}
     hand = jax.jit(loss_naive)
     tj = jax.device_put(toks.astype(np.int32))
-    np.testing.assert_allclose(compiled(), np.asarray(hand(wj, tj)), atol=1e-4)
+    np.testing.assert_allclose(compiled(), np.asarray(hand(wj, tj)), rtol=agreement_tolerance(), atol=1e-4)
     single = interleaved_medians(
         {"circuit": lambda: compiled(), "hand": lambda: hand(wj, tj).block_until_ready()}, runs=runs
     )
@@ -44,7 +44,7 @@ def main(runs: int = 20, batch: int = 32):
         return C.evaluate_batched(sym_circuit, {"toks_int_var": batch_toks})
 
     try:
-        np.testing.assert_allclose(run_circuit_batch(), np.asarray(hand_b(wj, tb)), atol=1e-4)
+        np.testing.assert_allclose(run_circuit_batch(), np.asarray(hand_b(wj, tb)), rtol=agreement_tolerance(), atol=1e-4)
         b = interleaved_medians(
             {"circuit": run_circuit_batch, "hand": lambda: hand_b(wj, tb).block_until_ready(),
              "per_head": lambda: hand_ph(wj, tb).block_until_ready()},
