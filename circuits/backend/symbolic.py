@@ -226,7 +226,8 @@ def _blocks(x: np.ndarray, core: int):
 
 def _block_value(node: GeneralFunction, value, out_core) -> np.ndarray:
     """``value`` (a list, an array or one expression) as an object array of shape ``out_core``."""
-    flat = list(np.asarray(value, dtype=object).reshape(-1)) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+    many = isinstance(value, (list, tuple, np.ndarray))
+    flat = list(np.asarray(value, dtype=object).reshape(-1)) if many else [value]
     if len(flat) != math.prod(out_core):
         raise EvaluationError(
             f"{node.line()}: the sympy form of {node.function.name} gave {len(flat)} entries for a "

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from .registry import Bounds, FunctionSpec, drop_last, float_dtype, needs_rank, register, register_elementwise, same_shape
+from .registry import (
+    Bounds, FunctionSpec, drop_last, float_dtype, needs_rank, register, register_elementwise, same_shape,
+)
 
 
 def _jnp():
@@ -70,8 +72,9 @@ def _abs_bounds(x):
 
 
 def _at_least(floor):
-    """Bounds of a function above ``floor`` and below max(x, 0) (relu, gelu, silu)."""
-    return lambda x: (max(x[0], floor), max(x[1], 0.0))
+    """Bounds of a function above ``floor`` and below max(x, 0) (gelu, silu: x times a weight
+    in (0, 1))."""
+    return lambda x: (floor, max(x[1], 0.0))
 
 
 def _sigmoid(v):
@@ -101,7 +104,8 @@ _elementwise("reciprocal", lambda x: 1.0 / x, lambda x: 1 / x,
              Bounds(lambda x: (1 / x[1], 1 / x[0]), arg_positive=True, positive=True))
 _elementwise("sigmoid", lambda x: _jax().nn.sigmoid(x), _sympy_sigmoid,
              Bounds(_monotone(_sigmoid), arg_max=4.0, positive=True))
-_elementwise("relu", lambda x: _jnp().maximum(x, 0), lambda x: _sympy().Max(x, 0), Bounds(_at_least(0.0)))
+_elementwise("relu", lambda x: _jnp().maximum(x, 0), lambda x: _sympy().Max(x, 0),
+             Bounds(lambda x: (max(x[0], 0.0), max(x[1], 0.0))))
 _elementwise("gelu", lambda x: _jax().nn.gelu(x, approximate=False), bounds=Bounds(_at_least(-0.2)),
              description="exact gelu, x * Phi(x)")
 _elementwise("gelu_new", _gelu_new, bounds=Bounds(_at_least(-0.2)), description="tanh-approximated gelu (GPT-2)")
