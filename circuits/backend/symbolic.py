@@ -4,10 +4,10 @@ Every entry of a float Array or Symbol becomes a real sympy symbol (``w[0,1]``);
 same content share their symbols whatever their names, int Arrays keep their values (they are
 gather indices), Scalars become exact rationals of their printed value (``0.00001`` is
 ``1/100000``).  Einsum, Add, Index, Rearrange, Concat and Tag are computed exactly on object
-arrays.  A GeneralFunction is interpreted where its meaning is known — elementwise functions by
-their registered ``FunctionSpec.sympy``, the last-axis functions (softmax, log_softmax,
-logsumexp, mean, max, min, last_dim_size) by their definitions, the gen_index family by
-gathering — and is otherwise an uninterpreted sympy Function of the entries it reads.  Pass
+arrays.  A GeneralFunction is interpreted where its meaning is known — by its registered
+``FunctionSpec.sympy`` (entry by entry for elementwise functions, block by block for functions
+on the last axes: softmax, logsumexp...), the gen_index family by gathering — and is otherwise
+an uninterpreted sympy Function of the entries it reads.  Pass
 ``interpret=False`` to keep every function but gen_index uninterpreted (then only equalities
 that hold for *any* function are proved).
 
@@ -29,6 +29,7 @@ x[0]*y[0] + x[1]*y[1]
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -216,28 +217,26 @@ def _rearrange(node: Rearrange, args):
     return np.array(x, dtype=object).reshape(node.shape)
 
 
-def _rows(x: np.ndarray, core: int):
-    """Iterate (leading position, flattened core entries) over an object array."""
+def _blocks(x: np.ndarray, core: int):
+    """Iterate (leading position, block of the last ``core`` axes) over an object array."""
     lead = x.shape[: x.ndim - core]
     for pos in itertools.product(*[range(n) for n in lead]):
-        yield pos, list(np.asarray(x[pos]).reshape(-1))
+        yield pos, np.asarray(x[pos], dtype=object)
 
 
-def _logsumexp(row):
-    sp = _sympy()
-    return sp.log(sp.Add(*[sp.exp(v) for v in row]))
-
-
-# Last-axis functions by definition: (row of entries) -> list of outputs (or one value).
-_ROW_DEFINITIONS = {
-    "softmax": lambda row: [_sympy().exp(v) / _sympy().Add(*[_sympy().exp(u) for u in row]) for v in row],
-    "log_softmax": lambda row: [v - _logsumexp(row) for v in row],
-    "logsumexp": _logsumexp,
-    "mean": lambda row: _sympy().Add(*row) / len(row),
-    "max": lambda row: _sympy().Max(*row),
-    "min": lambda row: _sympy().Min(*row),
-    "last_dim_size": lambda row: _sympy().Integer(len(row)),
-}
+def _block_value(node: GeneralFunction, value, out_core) -> np.ndarray:
+    """``value`` (a list, an array or one expression) as an object array of shape ``out_core``."""
+    many = isinstance(value, (list, tuple, np.ndarray))
+    flat = list(np.asarray(value, dtype=object).reshape(-1)) if many else [value]
+    if len(flat) != math.prod(out_core):
+        raise EvaluationError(
+            f"{node.line()}: the sympy form of {node.function.name} gave {len(flat)} entries for a "
+            f"block of the result of shape {list(out_core)}; FunctionSpec.sympy must give one "
+            "expression per entry of the result's last core_ndim axes"
+        )
+    out = np.empty(len(flat), dtype=object)
+    out[:] = flat
+    return out.reshape(out_core)
 
 
 def _gen_index(node: GeneralFunction, g: GenIndex, args):
@@ -278,7 +277,7 @@ def _gen_index(node: GeneralFunction, g: GenIndex, args):
 def _function(node: GeneralFunction, args, interpret: bool):
     sp = _sympy()
     spec = node.function
-    g = GenIndex.parse(spec.name)
+    g = spec.gather
     if g is not None:
         return _gen_index(node, g, args)
     out = np.empty(node.shape, dtype=object)
@@ -291,23 +290,21 @@ def _function(node: GeneralFunction, args, interpret: bool):
         return out
     if len(args) == 1 and spec.core_ndim is not None and spec.core_ndim <= args[0].ndim:
         core = spec.core_ndim
-        definition = _ROW_DEFINITIONS.get(spec.name) if interpret else None
+        definition = spec.sympy if interpret else None
         f = sp.Function(spec.name)
         out_core = node.shape[args[0].ndim - core:]
-        for pos, row in _rows(args[0], core):
-            if definition is not None and core == 1:
-                value = definition(row)
+        for pos, block in _blocks(args[0], core):
+            if definition is not None:
+                value = _block_value(node, definition(block), out_core)
             else:
-                value = [f(*[sp.Integer(i) for i in p], *row)
+                entries = block.reshape(-1)
+                value = [f(*[sp.Integer(i) for i in p], *entries)
                          for p in itertools.product(*[range(k) for k in out_core])]
-                if not out_core:
-                    value = value[0]
+                value = _block_value(node, value, out_core)
             if out_core:
-                sub = np.empty(len(value), dtype=object)
-                sub[:] = value
-                out[pos] = sub.reshape(out_core)
-            else:
                 out[pos] = value
+            else:
+                out[pos] = value[()]
         return out
     # Anything else: every output entry an unknown function of its position and all the inputs.
     f = sp.Function(spec.name)

@@ -32,7 +32,6 @@ from ..errors import CircuitError, ShapeError
 from ..nodes import Array, Circuit
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..traversal import replace, toposort
-from ..functions import GenIndex
 from ..shapes import check_allocation
 
 # Node types whose values are a selection or copy of their children's values, so an int index
@@ -163,7 +162,7 @@ def gather_index_ranges(nodes) -> dict:
     for node in reversed(nodes):  # parents before children
         spec = getattr(node, "function", None)
         if spec is not None and spec.index_arg is not None and len(node.children) == 2:
-            g = GenIndex.parse(spec.name)
+            g = spec.gather
             if g is not None:
                 x, idx = node.children
                 lo, hi = g.valid_range(x.shape[g.axis(len(x.shape), len(idx.shape))])
@@ -181,7 +180,7 @@ def _gathered_size(node, spec) -> int:
     gen_index family, which is in range whichever axis it is)."""
     data = [c for i, c in enumerate(node.children) if i != spec.index_arg]
     index = node.children[spec.index_arg]
-    g = GenIndex.parse(spec.name)
+    g = spec.gather
     if g is not None and data:
         x_ndim, i_ndim = len(data[0].shape), len(index.shape)
         axis = g.axis(x_ndim, i_ndim)

@@ -24,7 +24,7 @@ def _check_known_indices(spec, children, name):
     """A gather whose index is an Array with values: every value must select an entry (an
     out-of-range index would silently give NaN, e.g. a token id >= the vocabulary size).
     Indices known only at evaluation (Symbols) are checked when bound."""
-    g = _functions.GenIndex.parse(spec.name)
+    g = spec.gather
     if g is None or len(children) != 2:
         return
     x, idx = children

@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 from hypothesis import strategies as st
 
-from ..functions import GenIndex, gen_index_name, lookup
+from ..errors import ShapeError
+from ..functions import GenIndex, lookup
 from ..shapes import broadcast_shapes
 from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..traversal import toposort
@@ -72,47 +73,32 @@ def _hull(ivs):
     return min(i[0] for i in ivs), max(i[1] for i in ivs)
 
 
-def _sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x))
+def _function_kind(spec) -> str | None:
+    """How a function is drawn, read off its spec: ``'unary'`` (elementwise, one argument),
+    ``'binary'`` (elementwise, two broadcasting arguments), ``'rows'`` (on the last axis, same
+    shape: softmax), ``'reduction'`` (drops the last axis: logsumexp), or None (not drawable)."""
+    if spec.elementwise and spec.num_args == (1, 1):
+        return "unary"
+    if spec.bounds is None:
+        return None
+    if spec.elementwise and spec.num_args == (2, 2):
+        return "binary"
+    if spec.core_ndim == 1 and spec.num_args == (1, 1):
+        probe = (2, 3)
+        try:
+            out = tuple(spec.shape_rule([probe]))
+        except ShapeError:
+            return None
+        if out == probe:
+            return "rows"
+        if out == probe[:-1]:
+            return "reduction"
+    return None
 
 
-def _abs_iv(lo, hi):
-    if lo <= 0 <= hi:
-        return 0.0, max(-lo, hi)
-    return min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
-
-
-# Unary elementwise functions: name -> (child need given the parent's need, value interval).
-def _same(need):
-    return need
-
-
-def _unary_table():
-    def child(max_mag=MAGNITUDE_CAP, positive=False):
-        return lambda need: Need(positive, max_mag)
-
-    return {
-        "exp": (child(4.0), lambda lo, hi: (math.exp(lo), math.exp(hi))),
-        "log": (child(positive=True), lambda lo, hi: (math.log(lo), math.log(hi))),
-        "sin": (child(), lambda lo, hi: (-1.0, 1.0)),
-        "cos": (child(), lambda lo, hi: (-1.0, 1.0)),
-        "tanh": (child(), lambda lo, hi: (math.tanh(lo), math.tanh(hi))),
-        "sqrt": (child(positive=True), lambda lo, hi: (math.sqrt(lo), math.sqrt(hi))),
-        "rsqrt": (child(positive=True), lambda lo, hi: (1 / math.sqrt(hi), 1 / math.sqrt(lo))),
-        "reciprocal": (child(positive=True), lambda lo, hi: (1 / hi, 1 / lo)),
-        "abs": (child(), _abs_iv),
-        "sigmoid": (child(4.0), lambda lo, hi: (_sigmoid(lo), _sigmoid(hi))),
-        "relu": (child(), lambda lo, hi: (max(lo, 0.0), max(hi, 0.0))),
-        "gelu": (child(), lambda lo, hi: (max(lo, -0.2), max(hi, 0.0))),
-        "gelu_new": (child(), lambda lo, hi: (max(lo, -0.2), max(hi, 0.0))),
-        "silu": (child(), lambda lo, hi: (max(lo, -0.3), max(hi, 0.0))),
-        "square": (child(50.0), lambda lo, hi: tuple(x * x for x in _abs_iv(lo, hi))),
-    }
-
-
-_UNARY = _unary_table()
-_LAST_AXIS = ("softmax", "log_softmax")
-_REDUCTIONS = ("logsumexp", "max", "min", "mean", "last_dim_size")
+def _can_be_positive(spec) -> bool:
+    b = spec.bounds
+    return b is not None and (b.positive or b.keeps_positive)
 
 
 class Builder:
@@ -124,25 +110,26 @@ class Builder:
         self.height: dict = {}  # node -> longest path down to a leaf
         self.budget = opts.max_nodes
         self.can_be_positive = Array in self.types or Scalar in self.types
-        fns = set(opts.functions)
-        if not self.can_be_positive:
-            # Nothing could give these the positive arguments they need.
-            fns -= {"log", "sqrt", "rsqrt", "reciprocal", "pow"}
-        self.unary = [f for f in _UNARY if f in fns]
-        # In the order given (not set order), so that examples replay across processes.
-        self.custom = [f for f in dict.fromkeys(opts.functions) if f in fns and f not in _UNARY
-                       and f not in _LAST_AXIS + _REDUCTIONS and f not in ("pow", "gen_index")]
-        for f in self.custom:
+        # name -> (spec, kind), in the order given (not set order): examples replay across processes.
+        self.functions = {}
+        for f in dict.fromkeys(opts.functions):
+            if f == "gen_index":
+                continue
             spec = lookup(f)
-            if not (spec.elementwise and spec.num_args == (1, 1)):
+            kind = _function_kind(spec)
+            if kind is None:
                 from hypothesis.errors import InvalidArgument
 
-                raise InvalidArgument(f"function {f!r}: only elementwise one-argument user functions "
-                                      "can be drawn")
-        self.last_axis = [f for f in _LAST_AXIS if f in fns]
-        self.reductions = [f for f in _REDUCTIONS if f in fns]
-        self.pow = "pow" in fns and self.can_be_positive
-        self.gather = "gen_index" in fns
+                raise InvalidArgument(
+                    f"function {f!r} cannot be drawn: only elementwise functions and functions on the "
+                    "last axis (core_ndim=1) of one argument can, and all but elementwise ones of one "
+                    "argument must declare bounds on their values (FunctionSpec.bounds)")
+            b = spec.bounds
+            if (not self.can_be_positive and b is not None
+                    and any(b.arg(i)[0] for i in range(spec.num_args[0]))):
+                continue  # nothing could give it the positive arguments it needs
+            self.functions[f] = (spec, kind)
+        self.gather = "gen_index" in opts.functions
 
     # ------------------------------------------------------------------ entry
     def build(self, shape, depth, need=ANY, root_types=None):
@@ -276,58 +263,50 @@ class Builder:
 
     def make_generalfunction(self, shape, depth, need):
         draw = self.draw
-        choices = list(self.unary) + list(self.custom)
-        if shape:
-            choices += self.last_axis
-        choices += self.reductions
-        if self.pow:
-            choices.append("pow")
+        choices = [f for f, (_, kind) in self.functions.items() if shape or kind != "rows"]
+        if need.positive:
+            choices = [f for f in choices if _can_be_positive(self.functions[f][0])]
         if self.gather:
             choices.append("gen_index")
-        if need.positive:
-            choices = [c for c in choices if c not in ("sin", "cos", "tanh", "abs", "relu", "gelu",
-                                                       "gelu_new", "silu", "square", "log",
-                                                       "log_softmax")]
         if not choices:
             return None
         f = draw(st.sampled_from(choices))
-        if f in _UNARY:
-            child_need, rule = _UNARY[f]
-            x, civ = self.build(shape, depth, child_need(need))
-            return GeneralFunction(f, x, name=self.name()), rule(*civ)
-        if f in self.custom:
-            x, civ = self.build(shape, depth, Need(False, 4.0))
+        if f == "gen_index":
+            return self.make_gather(shape, depth, need)
+        spec, kind = self.functions[f]
+        b = spec.bounds
+        if b is None:  # an elementwise function that says nothing about its values
+            x, _ = self.build(shape, depth, Need(False, 4.0))
             return GeneralFunction(f, x, name=self.name()), (-MAGNITUDE_CAP / 10, MAGNITUDE_CAP / 10)
-        if f in _LAST_AXIS:
-            x, (lo, hi) = self.build(shape, depth, Need(False, 2.0 if need.positive else 20.0))
-            n = shape[-1]
-            if f == "softmax":
-                iv = (math.exp(lo - hi) / n, 1.0)
-            else:
-                iv = (lo - hi - math.log(n), 0.0)
-            return GeneralFunction(f, x, name=self.name()), iv
-        if f in _REDUCTIONS:
-            k = draw(st.integers(1, 3))
-            passthrough = f in ("max", "min", "mean")
-            child_need = Need(need.positive) if passthrough else Need(False, 20.0)
-            x, (lo, hi) = self.build(shape + (k,), depth, child_need)
-            if f == "logsumexp":
-                iv = (lo + math.log(k), hi + math.log(k))
-            elif f == "last_dim_size":
-                iv = (float(k), float(k))
-            else:
-                iv = (lo, hi)
-            return GeneralFunction(f, x, name=self.name()), iv
-        if f == "pow":
+
+        def arg_need(i):
+            positive, max_mag = b.arg(i)
+            max_mag = MAGNITUDE_CAP if max_mag is None else max_mag
+            if need.positive and not positive:
+                if b.keeps_positive:
+                    positive = True
+                else:
+                    # Small arguments keep a positive result (softmax's smallest entry, exp's)
+                    # away from 0.
+                    max_mag = min(max_mag, 2.0)
+            return Need(positive, max_mag)
+
+        if kind == "binary":
             drop = draw(st.integers(0, len(shape)))
-            base_shape, exp_shape = shape, shape[drop:]
+            shapes = [shape, shape[drop:]]
             if draw(st.booleans()):
-                base_shape, exp_shape = exp_shape, base_shape
-            base, biv = self.build(base_shape, depth, Need(True, 10.0))
-            expo, eiv = self.build(exp_shape, depth, Need(False, 2.0))
-            corners = [b ** e for b in biv for e in eiv]
-            return GeneralFunction("pow", base, expo, name=self.name()), (min(corners), max(corners))
-        return self.make_gather(shape, depth, need)
+                shapes.reverse()
+            built = [self.build(s, depth, arg_need(i)) for i, s in enumerate(shapes)]
+            iv = b.image(*(civ for _, civ in built))
+            return GeneralFunction(f, *(x for x, _ in built), name=self.name()), iv
+        if kind == "reduction":
+            n = draw(st.integers(1, 3))
+            x, civ = self.build(shape + (n,), depth, arg_need(0))
+        else:
+            x, civ = self.build(shape, depth, arg_need(0))
+            n = shape[-1] if kind == "rows" else None
+        iv = b.image(civ) if n is None else b.image(civ, n=n)
+        return GeneralFunction(f, x, name=self.name()), iv
 
     def make_gather(self, shape, depth, need):
         draw = self.draw
@@ -341,7 +320,7 @@ class Builder:
             ax = draw(st.integers(0, len(rest)))
             x_shape = rest[:ax] + (m,) + rest[ax:]
             d = ax if draw(st.booleans()) else ax - len(x_shape)
-            fname = gen_index_name(d, False, checked)
+            fname = GenIndex(d, False, True, checked).name
         elif layout == "at":
             # _no_batch_index: out = x[:ax] + idx.shape + x[ax+1:]
             ax = draw(st.integers(0, len(shape)))
@@ -349,7 +328,7 @@ class Builder:
             x_shape = shape[:ax] + (m,) + shape[ax + r:]
             idx_shape = shape[ax:ax + r]
             d = ax if draw(st.booleans()) else ax - len(x_shape)
-            fname = gen_index_name(d, False, checked, batch_index=False)
+            fname = GenIndex(d, False, False, checked).name
         else:
             # batched: x[:r] == idx.shape, out = x without axis ax (ax >= r)
             r = draw(st.integers(0, len(shape)))
@@ -357,7 +336,7 @@ class Builder:
             x_shape = shape[:ax] + (m,) + shape[ax:]
             idx_shape = shape[:r]
             d = ax - r if draw(st.booleans()) else ax - len(x_shape)
-            fname = gen_index_name(d, True, checked)
+            fname = GenIndex(d, True, True, checked).name
         if math.prod(x_shape) > _MAX_ELEMENTS:
             return None
         x, iv = self.build(x_shape, depth, Need(need.positive))
@@ -478,5 +457,5 @@ def int_symbol_ranges(circuit) -> dict:
 
 
 def _gather_axis_sizes(node, x, idx):
-    g = GenIndex.parse(node.function.name)
+    g = node.function.gather
     return [x.shape[g.axis(x.ndim, idx.ndim)]]

@@ -447,8 +447,10 @@ def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=
       Symbol included — use ``circuits_with_inputs`` (or ``inputs_for``) to evaluate, or
       ``types=CLOSED_TYPES`` for circuits without free inputs.
     - ``functions``: GeneralFunction names to draw from (default ``DEFAULT_FUNCTIONS``;
-      ``'gen_index'`` stands for the gen_index family).  Other registered functions must be
-      elementwise; they get children within ``±4``.
+      ``'gen_index'`` stands for the gen_index family).  A function is drawn as its spec says:
+      elementwise or on the last axis (``core_ndim=1``), its arguments and value kept within its
+      ``FunctionSpec.bounds``; an elementwise one-argument function without bounds gets
+      children within ``±4``.
     - ``max_nodes`` bounds (about) how many distinct nodes are built; ``max_depth`` the depth.
     - ``names``: a strategy for names, or a pool (sequence) of names to draw from.
     - ``dtype``: float dtype of Arrays and float Symbols.

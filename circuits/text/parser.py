@@ -228,7 +228,7 @@ def _childless(parent, number, line):
 
 
 def _function(record, cache):
-    from ..functions import lookup
+    from ..functions import family_grammars, lookup
 
     name = record.payload
     if name is None:
@@ -240,7 +240,7 @@ def _function(record, cache):
         except CircuitError:  # not registered, and no family's name
             raise record.error(f"unknown GeneralFunction {name!r}",
                                "a registered function name (circuits.functions.registered_names()) or "
-                               "gen_index_at_<d>[_batch_x][_no_batch_index][_c]",
+                               + " or ".join(family_grammars()),
                                record.payload_column + 1) from None
         cache[name] = spec
     return spec

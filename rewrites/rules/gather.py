@@ -19,7 +19,7 @@ part of ``simp``; ``rewrites.optimize`` runs them (never into a node that other 
 from __future__ import annotations
 
 from circuits.errors import CircuitError
-from circuits.functions import gen_index_name
+from circuits.functions import GenIndex
 from circuits.nodes import Add, Einsum, GeneralFunction, Rearrange, Scalar
 
 from ..engine import rule
@@ -27,12 +27,6 @@ from ._common import same_type, sole_holder
 from .index import gen_index_parts
 
 __all__ = ["gather_of_log_softmax", "push_gather_through_function", "push_gather_through_einsum", "RULES"]
-
-# Functions f with f(NaN ...) = NaN: a checked gather's out-of-range NaN survives the swap.
-_NAN_PROPAGATING = frozenset((
-    "exp", "log", "sin", "cos", "tanh", "sqrt", "abs", "rsqrt", "reciprocal", "sigmoid", "relu",
-    "gelu", "gelu_new", "silu", "square", "softmax", "log_softmax", "logsumexp", "max", "min", "mean",
-))
 
 
 @rule(on=GeneralFunction, example=(
@@ -89,16 +83,15 @@ def push_gather_through_function(node):
     core = 0 if spec.elementwise else spec.core_ndim
     if core is None or gen_index_parts(f) is not None:
         return None
-    if g.checked and spec.name not in _NAN_PROPAGATING:
-        return None
+    if g.checked and not spec.propagates_nan:
+        return None  # the checked gather's out-of-range NaN must survive the swap
     (z,) = f.children
     leading = len(z.shape) - core
     if ax >= leading or len(f.shape) < leading:
         return None
     # The gathered axis keeps its position counted from the front; counted from the back it
     # moves with the difference between the ranks of z and f(z).
-    new_d = g.d if g.d >= 0 else ax - len(z.shape)
-    out = GeneralFunction(spec, GeneralFunction(gen_index_name(new_d, g.batch_x, g.checked, g.batch_index), z, idx))
+    out = GeneralFunction(spec, GeneralFunction(g.moved(ax, len(z.shape), len(idx.shape)).name, z, idx))
     return same_type(node, out)
 
 
@@ -133,7 +126,7 @@ def push_gather_through_einsum(node):
         fresh = max((a for t in z.in_axes for a in t), default=-1) + 1
         idx_ids = tuple(range(fresh, fresh + len(idx.shape)))
     # The index's axes replace the operand's axis where it is (the plain form at p = 0).
-    gathered = GeneralFunction(gen_index_name(p, False, g.checked, batch_index=p == 0), z.children[h], idx)
+    gathered = GeneralFunction(GenIndex(p, False, p == 0, g.checked).name, z.children[h], idx)
     in_axes = z.in_axes[:h] + (axes[:p] + idx_ids + axes[p + 1:],) + z.in_axes[h + 1:]
     if batch:
         out_axes = z.out_axes[:ax] + z.out_axes[ax + 1:]

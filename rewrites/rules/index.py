@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from circuits.functions import GenIndex, gen_index_name
 from circuits.nodes import Add, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
 
 from ..engine import rule
@@ -346,7 +345,7 @@ def gen_index_parts(node):
     its name means, ``axis`` the gathered axis of ``x``; else None."""
     if not isinstance(node, GeneralFunction):
         return None
-    g = GenIndex.parse(node.function.name)
+    g = node.function.gather
     if g is None:
         return None
     x, idx = node.children
@@ -392,12 +391,7 @@ def push_index_through_gen_index(node):
     ints = lambda es: sum(isinstance(e, int) for e in es)  # noqa: E731
     new_xn, new_q = xn - ints(x_entries), q - ints(i_entries)
     new_ax = ax - ints(x_entries[:ax])
-    if gi.d < 0:
-        new_d = new_ax - new_xn
-    else:
-        new_d = new_ax - new_q if gi.layout == "batch" else new_ax
-    return GeneralFunction(gen_index_name(new_d, gi.batch_x, gi.checked, gi.batch_index),
-                           make_index(x, x_entries), make_index(idx, i_entries))
+    return GeneralFunction(gi.moved(new_ax, new_xn, new_q).name, make_index(x, x_entries), make_index(idx, i_entries))
 
 
 PUSH_RULES = [

@@ -1,0 +1,203 @@
+"""The built-in functions, each registered with everything known about it: lowering, shape rule,
+sympy form, NaN propagation and value bounds.
+
+>>> from circuits.functions import lookup
+>>> spec = lookup('log_softmax')
+>>> spec.core_ndim, spec.propagates_nan, spec.sympy([0, 0])
+(1, True, [-log(2), -log(2)])
+"""
+
+from __future__ import annotations
+
+import math
+
+from .registry import (
+    Bounds, FunctionSpec, drop_last, float_dtype, needs_rank, register, register_elementwise, same_shape,
+)
+
+
+def _jnp():
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def _jax():
+    import jax
+
+    return jax
+
+
+def _sympy():
+    import sympy
+
+    return sympy
+
+
+def _sym(name):
+    def f(*args):
+        return getattr(_sympy(), name)(*args)
+
+    return f
+
+
+def _gelu_new(x):
+    jnp = _jnp()
+    return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _sympy_sigmoid(x):
+    return 1 / (1 + _sympy().exp(-x))
+
+
+def _sympy_rsqrt(x):
+    return 1 / _sympy().sqrt(x)
+
+
+# ---------------------------------------------------------------------------- bounds
+def _monotone(f):
+    """Bounds of an increasing function."""
+    return lambda x: (f(x[0]), f(x[1]))
+
+
+def _constant(lo, hi):
+    return lambda x: (lo, hi)
+
+
+def _abs_bounds(x):
+    lo, hi = x
+    if lo <= 0 <= hi:
+        return 0.0, max(-lo, hi)
+    return min(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+
+
+def _at_least(floor):
+    """Bounds of a function above ``floor`` and below max(x, 0) (gelu, silu: x times a weight
+    in (0, 1))."""
+    return lambda x: (floor, max(x[1], 0.0))
+
+
+def _sigmoid(v):
+    return 1.0 / (1.0 + math.exp(-v))
+
+
+def _pow_bounds(base, exponent):
+    corners = [b ** e for b in base for e in exponent]
+    return min(corners), max(corners)
+
+
+def _elementwise(name, jax_fn, sympy=None, bounds=None, *, propagates_nan=True, **kw):
+    register_elementwise(name, jax_fn, sympy=sympy, bounds=bounds, propagates_nan=propagates_nan, **kw)
+
+
+_elementwise("exp", lambda x: _jnp().exp(x), _sym("exp"), Bounds(_monotone(math.exp), arg_max=4.0, positive=True))
+_elementwise("log", lambda x: _jnp().log(x), _sym("log"), Bounds(_monotone(math.log), arg_positive=True))
+_elementwise("sin", lambda x: _jnp().sin(x), _sym("sin"), Bounds(_constant(-1.0, 1.0)))
+_elementwise("cos", lambda x: _jnp().cos(x), _sym("cos"), Bounds(_constant(-1.0, 1.0)))
+_elementwise("tanh", lambda x: _jnp().tanh(x), _sym("tanh"), Bounds(_monotone(math.tanh)))
+_elementwise("sqrt", lambda x: _jnp().sqrt(x), _sym("sqrt"),
+             Bounds(_monotone(math.sqrt), arg_positive=True, positive=True))
+_elementwise("abs", lambda x: _jnp().abs(x), _sym("Abs"), Bounds(_abs_bounds))
+_elementwise("rsqrt", lambda x: _jax().lax.rsqrt(x), _sympy_rsqrt,
+             Bounds(lambda x: (1 / math.sqrt(x[1]), 1 / math.sqrt(x[0])), arg_positive=True, positive=True))
+_elementwise("reciprocal", lambda x: 1.0 / x, lambda x: 1 / x,
+             Bounds(lambda x: (1 / x[1], 1 / x[0]), arg_positive=True, positive=True))
+_elementwise("sigmoid", lambda x: _jax().nn.sigmoid(x), _sympy_sigmoid,
+             Bounds(_monotone(_sigmoid), arg_max=4.0, positive=True))
+_elementwise("relu", lambda x: _jnp().maximum(x, 0), lambda x: _sympy().Max(x, 0),
+             Bounds(lambda x: (max(x[0], 0.0), max(x[1], 0.0))))
+_elementwise("gelu", lambda x: _jax().nn.gelu(x, approximate=False), bounds=Bounds(_at_least(-0.2)),
+             description="exact gelu, x * Phi(x)")
+_elementwise("gelu_new", _gelu_new, bounds=Bounds(_at_least(-0.2)), description="tanh-approximated gelu (GPT-2)")
+_elementwise("silu", lambda x: _jax().nn.silu(x), lambda x: x * _sympy_sigmoid(x), Bounds(_at_least(-0.3)))
+_elementwise("square", lambda x: x * x, lambda x: x**2,
+             Bounds(lambda x: tuple(v * v for v in _abs_bounds(x)), arg_max=50.0))
+# nan ** 0 = 1: pow does not propagate NaN.
+_elementwise("pow", lambda x, y: _jnp().power(x, y), lambda x, y: x**y,
+             Bounds(_pow_bounds, arg_max=(10.0, 2.0), arg_positive=(True, False), positive=True),
+             num_args=2, propagates_nan=False, description="x ** y, broadcasting")
+
+
+# ---------------------------------------------------------------------------- last-axis functions
+def _last_axis(name, jax_fn, shape_rule, description, sympy, bounds, dtype_rule=float_dtype,
+               propagates_nan=True):
+    register(
+        FunctionSpec(
+            name=name, shape_rule=needs_rank(1, shape_rule), jax=jax_fn, core_ndim=1,
+            dtype_rule=dtype_rule, sympy=sympy, propagates_nan=propagates_nan, bounds=bounds,
+            description=description,
+        )
+    )
+
+
+def _shifted_last_axis(x):
+    """x - max(x) over the last axis (max held constant for gradients), with lax primitives:
+    jax.nn.softmax computes the same but costs ~1 ms to trace (custom_jvp, nested jit), which
+    dominates tracing a large circuit."""
+    jax = _jax()
+    lax = jax.lax
+    if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+        x = lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(float))
+    last = x.ndim - 1
+    peak = lax.stop_gradient(lax.reduce_max(x, (last,)))
+    return lax.sub(x, lax.broadcast_in_dim(peak, x.shape, tuple(range(last)))), last
+
+
+def _softmax(x):
+    lax = _jax().lax
+    shifted, last = _shifted_last_axis(x)
+    e = lax.exp(shifted)
+    return lax.div(e, lax.broadcast_in_dim(lax.reduce_sum(e, (last,)), e.shape, tuple(range(last))))
+
+
+def _log_softmax(x):
+    lax = _jax().lax
+    shifted, last = _shifted_last_axis(x)
+    total = lax.log(lax.reduce_sum(lax.exp(shifted), (last,)))
+    return lax.sub(shifted, lax.broadcast_in_dim(total, shifted.shape, tuple(range(last))))
+
+
+def _last_dim_size(x):
+    jnp = _jnp()
+    dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+    return jnp.full(x.shape[:-1], x.shape[-1], dtype=dtype)
+
+
+# Exact forms of one row (the entries along the last axis).
+def _sympy_softmax(row):
+    sp = _sympy()
+    total = sp.Add(*[sp.exp(u) for u in row])
+    return [sp.exp(v) / total for v in row]
+
+
+def _sympy_logsumexp(row):
+    sp = _sympy()
+    return sp.log(sp.Add(*[sp.exp(v) for v in row]))
+
+
+def _sympy_log_softmax(row):
+    total = _sympy_logsumexp(row)
+    return [v - total for v in row]
+
+
+def _identity(x, n):
+    return x
+
+
+_last_axis("softmax", _softmax, same_shape, "softmax over the last axis", _sympy_softmax,
+           Bounds(lambda x, n: (math.exp(x[0] - x[1]) / n, 1.0), arg_max=20.0, positive=True))
+_last_axis("log_softmax", _log_softmax, same_shape, "log_softmax over the last axis", _sympy_log_softmax,
+           Bounds(lambda x, n: (x[0] - x[1] - math.log(n), 0.0), arg_max=20.0))
+_last_axis("logsumexp", lambda x: _jax().nn.logsumexp(x, axis=-1), drop_last,
+           "log(sum(exp(x))) over the last axis (drops it)", _sympy_logsumexp,
+           Bounds(lambda x, n: (x[0] + math.log(n), x[1] + math.log(n)), arg_max=20.0))
+_last_axis("max", lambda x: _jnp().max(x, axis=-1), drop_last, "max over the last axis (drops it)",
+           lambda row: _sympy().Max(*row), Bounds(_identity, keeps_positive=True), dtype_rule=lambda d: d[0])
+_last_axis("min", lambda x: _jnp().min(x, axis=-1), drop_last, "min over the last axis (drops it)",
+           lambda row: _sympy().Min(*row), Bounds(_identity, keeps_positive=True), dtype_rule=lambda d: d[0])
+_last_axis("mean", lambda x: _jnp().mean(x, axis=-1), drop_last, "mean over the last axis (drops it)",
+           lambda row: _sympy().Add(*row) / len(row), Bounds(_identity, keeps_positive=True))
+_last_axis("last_dim_size", _last_dim_size, drop_last,
+           "the length of the last axis, broadcast over the others (drops it)",
+           lambda row: _sympy().Integer(len(row)),
+           Bounds(lambda x, n: (float(n), float(n)), arg_max=20.0, positive=True), propagates_nan=False)
