@@ -1,6 +1,8 @@
 """The identity recipes of ``circuits.hashing`` are the ones nodes, ``structure_hash``, ``check``
 and compiled programs use, and every byte of their input counts."""
 
+import uuid
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -118,6 +120,13 @@ def test_a_name_cannot_pass_for_shape_entries():
     assert named is not unnamed and named != unnamed
     assert named.shape == (2,) and named.name == "ab" + "\0" * 6
     check(C.Add(named, named))
+
+
+def test_a_symbols_uuid_cannot_pass_for_shape_entries():
+    # A uuid's 16 bytes read as two shape entries: Symbol((2,), uuid=u) came back as Symbol((5, 7, 2)).
+    u = uuid.UUID(bytes=(5).to_bytes(8, "little") + (7).to_bytes(8, "little"))
+    plain, with_uuid = C.Symbol((5, 7, 2)), C.Symbol((2,), uuid=u)
+    assert with_uuid is not plain and with_uuid.shape == (2,) and with_uuid.uuid == u
 
 
 def test_check_accepts_every_name_a_node_accepts():
