@@ -10,8 +10,8 @@ through the very function that made its hash, so the recipes cannot drift apart.
 recipe                        goes in                                   left out, and why
 ============================  ========================================  ======================================
 ``content_hash`` (tensor)     dtype, shape, C-ordered bytes             byte order (equal values hash equal)
-``node_hash`` (identity)      type, payload, children's node hashes     nothing a computation or the text
-                              in order, name                            format can see
+``node_hash`` (identity)      type, payload, children's node hashes     nothing that a computation or the
+                              in order, name                            printed text can see
 ``structure_hash``            type, structure payload, children's       names (to compare structure, sort
                               structure hashes in order                 canonically), an Array's having a value
 ``program_key`` (compiled     float dtype, per slot: op type and        names, argument values (Array
