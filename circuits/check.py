@@ -9,7 +9,7 @@ True
 from __future__ import annotations
 
 from circuits.errors import CircuitError
-from circuits.hashing import node_hash
+from circuits.hashing import node_hash, structure_hash
 from circuits.nodes import Array, Circuit, Scalar
 from circuits.dtypes import DTYPES
 from circuits.traversal import toposort
@@ -20,7 +20,8 @@ _SENTINEL_NAME = "\0check"
 
 def _problems(node: Circuit) -> list[str]:
     out = []
-    if node.name is not None and not isinstance(node.name, str):
+    name_ok = node.name is None or isinstance(node.name, str)
+    if not name_ok:
         out.append(f"name {node.name!r} is not a str")
     if type(node.children) is not tuple or not all(isinstance(c, Circuit) for c in node.children):
         out.append("children are not a tuple of nodes")
@@ -29,11 +30,14 @@ def _problems(node: Circuit) -> list[str]:
         out.append(f"shape {node.shape!r} is not a tuple of non-negative ints")
     if node.dtype not in DTYPES:
         out.append(f"dtype {node.dtype!r} is not one of {DTYPES}")
-    parts = [node.type_name.encode(), b"\0", node._payload_bytes(), b"\0",
-             len(node.children).to_bytes(4, "little"), *[c.hash for c in node.children],
-             b"\0" if node.name is None else b"\1" + node.name.encode()]
-    if node_hash(b"".join(parts)) != node.hash:
+    # Re-hashed through the very functions that made the hashes: the recipe is written once.
+    kids = b"".join([c.hash for c in node.children])
+    if name_ok and node_hash(node._hash_prefix, node._payload_bytes(), kids, node.name) != node.hash:
         out.append("its hash is not the hash of its type, payload, children and name")
+    if node._blind_hash is not None and all(c._blind_hash is not None for c in node.children):
+        blind = b"".join([c._blind_hash for c in node.children])
+        if structure_hash(node._hash_prefix, node._structure_bytes(), blind) != node._blind_hash:
+            out.append("its structure_hash is not the hash of its type, structure payload and children's")
     if node.with_children(node.children) is not node:
         out.append("with_children(children) does not return the node itself")
     if node.children:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from .hashing import node_hash
+from .hashing import structure_hash
 from .nodes.base import Circuit
 
 
@@ -131,11 +131,10 @@ def strip_names(root: Circuit) -> Circuit:
 
 
 def fill_structure_hashes(root: Circuit) -> None:
-    """Compute the name-blind hash of every node under ``root`` that lacks one (bottom-up)."""
+    """Compute the name-blind hash of every node under ``root`` that lacks one (bottom-up; the
+    recipe is ``circuits.hashing.structure_hash``)."""
     for node in toposort(root, stop=lambda n: n._blind_hash is not None):
         if node._blind_hash is not None:
             continue
-        parts = [node.type_name.encode(), b"\0", node._structure_bytes(), b"\0",
-                 len(node.children).to_bytes(4, "little")]
-        parts.extend(c._blind_hash for c in node.children)
-        node._blind_hash = node_hash(b"".join(parts))
+        node._blind_hash = structure_hash(
+            node._hash_prefix, node._structure_bytes(), b"".join([c._blind_hash for c in node.children]))

@@ -19,11 +19,10 @@ True
 
 from __future__ import annotations
 
-import struct
 from typing import Any, Collection, Sequence
 
 from ..errors import EvaluationError
-from ..hashing import node_hash
+from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
 from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
 from ..traversal import toposort
 from ..dtypes import is_float, is_int
@@ -36,28 +35,17 @@ ARGUMENT_TYPES = (Array, Scalar, Symbol)
 
 
 # ---------------------------------------------------------------------------- key
-def _pack(values) -> bytes:
-    return struct.pack(f"<{len(values)}q", *values)
-
-
 def _key_part(node: Circuit) -> bytes:
+    """What of ``node`` the compiled code depends on (the recipes are in ``circuits.hashing``)."""
     t = type(node)
-    if t is Array or t is Symbol:
-        # Value- and name-blind: only what the compiled code depends on.
-        return t.type_name.encode() + node.dtype.encode() + b"|" + _pack(node.shape)
-    if t is Scalar:
-        return b"Scalar" + _pack(node.shape)
+    if t is Array or t is Symbol or t is Scalar:
+        return argument_key_part(t.type_name, node.dtype, node.shape)
     if t is Tag:
-        return b"Tag"  # an identity: its uuid changes nothing in the compiled code
+        return op_key_part("Tag", b"")  # an identity: its uuid changes nothing in the compiled code
     if t is GeneralFunction:
         # id(spec): a function re-registered under the same name must not reuse old code.
-        return b"GF" + node.function.name.encode() + b"|" + _pack((id(node.function),))
-    return node.type_name.encode() + b"|" + node._payload_bytes()
-
-
-def _given_key_part(node: Circuit) -> bytes:
-    # a value supplied from outside: only its shape and dtype matter to the code
-    return b"Given" + node.dtype.encode() + b"|" + _pack(node.shape)
+        return op_key_part("GeneralFunction", node._payload_bytes() + b"\0" + pack_ints((id(node.function),)))
+    return op_key_part(node.type_name, node._payload_bytes())
 
 
 # ---------------------------------------------------------------------------- programs
@@ -148,18 +136,15 @@ class Program:
         self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES or i in given_slots)
         self._skeleton = None
         self._index_ranges = None
-        parts = [float_dtype.encode(), b"#"]
-        for node, kids in zip(nodes, self.child_slots):
-            parts.append(_key_part(node))
-            parts.append(b"(" + _pack(kids) + b")")
-        for i in given_slots:
-            parts[2 + 2 * i] = _given_key_part(nodes[i])
-        self._body_key = node_hash(b"".join(parts))
+        parts = [_key_part(n) for n in nodes]
+        for i in given_slots:  # a value supplied from outside: only its shape and dtype matter to the code
+            parts[i] = argument_key_part("Given", nodes[i].dtype, nodes[i].shape)
+        self._body_key = program_body_key(float_dtype, parts, self.child_slots)
         self._set_outputs(roots)
 
     def _set_outputs(self, roots):
         self.outputs = tuple(self.slot_of[r.hash] for r in roots)
-        self.key = node_hash(self._body_key + b"->" + _pack(self.outputs))
+        self.key = program_key(self._body_key, self.outputs)
 
     def with_outputs(self, roots: Sequence[Circuit]) -> "Program":
         """The same layout computing other outputs (nodes of this program), without re-walking.

@@ -36,11 +36,9 @@ import threading
 import weakref
 from typing import ClassVar
 
-from hashlib import blake2b as _blake2b
-
 from ..errors import CircuitError, ShapeError, escape_char
 
-from ..hashing import NODE_HASH_BYTES
+from ..hashing import node_hash, pack_ints as _pack_ints, type_prefix
 from ..shapes import shape_text
 
 class _Ref(weakref.ref):
@@ -99,18 +97,8 @@ dtype_of = operator.attrgetter("dtype")
 hash_of = operator.attrgetter("hash")
 
 _new_object = object.__new__
-_INT_STRUCTS: dict[int, struct.Struct] = {}
-_COUNTS = [n.to_bytes(4, "little") for n in range(64)]
 # First 8 bytes of a node hash as a signed little-endian int: the Python hash of the node.
 _unpack_int64 = struct.Struct("<q").unpack_from
-
-
-def _pack_ints(values) -> bytes:
-    n = len(values)
-    packer = _INT_STRUCTS.get(n)
-    if packer is None:
-        packer = _INT_STRUCTS[n] = struct.Struct(f"<{n}q")
-    return packer.pack(*values)
 
 
 class Circuit:
@@ -142,7 +130,7 @@ class Circuit:
     # ------------------------------------------------------------------ construction
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls._hash_prefix = cls.type_name.encode() + b"\0"
+        cls._hash_prefix = type_prefix(cls.type_name)
 
     def __new__(cls, *args, **kwargs):
         # _setup validates and ends with ``return self._set_common(...)``: the interned node.
@@ -165,7 +153,7 @@ class Circuit:
         self.shape = shape
         self.dtype = dtype
         self.name = name
-        # The hash input: type, payload, child count and hashes, name (see circuits.hashing).
+        # The recipe is circuits.hashing.node_hash (check() re-hashes through it).
         n = len(children)
         if n == 1:
             kids = children[0].hash
@@ -173,14 +161,7 @@ class Circuit:
             kids = b"".join(map(hash_of, children))
         else:
             kids = b""
-        h = _blake2b(
-            b"".join((
-                self._hash_prefix, self._payload_bytes(), b"\0",
-                _COUNTS[n] if n < 64 else n.to_bytes(4, "little"), kids,
-                b"\0" if name is None else b"\1" + name.encode("utf-8", "surrogatepass"),
-            )),
-            digest_size=NODE_HASH_BYTES,
-        ).digest()
+        h = node_hash(self._hash_prefix, self._payload_bytes(), kids, name)
         ref = _INTERNED.get(h)
         if ref is not None:
             existing = ref()

@@ -244,7 +244,8 @@ class Symbol(Circuit):
         return cls(shape, name=name, dtype=dtype, uuid=uuid_module.uuid4())
 
     def _payload_bytes(self):
-        return self.dtype.encode() + b"|" + (self.uuid.bytes if self.uuid else b"") + _pack_ints(self.shape)
+        # b"u"/b"-": a uuid's 16 bytes must not read as two shape entries of a Symbol without one
+        return self.dtype.encode() + (b"|u" + self.uuid.bytes if self.uuid else b"|-") + _pack_ints(self.shape)
 
     def payload_text(self):
         parts = []

@@ -56,7 +56,7 @@ def renumber_axes(in_axes, out_axes):
 
 @rule(on=Einsum, example=(
     "'p' Einsum yz,xy->xz\n  'b' [3,4] Symbol\n  'a' [2,3] Symbol",
-    "'p' Einsum ab,ca->cb\n  'b' [3,4] Symbol\n  'a' [2,3] Symbol",
+    "'p' Einsum ab,bc->ac\n  'a' [2,3] Symbol\n  'b' [3,4] Symbol",
 ))
 def canonicalize_einsum(node):
     """Order an Einsum's operands by structure hash (their axis specs move with them), then
