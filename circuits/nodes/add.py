@@ -44,8 +44,5 @@ class Add(Circuit):
     def payload_text(self):
         return ""
 
-    def _rebuild(self, children):
-        return Add(*children, name=self.name)
-
-    def _with_name(self, name):
-        return Add(*self.children, name=name)
+    def _rebuild(self, children, name):
+        return Add(*children, name=name)

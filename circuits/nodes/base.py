@@ -234,8 +234,10 @@ class Circuit:
         """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
         raise NotImplementedError
 
-    def _rebuild(self, children: tuple["Circuit", ...]) -> "Circuit":
-        """A node of this type with this payload and name over new children."""
+    def _rebuild(self, children: tuple["Circuit", ...], name: str | None) -> "Circuit":
+        """A node of this type with this payload over ``children`` and named ``name``, built by
+        the constructor (so validated).  The one rebuild method: ``with_children`` and ``rename``
+        both call it; a leaf refuses children."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ protocol
@@ -247,16 +249,13 @@ class Circuit:
         old = self.children
         if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
             return self
-        return self._rebuild(children)
+        return self._rebuild(children, self.name)
 
     def rename(self, name: str | None) -> "Circuit":
         """This node with another name (a different node: names are part of identity)."""
         if name == self.name:
             return self
-        return self._with_name(name)
-
-    def _with_name(self, name):
-        raise NotImplementedError
+        return self._rebuild(self.children, name)
 
     @property
     def ndim(self) -> int:

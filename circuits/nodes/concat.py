@@ -53,8 +53,5 @@ class Concat(Circuit):
     def payload_text(self):
         return str(self.axis)
 
-    def _rebuild(self, children):
-        return Concat(*children, axis=self.axis, name=self.name)
-
-    def _with_name(self, name):
-        return Concat(*self.children, axis=self.axis, name=name)
+    def _rebuild(self, children, name):
+        return Concat(*children, axis=self.axis, name=name)

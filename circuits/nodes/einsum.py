@@ -172,8 +172,5 @@ class Einsum(Circuit):
     def payload_text(self):
         return self.spec
 
-    def _rebuild(self, children):
-        return Einsum(*children, in_axes=self.in_axes, out_axes=self.out_axes, name=self.name)
-
-    def _with_name(self, name):
-        return Einsum(*self.children, in_axes=self.in_axes, out_axes=self.out_axes, name=name)
+    def _rebuild(self, children, name):
+        return Einsum(*children, in_axes=self.in_axes, out_axes=self.out_axes, name=name)

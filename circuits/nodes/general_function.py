@@ -118,8 +118,5 @@ class GeneralFunction(Circuit):
     def payload_text(self):
         return self.function.name
 
-    def _rebuild(self, children):
-        return GeneralFunction(self.function, *children, name=self.name)
-
-    def _with_name(self, name):
-        return GeneralFunction(self.function, *self.children, name=name)
+    def _rebuild(self, children, name):
+        return GeneralFunction(self.function, *children, name=name)

@@ -157,9 +157,6 @@ class Index(Circuit):
     def payload_text(self):
         return index_text(self.index)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Index(child, self.index, name=self.name)
-
-    def _with_name(self, name):
-        return Index(self.children[0], self.index, name=name)
+        return Index(child, self.index, name=name)

@@ -63,6 +63,11 @@ def _check_shape(shape, what):
     return shape
 
 
+def _no_children(leaf, children):
+    if children:
+        raise CircuitError(f"{leaf.line()}: {leaf.type_name} is a leaf and has no children")
+
+
 class Array(Circuit):
     """A literal tensor, identified by the content hash of its dtype, shape and bytes.
 
@@ -148,12 +153,8 @@ class Array(Circuit):
     def payload_text(self):
         return self.short_hash
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: an Array has no children")
-        return self
-
-    def _with_name(self, name):
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         if self.value is None:
             return Array.placeholder(self.shape, self.content_hash, name=name, dtype=self.dtype)
         return Array(self.value, name=name)
@@ -207,12 +208,8 @@ class Scalar(Circuit):
     def payload_text(self):
         return format_scalar(self.value)
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: a Scalar has no children")
-        return self
-
-    def _with_name(self, name):
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         return Scalar(self.value, self.shape, name=name)
 
 
@@ -254,10 +251,6 @@ class Symbol(Circuit):
             parts.append(str(self.uuid))
         return " ".join(parts)
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: a Symbol has no children")
-        return self
-
-    def _with_name(self, name):
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         return Symbol(self.shape, name=name, dtype=self.dtype, uuid=self.uuid)

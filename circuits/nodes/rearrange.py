@@ -197,14 +197,9 @@ class Rearrange(Circuit):
     def payload_text(self):
         return self._payload_from(self.in_groups, self.out_groups, self.given_sizes)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Rearrange(child, (self.in_groups, self.out_groups), name=self.name, **dict(self.given_sizes))
-
-    def _with_name(self, name):
-        return Rearrange(
-            self.children[0], (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes)
-        )
+        return Rearrange(child, (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes))
 
     @classmethod
     def from_text(cls, child, payload: str, name=None) -> "Rearrange":

@@ -37,9 +37,6 @@ class Tag(Circuit):
     def payload_text(self):
         return str(self.uuid)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Tag(child, self.uuid, name=self.name)
-
-    def _with_name(self, name):
-        return Tag(self.children[0], self.uuid, name=name)
+        return Tag(child, self.uuid, name=name)
