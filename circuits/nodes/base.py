@@ -307,16 +307,8 @@ class Circuit:
     # ------------------------------------------------------------------ display
     def line(self) -> str:
         """This node's line in the text format, without serial number or children."""
-        parts = []
-        if self.name is not None:
-            parts.append(quote_name(self.name))
-        if self.prints_shape:
-            parts.append(shape_text(self.shape))
-        parts.append(self.type_name)
-        payload = self.payload_text()
-        if payload:
-            parts.append(payload)
-        return " ".join(parts)
+        return format_line(self.type_name, self.name, self.payload_text(),
+                           self.shape if self.prints_shape else None)
 
     def __repr__(self):
         return f"<{self.line()}{'' if self.prints_shape else ' ' + shape_text(self.shape)}>"
@@ -403,18 +395,30 @@ def quote_name(name: str) -> str:
     return "'" + "".join(map(escape_char, name)) + "'"
 
 
+def format_line(type_name: str, name=None, payload: str = "", shape=None, paint=None) -> str:
+    """A node's line, ``['name'] [shape] Type [payload]``: the one formatter behind
+    ``Circuit.line``, error messages (``describe``), the printer and the notebook view.  ``shape``
+    is written when given (not None); ``paint(part, text)``, when given, decorates the two parts,
+    ``"name"`` (the quoted name) and ``"body"`` (shape, type and payload): colours, HTML spans.
+
+    >>> format_line("Index", "a0.w.q.head0", "[0,:,:]", (32, 256))
+    "'a0.w.q.head0' [32,256] Index [0,:,:]"
+    >>> format_line("Add", paint=lambda part, text: f"<{part}:{text}>")
+    '<body:Add>'
+    """
+    body = type_name if shape is None else shape_text(shape) + " " + type_name
+    if payload:
+        body = body + " " + payload
+    if paint is not None:
+        body = paint("body", body)
+        return body if name is None else paint("name", quote_name(name)) + " " + body
+    return body if name is None else quote_name(name) + " " + body
+
+
 def describe(type_name: str, name, payload: str, children=(), shape=None) -> str:
     """The would-be printed line of a node (for errors raised before the node exists), with its
     children's lines underneath."""
-    parts = []
-    if name is not None:
-        parts.append(quote_name(name))
-    if shape is not None:
-        parts.append(shape_text(shape))
-    parts.append(type_name)
-    if payload:
-        parts.append(payload)
-    lines = [" ".join(parts)]
+    lines = [format_line(type_name, name, payload, shape)]
     for c in children:
         lines.append("  " + c.line() + ("" if c.prints_shape else "  # shape " + shape_text(c.shape)))
     return "\n".join("    " + l for l in lines)
