@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from ..errors import ParseError
 from ..shapes import broadcast_shapes
 from ..dtypes import promote
 from .base import Circuit, check_children, dtype_of, shape_error, shape_of
@@ -37,6 +38,15 @@ class Add(Circuit):
                 + " do not broadcast (numpy rules: align on the right; sizes equal or 1)",
             )
         return self._set_common(children, shape, dtype, name)
+
+    @classmethod
+    def parse_payload(cls, text):
+        if text is not None:
+            raise ParseError(f"Add takes no payload, got {text!r}", column=1, expected="nothing after 'Add'")
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(*children, name=name)
 
     def _payload_bytes(self):
         return b""

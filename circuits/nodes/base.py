@@ -34,7 +34,7 @@ import operator
 import struct
 import threading
 import weakref
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from hashlib import blake2b as _blake2b
 
@@ -240,6 +240,34 @@ class Circuit:
         both call it; a leaf refuses children."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ text (the parser's side)
+    # How many children a line of this type may have: (least, most or None).  The parser checks
+    # it (a leaf line with an indented line under it is refused while reading).
+    child_count: ClassVar[tuple] = (0, None)
+
+    @classmethod
+    def parse_payload(cls, text: "str | None"):
+        """The payload of a printed line (the text after the type word; None when there is
+        none) as the value ``from_payload`` takes.  Raises ``ParseError`` with its column counted
+        within ``text`` (the parser places it on the line).  Independent of children and store,
+        so the parser reads each distinct payload once."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None) -> "Circuit":
+        """The node a printed line describes: ``payload`` from ``parse_payload``, the children
+        (a list), the name and the printed shape (None where not printed; the parser checks it
+        against the node's own afterwards), and a ``ParseContext``.  Raises ``ParseError`` for
+        the line (columns within the payload) or the constructor's ``CircuitError``."""
+        raise NotImplementedError
+
+    @classmethod
+    def index_children(cls, payload, n_children: int, is_index: bool):
+        """Positions of the children that hold int indices (the parser gives a placeholder or a
+        Symbol printed without dtype ``int64`` there): a gather's index argument, or every child
+        of a node that passes an index through unchanged when this node is one (``is_index``)."""
+        return ()
+
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
         """This node over new children (validated); ``self`` when they are the very same
@@ -379,6 +407,15 @@ class Circuit:
         from ..select import paths
 
         return paths(self, matcher, require=require, limit=limit)
+
+
+class ParseContext(NamedTuple):
+    """What ``from_payload`` may need beyond its line: the tensor store Arrays are looked up in
+    (None: placeholders), and the dtype of a leaf whose line does not print one (``int64`` for
+    the int indices of a gather, else ``float32``)."""
+
+    store: object = None
+    default_dtype: str = "float32"
 
 
 def quote_name(name: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..dtypes import promote
+from ..errors import ParseError
 
 from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error
 
@@ -46,6 +47,23 @@ class Concat(Circuit):
         shape = list(children[0].shape)
         shape[axis] = sum(c.shape[axis] for c in children)
         return self._set_common(children, tuple(shape), promote(tuple(map(dtype_of, children))), name)
+
+    @classmethod
+    def parse_payload(cls, text):
+        """The axis: ``'0'`` -> ``0``."""
+        try:
+            return int(text)
+        except (TypeError, ValueError):  # (TypeError: no payload)
+            raise ParseError("Concat needs its axis" if text is None else f"{text!r} is not an axis",
+                             column=None if text is None else 1, expected="an int axis, e.g. 'Concat 0'") from None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(*children, axis=payload, name=name)
+
+    @classmethod
+    def index_children(cls, payload, n_children, is_index):
+        return range(n_children) if is_index else ()
 
     def _payload_bytes(self):
         return _pack_ints((self.axis,))

@@ -34,13 +34,14 @@ import uuid as uuid_module
 
 import numpy as np
 
-from ..errors import CircuitError
+from ..errors import CircuitError, ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
-from ..dtypes import DEFAULT_FLOAT, normalize_dtype
-from .base import Circuit, _pack_ints, quote_name
-from ..shapes import INT64_MAX
+from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
+from .base import Circuit, ParseContext, _pack_ints, quote_name
+from ..shapes import INT64_MAX, shape_text
 
 _HEX = set("0123456789abcdef")
+_HEX_ANY_CASE = frozenset("0123456789abcdefABCDEF")
 
 
 def _check_shape(shape, what):
@@ -60,6 +61,16 @@ def _check_shape(shape, what):
         raise CircuitError(f"{what}: shape {list(shape)} has a negative size")
     if any(s > INT64_MAX for s in shape):
         raise CircuitError(f"{what}: shape {list(shape)} has a size over 2**63 - 1 (the most any axis can hold)")
+    return shape
+
+
+_NO_CONTEXT = ParseContext()
+
+
+def _printed_shape(cls, shape):
+    if shape is None:
+        raise ParseError(f"an {cls.type_name} line needs its shape",
+                         expected=f"a shape like [300,256] before {cls.type_name}")
     return shape
 
 
@@ -85,6 +96,7 @@ class Array(Circuit):
     __slots__ = ("value", "content_hash")
     type_name = "Array"
     prints_shape = True
+    child_count = (0, 0)
 
     value: "np.ndarray | None"
     content_hash: str
@@ -153,6 +165,42 @@ class Array(Circuit):
     def payload_text(self):
         return self.short_hash
 
+    @classmethod
+    def parse_payload(cls, text):
+        """The printed content hash (any prefix that is unique in the store)."""
+        if text is None:
+            raise ParseError("Array needs its content hash", expected="hex digits, e.g. 'Array 26cf3704c325241f6eb75ce7'")
+        if not _HEX_ANY_CASE.issuperset(text):
+            raise ParseError(f"{text!r} is not a hex hash", column=1, expected="hex digits (0-9, a-f)")
+        return text
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        """The tensor from the context's store (``store.find(prefix)`` then ``store.get``), else
+        the store's own placeholder (an optional ``store.placeholder(prefix, shape, name)``), else
+        a placeholder of the context's default dtype."""
+        shape = _printed_shape(cls, shape)
+        context = context or _NO_CONTEXT
+        store = context.store
+        if store is not None:
+            digest = payload.lower()
+            try:
+                full = store.find(digest)
+            except StoreError as e:
+                raise ParseError(str(e), column=1, expected="a longer hash prefix, unique in the store") from None
+            if full is not None:
+                node = Array(store.get(full), name=name)
+                if node.shape != shape:
+                    raise ParseError(
+                        f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(shape)}",
+                        expected=f"shape {shape_text(node.shape)} or another hash")
+                return node
+            known = getattr(store, "placeholder", None)
+            node = None if known is None else known(digest, shape, name)
+            if node is not None:
+                return node
+        return cls.placeholder(shape, payload, name=name, dtype=context.default_dtype)
+
     def _rebuild(self, children, name):
         _no_children(self, children)
         if self.value is None:
@@ -189,6 +237,7 @@ class Scalar(Circuit):
     __slots__ = ("value",)
     type_name = "Scalar"
     prints_shape = True
+    child_count = (0, 0)
 
     value: float
 
@@ -208,6 +257,20 @@ class Scalar(Circuit):
     def payload_text(self):
         return format_scalar(self.value)
 
+    @classmethod
+    def parse_payload(cls, text):
+        """The printed value: ``1``, ``-10000``, ``0.00001``, ``nan``, ``inf``."""
+        try:
+            return float(text)
+        except (TypeError, ValueError):  # (TypeError: no payload)
+            raise ParseError("Scalar needs its value" if text is None else f"{text!r} is not a number",
+                             column=None if text is None else 1,
+                             expected="a number like 1, -10000, 0.00001, nan or inf") from None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(payload, _printed_shape(cls, shape), name=name)
+
     def _rebuild(self, children, name):
         _no_children(self, children)
         return Scalar(self.value, self.shape, name=name)
@@ -226,6 +289,7 @@ class Symbol(Circuit):
     __slots__ = ("uuid",)
     type_name = "Symbol"
     prints_shape = True
+    child_count = (0, 0)
 
     uuid: "uuid_module.UUID | None"
 
@@ -250,6 +314,31 @@ class Symbol(Circuit):
         if self.uuid is not None:
             parts.append(str(self.uuid))
         return " ".join(parts)
+
+    @classmethod
+    def parse_payload(cls, text):
+        """``[dtype] [uuid]``, either absent: ``(dtype or None, UUID or None)``."""
+        dtype, uid = None, None
+        if text:
+            for word in text.split():
+                if word in DTYPES and dtype is None and uid is None:
+                    dtype = word
+                    continue
+                try:
+                    if uid is not None:
+                        raise ValueError(word)
+                    uid = uuid_module.UUID(word)
+                except ValueError:
+                    raise ParseError(f"cannot read {word!r} in a Symbol payload", column=1,
+                                     expected=f"an optional dtype ({', '.join(DTYPES)}) then an optional uuid") from None
+        return dtype, uid
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        """Without a printed dtype, the context's: a Symbol that indexes a gather is ``int64``
+        (rust_circuit prints no dtypes: its loss module's label Symbol is one), any other float32."""
+        dtype, uid = payload
+        return cls(_printed_shape(cls, shape), name=name, dtype=dtype or (context or _NO_CONTEXT).default_dtype, uuid=uid)
 
     def _rebuild(self, children, name):
         _no_children(self, children)
