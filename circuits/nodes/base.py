@@ -38,7 +38,7 @@ from typing import ClassVar, NamedTuple
 
 from hashlib import blake2b as _blake2b
 
-from ..errors import CircuitError, ShapeError, escape_char
+from ..errors import CircuitError, ParseError, ShapeError, escape_char
 
 from ..hashing import NODE_HASH_BYTES
 from ..shapes import shape_text
@@ -244,6 +244,8 @@ class Circuit:
     # How many children a line of this type may have: (least, most or None).  The parser checks
     # it (a leaf line with an indented line under it is refused while reading).
     child_count: ClassVar[tuple] = (0, None)
+    # Whether an int index reaching this node reaches its children unchanged (Index, Rearrange...).
+    passes_index: ClassVar[bool] = False
 
     @classmethod
     def parse_payload(cls, text: "str | None"):
@@ -266,7 +268,7 @@ class Circuit:
         """Positions of the children that hold int indices (the parser gives a placeholder or a
         Symbol printed without dtype ``int64`` there): a gather's index argument, or every child
         of a node that passes an index through unchanged when this node is one (``is_index``)."""
-        return ()
+        return range(n_children) if is_index and cls.passes_index else ()
 
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
@@ -407,6 +409,17 @@ class Circuit:
         from ..select import paths
 
         return paths(self, matcher, require=require, limit=limit)
+
+
+def convert_payload(cls, text, convert, missing: str, wrong: str, expected: str):
+    """``convert(text)`` for a payload that is one value (a number, an axis, a uuid), else the
+    ``ParseError`` saying that it is missing or what it is not."""
+    if text is None:
+        raise ParseError(f"{cls.type_name} needs {missing}", expected=expected)
+    try:
+        return convert(text)
+    except ValueError:
+        raise ParseError(f"{text!r} is not {wrong}", column=1, expected=expected) from None
 
 
 class ParseContext(NamedTuple):

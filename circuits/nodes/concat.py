@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ..dtypes import promote
-from ..errors import ParseError
 
-from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error
+from .base import Circuit, _pack_ints, check_children, convert_payload, dtype_of, shape_error
 
 
 class Concat(Circuit):
@@ -19,6 +18,7 @@ class Concat(Circuit):
 
     __slots__ = ("axis",)
     type_name = "Concat"
+    passes_index = True
 
     axis: int
 
@@ -51,19 +51,11 @@ class Concat(Circuit):
     @classmethod
     def parse_payload(cls, text):
         """The axis: ``'0'`` -> ``0``."""
-        try:
-            return int(text)
-        except (TypeError, ValueError):  # (TypeError: no payload)
-            raise ParseError("Concat needs its axis" if text is None else f"{text!r} is not an axis",
-                             column=None if text is None else 1, expected="an int axis, e.g. 'Concat 0'") from None
+        return convert_payload(cls, text, int, "its axis", "an axis", "an int axis, e.g. 'Concat 0'")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         return cls(*children, axis=payload, name=name)
-
-    @classmethod
-    def index_children(cls, payload, n_children, is_index):
-        return range(n_children) if is_index else ()
 
     def _payload_bytes(self):
         return _pack_ints((self.axis,))

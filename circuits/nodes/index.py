@@ -175,6 +175,7 @@ class Index(Circuit):
     type_name = "Index"
     prints_shape = True
     child_count = (1, 1)
+    passes_index = True
 
     index: tuple
 
@@ -222,10 +223,6 @@ class Index(Circuit):
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         return cls(children[0], payload, name=name)
-
-    @classmethod
-    def index_children(cls, payload, n_children, is_index):
-        return range(n_children) if is_index else ()
 
     def _payload_bytes(self):
         return b"".join(map(_entry_bytes, self.index))

@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import CircuitError, ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
 from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
-from .base import Circuit, ParseContext, _pack_ints, quote_name
+from .base import Circuit, ParseContext, _pack_ints, convert_payload, quote_name
 from ..shapes import INT64_MAX, shape_text
 
 _HEX = set("0123456789abcdef")
@@ -260,12 +260,8 @@ class Scalar(Circuit):
     @classmethod
     def parse_payload(cls, text):
         """The printed value: ``1``, ``-10000``, ``0.00001``, ``nan``, ``inf``."""
-        try:
-            return float(text)
-        except (TypeError, ValueError):  # (TypeError: no payload)
-            raise ParseError("Scalar needs its value" if text is None else f"{text!r} is not a number",
-                             column=None if text is None else 1,
-                             expected="a number like 1, -10000, 0.00001, nan or inf") from None
+        return convert_payload(cls, text, float, "its value", "a number",
+                               "a number like 1, -10000, 0.00001, nan or inf")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):

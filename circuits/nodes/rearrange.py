@@ -155,6 +155,7 @@ class Rearrange(Circuit):
     __slots__ = ("in_groups", "out_groups", "given_sizes", "sizes")
     type_name = "Rearrange"
     child_count = (1, 1)
+    passes_index = True
 
     def _setup(self, child, spec, name=None, **sizes):
         (child,) = check_children("Rearrange", name, (child,))
@@ -225,7 +226,3 @@ class Rearrange(Circuit):
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         groups, sizes = payload
         return cls(children[0], groups, name=name, **sizes)
-
-    @classmethod
-    def index_children(cls, payload, n_children, is_index):
-        return range(n_children) if is_index else ()

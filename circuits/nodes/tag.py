@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import uuid as uuid_module
 
-from ..errors import ParseError
-from .base import Circuit, check_children
+from .base import Circuit, check_children, convert_payload
 
 
 class Tag(Circuit):
@@ -21,6 +20,7 @@ class Tag(Circuit):
     __slots__ = ("uuid",)
     type_name = "Tag"
     child_count = (1, 1)
+    passes_index = True
 
     uuid: uuid_module.UUID
 
@@ -35,20 +35,12 @@ class Tag(Circuit):
 
     @classmethod
     def parse_payload(cls, text):
-        try:
-            return uuid_module.UUID(text)
-        except (TypeError, ValueError):  # (TypeError: no payload)
-            raise ParseError("Tag needs its uuid" if text is None else f"{text!r} is not a uuid",
-                             column=None if text is None else 1,
-                             expected="a uuid like 00000000-0000-0000-0000-000000000001") from None
+        return convert_payload(cls, text, uuid_module.UUID, "its uuid", "a uuid",
+                               "a uuid like 00000000-0000-0000-0000-000000000001")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         return cls(children[0], payload, name=name)
-
-    @classmethod
-    def index_children(cls, payload, n_children, is_index):
-        return range(n_children) if is_index else ()
 
     def _payload_bytes(self):
         return self.uuid.bytes

@@ -2,23 +2,26 @@
 
 Parsing runs in four passes, none recursive, so a 50,000-deep text parses like a flat one:
 
-1. read every line into a record (identifier, shape, type, payload) and attach it to the record
-   one level less indented above it;
+1. read every line into a record (identifier, shape, node class, payload) and attach it to the
+   record one level less indented above it; the node class reads the payload
+   (``parse_payload``: the parser holds no code for any particular node type);
 2. resolve references (``20 'ln.mean_subbed'``, ``'idxed_embeds'``, ``7``) against the records
    defined anywhere in the text, then against ``references``; definition blocks (``~`` roots,
    written by the printer for deep circuits) may be referred to before or after they appear;
 3. give each placeholder Array, and each Symbol printed without a dtype, a dtype: ``int64``
-   when it reaches, through Index, Rearrange, Concat or Tag, the index argument of a gather
-   function (``gen_index_at_0_c``...), else ``float32``;
-4. build the nodes children-first with the public constructors (which validate), checking every
-   printed shape against the one the node computes.
+   when it reaches, through nodes that pass an index on (Index, Rearrange, Concat, Tag), the
+   index argument of a gather function (``gen_index_at_0_c``...), else ``float32`` (what each
+   class says about its children: ``index_children``);
+4. build the nodes children-first, each by its class's ``from_payload`` (the public
+   constructors, which validate), checking every printed shape against the one the node computes.
 
 Any text gives circuits or a ``ParseError`` naming the line number, the line, the column where it
-can and what was expected; the library's errors from node constructors (a ``ShapeError``...) are wrapped into
-one (any other exception is a bug and propagates as it is).  An Array is looked up in ``store`` (``store.find(prefix)``, then ``store.get(full_hash)``)
-and becomes a placeholder when the store lacks it or no store is given: a placeholder with the
-dtype of pass 3, unless the store knows the placeholder itself (an optional
-``store.placeholder(prefix, shape, name)``: a circuit file records its placeholders' dtypes).
+can and what was expected; the library's errors from node constructors (a ``ShapeError``...) are
+wrapped into one (any other exception is a bug and propagates as it is).  An Array is looked up
+in ``store`` (``store.find(prefix)``, then ``store.get(full_hash)``) and becomes a placeholder
+when the store lacks it or no store is given: a placeholder with the dtype of pass 3, unless the
+store knows the placeholder itself (an optional ``store.placeholder(prefix, shape, name)``: a
+circuit file records its placeholders' dtypes); see ``Array.from_payload``.
 A placeholder is never equal to the valued Array it stands for (``circuits.nodes.leaves``), so
 parsing without a store gives placeholders even while the original circuit is alive.
 
@@ -197,26 +200,22 @@ class _Tree:
             item = _Reference(number, line, serial, name)
             self.found.append((parent, len(parent.children) if parent is not None else len(self.roots), item))
         else:
-            item = self._record(number, line, serial, name, shape, type_name, payload, column)
+            cls = NODE_TYPE_BY_NAME[type_name]
+            known = self.payloads[type_name]
+            value = known.get(payload, _UNREAD)
+            if value is _UNREAD:
+                try:
+                    value = cls.parse_payload(payload)
+                except ParseError as e:
+                    raise e.at(number, line, column) from None
+                known[payload] = value
+            item = _Record(number, line, serial, name, shape, cls, value, column)
+            self.records.append(item)
         if parent is not None:
             parent.children.append(item)
         elif not definition:
             self.roots.append(item)
         open_items.append(item)
-
-    def _record(self, number, line, serial, name, shape, type_name, payload, column):
-        cls = NODE_TYPE_BY_NAME[type_name]
-        known = self.payloads[type_name]
-        value = known.get(payload, _UNREAD)
-        if value is _UNREAD:
-            try:
-                value = cls.parse_payload(payload)
-            except ParseError as e:
-                raise e.at(number, line, column) from None
-            known[payload] = value
-        item = _Record(number, line, serial, name, shape, cls, value, column)
-        self.records.append(item)
-        return item
 
     def _close(self, count):
         """The last ``count`` open items' subtrees end here."""
@@ -323,10 +322,13 @@ def _mark_int_indices(records):
     """Mark the records that hold int indices: what each node class says its index children
     are (``index_children``), followed through the nodes that pass an index on."""
     stack = []
+    # (only a class with its own index_children can name index children of a node that is no index)
+    seeding = {t for t in NODE_TYPE_BY_NAME.values() if "index_children" in vars(t)}
     for r in records:
-        children = r.children
-        for i in r.cls.index_children(r.payload, len(children), False):
-            stack.append(children[i])
+        if r.cls in seeding:
+            children = r.children
+            for i in r.cls.index_children(r.payload, len(children), False):
+                stack.append(children[i])
     while stack:
         r = stack.pop()
         if r.int_index:
