@@ -108,7 +108,8 @@ def main(runs: int = 5, target: int = 100_000):
     nodes = toposort(circuit)
     n = len(nodes)
     text = to_text(circuit)
-    assert parse(text) == circuit
+    # (no store: the parsed weights are placeholders, which print alike but are other nodes)
+    assert to_text(parse(text)) == text
     fns = {
         "print": lambda: to_text(circuit),
         "lines": lambda: joined_lines(nodes),

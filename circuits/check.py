@@ -44,7 +44,7 @@ def _problems(node: Circuit) -> list[str]:
         try:
             # Under another name the constructor builds (and validates) a fresh node rather than
             # handing back this interned one, so its shape and dtype are recomputed from scratch.
-            again = node._with_name(_SENTINEL_NAME)
+            again = node._rebuild(node.children, _SENTINEL_NAME)
         except CircuitError as e:
             out.append(f"rebuilding it fails: {e}")
         else:

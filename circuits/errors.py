@@ -60,6 +60,7 @@ class ParseError(CircuitError, ValueError):
     """
 
     def __init__(self, message, *, line_number=None, line=None, column=None, expected=None):
+        self.message = message
         self.line_number = line_number
         self.line = line
         self.column = column
@@ -80,6 +81,19 @@ class ParseError(CircuitError, ValueError):
             if column is not None:
                 text += "\n    " + " " * len(printable(line[: max(column - 1, 0)])) + "^"
         super().__init__(text)
+
+    def at(self, line_number, line, offset=0) -> "ParseError":
+        """This error placed on a line of text, its column moved by ``offset``: a node's
+        ``parse_payload`` counts columns within the payload, the parser knows where that starts.
+
+        >>> print(ParseError("not a number", column=1, expected="a number").at(3, "[] Scalar x", 10))
+        line 3, column 11: not a number (expected a number)
+            [] Scalar x
+                      ^
+        """
+        column = None if self.column is None else self.column + offset
+        return ParseError(self.message, line_number=line_number, line=line, column=column,
+                          expected=self.expected)
 
 
 class EvaluationError(CircuitError, RuntimeError):

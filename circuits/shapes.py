@@ -52,6 +52,17 @@ def shape_text(shape) -> str:
     return "[" + ",".join(str(int(s)) for s in shape) + "]"
 
 
+def decimal_int(s: str) -> int:
+    """An int as the text format writes one (a size, an index): ASCII decimal, optionally
+    negative, surrounding spaces allowed; ValueError otherwise (``int()`` also takes ``'1_000'``,
+    ``'+3'`` and non-ASCII digits)."""
+    s = s.strip()
+    body = s[1:] if s[:1] == "-" else s
+    if not body or not body.isascii() or not body.isdigit():
+        raise ValueError(s)
+    return int(s)
+
+
 def int_tuple(values) -> tuple:
     """``values`` as a tuple of ints (the same object when it already is one)."""
     if type(values) is tuple:

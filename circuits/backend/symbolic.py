@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from ..nodes.leaves import format_scalar
 from ..traversal import toposort
 from ..functions import GenIndex
 
-__all__ = ["SymbolTable", "symbolic_evaluate", "symbolic_equal"]
+__all__ = ["SYMBOLIC_RULES", "SymbolTable", "symbolic_evaluate", "symbolic_equal"]
 
 
 
@@ -135,28 +136,31 @@ def _const_array(values) -> np.ndarray:
     return out
 
 
-def _leaf(node, table: SymbolTable, inputs: dict):
-    if isinstance(node, Scalar):
-        out = np.empty(node.shape, dtype=object)
-        out[...] = _scalar_value(node.value)
-        return out
-    if isinstance(node, Array):
-        if node.dtype in ("float16", "bfloat16", "float32", "float64"):
-            return table.entries(_array_key(node), node.shape, node.name or f"array_{node.short_hash[:6]}")
-        return _const_array(node.numpy())
-    if isinstance(node, Symbol):
-        key = node if node in inputs else node.name
-        if key in inputs:
-            value = np.asarray(inputs[key])
-            if value.shape != node.shape:
-                raise EvaluationError(f"input for {node.line()} has shape {list(value.shape)}")
-            return value if value.dtype == object else _const_array(value)
-        return table.entries(("symbol", node.hash), node.shape, node.name or "symbol")
-    raise EvaluationError(f"no symbolic rule for leaf {node.line()}")  # pragma: no cover
+def _scalar(node: Scalar, args, env):
+    out = np.empty(node.shape, dtype=object)
+    out[...] = _scalar_value(node.value)
+    return out
+
+
+def _array(node: Array, args, env):
+    if node.dtype in ("float16", "bfloat16", "float32", "float64"):
+        return env.table.entries(_array_key(node), node.shape, node.name or f"array_{node.short_hash[:6]}")
+    return _const_array(node.numpy())
+
+
+def _symbol(node: Symbol, args, env):
+    inputs = env.inputs
+    key = node if node in inputs else node.name
+    if key in inputs:
+        value = np.asarray(inputs[key])
+        if value.shape != node.shape:
+            raise EvaluationError(f"input for {node.line()} has shape {list(value.shape)}")
+        return value if value.dtype == object else _const_array(value)
+    return env.table.entries(("symbol", node.hash), node.shape, node.name or "symbol")
 
 
 # ---------------------------------------------------------------------------- ops
-def _einsum(node: Einsum, args):
+def _einsum(node: Einsum, args, env):
     sp = _sympy()
     if not args:
         return np.array(sp.Integer(1), dtype=object)
@@ -173,7 +177,7 @@ def _einsum(node: Einsum, args):
     return np.asarray(np.einsum(spec, *args), dtype=object).reshape(node.shape)
 
 
-def _add(node: Add, args):
+def _add(node: Add, args, env):
     sp = _sympy()
     out = np.empty(node.shape, dtype=object)
     flat = out.reshape(-1)
@@ -183,7 +187,7 @@ def _add(node: Add, args):
     return out
 
 
-def _index(node: Index, args):
+def _index(node: Index, args, env):
     (x,) = args
     basic, takes, pos = [], [], 0
     for e in node.full_index():
@@ -202,7 +206,7 @@ def _index(node: Index, args):
     return np.asarray(out, dtype=object).reshape(node.shape)
 
 
-def _rearrange(node: Rearrange, args):
+def _rearrange(node: Rearrange, args, env):
     (x,) = args
     sizes = dict(node.sizes)
     out_names = [a for g in node.out_groups for a in g]
@@ -274,8 +278,9 @@ def _gen_index(node: GeneralFunction, g: GenIndex, args):
     return out
 
 
-def _function(node: GeneralFunction, args, interpret: bool):
+def _function(node: GeneralFunction, args, env):
     sp = _sympy()
+    interpret = env.interpret
     spec = node.function
     g = spec.gather
     if g is not None:
@@ -314,6 +319,27 @@ def _function(node: GeneralFunction, args, interpret: bool):
     return out
 
 
+def _concat(node: Concat, args, env):
+    return np.concatenate(args, axis=node.axis)
+
+
+def _tag(node: Tag, args, env):
+    return args[0]
+
+
+class _Env(NamedTuple):
+    table: SymbolTable
+    inputs: dict
+    interpret: bool
+
+
+# The sympy form of every node type: ``rule(node, child values, env) -> object array``.
+SYMBOLIC_RULES = {
+    Array: _array, Scalar: _scalar, Symbol: _symbol, Einsum: _einsum, Add: _add,
+    GeneralFunction: _function, Index: _index, Rearrange: _rearrange, Concat: _concat, Tag: _tag,
+}
+
+
 def symbolic_evaluate(circuit: Circuit, inputs=None, *, table: SymbolTable | None = None,
                       interpret: bool = True) -> np.ndarray:
     """The value of ``circuit`` as an object array of sympy expressions (iterative: one step per
@@ -324,30 +350,15 @@ def symbolic_evaluate(circuit: Circuit, inputs=None, *, table: SymbolTable | Non
     >>> symbolic_evaluate(GeneralFunction('exp', Symbol((2,), name='x'))).tolist()
     [exp(x[0]), exp(x[1])]
     """
-    table = table if table is not None else SymbolTable()
-    given = dict(inputs or {})
+    env = _Env(table if table is not None else SymbolTable(), dict(inputs or {}), interpret)
     values: dict[bytes, np.ndarray] = {}
     for node in toposort(circuit):
         args = [values[c.hash] for c in node.children]
-        t = type(node)
-        if not node.children and t in (Array, Scalar, Symbol):
-            out = _leaf(node, table, given)
-        elif t is Einsum:
-            out = _einsum(node, args)
-        elif t is Add:
-            out = _add(node, args)
-        elif t is GeneralFunction:
-            out = _function(node, args, interpret)
-        elif t is Index:
-            out = _index(node, args)
-        elif t is Rearrange:
-            out = _rearrange(node, args)
-        elif t is Concat:
-            out = np.concatenate(args, axis=node.axis)
-        elif t is Tag:
-            out = args[0]
-        else:
-            raise EvaluationError(f"no symbolic rule for {node.line()}")
+        rule = SYMBOLIC_RULES.get(type(node))
+        if rule is None:
+            raise EvaluationError(f"no symbolic rule for {node.line()}; add one to "
+                                  "circuits.backend.symbolic.SYMBOLIC_RULES")
+        out = rule(node, args, env)
         if out.shape != node.shape:  # pragma: no cover - a bug in a rule above
             raise EvaluationError(f"symbolic value of {node.line()} has shape {out.shape}, not {node.shape}")
         values[node.hash] = out

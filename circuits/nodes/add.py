@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+from ..errors import ParseError
 from ..shapes import broadcast_shapes
 from ..dtypes import promote
 from .base import Circuit, check_children, dtype_of, shape_error, shape_of
@@ -38,14 +39,20 @@ class Add(Circuit):
             )
         return self._set_common(children, shape, dtype, name)
 
+    @classmethod
+    def parse_payload(cls, text):
+        if text is not None:
+            raise ParseError(f"Add takes no payload, got {text!r}", column=1, expected="nothing after 'Add'")
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(*children, name=name)
+
     def _payload_bytes(self):
         return b""
 
     def payload_text(self):
         return ""
 
-    def _rebuild(self, children):
-        return Add(*children, name=self.name)
-
-    def _with_name(self, name):
-        return Add(*self.children, name=name)
+    def _rebuild(self, children, name):
+        return Add(*children, name=name)

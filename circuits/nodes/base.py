@@ -34,9 +34,9 @@ import operator
 import struct
 import threading
 import weakref
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
-from ..errors import CircuitError, ShapeError, escape_char
+from ..errors import CircuitError, ParseError, ShapeError, escape_char
 
 from ..hashing import node_hash, pack_ints as _pack_ints, type_prefix
 from ..shapes import shape_text
@@ -215,9 +215,41 @@ class Circuit:
         """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
         raise NotImplementedError
 
-    def _rebuild(self, children: tuple["Circuit", ...]) -> "Circuit":
-        """A node of this type with this payload and name over new children."""
+    def _rebuild(self, children: tuple["Circuit", ...], name: str | None) -> "Circuit":
+        """A node of this type with this payload over ``children`` and named ``name``, built by
+        the constructor (so validated).  The one rebuild method: ``with_children`` and ``rename``
+        both call it; a leaf refuses children."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ text (the parser's side)
+    # How many children a line of this type may have: (least, most or None).  The parser checks
+    # it (a leaf line with an indented line under it is refused while reading).
+    child_count: ClassVar[tuple] = (0, None)
+    # Whether an int index reaching this node reaches its children unchanged (Index, Rearrange...).
+    passes_index: ClassVar[bool] = False
+
+    @classmethod
+    def parse_payload(cls, text: "str | None"):
+        """The payload of a printed line (the text after the type word; None when there is
+        none) as the value ``from_payload`` takes.  Raises ``ParseError`` with its column counted
+        within ``text`` (the parser places it on the line).  Independent of children and store,
+        so the parser reads each distinct payload once."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None) -> "Circuit":
+        """The node a printed line describes: ``payload`` from ``parse_payload``, the children
+        (a list), the name and the printed shape (None where not printed; the parser checks it
+        against the node's own afterwards), and a ``ParseContext``.  Raises ``ParseError`` for
+        the line (columns within the payload) or the constructor's ``CircuitError``."""
+        raise NotImplementedError
+
+    @classmethod
+    def index_children(cls, payload, n_children: int, is_index: bool):
+        """Positions of the children that hold int indices (the parser gives a placeholder or a
+        Symbol printed without dtype ``int64`` there): a gather's index argument, or every child
+        of a node that passes an index through unchanged when this node is one (``is_index``)."""
+        return range(n_children) if is_index and cls.passes_index else ()
 
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
@@ -228,16 +260,13 @@ class Circuit:
         old = self.children
         if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
             return self
-        return self._rebuild(children)
+        return self._rebuild(children, self.name)
 
     def rename(self, name: str | None) -> "Circuit":
         """This node with another name (a different node: names are part of identity)."""
         if name == self.name:
             return self
-        return self._with_name(name)
-
-    def _with_name(self, name):
-        raise NotImplementedError
+        return self._rebuild(self.children, name)
 
     @property
     def ndim(self) -> int:
@@ -289,16 +318,8 @@ class Circuit:
     # ------------------------------------------------------------------ display
     def line(self) -> str:
         """This node's line in the text format, without serial number or children."""
-        parts = []
-        if self.name is not None:
-            parts.append(quote_name(self.name))
-        if self.prints_shape:
-            parts.append(shape_text(self.shape))
-        parts.append(self.type_name)
-        payload = self.payload_text()
-        if payload:
-            parts.append(payload)
-        return " ".join(parts)
+        return format_line(self.type_name, self.name, self.payload_text(),
+                           self.shape if self.prints_shape else None)
 
     def __repr__(self):
         return f"<{self.line()}{'' if self.prints_shape else ' ' + shape_text(self.shape)}>"
@@ -371,6 +392,26 @@ class Circuit:
         return paths(self, matcher, require=require, limit=limit)
 
 
+def convert_payload(cls, text, convert, missing: str, wrong: str, expected: str):
+    """``convert(text)`` for a payload that is one value (a number, an axis, a uuid), else the
+    ``ParseError`` saying that it is missing or what it is not."""
+    if text is None:
+        raise ParseError(f"{cls.type_name} needs {missing}", expected=expected)
+    try:
+        return convert(text)
+    except ValueError:
+        raise ParseError(f"{text!r} is not {wrong}", column=1, expected=expected) from None
+
+
+class ParseContext(NamedTuple):
+    """What ``from_payload`` may need beyond its line: the tensor store Arrays are looked up in
+    (None: placeholders), and the dtype of a leaf whose line does not print one (``int64`` for
+    the int indices of a gather, else ``float32``)."""
+
+    store: object = None
+    default_dtype: str = "float32"
+
+
 def quote_name(name: str) -> str:
     r"""A name in the text format: single-quoted, with backslash escapes for ``'``, ``\`` and
     every character that is not printable (``\n``, ``\t``, ``\x1b``, ``\u202e``...), so that
@@ -385,18 +426,30 @@ def quote_name(name: str) -> str:
     return "'" + "".join(map(escape_char, name)) + "'"
 
 
+def format_line(type_name: str, name=None, payload: str = "", shape=None, paint=None) -> str:
+    """A node's line, ``['name'] [shape] Type [payload]``: the one formatter behind
+    ``Circuit.line``, error messages (``describe``), the printer and the notebook view.  ``shape``
+    is written when given (not None); ``paint(part, text)``, when given, decorates the two parts,
+    ``"name"`` (the quoted name) and ``"body"`` (shape, type and payload): colours, HTML spans.
+
+    >>> format_line("Index", "a0.w.q.head0", "[0,:,:]", (32, 256))
+    "'a0.w.q.head0' [32,256] Index [0,:,:]"
+    >>> format_line("Add", paint=lambda part, text: f"<{part}:{text}>")
+    '<body:Add>'
+    """
+    body = type_name if shape is None else shape_text(shape) + " " + type_name
+    if payload:
+        body = body + " " + payload
+    if paint is not None:
+        body = paint("body", body)
+        return body if name is None else paint("name", quote_name(name)) + " " + body
+    return body if name is None else quote_name(name) + " " + body
+
+
 def describe(type_name: str, name, payload: str, children=(), shape=None) -> str:
     """The would-be printed line of a node (for errors raised before the node exists), with its
     children's lines underneath."""
-    parts = []
-    if name is not None:
-        parts.append(quote_name(name))
-    if shape is not None:
-        parts.append(shape_text(shape))
-    parts.append(type_name)
-    if payload:
-        parts.append(payload)
-    lines = [" ".join(parts)]
+    lines = [format_line(type_name, name, payload, shape)]
     for c in children:
         lines.append("  " + c.line() + ("" if c.prints_shape else "  # shape " + shape_text(c.shape)))
     return "\n".join("    " + l for l in lines)

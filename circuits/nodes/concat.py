@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..dtypes import promote
 
-from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error
+from .base import Circuit, _pack_ints, check_children, convert_payload, dtype_of, shape_error
 
 
 class Concat(Circuit):
@@ -18,6 +18,7 @@ class Concat(Circuit):
 
     __slots__ = ("axis",)
     type_name = "Concat"
+    passes_index = True
 
     axis: int
 
@@ -47,14 +48,20 @@ class Concat(Circuit):
         shape[axis] = sum(c.shape[axis] for c in children)
         return self._set_common(children, tuple(shape), promote(tuple(map(dtype_of, children))), name)
 
+    @classmethod
+    def parse_payload(cls, text):
+        """The axis: ``'0'`` -> ``0``."""
+        return convert_payload(cls, text, int, "its axis", "an axis", "an int axis, e.g. 'Concat 0'")
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(*children, axis=payload, name=name)
+
     def _payload_bytes(self):
         return _pack_ints((self.axis,))
 
     def payload_text(self):
         return str(self.axis)
 
-    def _rebuild(self, children):
-        return Concat(*children, axis=self.axis, name=self.name)
-
-    def _with_name(self, name):
-        return Concat(*self.children, axis=self.axis, name=name)
+    def _rebuild(self, children, name):
+        return Concat(*children, axis=self.axis, name=name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from ..errors import CircuitError
+from ..errors import CircuitError, ParseError
 from ..dtypes import promote
 from ..shapes import int_tuple
 from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error, shape_of
@@ -150,9 +150,23 @@ class Einsum(Circuit):
         An empty left side reads as no operands, or as one 0-d operand when one child is given
         (``'->'`` is how both print).
         """
-        in_axes, out_axes = parse_spec(spec)
+        return cls.from_payload(parse_spec(spec), children, name=name)
+
+    @classmethod
+    def parse_payload(cls, text):
+        """``'qc,kc,,qk->qk'`` -> ``(in_axes, out_axes)``."""
+        if text is None:
+            raise ParseError("Einsum needs its spec", expected="a spec like ab,bc->ac")
+        try:
+            return parse_spec(text)
+        except CircuitError as e:
+            raise ParseError(str(e), column=1, expected="a spec like qc,kc,,qk->qk") from None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        in_axes, out_axes = payload
         if not in_axes and len(children) == 1:
-            in_axes = ((),)
+            in_axes = ((),)  # '->' is both no operand and one scalar operand: the children decide
         return cls(*children, in_axes=in_axes, out_axes=out_axes, name=name)
 
     @property
@@ -172,8 +186,5 @@ class Einsum(Circuit):
     def payload_text(self):
         return self.spec
 
-    def _rebuild(self, children):
-        return Einsum(*children, in_axes=self.in_axes, out_axes=self.out_axes, name=self.name)
-
-    def _with_name(self, name):
-        return Einsum(*self.children, in_axes=self.in_axes, out_axes=self.out_axes, name=name)
+    def _rebuild(self, children, name):
+        return Einsum(*children, in_axes=self.in_axes, out_axes=self.out_axes, name=name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import functions as _functions  # a module object: circuits.functions imports this package
-from ..errors import CircuitError, ShapeError
+from ..errors import CircuitError, ParseError, ShapeError
 from ..shapes import int_tuple
 from .base import Circuit, check_children, dtype_of, quote_name, shape_error, shape_of
 
@@ -112,14 +112,33 @@ class GeneralFunction(Circuit):
         # built with the old definition.
         return self.function is other.function and Circuit._interchangeable_with(self, other)
 
+    @classmethod
+    def parse_payload(cls, text):
+        """The function's registered name -> its ``FunctionSpec``."""
+        if text is None:
+            raise ParseError("a GeneralFunction needs its function's name", expected="e.g. 'GeneralFunction softmax'")
+        try:
+            return _functions.lookup(text)
+        except CircuitError:  # not registered, and no family's name
+            raise ParseError(f"unknown GeneralFunction {text!r}", column=1,
+                             expected="a registered function name (circuits.functions.registered_names()) or "
+                             + " or ".join(_functions.family_grammars())) from None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(payload, *children, name=name)
+
+    @classmethod
+    def index_children(cls, payload, n_children, is_index):
+        # a gather's index argument, whatever the gather's own dtype
+        arg = None if payload is None else payload.index_arg
+        return (arg,) if arg is not None and arg < n_children else ()
+
     def _payload_bytes(self):
         return self.function.name.encode()
 
     def payload_text(self):
         return self.function.name
 
-    def _rebuild(self, children):
-        return GeneralFunction(self.function, *children, name=self.name)
-
-    def _with_name(self, name):
-        return GeneralFunction(self.function, *self.children, name=name)
+    def _rebuild(self, children, name):
+        return GeneralFunction(self.function, *children, name=name)

@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 
-from ..errors import CircuitError
-from ..shapes import INT64_MAX, INT64_MIN
+from ..errors import CircuitError, ParseError
+from ..shapes import INT64_MAX, INT64_MIN, decimal_int
 from .base import Circuit, _pack_ints, check_children, shape_error
 
 
@@ -32,6 +32,71 @@ def index_entry_text(entry) -> str:
 def index_text(index) -> str:
     """``(0, slice(None), slice(None))`` -> ``[0,:,:]``."""
     return "[" + ",".join(index_entry_text(e) for e in index) + "]"
+
+
+def read_index(text: str) -> tuple:
+    """An Index payload as printed -> the index, slices as written (ParseError otherwise, its
+    column counted within ``text``).
+
+    >>> read_index("[[1,3],:-2,::2]")
+    (array([1, 3]), slice(None, -2, None), slice(None, None, 2))
+    """
+    def bad(what, offset=0):
+        return ParseError(f"cannot read the index {text}: {what}", column=offset + 1,
+                          expected="an index like [0,:,:], [1:-1], [::2] or [[1,3,5],:]")
+
+    if text is None:
+        raise ParseError("Index needs its index", expected="an index like [0,:,:]")
+    if len(text) < 2 or text[0] != "[" or text[-1] != "]":
+        raise bad("it must be in [ ]")
+    inner = text[1:-1]
+    entries = []
+    pos = 0
+    if inner.strip():
+        while True:
+            if inner[pos:pos + 1] == "[":
+                close = inner.find("]", pos)
+                if close < 0:
+                    raise bad("an int list's '[' is never closed", pos + 1)
+                body = inner[pos + 1:close].strip()
+                try:
+                    values = [decimal_int(v) for v in body.split(",")] if body else []
+                except ValueError:
+                    raise bad(f"[{body}] is not a list of ints", pos + 1) from None
+                entry = np.array(values, dtype=np.int64)
+                entry.flags.writeable = False  # (shared by every node the parser builds from it)
+                entries.append(entry)
+                pos = close + 1
+                if inner[pos:].strip()[:1] not in ("", ","):
+                    raise bad("expected ',' after an int list", pos + 1)
+                pos = inner.find(",", pos)
+            else:
+                comma = inner.find(",", pos)
+                part = inner[pos:] if comma < 0 else inner[pos:comma]
+                entries.append(_read_entry(part, bad, pos + 1))
+                pos = comma
+            if pos < 0:
+                break
+            pos += 1
+    return tuple(entries)
+
+
+def _read_entry(part, bad, offset):
+    if ":" not in part:
+        try:
+            return decimal_int(part)
+        except ValueError:
+            raise bad(f"{part.strip()!r} is not an int or a slice", offset) from None
+    bounds = part.split(":")
+    if len(bounds) > 3:
+        raise bad(f"{part.strip()!r} has more than two ':'", offset)
+    try:
+        values = [None if not b.strip() else decimal_int(b) for b in bounds]
+    except ValueError:
+        raise bad(f"{part.strip()!r} is not a slice of ints", offset) from None
+    if len(values) == 3 and values[2] == 0:
+        raise bad("a slice step cannot be 0", offset)
+    return slice(*values)
 
 
 def _plain_slice(e) -> bool:
@@ -109,6 +174,8 @@ class Index(Circuit):
     __slots__ = ("index",)
     type_name = "Index"
     prints_shape = True
+    child_count = (1, 1)
+    passes_index = True
 
     index: tuple
 
@@ -151,15 +218,18 @@ class Index(Circuit):
         """The index padded with ``slice(None)`` to the child's rank."""
         return self.index + (slice(None),) * (len(self.children[0].shape) - len(self.index))
 
+    parse_payload = staticmethod(read_index)
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(children[0], payload, name=name)
+
     def _payload_bytes(self):
         return b"".join(map(_entry_bytes, self.index))
 
     def payload_text(self):
         return index_text(self.index)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Index(child, self.index, name=self.name)
-
-    def _with_name(self, name):
-        return Index(self.children[0], self.index, name=name)
+        return Index(child, self.index, name=name)

@@ -34,13 +34,14 @@ import uuid as uuid_module
 
 import numpy as np
 
-from ..errors import CircuitError
+from ..errors import CircuitError, ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
-from ..dtypes import DEFAULT_FLOAT, normalize_dtype
-from .base import Circuit, _pack_ints, quote_name
-from ..shapes import INT64_MAX
+from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
+from .base import Circuit, ParseContext, _pack_ints, convert_payload, quote_name
+from ..shapes import INT64_MAX, shape_text
 
 _HEX = set("0123456789abcdef")
+_HEX_ANY_CASE = frozenset("0123456789abcdefABCDEF")
 
 
 def _check_shape(shape, what):
@@ -63,6 +64,21 @@ def _check_shape(shape, what):
     return shape
 
 
+_NO_CONTEXT = ParseContext()
+
+
+def _printed_shape(cls, shape):
+    if shape is None:
+        raise ParseError(f"an {cls.type_name} line needs its shape",
+                         expected=f"a shape like [300,256] before {cls.type_name}")
+    return shape
+
+
+def _no_children(leaf, children):
+    if children:
+        raise CircuitError(f"{leaf.line()}: {leaf.type_name} is a leaf and has no children")
+
+
 class Array(Circuit):
     """A literal tensor, identified by the content hash of its dtype, shape and bytes.
 
@@ -80,6 +96,7 @@ class Array(Circuit):
     __slots__ = ("value", "content_hash")
     type_name = "Array"
     prints_shape = True
+    child_count = (0, 0)
 
     value: "np.ndarray | None"
     content_hash: str
@@ -148,12 +165,44 @@ class Array(Circuit):
     def payload_text(self):
         return self.short_hash
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: an Array has no children")
-        return self
+    @classmethod
+    def parse_payload(cls, text):
+        """The printed content hash (any prefix that is unique in the store)."""
+        if text is None:
+            raise ParseError("Array needs its content hash", expected="hex digits, e.g. 'Array 26cf3704c325241f6eb75ce7'")
+        if not _HEX_ANY_CASE.issuperset(text):
+            raise ParseError(f"{text!r} is not a hex hash", column=1, expected="hex digits (0-9, a-f)")
+        return text
 
-    def _with_name(self, name):
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        """The tensor from the context's store (``store.find(prefix)`` then ``store.get``), else
+        the store's own placeholder (an optional ``store.placeholder(prefix, shape, name)``), else
+        a placeholder of the context's default dtype."""
+        shape = _printed_shape(cls, shape)
+        context = context or _NO_CONTEXT
+        store = context.store
+        if store is not None:
+            digest = payload.lower()
+            try:
+                full = store.find(digest)
+            except StoreError as e:
+                raise ParseError(str(e), column=1, expected="a longer hash prefix, unique in the store") from None
+            if full is not None:
+                node = Array(store.get(full), name=name)
+                if node.shape != shape:
+                    raise ParseError(
+                        f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(shape)}",
+                        expected=f"shape {shape_text(node.shape)} or another hash")
+                return node
+            known = getattr(store, "placeholder", None)
+            node = None if known is None else known(digest, shape, name)
+            if node is not None:
+                return node
+        return cls.placeholder(shape, payload, name=name, dtype=context.default_dtype)
+
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         if self.value is None:
             return Array.placeholder(self.shape, self.content_hash, name=name, dtype=self.dtype)
         return Array(self.value, name=name)
@@ -188,6 +237,7 @@ class Scalar(Circuit):
     __slots__ = ("value",)
     type_name = "Scalar"
     prints_shape = True
+    child_count = (0, 0)
 
     value: float
 
@@ -207,12 +257,18 @@ class Scalar(Circuit):
     def payload_text(self):
         return format_scalar(self.value)
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: a Scalar has no children")
-        return self
+    @classmethod
+    def parse_payload(cls, text):
+        """The printed value: ``1``, ``-10000``, ``0.00001``, ``nan``, ``inf``."""
+        return convert_payload(cls, text, float, "its value", "a number",
+                               "a number like 1, -10000, 0.00001, nan or inf")
 
-    def _with_name(self, name):
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(payload, _printed_shape(cls, shape), name=name)
+
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         return Scalar(self.value, self.shape, name=name)
 
 
@@ -229,6 +285,7 @@ class Symbol(Circuit):
     __slots__ = ("uuid",)
     type_name = "Symbol"
     prints_shape = True
+    child_count = (0, 0)
 
     uuid: "uuid_module.UUID | None"
 
@@ -255,10 +312,31 @@ class Symbol(Circuit):
             parts.append(str(self.uuid))
         return " ".join(parts)
 
-    def _rebuild(self, children):
-        if children:
-            raise CircuitError(f"{self.line()}: a Symbol has no children")
-        return self
+    @classmethod
+    def parse_payload(cls, text):
+        """``[dtype] [uuid]``, either absent: ``(dtype or None, UUID or None)``."""
+        dtype, uid = None, None
+        if text:
+            for word in text.split():
+                if word in DTYPES and dtype is None and uid is None:
+                    dtype = word
+                    continue
+                try:
+                    if uid is not None:
+                        raise ValueError(word)
+                    uid = uuid_module.UUID(word)
+                except ValueError:
+                    raise ParseError(f"cannot read {word!r} in a Symbol payload", column=1,
+                                     expected=f"an optional dtype ({', '.join(DTYPES)}) then an optional uuid") from None
+        return dtype, uid
 
-    def _with_name(self, name):
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        """Without a printed dtype, the context's: a Symbol that indexes a gather is ``int64``
+        (rust_circuit prints no dtypes: its loss module's label Symbol is one), any other float32."""
+        dtype, uid = payload
+        return cls(_printed_shape(cls, shape), name=name, dtype=dtype or (context or _NO_CONTEXT).default_dtype, uuid=uid)
+
+    def _rebuild(self, children, name):
+        _no_children(self, children)
         return Symbol(self.shape, name=name, dtype=self.dtype, uuid=self.uuid)

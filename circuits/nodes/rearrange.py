@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
-from ..errors import CircuitError
+from ..errors import CircuitError, ParseError
 from ..shapes import INT64_MAX
 from .base import Circuit, check_children, shape_error
 
@@ -154,6 +154,8 @@ class Rearrange(Circuit):
 
     __slots__ = ("in_groups", "out_groups", "given_sizes", "sizes")
     type_name = "Rearrange"
+    child_count = (1, 1)
+    passes_index = True
 
     def _setup(self, child, spec, name=None, **sizes):
         (child,) = check_children("Rearrange", name, (child,))
@@ -197,21 +199,30 @@ class Rearrange(Circuit):
     def payload_text(self):
         return self._payload_from(self.in_groups, self.out_groups, self.given_sizes)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Rearrange(child, (self.in_groups, self.out_groups), name=self.name, **dict(self.given_sizes))
-
-    def _with_name(self, name):
-        return Rearrange(
-            self.children[0], (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes)
-        )
+        return Rearrange(child, (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes))
 
     @classmethod
-    def from_text(cls, child, payload: str, name=None) -> "Rearrange":
-        """Parse the printed payload (``'(h d) s -> h s d h=2'``)."""
-        words = payload.split()
+    def parse_payload(cls, text):
+        """The printed payload ``'(h d) s -> h s d h=2'`` -> ``(groups, {'h': 2})``."""
+        expected = "a spec like '(h d) s -> h s d h=2'"
+        if text is None:
+            raise ParseError("Rearrange needs its spec", expected=expected)
+        words = text.split()
         sizes = {}
         while words and "=" in words[-1]:
             k, _, v = words.pop().partition("=")
-            sizes[k] = int(v)
-        return cls(child, " ".join(words), name=name, **sizes)
+            try:
+                sizes[k] = int(v)
+            except ValueError:
+                raise ParseError(f"size {k}={v!r} is not an int", column=1, expected="sizes like h=2") from None
+        try:
+            return parse_rearrange_spec(" ".join(words)), sizes
+        except CircuitError as e:
+            raise ParseError(str(e), column=1, expected=expected) from None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        groups, sizes = payload
+        return cls(children[0], groups, name=name, **sizes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid as uuid_module
 
-from .base import Circuit, check_children
+from .base import Circuit, check_children, convert_payload
 
 
 class Tag(Circuit):
@@ -19,6 +19,8 @@ class Tag(Circuit):
 
     __slots__ = ("uuid",)
     type_name = "Tag"
+    child_count = (1, 1)
+    passes_index = True
 
     uuid: uuid_module.UUID
 
@@ -31,15 +33,21 @@ class Tag(Circuit):
         self.uuid = uuid
         return self._set_common((child,), child.shape, child.dtype, name)
 
+    @classmethod
+    def parse_payload(cls, text):
+        return convert_payload(cls, text, uuid_module.UUID, "its uuid", "a uuid",
+                               "a uuid like 00000000-0000-0000-0000-000000000001")
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(children[0], payload, name=name)
+
     def _payload_bytes(self):
         return self.uuid.bytes
 
     def payload_text(self):
         return str(self.uuid)
 
-    def _rebuild(self, children):
+    def _rebuild(self, children, name):
         (child,) = children
-        return Tag(child, self.uuid, name=self.name)
-
-    def _with_name(self, name):
-        return Tag(self.children[0], self.uuid, name=name)
+        return Tag(child, self.uuid, name=name)

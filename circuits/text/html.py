@@ -1,6 +1,6 @@
 """The notebook view of a circuit: a collapsible HTML tree (``Circuit._repr_html_``).
 
-Each node is a line ``'name' Type payload [shape] dtype``; a node with children is a
+Each node is its line in the text format followed by its shape and dtype; a node with children is a
 ``<details>`` element whose ``<summary>`` is that line, so it opens and closes with a click and no
 JavaScript.  A node met again is not expanded twice: its line links (``href="#..."``) to its first
 appearance.  The view is self-contained (inline CSS, nothing fetched) and cheap whatever the
@@ -24,7 +24,7 @@ from ..dtypes import DEFAULT_FLOAT
 
 from ..shapes import shape_text
 
-from ..nodes.base import quote_name
+from ..nodes.base import format_line, quote_name
 
 MAX_PAYLOAD_CHARS = 120
 
@@ -41,8 +41,7 @@ _STYLE = """<style>
 .circuits-html summary{cursor:pointer;list-style-position:outside}
 .circuits-html .leaf,.circuits-html .ref,.circuits-html .more{padding-left:1.1em}
 .circuits-html .name{color:#005cc5;font-weight:600}
-.circuits-html .type{color:#6f42c1}
-.circuits-html .payload{color:#22863a}
+.circuits-html .body{color:#6f42c1}
 .circuits-html .shape{color:#888}
 .circuits-html .ref a{color:#888;text-decoration:none;border-bottom:1px dotted #888}
 .circuits-html .more,.circuits-html .note{color:#b31d28;font-style:italic}
@@ -50,23 +49,23 @@ _STYLE = """<style>
 </style>"""
 
 
+def _span(part, text):
+    return f'<span class="{part}">{escape(text)}</span>'
+
+
 def _line(node) -> str:
-    parts = []
-    if node.name is not None:
-        parts.append(f'<span class="name">{escape(quote_name(node.name))}</span>')
-    parts.append(f'<span class="type">{escape(node.type_name)}</span>')
+    """The node's text-format line (``format_line``, its parts as spans), then its shape and
+    dtype, which the text leaves implied for most node types."""
     payload = node.payload_text()
-    if payload:
-        if len(payload) > MAX_PAYLOAD_CHARS:
-            payload = payload[: MAX_PAYLOAD_CHARS - 1] + "…"
-        parts.append(f'<span class="payload">{escape(payload)}</span>')
+    if len(payload) > MAX_PAYLOAD_CHARS:
+        payload = payload[: MAX_PAYLOAD_CHARS - 1] + "…"
+    text = format_line(node.type_name, node.name, payload, node.shape if node.prints_shape else None, _span)
     shape = shape_text(node.shape)
     if node.dtype != DEFAULT_FLOAT:
         shape += " " + node.dtype
     if getattr(node, "is_placeholder", False):
         shape += " (placeholder)"
-    parts.append(f'<span class="shape">{escape(shape)}</span>')
-    return " ".join(parts)
+    return text + " " + _span("shape", shape)
 
 
 def _ref_text(node) -> str:

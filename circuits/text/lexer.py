@@ -2,27 +2,22 @@
 
 ``FAST_LINE`` reads the lines the printer writes in one regular-expression match; ``read_line``
 reads every other form (comments, colours, tree glyphs, loose spacing, escapes) and, when a line
-is wrong, walks it to say where and what was expected.  Payload readers are cached by
-payload text, since a circuit repeats the same specs and indices many times.
+is wrong, walks it to say where and what was expected.  Payloads are read by their node classes
+(``parse_payload``); shapes are cached by their text, since a circuit repeats the same few.
 
 >>> read_line("    20 'ln.mean_subbed' Add", 1)
 (2, False, 20, 'ln.mean_subbed', None, 'Add', None, 0)
 >>> read_line("'a0.w.q.head0' [32,256] Index [0,:,:]  # a comment", 1)
 (0, False, None, 'a0.w.q.head0', (32, 256), 'Index', '[0,:,:]', 30)
->>> read_index("[[1,3],:-2,::2]", 1, "")
-(array([1, 3]), slice(None, -2, None), slice(None, None, 2))
 """
 
 from __future__ import annotations
 
 import re
-import uuid as uuid_module
-
-import numpy as np
 
 from ..errors import ParseError
 from ..nodes import NODE_TYPE_BY_NAME
-from ..dtypes import DTYPES
+from ..shapes import decimal_int
 
 # What a line's content may be once its indentation is removed.
 _CONTENT = re.compile(
@@ -265,7 +260,7 @@ def read_shape(text, line_number, line, column):
         return shape
     stripped = text.strip()
     try:
-        shape = tuple(_read_int(s) for s in stripped.split(",")) if stripped else ()
+        shape = tuple(decimal_int(s) for s in stripped.split(",")) if stripped else ()
     except ValueError:
         raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
                    "a shape like [300,256] or [] (non-negative ints)") from None
@@ -274,97 +269,3 @@ def read_shape(text, line_number, line, column):
                    "non-negative sizes")
     remember_payload(_SHAPES, text, shape)
     return shape
-
-
-def _read_int(s: str) -> int:
-    s = s.strip()
-    # int() also takes '1_000', '+3' and non-ASCII digits; the format is plain ASCII decimal.
-    body = s[1:] if s[:1] == "-" else s
-    if not body or not body.isascii() or not body.isdigit():
-        raise ValueError(s)
-    return int(s)
-
-
-_INDICES: dict = {}
-
-
-def read_index(text, line_number, line, column=0):
-    """An Index payload ``[0,:,:]`` -> ``(0, slice(None), slice(None))``, slices as written."""
-    cached = _INDICES.get(text)
-    if cached is not None:
-        return cached
-
-    def bad(what, offset=0):
-        return fail(f"cannot read the index {text}: {what}", line_number, line, column + offset + 1,
-                    "an index like [0,:,:], [1:-1], [::2] or [[1,3,5],:]")
-
-    if len(text) < 2 or text[0] != "[" or text[-1] != "]":
-        raise bad("it must be in [ ]")
-    inner = text[1:-1]
-    entries = []
-    pos = 0
-    if inner.strip():
-        while True:
-            if inner[pos:pos + 1] == "[":
-                close = inner.find("]", pos)
-                if close < 0:
-                    raise bad("an int list's '[' is never closed", pos + 1)
-                body = inner[pos + 1:close].strip()
-                try:
-                    values = [_read_int(v) for v in body.split(",")] if body else []
-                except ValueError:
-                    raise bad(f"[{body}] is not a list of ints", pos + 1) from None
-                entry = np.array(values, dtype=np.int64)
-                entry.flags.writeable = False  # (cached and shared between parses)
-                entries.append(entry)
-                pos = close + 1
-                if inner[pos:].strip()[:1] not in ("", ","):
-                    raise bad("expected ',' after an int list", pos + 1)
-                pos = inner.find(",", pos)
-            else:
-                comma = inner.find(",", pos)
-                part = inner[pos:] if comma < 0 else inner[pos:comma]
-                entries.append(_read_entry(part, bad, pos + 1))
-                pos = comma
-            if pos < 0:
-                break
-            pos += 1
-    result = tuple(entries)
-    remember_payload(_INDICES, text, result)
-    return result
-
-
-def _read_entry(part, bad, offset):
-    if ":" not in part:
-        try:
-            return _read_int(part)
-        except ValueError:
-            raise bad(f"{part.strip()!r} is not an int or a slice", offset) from None
-    bounds = part.split(":")
-    if len(bounds) > 3:
-        raise bad(f"{part.strip()!r} has more than two ':'", offset)
-    try:
-        values = [None if not b.strip() else _read_int(b) for b in bounds]
-    except ValueError:
-        raise bad(f"{part.strip()!r} is not a slice of ints", offset) from None
-    if len(values) == 3 and values[2] == 0:
-        raise bad("a slice step cannot be 0", offset)
-    return slice(*values)
-
-
-def read_symbol_payload(text, line_number, line, column):
-    """``'int64 <uuid>'`` -> ``('int64', UUID(...))``; either part may be absent."""
-    dtype, uid = None, None
-    if text:
-        for word in text.split():
-            if word in DTYPES and dtype is None and uid is None:
-                dtype = word
-                continue
-            try:
-                if uid is not None:
-                    raise ValueError(word)
-                uid = uuid_module.UUID(word)
-            except ValueError:
-                raise fail(f"cannot read {word!r} in a Symbol payload", line_number, line, column + 1,
-                           f"an optional dtype ({', '.join(DTYPES)}) then an optional uuid") from None
-    return dtype, uid

@@ -44,8 +44,10 @@ Options (all keyword):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..errors import CircuitError
-from ..nodes.base import Circuit, bulk_build, quote_name
+from ..nodes.base import Circuit, bulk_build, format_line, quote_name
 from ..shapes import shape_text
 
 DEFAULT_MAX_INDENT = 64
@@ -92,10 +94,34 @@ def to_text(circuit, **options) -> str:
     return print_many([circuit], **options)
 
 
-def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, tree=False,
-               names=True, max_indent=DEFAULT_MAX_INDENT, max_lines=None, max_chars=None) -> str:
+class PrintOptions(NamedTuple):
+    """The print options (see the module docstring), checked once by ``print_many`` and handed
+    to every helper as one value."""
+
+    depth: "int | None" = None
+    shapes: bool = False
+    comments: bool = False
+    color: bool = False
+    tree: bool = False
+    names: bool = True
+    max_indent: "int | None" = DEFAULT_MAX_INDENT
+    max_lines: "int | None" = None
+    max_chars: "int | None" = None
+
+    def checked(self) -> "PrintOptions":
+        """These options with ``max_chars`` filled in; ValueError for an impossible one."""
+        if self.depth is not None and self.depth < 0:
+            raise ValueError(f"depth must be >= 0 or None, got {self.depth}")
+        if self.max_indent is not None and self.max_indent < 1:
+            raise ValueError(f"max_indent must be >= 1 or None, got {self.max_indent}")
+        if self.max_lines is not None and self.max_lines < 1:
+            raise ValueError(f"max_lines must be >= 1 or None, got {self.max_lines}")
+        return self if self.max_chars is not None else self._replace(max_chars=max_text_chars())
+
+
+def print_many(roots, **options) -> str:
     """Several roots in one text: serials count on from one root to the next and a node printed
-    under an earlier root is only referred to later.
+    under an earlier root is only referred to later.  Options as ``to_text`` (``PrintOptions``).
 
     >>> from circuits import Scalar, Add
     >>> one = Scalar(1.0, name='one')
@@ -110,20 +136,16 @@ def print_many(roots, *, depth=None, shapes=False, comments=False, color=False, 
     for r in roots:
         if not isinstance(r, Circuit):
             raise TypeError(f"print_many takes circuit nodes, got {type(r).__name__}")
-    if depth is not None and depth < 0:
-        raise ValueError(f"depth must be >= 0 or None, got {depth}")
-    if max_indent is not None and max_indent < 1:
-        raise ValueError(f"max_indent must be >= 1 or None, got {max_indent}")
-    if max_lines is not None and max_lines < 1:
-        raise ValueError(f"max_lines must be >= 1 or None, got {max_lines}")
-    if max_chars is None:
-        max_chars = max_text_chars()
+    unknown = set(options) - set(PrintOptions._fields)
+    if unknown:
+        raise TypeError(f"unknown print option(s) {', '.join(sorted(unknown))}; the options are "
+                        f"{', '.join(PrintOptions._fields)}")
+    opts = PrintOptions(**options).checked()
     with gc_paused():
-        name_count: dict = {}
-        budget = [max_lines if max_lines is not None else -1]
-        blocks = _layout(roots, depth, max_indent, tree, name_count if names else None, budget)
-        text = _render(blocks, name_count, shapes, comments, color, tree, names, max_chars)
-        del blocks  # freed while the collector is off, so it never scans the line entries
+        layout = _Layout(opts)
+        blocks = layout.blocks(roots)
+        text = _render(blocks, layout.name_count, opts)
+        del blocks, layout  # freed while the collector is off, so it never scans the line entries
     return text
 
 
@@ -134,106 +156,109 @@ gc_paused = bulk_build
 
 
 # ---------------------------------------------------------------------------- layout
-def _layout(roots, depth, max_indent, tree, name_count, budget):
-    """Blocks of line entries in text order.  A block is ``(is_definition, entries)``; an entry is
-    ``(kind, node, level, glyphs)`` where glyphs is the tree prefix (None without ``tree``).
-    ``name_count`` (when not None) receives how many distinct printed nodes bear each name;
-    ``budget[0]`` is how many node lines may still be written (negative: no limit)."""
-    defined: set = set()
-    lifted: list = []  # nodes whose subtree became a definition block, in discovery order
-    root_blocks = []
-    for root in roots:
-        if budget[0] == 0:  # max_lines reached with roots left: say so
-            root_blocks.append((False, [(_CUT, None, 0, "" if tree else None)]))
-            break
-        root_blocks.append((False, _walk(root, False, defined, lifted, depth, max_indent, tree, name_count, budget)))
-    definition_blocks = []
-    i = 0
-    while i < len(lifted) and budget[0] != 0:  # lifted grows while we walk: deeper nodes come later
-        definition_blocks.append((True, _walk(lifted[i], True, defined, lifted, depth, max_indent, tree,
-                                              name_count, budget)))
-        i += 1
-    definition_blocks.reverse()  # deepest first, so most references point backwards
-    return definition_blocks + root_blocks
+class _Layout:
+    """Lays out blocks of line entries in text order.  A block is ``(is_definition, entries)``;
+    an entry is ``(kind, node, level, glyphs)`` where glyphs is the tree prefix (None without
+    ``tree``).  ``name_count`` receives how many distinct printed nodes bear each name (left
+    empty with ``names=False``); ``budget`` is how many node lines may still be written
+    (negative: no limit)."""
 
+    def __init__(self, opts: PrintOptions):
+        self.opts = opts
+        self.defined: set = set()
+        self.lifted: list = []  # nodes whose subtree became a definition block, in discovery order
+        self.name_count: dict = {}
+        self.budget = opts.max_lines if opts.max_lines is not None else -1
 
-def _walk(root, is_lifted, defined, lifted, depth, max_indent, tree, name_count, budget):
-    entries = []
-    emit = entries.append
-    limited = budget[0] >= 0
-
-    if not is_lifted and root.hash in defined:
-        emit((_REF, root, 0, "" if tree else None))
-        if limited:
-            budget[0] -= 1
-        return entries
-    stack = [(root, 0, "", True)]
-    pop, push = stack.pop, stack.append
-    first = True
-    while stack:
-        if limited:  # every item popped writes exactly one node line
-            if budget[0] == 0:  # max_lines reached: one last '...' where the next line would be
-                emit((_CUT, None, stack[-1][1], stack[-1][2] if tree else None))
+    def blocks(self, roots):
+        tree = self.opts.tree
+        root_blocks = []
+        for root in roots:
+            if self.budget == 0:  # max_lines reached with roots left: say so
+                root_blocks.append((False, [(_CUT, None, 0, "" if tree else None)]))
                 break
-            budget[0] -= 1
-        node, level, glyphs, last = pop()
-        h = node.hash
-        if first:
-            first = False
-            defined.add(h)
-        elif h in defined:
-            emit((_REF, node, level, glyphs if tree else None))
-            continue
-        else:
-            defined.add(h)
-            if level == max_indent and node.children:
-                lifted.append(node)
+            root_blocks.append((False, self._walk(root, False)))
+        definition_blocks = []
+        lifted = self.lifted
+        i = 0
+        while i < len(lifted) and self.budget != 0:  # lifted grows while we walk: deeper nodes come later
+            definition_blocks.append((True, self._walk(lifted[i], True)))
+            i += 1
+        definition_blocks.reverse()  # deepest first, so most references point backwards
+        return definition_blocks + root_blocks
+
+    def _walk(self, root, is_lifted):
+        opts = self.opts
+        depth, max_indent, tree = opts.depth, opts.max_indent, opts.tree
+        name_count = self.name_count if opts.names else None
+        defined, lifted = self.defined, self.lifted
+        budget = self.budget
+        entries = []
+        emit = entries.append
+        limited = budget >= 0
+
+        if not is_lifted and root.hash in defined:
+            emit((_REF, root, 0, "" if tree else None))
+            if limited:
+                self.budget -= 1
+            return entries
+        stack = [(root, 0, "", True)]
+        pop, push = stack.pop, stack.append
+        first = True
+        while stack:
+            if limited:  # every item popped writes exactly one node line
+                if budget == 0:  # max_lines reached: one last '...' where the next line would be
+                    emit((_CUT, None, stack[-1][1], stack[-1][2] if tree else None))
+                    break
+                budget -= 1
+            node, level, glyphs, last = pop()
+            h = node.hash
+            if first:
+                first = False
+                defined.add(h)
+            elif h in defined:
                 emit((_REF, node, level, glyphs if tree else None))
                 continue
-        emit((_DEF, node, level, glyphs if tree else None))
-        if name_count is not None and node.name is not None:
-            name_count[node.name] = name_count.get(node.name, 0) + 1
-        kids = node.children
-        if not kids:
-            continue
-        if tree:
-            inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
-            if depth is not None and level >= depth:
-                emit((_CUT, None, level + 1, inner + "└─ "))
+            else:
+                defined.add(h)
+                if level == max_indent and node.children:
+                    lifted.append(node)
+                    emit((_REF, node, level, glyphs if tree else None))
+                    continue
+            emit((_DEF, node, level, glyphs if tree else None))
+            if name_count is not None and node.name is not None:
+                name_count[node.name] = name_count.get(node.name, 0) + 1
+            kids = node.children
+            if not kids:
                 continue
-            n = len(kids)
-            for i in range(n - 1, -1, -1):
-                push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1))
-        else:
-            if depth is not None and level >= depth:
-                emit((_CUT, None, level + 1, None))
-                continue
-            child_level = level + 1
-            for i in range(len(kids) - 1, -1, -1):
-                push((kids[i], child_level, "", False))
-    return entries
+            if tree:
+                inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
+                if depth is not None and level >= depth:
+                    emit((_CUT, None, level + 1, inner + "└─ "))
+                    continue
+                n = len(kids)
+                for i in range(n - 1, -1, -1):
+                    push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1))
+            else:
+                if depth is not None and level >= depth:
+                    emit((_CUT, None, level + 1, None))
+                    continue
+                child_level = level + 1
+                for i in range(len(kids) - 1, -1, -1):
+                    push((kids[i], child_level, "", False))
+        self.budget = budget
+        return entries
 
 
 # ---------------------------------------------------------------------------- strings
-def _body(node, shapes):
-    """The line after the identifier: ``[shape] Type [payload]``."""
-    parts = []
-    if shapes or node.prints_shape:
-        parts.append(shape_text(node.shape))
-    parts.append(node.type_name)
-    payload = node.payload_text()
-    if payload:
-        parts.append(payload)
-    return " ".join(parts)
-
-
-def _render(blocks, name_count, shapes, comments, color, tree, names, max_chars):
+def _render(blocks, name_count, opts: PrintOptions):
     """The lines, numbering serials in text order as nodes first appear."""
+    tree, names, color, max_chars = opts.tree, opts.names, opts.color, opts.max_chars
     lines = []
     emit = lines.append
     written = 0
     indents = ["  " * i for i in range(64)]
-    plain = not (shapes or comments or color or not names)
+    plain = not (opts.shapes or opts.comments or color or not names)
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
     serials = 0
     for is_definition, entries in blocks:
@@ -265,7 +290,7 @@ def _render(blocks, name_count, shapes, comments, color, tree, names, max_chars)
             if plain:
                 text = known[1] + node.line() if kind == _DEF else known[0]
             else:
-                text = _styled(node, kind, known[1], known[0], shapes, comments, color, names)
+                text = _styled(node, kind, known[1], known[0], opts)
             if level == 0 and is_definition and kind == _DEF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
             emit(indent + text)
@@ -279,19 +304,20 @@ def _render(blocks, name_count, shapes, comments, color, tree, names, max_chars)
     return "\n".join(lines)
 
 
-def _styled(node, kind, serial, identifier, shapes, comments, color, names):
+def _styled(node, kind, serial, identifier, opts: PrintOptions):
+    color = opts.color
     if kind == _DEF:
-        head = []
+        body_code = _COLORS.get(node.type_name, "0")
+        text = format_line(
+            node.type_name, node.name if opts.names else None, node.payload_text(),
+            node.shape if opts.shapes or node.prints_shape else None,
+            lambda part, t: _paint(t, "1" if part == "name" else body_code, color),
+        )
         if serial:
-            head.append(_paint(serial[:-1], "2", color))
-        if names and node.name is not None:
-            head.append(_paint(quote_name(node.name), "1", color))
-        body = _body(node, shapes)
-        head.append(_paint(body, _COLORS.get(node.type_name, "0"), color))
-        text = " ".join(head)
+            text = _paint(serial[:-1], "2", color) + " " + text
     else:
         text = _paint(identifier, "2", color)
-    if comments:
+    if opts.comments:
         text += _paint(f"  # {shape_text(node.shape)} {node.dtype}", "2", color)
     return text
 

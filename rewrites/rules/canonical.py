@@ -14,6 +14,9 @@ True
 
 from __future__ import annotations
 
+import itertools
+import math
+
 from circuits.nodes import Add, Circuit, Einsum
 
 from ..engine import rule
@@ -54,6 +57,34 @@ def renumber_axes(in_axes, out_axes):
     return tuple(tuple(ids[a] for a in axes) for axes in in_axes), tuple(ids[a] for a in out_axes)
 
 
+# Operands that are the same node tie in the sort; which of their axis specs comes first still
+# changes the renumbered spec.  Ties are broken by trying the orders within each tie group and
+# keeping the smallest renumbered spec, up to this many candidates (beyond it, a rare Einsum of
+# many copies of one node, the stable order is kept and the form may depend on the input order).
+MAX_TIE_ORDERS = 720
+
+
+def _einsum_order(node) -> list[int]:
+    order = _sorted_positions(node.children)
+    groups, start = [], 0
+    for k in range(1, len(order) + 1):
+        if k == len(order) or node.children[order[k]] is not node.children[order[start]]:
+            if k - start > 1:
+                groups.append((start, k))
+            start = k
+    if not groups or math.prod(math.factorial(b - a) for a, b in groups) > MAX_TIE_ORDERS:
+        return order
+    best = None
+    for choice in itertools.product(*[itertools.permutations(order[a:b]) for a, b in groups]):
+        candidate = list(order)
+        for (a, b), perm in zip(groups, choice):
+            candidate[a:b] = perm
+        spec = renumber_axes([node.in_axes[i] for i in candidate], node.out_axes)
+        if best is None or spec < best[0]:
+            best = (spec, candidate)
+    return best[1]
+
+
 @rule(on=Einsum, example=(
     "'p' Einsum yz,xy->xz\n  'b' [3,4] Symbol\n  'a' [2,3] Symbol",
     "'p' Einsum ab,bc->ac\n  'a' [2,3] Symbol\n  'b' [3,4] Symbol",
@@ -61,7 +92,7 @@ def renumber_axes(in_axes, out_axes):
 def canonicalize_einsum(node):
     """Order an Einsum's operands by structure hash (their axis specs move with them), then
     renumber axis ids in order of first appearance."""
-    order = _sorted_positions(node.children)
+    order = _einsum_order(node)
     in_axes, out_axes = renumber_axes([node.in_axes[i] for i in order], node.out_axes)
     if order == list(range(len(order))) and in_axes == node.in_axes and out_axes == node.out_axes:
         return None

@@ -198,7 +198,7 @@ def test_rearrange_to_a_given_output_shape(out_shape, data):
 def test_rearrange_payload_round_trips():
     x = C.Array(np.arange(30.0).reshape(6, 5))
     node = C.Rearrange(x, "(h d) s -> h s d", h=2)
-    again = C.Rearrange.from_text(x, node.payload_text())
+    again = C.Rearrange.from_payload(C.Rearrange.parse_payload(node.payload_text()), [x])
     assert again is node
     np.testing.assert_array_equal(value(node), np.arange(30.0).reshape(2, 3, 5).transpose(0, 2, 1))
 

@@ -81,3 +81,11 @@ def test_renumber_axes_and_rules_do_not_fire_on_canonical_nodes():
     x2 = x.rename("x2")
     assert canonicalize(Add(x, x2, name="s")) == canonicalize(Add(x2, x, name="s"))
     assert canonicalize(Add(x2, x, name="s")).name == "s"
+
+
+def test_canonicalize_einsum_over_one_node_twice_is_order_independent():
+    # The same operand twice ties in the sort; the axis specs still must land in one order.
+    x = Scalar(1.0, (1, 1))
+    a = Einsum(x, x, in_axes=((0, 1), (2, 3)), out_axes=(0, 1, 2))
+    b = Einsum(x, x, in_axes=((2, 3), (0, 1)), out_axes=(0, 1, 2))
+    assert canonicalize(a) == canonicalize(b)
