@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from circuits import Add, Einsum, Symbol
+from circuits import Add, Einsum, Scalar, Symbol
 from circuits.testing import circuits_with_inputs, einsum_specs
 from circuits.traversal import toposort
 from rewrites import check
