@@ -23,13 +23,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ..nodes import Circuit, Symbol
+from ..nodes import Circuit
 from .program import Program
 from .runtime import (
     bind_arguments,
     check_mode,
     float_dtype,
-    leaf_value,
     maybe_jit,
     package_outputs,
     precision,
@@ -79,7 +78,8 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
 class Compiled:
     """A circuit lowered once: call it with ``inputs`` (a dict keyed by Symbol or name).
 
-    Array and Scalar values are read (and cast) on the first call and kept on the device.
+    Array and Scalar values are uploaded to the device on first use and kept there, shared with
+    every other evaluation of the same tensors (``circuits.backend.runtime``'s device values).
 
     >>> from circuits import Symbol, GeneralFunction
     >>> x = Symbol((3,), name='x')
@@ -92,24 +92,10 @@ class Compiled:
         self.circuit = circuit
         self.float_dtype = float_dtype(dtype)
         self.program, self._items = program_with_also(circuit, self.float_dtype, also)
-        self._constants: list | None = None
-
-    def _constant_values(self):
-        """Array and Scalar values on the device, read once (None while any is missing)."""
-        if self._constants is None:
-            import jax
-
-            problems: list[str] = []
-            values = [leaf_value(n, self.float_dtype, problems) for n in self.program.arg_nodes()
-                      if type(n) is not Symbol]
-            if problems:
-                return None  # bind_arguments reports them, with any input problems
-            self._constants = [jax.device_put(v) for v in values]
-        return self._constants
 
     def __call__(self, inputs: Mapping | None = None):
         with precision(self.float_dtype):
-            args = bind_arguments(self.program, inputs, self.float_dtype, constants=self._constant_values())
+            args = bind_arguments(self.program, inputs, self.float_dtype)
             return _numpy_outputs(program_function(self.program, "jit")(args), self._items)
 
     def __repr__(self):

@@ -119,7 +119,7 @@ class Program:
     """
 
     __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "outputs", "float_dtype", "key",
-                 "_body_key", "_skeleton", "_index_ranges")
+                 "_body_key", "_skeleton", "_index_ranges", "_arg_nodes", "_free_symbols")
 
     def __init__(self, roots: Sequence[Circuit], float_dtype: str, given: Collection[bytes] = ()):
         roots = list(roots)
@@ -136,6 +136,9 @@ class Program:
         self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES or i in given_slots)
         self._skeleton = None
         self._index_ranges = None
+        self._arg_nodes = tuple(nodes[i] for i in self.arg_slots)
+        self._free_symbols = tuple(n for i, n in zip(self.arg_slots, self._arg_nodes)
+                                   if type(n) is Symbol and i not in given_slots)
         parts = [_key_part(n) for n in nodes]
         for i in given_slots:  # a value supplied from outside: only its shape and dtype matter to the code
             parts[i] = argument_key_part("Given", nodes[i].dtype, nodes[i].shape)
@@ -152,7 +155,7 @@ class Program:
         Raises ``KeyError`` for a node that is not in the program."""
         other = object.__new__(Program)
         for name in ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "float_dtype", "_body_key",
-                     "_index_ranges"):
+                     "_index_ranges", "_arg_nodes", "_free_symbols"):
             setattr(other, name, getattr(self, name))
         other._skeleton = None
         other._set_outputs(list(roots))
@@ -161,8 +164,13 @@ class Program:
     def __len__(self):
         return len(self.nodes)
 
-    def arg_nodes(self) -> list[Circuit]:
-        return [self.nodes[i] for i in self.arg_slots]
+    def arg_nodes(self) -> tuple[Circuit, ...]:
+        """The nodes at ``arg_slots``, in order."""
+        return self._arg_nodes
+
+    def free_symbols(self) -> tuple[Symbol, ...]:
+        """The Symbols among the arguments (those not given): what ``inputs`` must bind."""
+        return self._free_symbols
 
     def index_ranges(self) -> dict:
         """Argument node hash -> ``(lo, hi, gather)`` for the int arguments whose values index

@@ -31,7 +31,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import difflib
+import struct
 import threading
+import weakref
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -43,7 +45,7 @@ from .program import Program
 
 __all__ = [
     "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
-    "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
+    "check_index_values", "device_cache_info", "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
     "cache_stats", "clear_cache", "set_cache_size", "resolve_nodes", "as_items", "program_with_also",
     "package_outputs",
 ]
@@ -175,28 +177,41 @@ def check_symbol_value(sym: Symbol, value, fdt: str, problems: list, batched: bo
     return _cast(arr, _canonical(target)), is_batched
 
 
-def leaf_value(node: Circuit, fdt: str, problems: list):
-    """The argument value of an Array or Scalar (cast to the evaluation precision)."""
+def leaf_value(node: Circuit, fdt: str, problems: list, targets: dict | None = None):
+    """The argument value of an Array or Scalar: cast to the evaluation precision and on the
+    device, uploaded once and reused by every later call (see "values on the device").
+    ``targets`` (node dtype -> the dtype JAX computes it in) memoises that lookup over a call."""
+    if targets is None:
+        targets = {}
+    target = targets.get(node.dtype)
+    if target is None:
+        target = targets[node.dtype] = _canonical(fdt if is_float(node.dtype) else node.dtype)
     if type(node) is Scalar:
-        return np.asarray(node.value, dtype=_canonical(fdt))
-    if node.value is None:
+        return _scalar_on_device(node.value, target)
+    host = node.value
+    if host is None:
         problems.append(
             f"placeholder Array {node.line()} has no value: give it one with "
             "circuits.bind(circuit, {name: array}) or circuits.fill_random(circuit, seed)"
         )
         return None
-    target = fdt if is_float(node.dtype) else node.dtype
-    return _cast(_as_array(node.value), _canonical(target))
+    entry = _on_device.get(id(host))
+    value = None if entry is None else entry.values.get(target)
+    return _array_on_device(host, target) if value is None else value
 
 
 def check_index_values(node: Circuit, value, index_range, problems: list) -> None:
     """Append to ``problems`` when ``value`` (bound to ``node``) holds an index outside
-    ``index_range = (lo, hi, gather)``: a gather would silently give NaN there."""
+    ``index_range = (lo, hi, gather)``: a gather would silently give NaN there.  An Array's
+    own value is checked from its host copy, its extent read once."""
     lo, hi, gather = index_range
-    arr = np.asarray(value)
-    if not arr.size:
+    if type(node) is Symbol:
+        extent = _extent(value)
+    else:
+        extent = _array_extent(node.value)
+    if extent is None:
         return
-    vmin, vmax = int(arr.min()), int(arr.max())
+    vmin, vmax = extent
     if lo <= vmin and vmax < hi:
         return
     bad = vmin if vmin < lo else vmax
@@ -207,6 +222,116 @@ def check_index_values(node: Circuit, value, index_range, problems: list) -> Non
     )
 
 
+def _extent(value):
+    """``(min, max)`` of an int array as Python ints, None when it is empty."""
+    arr = np.asarray(value)
+    if not arr.size:
+        return None
+    return int(arr.min()), int(arr.max())
+
+
+# ---------------------------------------------------------------------------- values on the device
+# One device-resident value per Array value (and per Scalar value) and evaluation dtype, shared
+# by every evaluation path: evaluate, Compiled, evaluate_batched, the gradients and Eager hand
+# the same device buffer to JAX on every call, so the weights cross from host to device once,
+# not once per call (on a GPU that upload dominated: ~100 MB for the seed model).
+#
+# An Array's entry is keyed by the identity of its host value (an Array and its renamed twins
+# share that object, so they share one upload) and dropped when that value dies: it lives
+# exactly as long as the tensor and holds no node, so nodes stay collectable and the compile
+# cache stays tensor-free.  On the CPU the upload aliases a 64-byte-aligned host value (Arrays
+# store their private copies aligned; store files map aligned), so no second copy is held.
+# Scalars share a small bounded cache keyed by value.  Fills run outside any lock: two threads
+# may upload the same value at once, and the first stored wins.
+
+_SCALAR_CACHE_SIZE = 4096
+_on_device: dict = {}  # id(host value) -> _Entry (its device values by dtype, its extent)
+_scalars_on_device: dict = {}  # (value, canonical dtype) -> device value, oldest first
+_device_lock = threading.Lock()
+
+
+def _upload(value):
+    """``value`` as a device array (the one place Arrays and Scalars cross to the device)."""
+    import jax
+
+    try:
+        return jax.device_put(value, may_alias=True)
+    except TypeError:  # a JAX without may_alias= (older than 0.4.36): copies
+        return jax.device_put(value)
+
+
+class _Entry:
+    __slots__ = ("ref", "values", "extent")
+
+    def __init__(self, ref):
+        self.ref = ref
+        self.values = {}  # canonical dtype -> device value
+        self.extent = _UNREAD
+
+
+_UNREAD = object()
+
+
+def _entry(host) -> _Entry | None:
+    """The cache entry of one host value (made on first use); None when the value cannot be
+    tracked (no weak reference to it), so nothing is cached for it."""
+    key = id(host)
+    entry = _on_device.get(key)
+    if entry is not None:
+        return entry
+    try:
+        ref = weakref.ref(host, lambda r, key=key: _forget(key, r))
+    except TypeError:
+        return None
+    with _device_lock:
+        return _on_device.setdefault(key, _Entry(ref))
+
+
+def _forget(key, ref):
+    # the host value died: its device values go (unless a newer value already holds the id)
+    entry = _on_device.get(key)
+    if entry is not None and entry.ref is ref:
+        _on_device.pop(key, None)
+
+
+def _array_on_device(host, target):
+    entry = _entry(host)
+    value = None if entry is None else entry.values.get(target)
+    if value is None:
+        value = _upload(_cast(_as_array(host), target))
+        if entry is not None:
+            value = entry.values.setdefault(target, value)
+    return value
+
+
+def _array_extent(host):
+    entry = _entry(host)
+    if entry is None:
+        return _extent(host)
+    if entry.extent is _UNREAD:
+        entry.extent = _extent(host)
+    return entry.extent
+
+
+def _scalar_on_device(value: float, target):
+    # 0.0 and -0.0 are equal keys but different values (Scalars hold one NaN object)
+    key = (value, target) if value else (struct.pack("<d", value), target)
+    found = _scalars_on_device.get(key)
+    if found is None:
+        found = _upload(np.asarray(value, dtype=target))
+        with _device_lock:
+            found = _scalars_on_device.setdefault(key, found)
+            while len(_scalars_on_device) > _SCALAR_CACHE_SIZE:  # the oldest go first
+                del _scalars_on_device[next(iter(_scalars_on_device))]
+    return found
+
+
+def device_cache_info() -> dict:
+    """How many host values have device copies (``arrays``) and how many Scalar values
+    (``scalars``)."""
+    return {"arrays": len(_on_device), "scalars": len(_scalars_on_device)}
+
+
 def raise_problems(problems: list, what: str = "cannot evaluate"):
     if problems:
         shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
@@ -214,41 +339,38 @@ def raise_problems(problems: list, what: str = "cannot evaluate"):
 
 
 def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batched: bool = False,
-                   constants: list | None = None, given: Mapping | None = None):
+                   given: Mapping | None = None):
     """Argument values in ``program.arg_slots`` order, every one checked before anything runs.
 
+    Arrays and Scalars give their device values (uploaded on first use, then reused).
     ``batched=True`` accepts a leading batch axis on Symbol values and also returns which
-    arguments carry one.  ``constants`` (values of Arrays and Scalars from an earlier call)
-    skips re-reading them.  ``given`` (node hash -> value) holds the values of the program's
+    arguments carry one.  ``given`` (node hash -> value) holds the values of the program's
     ``given_slots``, taken as they are.
     """
     problems: list[str] = []
     nodes = program.arg_nodes()
     given_slots = program.given_slots
-    syms = symbol_values([n for s, n in zip(program.arg_slots, nodes) if type(n) is Symbol and s not in given_slots],
-                         inputs, problems)
+    syms = symbol_values(program.free_symbols(), inputs, problems)
+    symbol_batched = None if batched else False
+    targets: dict = {}
     values, axes = [], []
-    const_iter = iter(constants) if constants is not None else None
     for slot, node in zip(program.arg_slots, nodes):
         if slot in given_slots:
             values.append(given[node.hash])
             axes.append(None)
         elif type(node) is Symbol:
             raw = syms.get(node.hash)
-            v, b = (None, False) if raw is None else check_symbol_value(
-                node, raw, fdt, problems, batched=None if batched else False
-            )
+            v, b = (None, False) if raw is None else check_symbol_value(node, raw, fdt, problems, symbol_batched)
             values.append(v)
             axes.append(0 if b else None)
         else:
-            values.append(next(const_iter) if const_iter is not None else leaf_value(node, fdt, problems))
+            values.append(leaf_value(node, fdt, problems, targets))
             axes.append(None)
     ranges = program.index_ranges()
     if ranges:
         for node, v in zip(nodes, values):
             r = ranges.get(node.hash)
-            # Symbols every call; Arrays when their values are read (constants were checked then).
-            if r is not None and v is not None and (type(node) is Symbol or const_iter is None):
+            if r is not None and v is not None:
                 check_index_values(node, v, r, problems)
     raise_problems(problems)
     if batched:

@@ -79,6 +79,16 @@ def _no_children(leaf, children):
         raise CircuitError(f"{leaf.line()}: {leaf.type_name} is a leaf and has no children")
 
 
+def _aligned_copy(value: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of ``value`` whose data starts on a 64-byte boundary: JAX on the CPU
+    then uses it in place as the device value (no second copy of the tensor is held)."""
+    buf = np.empty(value.nbytes + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    out = buf[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    out[...] = value
+    return out
+
+
 class Array(Circuit):
     """A literal tensor, identified by the content hash of its dtype, shape and bytes.
 
@@ -129,7 +139,7 @@ class Array(Circuit):
             if host.flags.writeable:
                 # A private read-only copy: a later write to the caller's array must not change a
                 # node whose hash was computed from the old bytes.
-                host = host.copy()
+                host = _aligned_copy(host)
                 host.flags.writeable = False
             stored = host
         dtype_name = normalize_dtype(host.dtype)
