@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-all bench clean venv system-deps
+.PHONY: demo test test-slow test-all bench clean venv system-deps lint
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,11 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
 	$(PY) -m pytest -n $(JOBS) -m "not slow" --doctest-modules circuits rewrites tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
 
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -m slow tests

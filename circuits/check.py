@@ -8,12 +8,11 @@ True
 
 from __future__ import annotations
 
+from circuits.dtypes import DTYPES
 from circuits.errors import CircuitError
 from circuits.hashing import node_hash, structure_hash
 from circuits.nodes import Array, Circuit, Scalar
-from circuits.dtypes import DTYPES
 from circuits.traversal import toposort
-
 
 _SENTINEL_NAME = "\0check"
 

@@ -15,11 +15,12 @@ Step limits are ``max_steps`` everywhere (see ``rewrites.strategies`` for what a
 """
 
 from circuits.check import check
-from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of, when
-from .strategies import Strategy, apply, at_root, bottom_up, dynamic, fixpoint, normalize, once, seq, top_down
-from .simplify import default_rules, simp
-from .optimize import optimize
+
 from . import rules
+from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of, when
+from .optimize import optimize
+from .simplify import default_rules, simp
+from .strategies import Strategy, apply, at_root, bottom_up, dynamic, fixpoint, normalize, once, seq, top_down
 
 __all__ = [
     "Rule", "RuleSet", "rule", "rules_of", "when", "Trace", "TraceEntry", "name_result",

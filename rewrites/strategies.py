@@ -46,7 +46,7 @@ from circuits.errors import RewriteLoopError
 from circuits.nodes import Circuit
 from circuits.traversal import replace, toposort
 
-from .engine import Run, RuleSet, Trace, rules_of
+from .engine import RuleSet, Run, Trace, rules_of
 
 __all__ = ["Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq",
            "dynamic"]

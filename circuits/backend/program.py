@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Collection, Sequence
 
+from ..dtypes import is_float, is_int
 from ..errors import EvaluationError
 from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
 from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
-from ..traversal import toposort
-from ..dtypes import is_float, is_int
 from ..shapes import check_allocation, max_alloc_bytes
+from ..traversal import toposort
 from .ops import broadcast_scalar, build_op
 
 __all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]

@@ -35,11 +35,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import EvaluationError
+from ..functions import GenIndex
 from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
 from ..nodes.einsum import AXIS_LETTERS
 from ..nodes.leaves import format_scalar
 from ..traversal import toposort
-from ..functions import GenIndex
 
 __all__ = ["SYMBOLIC_RULES", "SymbolTable", "symbolic_evaluate", "symbolic_equal"]
 

@@ -22,12 +22,20 @@ Register your own:
 >>> unregister_function('softplus_demo')
 """
 
-from .registry import (
-    Bounds, FunctionSpec, family_grammars, lookup, register, register_elementwise, register_family,
-    register_function, registered_names, unregister_function,
-)
 from . import builtins as _builtins  # noqa: F401  (registers the built-in functions)
 from .gather import GEN_INDEX_GRAMMAR, GEN_INDEX_PATTERN, GenIndex, gen_index_name
+from .registry import (
+    Bounds,
+    FunctionSpec,
+    family_grammars,
+    lookup,
+    register,
+    register_elementwise,
+    register_family,
+    register_function,
+    registered_names,
+    unregister_function,
+)
 
 __all__ = [
     "Bounds", "FunctionSpec", "GEN_INDEX_GRAMMAR", "GEN_INDEX_PATTERN", "GenIndex", "family_grammars",

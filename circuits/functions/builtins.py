@@ -12,7 +12,14 @@ from __future__ import annotations
 import math
 
 from .registry import (
-    Bounds, FunctionSpec, drop_last, float_dtype, needs_rank, register, register_elementwise, same_shape,
+    Bounds,
+    FunctionSpec,
+    drop_last,
+    float_dtype,
+    needs_rank,
+    register,
+    register_elementwise,
+    same_shape,
 )
 
 

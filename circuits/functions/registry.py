@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import attrs
 
+from ..dtypes import DEFAULT_FLOAT, is_float, promote
 from ..errors import CircuitError, ShapeError
 from ..shapes import broadcast_shapes
-from ..dtypes import DEFAULT_FLOAT, is_float, promote
 
 if TYPE_CHECKING:
     from .gather import GenIndex

@@ -28,11 +28,11 @@ from typing import Mapping
 
 import numpy as np
 
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..errors import CircuitError, ShapeError
 from ..nodes import Array, Circuit
-from ..dtypes import FLOAT_DTYPES, INT_DTYPES
-from ..traversal import replace, toposort
 from ..shapes import check_allocation
+from ..traversal import replace, toposort
 
 # Node types whose values are a selection or copy of their children's values, so an int index
 # passes through them unchanged on its way to a gather.

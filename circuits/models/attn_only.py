@@ -33,6 +33,7 @@ from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar, Symbol
 from .blocks import ALL, attention_head, causal_mask, layer_norm, neg_inf_bias
 
+
 def _head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w, mask: Circuit, bias: Circuit) -> Circuit:
     """Head ``head`` of layer ``layer``: its slices of the layer's weights, then the shared block."""
     p = f"a{layer}.w"

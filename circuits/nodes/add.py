@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
+from ..dtypes import promote
 from ..errors import ParseError
 from ..shapes import broadcast_shapes
-from ..dtypes import promote
 from .base import Circuit, check_children, dtype_of, shape_error, shape_of
 
 

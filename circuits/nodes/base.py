@@ -37,9 +37,9 @@ import weakref
 from typing import ClassVar, NamedTuple
 
 from ..errors import CircuitError, ParseError, ShapeError, escape_char
-
-from ..hashing import node_hash, pack_ints as _pack_ints, type_prefix
+from ..hashing import node_hash, type_prefix
 from ..shapes import shape_text
+
 
 class _Ref(weakref.ref):
     """A weak reference that remembers its interning key (a C-level subclass: much cheaper to

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..dtypes import promote
-
-from .base import Circuit, _pack_ints, check_children, convert_payload, dtype_of, shape_error
+from ..hashing import pack_ints as _pack_ints
+from .base import Circuit, check_children, convert_payload, dtype_of, shape_error
 
 
 class Concat(Circuit):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import functools
 
-from ..errors import CircuitError, ParseError
 from ..dtypes import promote
-from ..shapes import int_tuple
-from .base import Circuit, _pack_ints, check_children, dtype_of, shape_error, shape_of
-from ..shapes import INT64_MAX
+from ..errors import CircuitError, ParseError
+from ..hashing import pack_ints as _pack_ints
+from ..shapes import INT64_MAX, int_tuple
+from .base import Circuit, check_children, dtype_of, shape_error, shape_of
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK

@@ -7,7 +7,6 @@ from ..errors import CircuitError, ParseError, ShapeError
 from ..shapes import int_tuple
 from .base import Circuit, check_children, dtype_of, quote_name, shape_error, shape_of
 
-
 # Shape and dtype rules are pure functions of the children's shapes and dtypes, and circuits
 # apply the same function to the same shapes over and over: remember the answers.  Keyed by the
 # spec's id (FunctionSpec hashes slowly) with the spec kept in the value, so a re-registered

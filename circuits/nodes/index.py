@@ -7,8 +7,9 @@ import struct
 import numpy as np
 
 from ..errors import CircuitError, ParseError
+from ..hashing import pack_ints as _pack_ints
 from ..shapes import INT64_MAX, INT64_MIN, decimal_int
-from .base import Circuit, _pack_ints, check_children, shape_error
+from .base import Circuit, check_children, shape_error
 
 
 def _slice_text(s: slice) -> str:

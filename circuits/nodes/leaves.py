@@ -34,11 +34,13 @@ import uuid as uuid_module
 
 import numpy as np
 
-from ..errors import CircuitError, ParseError, StoreError
-from ..hashing import PRINTED_HASH_HEX, content_hash as compute_content_hash
 from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
-from .base import Circuit, ParseContext, _pack_ints, convert_payload, quote_name
+from ..errors import CircuitError, ParseError, StoreError
+from ..hashing import PRINTED_HASH_HEX
+from ..hashing import content_hash as compute_content_hash
+from ..hashing import pack_ints as _pack_ints
 from ..shapes import INT64_MAX, shape_text
+from .base import Circuit, ParseContext, convert_payload, quote_name
 
 _HEX = set("0123456789abcdef")
 _HEX_ANY_CASE = frozenset("0123456789abcdefABCDEF")

@@ -27,7 +27,7 @@ import fnmatch
 import re
 from typing import Callable, Iterable
 
-from ..errors import CircuitError, SelectionError, ShapeError
+from ..errors import SelectionError, ShapeError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..traversal import parents_map, toposort
 

@@ -19,14 +19,15 @@ circuit's text, the values of its small Arrays and the inputs.  A rule that wron
     )
 """
 
+from .roundtrip import store_of
 from .strategies import (
     ALL_TYPES,
     CLOSED_TYPES,
-    CircuitWithInputs,
     DEFAULT_FUNCTIONS,
     DEFAULT_NAMES,
     MAGNITUDE_CAP,
     POSITIVE_MIN,
+    CircuitWithInputs,
     EinsumSpec,
     RearrangeSpec,
     arrays,
@@ -42,7 +43,6 @@ from .strategies import (
     shapes,
     slices,
 )
-from .roundtrip import store_of
 
 __all__ = [
     "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "DEFAULT_NAMES", "MAGNITUDE_CAP", "POSITIVE_MIN",

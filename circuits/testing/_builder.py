@@ -16,12 +16,19 @@ from hypothesis import strategies as st
 
 from ..errors import ShapeError
 from ..functions import GenIndex, lookup
-from ..shapes import broadcast_shapes
 from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from ..traversal import toposort
 from ..nodes.einsum import format_spec
+from ..shapes import broadcast_shapes
+from ..traversal import toposort
 from .strategies import (
-    EinsumSpec, MAGNITUDE_CAP, POSITIVE_MIN, _index_to, _rearrange_plan, arrays, einsum_specs, int_arrays,
+    MAGNITUDE_CAP,
+    POSITIVE_MIN,
+    EinsumSpec,
+    _index_to,
+    _rearrange_plan,
+    arrays,
+    einsum_specs,
+    int_arrays,
 )
 
 

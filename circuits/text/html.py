@@ -21,10 +21,8 @@ from __future__ import annotations
 from html import escape as _escape
 
 from ..dtypes import DEFAULT_FLOAT
-
-from ..shapes import shape_text
-
 from ..nodes.base import format_line, quote_name
+from ..shapes import shape_text
 
 MAX_PAYLOAD_CHARS = 120
 

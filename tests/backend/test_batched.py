@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from circuits import Add, Array, EvaluationError, Einsum, GeneralFunction, Symbol, evaluate
+from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Symbol, evaluate
 from circuits.backend import cache_stats, evaluate_batched
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -115,8 +115,8 @@ def test_cache_is_bounded_and_evicts_least_recently_used():
 
 
 def test_cached_code_holds_no_tensors():
-    from circuits.backend import runtime as eval_runtime
     from circuits.backend import evaluate_batched, grad
+    from circuits.backend import runtime as eval_runtime
 
     value = np.random.default_rng(10).standard_normal((3, 31)).astype(np.float32)
     node = Array(value, name="big")

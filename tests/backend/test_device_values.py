@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
-from circuits.backend import compile, evaluate, evaluate_batched, value_and_grad
-from circuits.backend import runtime
+from circuits.backend import compile, evaluate, evaluate_batched, runtime, value_and_grad
 from circuits.backend.program import Skeleton
 
 

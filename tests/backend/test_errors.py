@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from circuits import (
-    Add, Array, CircuitError, Einsum, EvaluationError, GeneralFunction, Index, ShapeError, Symbol, compile, evaluate,
+    Add,
+    Array,
+    CircuitError,
+    Einsum,
+    EvaluationError,
+    GeneralFunction,
+    Index,
+    ShapeError,
+    Symbol,
+    compile,
+    evaluate,
     register_elementwise,
 )
 from circuits.backend import Eager, clear_cache, evaluate_batched

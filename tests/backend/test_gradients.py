@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from circuits import Add, Array, EvaluationError, Einsum, GeneralFunction, Index, Scalar, Symbol, evaluate, replace
+from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Index, Scalar, Symbol, evaluate, replace
 from circuits.backend import grad, value_and_grad
 
 rng = np.random.default_rng(0)

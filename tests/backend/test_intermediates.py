@@ -6,7 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from circuits import Add, Array, EvaluationError, Einsum, GeneralFunction, Scalar, SelectionError, Symbol, compile, evaluate
+from circuits import (
+    Add,
+    Array,
+    Einsum,
+    EvaluationError,
+    GeneralFunction,
+    Scalar,
+    SelectionError,
+    Symbol,
+    compile,
+    evaluate,
+)
 from circuits.backend import Eager, cache_stats
 
 rng = np.random.default_rng(0)

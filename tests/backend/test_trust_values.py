@@ -3,15 +3,15 @@ library errors (never raw ones) for huge sizes and misuse, bounded allocations."
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import circuits as C
-from circuits.testing import store_of
+from circuits.backend.symbolic import symbolic_evaluate
 from circuits.errors import CircuitError, EvaluationError, ParseError, SelectionError, ShapeError
 from circuits.functions import GenIndex
-from circuits.backend.symbolic import symbolic_evaluate
 from circuits.io.values import gather_index_bounds
-
+from circuits.testing import store_of
 from tests.nodes import oracle
 
 

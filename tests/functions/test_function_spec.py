@@ -20,7 +20,12 @@ from circuits import Add, Array, Einsum, GeneralFunction, Rearrange, Scalar, Sym
 from circuits.backend import evaluate
 from circuits.backend.symbolic import symbolic_equal, symbolic_evaluate
 from circuits.functions import (
-    Bounds, lookup, register_elementwise, register_function, registered_names, unregister_function,
+    Bounds,
+    lookup,
+    register_elementwise,
+    register_function,
+    registered_names,
+    unregister_function,
 )
 from circuits.testing import CLOSED_TYPES, circuits
 from rewrites.rules.gather import push_gather_through_function

@@ -5,8 +5,8 @@ import pytest
 
 import circuits as C
 from circuits import Array, CircuitError, ShapeError
-from circuits.text import parse, to_text
 from circuits.io.values import bind, fill_random, gather_index_bounds, placeholders
+from circuits.text import parse, to_text
 
 # Three gathers: 'toks' indexes a 10-row and (through an Index) a 3-row table; 'pos' picks one of
 # 5 entries per batch row.

@@ -7,7 +7,8 @@ import inspect
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circuits as C
 from circuits.backend.ops import OP_BUILDERS

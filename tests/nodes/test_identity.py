@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import circuits as C
+from circuits.io.values import placeholders
 from circuits.models import attn_only, causal_mask, random_weights
 from circuits.nodes import base
 from circuits.select import update
 from circuits.traversal import deep_map, replace
-from circuits.io.values import placeholders
 
 REPO = Path(__file__).resolve().parents[2]
 

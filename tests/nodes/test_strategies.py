@@ -3,14 +3,25 @@ asked shape and types, real sharing, repeated names, every node type, well-condi
 
 import numpy as np
 import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import find as hypothesis_find
+from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
-from hypothesis import Phase, find as hypothesis_find, given, settings, strategies as st
 
 import circuits as C
 from circuits.nodes import NODE_TYPES
 from circuits.testing import (
-    CLOSED_TYPES, MAGNITUDE_CAP, POSITIVE_MIN, arrays, circuits, circuits_with_inputs, einsum_specs,
-    indices, inputs_for, rearrange_specs, shapes,
+    CLOSED_TYPES,
+    MAGNITUDE_CAP,
+    POSITIVE_MIN,
+    arrays,
+    circuits,
+    circuits_with_inputs,
+    einsum_specs,
+    indices,
+    inputs_for,
+    rearrange_specs,
+    shapes,
 )
 from circuits.traversal import toposort
 

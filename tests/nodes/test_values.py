@@ -1,15 +1,23 @@
 """Every node type's shape rule and value against plain numpy (float64), on generated inputs."""
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import circuits as C
 from circuits.backend import evaluate
 from circuits.nodes.einsum import axis_letter
 from circuits.testing import (
-    CLOSED_TYPES, arrays, circuits, circuits_with_inputs, einsum_specs, indices, int_arrays,
-    rearrange_specs, shapes,
+    CLOSED_TYPES,
+    arrays,
+    circuits,
+    circuits_with_inputs,
+    einsum_specs,
+    indices,
+    int_arrays,
+    rearrange_specs,
+    shapes,
 )
 
 from . import oracle

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 
 from circuits import (
-    Add, Array, Einsum, GeneralFunction, RewriteError, RewriteLoopError, Scalar, Symbol, count_nodes,
+    Add,
+    Array,
+    Einsum,
+    GeneralFunction,
+    RewriteError,
+    RewriteLoopError,
+    Scalar,
+    Symbol,
+    count_nodes,
     toposort,
 )
 from circuits.backend import evaluate
@@ -16,12 +24,32 @@ from circuits.backend.symbolic import symbolic_equal
 from circuits.testing import circuits_with_inputs
 from circuits.text.parser import parse
 from rewrites import (
-    Rule, RuleSet, Trace, apply, at_root, bottom_up, check, dynamic, fixpoint, normalize, once, rule, seq,
-    simp, top_down, when,
+    Rule,
+    RuleSet,
+    Trace,
+    apply,
+    at_root,
+    bottom_up,
+    check,
+    dynamic,
+    fixpoint,
+    normalize,
+    once,
+    rule,
+    seq,
+    simp,
+    top_down,
+    when,
 )
 from rewrites.optimize import OPTIMIZE_RULES
 from rewrites.rules import (
-    SIMP_RULES, add_single_term, all_rules, einsum_identity, flatten_add, nest_add, remove_add_zeros,
+    SIMP_RULES,
+    add_single_term,
+    all_rules,
+    einsum_identity,
+    flatten_add,
+    nest_add,
+    remove_add_zeros,
 )
 from tests.deep import DEPTH, STEPS
 

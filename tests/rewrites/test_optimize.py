@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol
-from circuits.models import attn_only, random_weights, tokens_symbol
 from circuits.backend.symbolic import symbolic_equal
+from circuits.models import attn_only, random_weights, tokens_symbol
 from circuits.testing import circuits_with_inputs, int_arrays, shapes
 from circuits.traversal import toposort
 from rewrites import Trace, check

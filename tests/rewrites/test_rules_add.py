@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from circuits import Add, Array, Einsum, Scalar, Symbol
 from circuits.testing import shapes
-from rewrites.rules.add import coefficient_form
 from rewrites.rules import (
     add_single_term,
     dedupe_add_terms,
@@ -18,8 +17,9 @@ from rewrites.rules import (
     nest_add_terms,
     remove_add_zeros,
 )
+from rewrites.rules.add import coefficient_form
 
-from .rewrite_helpers import RULE_SETTINGS, NONZERO, broadcast_shapes_of, einsums, fire, must_not_fire, operands
+from .rewrite_helpers import NONZERO, RULE_SETTINGS, broadcast_shapes_of, einsums, fire, must_not_fire, operands
 
 
 @st.composite

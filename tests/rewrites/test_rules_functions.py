@@ -14,7 +14,6 @@ from rewrites.rules.functions import RULES, fold_function_of_scalars, fold_last_
 
 from .rewrite_helpers import RULE_SETTINGS, fire, must_not_fire, operands
 
-
 # Elementwise functions and a safe range for their argument, with numpy as the oracle.
 NUMPY = {
     "exp": (np.exp, -3, 3), "log": (np.log, 0.1, 5), "sin": (np.sin, -5, 5), "cos": (np.cos, -5, 5),

@@ -25,7 +25,16 @@ from rewrites.rules.index import (
     range_to_slice,
 )
 
-from .rewrite_helpers import RULE_SETTINGS, assert_same, broadcast_shapes_of, einsums, fire, must_not_fire, operands, value64
+from .rewrite_helpers import (
+    RULE_SETTINGS,
+    assert_same,
+    broadcast_shapes_of,
+    einsums,
+    fire,
+    must_not_fire,
+    operands,
+    value64,
+)
 
 
 # ---------------------------------------------------------------------------- oracles

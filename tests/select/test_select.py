@@ -6,8 +6,22 @@ import pytest
 import circuits as C
 from circuits.models import attn_only, random_weights
 from circuits.select import (
-    Below, ChildOf, Depth, Glob, Is, Name, Pred, Regex, Type, as_matcher, get, get_unique, names,
-    parents, paths, update,
+    Below,
+    ChildOf,
+    Depth,
+    Glob,
+    Is,
+    Name,
+    Pred,
+    Regex,
+    Type,
+    as_matcher,
+    get,
+    get_unique,
+    names,
+    parents,
+    paths,
+    update,
 )
 from tests.deep import DEPTH
 

@@ -7,9 +7,9 @@ recursion proportional to depth would fail loudly.
 import pytest
 
 from circuits import Add, Scalar, Symbol, toposort
+from circuits.testing import store_of
 from circuits.text import parse, parse_many, print_many, to_text
 from circuits.text.printer import DEFAULT_MAX_INDENT
-from circuits.testing import store_of
 from tests.deep import DEPTH, build_deep_chain
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from circuits.testing import circuits as public_circuits, store_of
+from circuits.testing import circuits as public_circuits
+from circuits.testing import store_of
 from circuits.text import parse, parse_many, print_many, to_text
 
 TRICKY_NAMES = ("x", "w", "it's", "a\\b", "new\nline\r", "# hash", "", " sp ", "ünï∑", "7", "7 'x'",

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits.text import parse, parse_many, print_many, to_text
 from circuits.io.values import bind, fill_random, placeholders
+from circuits.text import parse, parse_many, print_many, to_text
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 SEED_TEXT = (GOLDEN / "attn_only_loss.txt").read_text(encoding="utf-8")

@@ -3,9 +3,9 @@ control characters, no trailing spaces, bounded printer output and parser caches
 
 import gc
 
-import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import circuits as C
 from circuits.errors import CircuitError, ParseError
