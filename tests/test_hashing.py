@@ -19,13 +19,13 @@ from circuits.hashing import (
     structure_hash,
     type_prefix,
 )
-from circuits.testing import circuits
+from circuits.testing import dags
 from circuits.traversal import toposort
 
 ODD_NAMES = ["x", "", "ab\0", "\ud800", "é", "a'b"]
 
 
-@given(circuits(max_nodes=15, names=ODD_NAMES))
+@given(dags(max_nodes=15, names=ODD_NAMES))
 def test_nodes_are_hashed_by_the_recipes_in_hashing(circuit):
     check(circuit)
     for node in toposort(circuit):

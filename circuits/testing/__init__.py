@@ -3,7 +3,7 @@
 See ``circuits.testing.strategies`` for the strategies and an example of property-testing a rewrite,
 and ``circuits.testing.roundtrip.store_of`` for exact text round trips.
 
-A failing example explains itself: ``circuits(...)`` draws circuits, which print in the text
+A failing example explains itself: ``dags(...)`` draws circuits, which print in the text
 format, and ``circuits_with_inputs(...)`` draws a ``CircuitWithInputs`` whose repr is the shrunk
 circuit's text, the values of its small Arrays and the inputs.  A rule that wrongly rewrites
 ``x + y`` to ``x`` fails like this::
@@ -31,8 +31,8 @@ from .strategies import (
     EinsumSpec,
     RearrangeSpec,
     arrays,
-    circuits,
     circuits_with_inputs,
+    dags,
     describe_case,
     einsum_specs,
     indices,
@@ -46,7 +46,7 @@ from .strategies import (
 
 __all__ = [
     "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "DEFAULT_NAMES", "MAGNITUDE_CAP", "POSITIVE_MIN",
-    "CircuitWithInputs", "EinsumSpec", "RearrangeSpec", "arrays", "circuits", "circuits_with_inputs",
+    "CircuitWithInputs", "EinsumSpec", "RearrangeSpec", "arrays", "circuits_with_inputs", "dags",
     "describe_case", "einsum_specs", "indices", "inputs_for", "int_arrays", "names", "rearrange_specs",
     "shapes", "slices", "store_of",
 ]

@@ -1,4 +1,4 @@
-"""The DAG builder behind ``circuits.testing.circuits``.
+"""The DAG builder behind ``circuits.testing.dags``.
 
 Shape first, then a node of that shape.  Each built node carries an interval bounding its values
 (exact for leaves, interval arithmetic above), so that functions needing positive or bounded

@@ -57,7 +57,7 @@ __all__ = [
     "DEFAULT_NAMES", "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "MAGNITUDE_CAP", "POSITIVE_MIN",
     "EinsumSpec", "RearrangeSpec",
     "shapes", "names", "arrays", "int_arrays", "einsum_specs", "indices", "slices", "rearrange_specs",
-    "circuits", "circuits_with_inputs", "inputs_for", "CircuitWithInputs", "describe_case",
+    "circuits_with_inputs", "dags", "inputs_for", "CircuitWithInputs", "describe_case",
 ]
 
 # A small pool so that distinct nodes often share a name (as in real circuits: 'ln.mean_subbed').
@@ -439,8 +439,8 @@ def describe_case(circuit, inputs=None) -> str:
             f"arrays={{{', '.join(arrays)}}},\ninputs={{{', '.join(given)}}})")
 
 
-def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5, names=None,
-             dtype="float32", root_types=None):
+def dags(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5, names=None,
+         dtype="float32", root_types=None):
     """Circuits (DAGs with shared subtrees) of ``shape`` (drawn when None).
 
     - ``types``: node classes (or printed type names) that may appear; default all of them,
@@ -464,7 +464,7 @@ def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=
     ...         for k in set(n.children):
     ...             parents[k] = parents.get(k, 0) + 1
     ...     return max(parents.values(), default=0) >= 2
-    >>> c = find(circuits(max_nodes=12, types=CLOSED_TYPES), shares)
+    >>> c = find(dags(max_nodes=12, types=CLOSED_TYPES), shares)
     >>> C.evaluate(c).shape == c.shape
     True
     """
@@ -476,7 +476,7 @@ def circuits(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=
 
 def circuits_with_inputs(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5,
                          names=None, dtype="float32", root_types=None):
-    """``(circuit, inputs)`` pairs (``CircuitWithInputs``): a circuit as from ``circuits(...)``
+    """``(circuit, inputs)`` pairs (``CircuitWithInputs``): a circuit as from ``dags(...)``
     and a value for each of its Symbols (``{symbol: ndarray}``, ready for
     ``circuits.evaluate(circuit, inputs)``).  A falsifying example prints as the circuit's text
     with its inputs (see ``describe_case``)."""

@@ -27,7 +27,7 @@ from circuits.functions import (
     registered_names,
     unregister_function,
 )
-from circuits.testing import CLOSED_TYPES, circuits
+from circuits.testing import CLOSED_TYPES, dags
 from rewrites.rules.gather import push_gather_through_function
 from tests.rewrites.rewrite_helpers import fire, must_not_fire
 
@@ -119,7 +119,7 @@ def test_gather_moves_through_a_user_function_only_when_it_propagates_nan():
 @pytest.mark.usefixtures("user_functions")
 @pytest.mark.parametrize("name", ["cube_demo", "center_demo", "sumsq_demo", "hypot_demo"])
 def test_strategies_draw_user_functions_within_their_bounds(name):
-    @given(c=circuits(types=CLOSED_TYPES, functions=(name,), max_nodes=5, max_depth=3,
+    @given(c=dags(types=CLOSED_TYPES, functions=(name,), max_nodes=5, max_depth=3,
                       root_types=(GeneralFunction,)))
     @settings(max_examples=15, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -134,7 +134,7 @@ def test_strategies_draw_user_functions_within_their_bounds(name):
 def test_strategies_refuse_a_function_they_cannot_draw_and_say_why():
     register_function("opaque_demo", lambda s: s[0], lambda x: x)  # no core_ndim, no bounds
     try:
-        @given(c=circuits(functions=("opaque_demo",)))
+        @given(c=dags(functions=("opaque_demo",)))
         def check(c):
             pass
 

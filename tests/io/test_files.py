@@ -124,7 +124,7 @@ def test_big_endian_values_load_as_the_same_node(tmp_path):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(circuit=cst.circuits(max_nodes=12))
+@given(circuit=cst.dags(max_nodes=12))
 def test_generated_circuits_round_trip(tmp_path, circuit):
     path = tmp_path / "gen.circuit"
     save(circuit, path)

@@ -15,7 +15,7 @@ from circuits.backend.ops import OP_BUILDERS
 from circuits.backend.program import ARGUMENT_TYPES
 from circuits.backend.symbolic import SYMBOLIC_RULES, symbolic_evaluate
 from circuits.nodes import NODE_TYPES, Circuit
-from circuits.testing import circuits, circuits_with_inputs, store_of
+from circuits.testing import circuits_with_inputs, dags, store_of
 from circuits.text import parser
 
 TYPES = pytest.mark.parametrize("node_type", NODE_TYPES, ids=lambda t: t.__name__)
@@ -23,7 +23,7 @@ FEW = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck
 
 
 def small(node_type, **kw):
-    return circuits(root_types=[node_type], max_nodes=6, max_depth=3, **kw)
+    return dags(root_types=[node_type], max_nodes=6, max_depth=3, **kw)
 
 
 @TYPES

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits.nodes import NODE_TYPE_BY_NAME, NODE_TYPES
-from circuits.testing import circuits
+from circuits.testing import dags
 from circuits.traversal import strip_names, toposort
 
 # One strategy per node class: a node of that class over generated (shared) children.
-EXAMPLES = {t: circuits(root_types=[t], max_nodes=8, max_depth=3) for t in NODE_TYPES}
+EXAMPLES = {t: dags(root_types=[t], max_nodes=8, max_depth=3) for t in NODE_TYPES}
 
 
 def test_every_node_type_has_an_example_and_a_printed_name():

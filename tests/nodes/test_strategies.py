@@ -15,8 +15,8 @@ from circuits.testing import (
     MAGNITUDE_CAP,
     POSITIVE_MIN,
     arrays,
-    circuits,
     circuits_with_inputs,
+    dags,
     einsum_specs,
     indices,
     inputs_for,
@@ -53,11 +53,11 @@ def height(circuit):
 
 @given(shapes(), st.data())
 def test_circuits_have_the_asked_shape(shape, data):
-    c = data.draw(circuits(shape, max_nodes=10))
+    c = data.draw(dags(shape, max_nodes=10))
     assert c.shape == shape
 
 
-@given(circuits(max_nodes=12, max_depth=3))
+@given(dags(max_nodes=12, max_depth=3))
 def test_depth_bound(c):
     assert height(c) <= 3
 
@@ -66,7 +66,7 @@ def test_depth_bound(c):
                 min_size=1, max_size=3, unique=True), st.data())
 def test_types_and_root_types_are_respected(composites, data):
     types = [C.Scalar, *composites]
-    c = data.draw(circuits(types=types, root_types=composites, max_nodes=8))
+    c = data.draw(dags(types=types, root_types=composites, max_nodes=8))
     assert type(c) in composites
     for n in toposort(c):
         assert type(n) in types or (
@@ -76,18 +76,18 @@ def test_types_and_root_types_are_respected(composites, data):
 
 def test_circuits_share_nodes_and_repeat_names():
     # a node with two distinct parents: a DAG, not a tree
-    find(circuits(types=CLOSED_TYPES, max_nodes=15), lambda c: max(parents_count(c).values(), default=0) >= 2)
+    find(dags(types=CLOSED_TYPES, max_nodes=15), lambda c: max(parents_count(c).values(), default=0) >= 2)
 
     def repeated_name(c):
         names = [n.name for n in toposort(c) if n.name is not None]
         return len(names) != len(set(names))
 
-    find(circuits(max_nodes=15), repeated_name)
+    find(dags(max_nodes=15), repeated_name)
 
 
 @pytest.mark.parametrize("node_type", NODE_TYPES, ids=lambda t: t.__name__)
 def test_every_node_type_is_drawn_below_the_root(node_type):
-    find(circuits(max_nodes=15), lambda c: any(type(n) is node_type for n in toposort(c)[:-1]))
+    find(dags(max_nodes=15), lambda c: any(type(n) is node_type for n in toposort(c)[:-1]))
 
 
 @pytest.mark.parametrize("kind", ["diagonal", "summed", "zero_operands", "scalar_operand", "greek"])
@@ -117,7 +117,7 @@ def test_index_and_rearrange_specs_reach_their_interesting_cases():
     find(rearrange_specs((6, 4)), lambda r: len(r.shape) > 2 and np.prod(r.shape) > 24)  # repeat
 
 
-@given(circuits(types=CLOSED_TYPES, max_nodes=15))
+@given(dags(types=CLOSED_TYPES, max_nodes=15))
 def test_values_are_well_conditioned_everywhere(c):
     env = {}
     for n in toposort(c):

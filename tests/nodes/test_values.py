@@ -11,8 +11,8 @@ from circuits.nodes.einsum import axis_letter
 from circuits.testing import (
     CLOSED_TYPES,
     arrays,
-    circuits,
     circuits_with_inputs,
+    dags,
     einsum_specs,
     indices,
     int_arrays,
@@ -248,7 +248,7 @@ def test_generated_circuits_evaluate_like_the_numpy_oracle(case):
     np.testing.assert_allclose(got, expected, rtol=1e-7, atol=1e-7)
 
 
-@given(circuits(types=CLOSED_TYPES, max_nodes=10))
+@given(dags(types=CLOSED_TYPES, max_nodes=10))
 def test_float32_evaluation_is_close_to_float64(circuit):
     lo = evaluate(circuit)
     hi = value(circuit)

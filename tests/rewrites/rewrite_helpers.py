@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar
 from circuits.backend import evaluate
-from circuits.testing import arrays, circuits, einsum_specs
+from circuits.testing import arrays, dags, einsum_specs
 from rewrites import Trace, apply, at_root, check
 
 # Property tests: modest example counts (the suite runs on 2 shared cores).
@@ -62,7 +62,7 @@ def operands(draw, shape, scalars=True):
         return Array(draw(arrays(shape, "float32")))
     if kind == "scalar":
         return Scalar(draw(NONZERO), shape)
-    return draw(circuits(shape=shape, types=(Array, Scalar, Einsum, Add, GeneralFunction),
+    return draw(dags(shape=shape, types=(Array, Scalar, Einsum, Add, GeneralFunction),
                          functions=("tanh", "sin", "sigmoid"), max_nodes=4, max_depth=2, names=["p"]))
 
 

@@ -6,14 +6,14 @@ from hypothesis import given, settings
 
 import circuits as C
 from circuits.nodes.base import format_line
-from circuits.testing import circuits
+from circuits.testing import dags
 from circuits.text.html import MAX_PAYLOAD_CHARS, to_html
 from circuits.text.lexer import strip_colors
 from circuits.text.printer import PrintOptions
 
 
 @settings(max_examples=30, deadline=None)
-@given(circuits(max_nodes=6, max_depth=2))
+@given(dags(max_nodes=6, max_depth=2))
 def test_line_printer_and_notebook_show_the_same_line(node):
     line = node.line()
     assert line == format_line(node.type_name, node.name, node.payload_text(),

@@ -2,7 +2,7 @@
 every node type (text plus its tensors is lossless; the text alone parses to placeholders that
 print the same, see ``circuits.testing.roundtrip``).
 
-Two generators: the public ``circuits.testing.circuits`` strategy, and a local one that draws
+Two generators: the public ``circuits.testing.dags`` strategy, and a local one that draws
 nodes from a pool of already-built nodes (so sharing is real) with names that need escapes,
 Symbols with dtypes and uuids, Tags, NaN/inf Scalars and hash-only placeholder Arrays.
 """
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
-from circuits.testing import circuits as public_circuits
+from circuits.testing import dags as public_circuits
 from circuits.testing import store_of
 from circuits.text import parse, parse_many, print_many, to_text
 

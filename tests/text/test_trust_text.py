@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits.errors import CircuitError, ParseError
-from circuits.testing import circuits as circuit_strategy
+from circuits.testing import dags as circuit_strategy
 from circuits.text import lexer
 
 
