@@ -34,12 +34,15 @@ from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Scalar,
 from .blocks import ALL, attention_head, causal_mask, layer_norm, neg_inf_bias
 
 
-def _head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w, mask: Circuit, bias: Circuit) -> Circuit:
+def _head(layer: int, head: int, norm: Circuit, qk_input: Circuit, w, mask: Circuit, bias: Circuit,
+          unique_names: bool) -> Circuit:
     """Head ``head`` of layer ``layer``: its slices of the layer's weights, then the shared block."""
     p = f"a{layer}.w"
     sel = (head, ALL, ALL)
     wq, wk, wv, wo = (Index(w[f"{p}.{k}"], sel, name=f"{p}.{k}.head{head}") for k in "qkvo")
-    return attention_head(norm, qk_input, wq, wk, wv, wo, mask, bias, name=f"b{layer}.a.head{head}")
+    name = f"b{layer}.a.head{head}"
+    return attention_head(norm, qk_input, wq, wk, wv, wo, mask, bias, name=name,
+                          prefix=name + "." if unique_names else "")
 
 
 def _weight_arrays(weights: Mapping) -> dict[str, Circuit]:
@@ -71,15 +74,15 @@ def _check_weights(weights: Mapping, n_layers: int):
         raise CircuitError(f"attn_only: weights are missing {', '.join(missing)}")
 
 
-def _tokens_node(tokens) -> Circuit:
+def _tokens_node(tokens, what: str = "tokens", name: str = "toks_int_var") -> Circuit:
     if isinstance(tokens, Circuit):
         if len(tokens.shape) != 1:
-            raise CircuitError(f"tokens must be 1-d, got {tokens.line()}")
+            raise CircuitError(f"{what} must be 1-d, got {tokens.line()}")
         return tokens
     arr = np.asarray(tokens)
     if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise CircuitError(f"tokens must be a 1-d int array, got dtype {arr.dtype} shape {list(arr.shape)}")
-    return Array(arr.astype(np.int64), name="toks_int_var")
+        raise CircuitError(f"{what} must be a 1-d int array, got dtype {arr.dtype} shape {list(arr.shape)}")
+    return Array(arr.astype(np.int64), name=name)
 
 
 def tokens_symbol(length: int) -> Symbol:
@@ -87,7 +90,7 @@ def tokens_symbol(length: int) -> Symbol:
     return Symbol((length,), name="toks_int_var", dtype="int64")
 
 
-def attn_only_residual(weights: Mapping, tokens) -> tuple[Circuit, Circuit, dict]:
+def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False) -> tuple[Circuit, Circuit, dict]:
     """The final residual stream ``'b{L-1}'`` and the tokens node."""
     n_layers = n_layers_of(weights)
     _check_weights(weights, n_layers)
@@ -109,26 +112,55 @@ def attn_only_residual(weights: Mapping, tokens) -> tuple[Circuit, Circuit, dict
     bias = neg_inf_bias(mask)
     n_heads = w["a0.w.q"].shape[0]
     for layer in range(n_layers):
-        norm = layer_norm(resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], f"a{layer}.norm")
-        qk_input = Add(norm, pos, name="a.qk_input")
-        heads = [_head(layer, h, norm, qk_input, w, mask, bias) for h in range(n_heads)]
+        norm = layer_norm(resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], f"a{layer}.norm",
+                          prefix=f"a{layer}.norm." if unique_names else "")
+        qk_input = Add(norm, pos, name=f"a{layer}.qk_input" if unique_names else "a.qk_input")
+        heads = [_head(layer, h, norm, qk_input, w, mask, bias, unique_names) for h in range(n_heads)]
         resid = Add(Add(*heads, name=f"b{layer}.a"), resid, name=f"b{layer}")
     return resid, toks, w
 
 
-def attn_only(weights: Mapping, tokens, *, logits: bool = False) -> Circuit:
+def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: bool = False,
+              targets=None) -> Circuit:
     """The seed's loss circuit ``'t.loss'`` ([positions]): the negative log-probability of each next
     token.  ``weights`` maps the seed's Array names (``'t.w.tok_embeds'``, ``'a0.w.q'``, ...,
     ``'t.w.unembed'``; ``'t.a.c.causal_mask'`` optional) to arrays (or Array nodes); ``tokens`` is the
     int array the seed calls ``'toks_int_var'`` (positions + 2 long) or a Symbol for it (see
     ``tokens_symbol``).  ``logits=True`` returns the logits ``'t.call'`` ([positions, vocab]).
+
+    ``unique_names=True`` gives every node a name of its own, for interventions: the nodes of
+    head ``h`` of layer ``l`` are ``'b{l}.a.head{h}.<seed name>'`` (``'b1.a.head3.a.k'``,
+    ``'b1.a.head3.a.attn_probs'``), a LayerNorm's inner nodes ``'a{l}.norm.<seed name>'`` and
+    ``'final.norm.<seed name>'`` (``'a0.norm.ln.y'``), a layer's query/key input
+    ``'a{l}.qk_input'``; constants shared by all (``'ln.c.eps'``, ``'a.score_neg_inf_bias'``) keep
+    their names.  The default keeps the seed's names byte for byte.
+
+    ``targets`` (same layout as ``tokens``: an int array or Symbol of positions + 2, read at
+    ``[1:-1]``; an Array is named ``'targets_int_var'``) gives the loss its own targets, so the
+    input tokens can be corrupted while the loss is measured against clean next tokens.
+
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+    >>> c = attn_only(w, np.arange(6), unique_names=True, targets=np.arange(6)[::-1])
+    >>> c.get_unique('b0.a.head1.a.k').line(), c.get_unique('true_toks_int').children[0].name
+    ("'b0.a.head1.a.k' Einsum kd,cd->kc", 'targets_int_var')
     """
-    resid, toks, w = attn_only_residual(weights, tokens)
-    final = layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], "final.call")
+    resid, toks, w = attn_only_residual(weights, tokens, unique_names=unique_names)
+    final = layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], "final.call",
+                       prefix="final.norm." if unique_names else "")
     out = Einsum.from_spec("sh,vh->sv", final, w["t.w.unembed"], name="t.call")
     if logits:
+        if targets is not None:
+            raise CircuitError("attn_only: targets= only matters for the loss; logits=True takes none")
         return out
     log_probs = GeneralFunction("log_softmax", out, name="log_probs")
+    if targets is not None:
+        target_node = _tokens_node(targets, "targets", "targets_int_var")
+        if target_node.shape != toks.shape:
+            raise CircuitError(
+                f"targets has shape {list(target_node.shape)}; give it the tokens' layout "
+                f"({list(toks.shape)}: positions + 2, read at [1:-1])"
+            )
+        toks = target_node
     true_toks = Index(toks, (slice(1, -1),), name="true_toks_int")
     ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true_toks, name="ll")
     return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="t.loss")

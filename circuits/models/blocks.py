@@ -24,19 +24,20 @@ NEG_INF = -10000.0
 ALL = slice(None)
 
 
-def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, name: str) -> Circuit:
+def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, name: str, *, prefix: str = "") -> Circuit:
     """LayerNorm over the last axis of ``x`` ([positions, d_model]) in the seed's node layout;
-    the result is named ``name``."""
+    the result is named ``name``.  ``prefix`` goes before the name of every node computed from
+    ``x`` (``'a0.norm.'`` gives ``'a0.norm.ln.y'``); the shared constants keep their names."""
     neg = Scalar(-1.0, (1,), name="ln.neg")
-    hidden_size = GeneralFunction("last_dim_size", x, name="ln.c.hidden_size")
-    recip = GeneralFunction("reciprocal", hidden_size, name="ln.c.recip_hidden_size")
-    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name="ln.neg_mean")
-    mean_subbed = Add(x, neg_mean, name="ln.mean_subbed")
-    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name="ln.var")
-    var_p_eps = Add(Scalar(LN_EPS, name="ln.c.eps"), var, name="ln.var_p_eps")
-    rsqrt = GeneralFunction("rsqrt", var_p_eps, name="ln.rsqrt")
-    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name="ln.y")
-    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name="ln.y_scaled")
+    hidden_size = GeneralFunction("last_dim_size", x, name=prefix + "ln.c.hidden_size")
+    recip = GeneralFunction("reciprocal", hidden_size, name=prefix + "ln.c.recip_hidden_size")
+    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name=prefix + "ln.neg_mean")
+    mean_subbed = Add(x, neg_mean, name=prefix + "ln.mean_subbed")
+    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name=prefix + "ln.var")
+    var_p_eps = Add(Scalar(LN_EPS, name="ln.c.eps"), var, name=prefix + "ln.var_p_eps")
+    rsqrt = GeneralFunction("rsqrt", var_p_eps, name=prefix + "ln.rsqrt")
+    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name=prefix + "ln.y")
+    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name=prefix + "ln.y_scaled")
     return Add(bias, y_scaled, name=name)
 
 
@@ -48,23 +49,24 @@ def neg_inf_bias(mask: Circuit) -> Circuit:
 
 
 def attention_head(norm: Circuit, qk_input: Circuit, wq: Circuit, wk: Circuit, wv: Circuit, wo: Circuit,
-                   mask: Circuit, neg_inf_bias: Circuit, name: str) -> Circuit:
+                   mask: Circuit, neg_inf_bias: Circuit, name: str, *, prefix: str = "") -> Circuit:
     """One attention head's contribution to the residual stream, named ``name``, in the seed's layout.
 
     ``qk_input`` ([positions, d_model]) feeds queries and keys, ``norm`` values; ``wq``/``wk``/``wv``
     are ``[head_size, d_model]``, ``wo`` is ``[d_model, head_size]``; ``mask`` is 1 where a key may
     be attended and ``neg_inf_bias`` (from ``neg_inf_bias(mask)``) is added to the masked scores.
+    ``prefix`` goes before every inner node's name (``'b1.a.head3.'`` gives ``'b1.a.head3.a.k'``).
     """
-    q = Einsum.from_spec("qd,cd->qc", qk_input, wq, name="a.q")
-    k = Einsum.from_spec("kd,cd->kc", qk_input, wk, name="a.k")
-    head_dim = Einsum.from_spec("jk->j", wk, name="a.c.bias_for_head_size")
-    head_size = GeneralFunction("last_dim_size", head_dim, name="a.c.head_size")
-    scale = GeneralFunction("rsqrt", head_size, name="a.c.div_head_size")
-    raw = Einsum.from_spec("qc,kc,,qk->qk", q, k, scale, mask, name="a.attn_scores_raw")
-    scores = Add(raw, neg_inf_bias, name="a.attn_scores")
-    probs = GeneralFunction("softmax", scores, name="a.attn_probs")
-    v = Einsum.from_spec("kd,Vd->kV", norm, wv, name="a.v")
-    comb_v = Einsum.from_spec("qk,kV->qV", probs, v, name="a.comb_v")
+    q = Einsum.from_spec("qd,cd->qc", qk_input, wq, name=prefix + "a.q")
+    k = Einsum.from_spec("kd,cd->kc", qk_input, wk, name=prefix + "a.k")
+    head_dim = Einsum.from_spec("jk->j", wk, name=prefix + "a.c.bias_for_head_size")
+    head_size = GeneralFunction("last_dim_size", head_dim, name=prefix + "a.c.head_size")
+    scale = GeneralFunction("rsqrt", head_size, name=prefix + "a.c.div_head_size")
+    raw = Einsum.from_spec("qc,kc,,qk->qk", q, k, scale, mask, name=prefix + "a.attn_scores_raw")
+    scores = Add(raw, neg_inf_bias, name=prefix + "a.attn_scores")
+    probs = GeneralFunction("softmax", scores, name=prefix + "a.attn_probs")
+    v = Einsum.from_spec("kd,Vd->kV", norm, wv, name=prefix + "a.v")
+    comb_v = Einsum.from_spec("qk,kV->qV", probs, v, name=prefix + "a.comb_v")
     return Einsum.from_spec("sV,dV->sd", comb_v, wo, name=name)
 
 

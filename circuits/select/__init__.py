@@ -1,5 +1,6 @@
 """Selecting nodes: matchers by name, regex, glob, type and predicate, combined with ``&``, ``|``,
-``~``; structural matchers (below another match, within a depth, children of a match); and
+``~`` (``&`` short-circuits: an empty left side skips the right); structural matchers (below
+another match, inside a site's own computation, within a depth, children of a match); and
 ``get``, ``get_unique``, ``update`` and ``paths`` over a circuit.
 
 Each selection has one implementation, here, and two spellings with the same signature and
@@ -57,6 +58,11 @@ class Matcher:
     def below(self, ancestor) -> "Below":
         """Nodes matching self that have a (strict) ancestor matching ``ancestor``."""
         return Below(as_matcher(ancestor), self)
+
+    def inside(self, site) -> "Inside":
+        """Nodes matching self that belong to the computation of a node matching ``site``
+        (``Inside(site, self)``: nodes ``site`` dominates)."""
+        return Inside(site, self)
 
     def __repr__(self):
         return self.describe()
@@ -180,7 +186,9 @@ class _And(Matcher):
 
     def matches(self, root, order=None):
         order = toposort(root) if order is None else order
-        return self.a.matches(root, order) & self.b.matches(root, order)
+        left = self.a.matches(root, order)
+        # Short-circuit: an empty left side decides; the right side (maybe costly) is not run.
+        return left & self.b.matches(root, order) if left else set()
 
     def describe(self):
         return f"({self.a.describe()} & {self.b.describe()})"
@@ -229,6 +237,63 @@ class Below(Matcher):
 
     def describe(self):
         return f"{self.inner.describe()}.below({self.ancestor.describe()})"
+
+
+class Inside(Matcher):
+    """Nodes matching ``inner`` that belong to the computation of a node matching ``site``.
+
+    A node ``n`` belongs to site ``Y`` when ``Y`` *dominates* it within the circuit: every path
+    from the root to ``n`` passes through ``Y`` (``Y`` itself included).  So the search descends
+    from ``Y`` and stops at every node that something outside ``Y`` also uses: the inputs ``Y``
+    shares with other sites (the residual stream, a layer's normalised input, a shared mask) and
+    everything below them.  In the seed's loss, ``Inside('b1.a.head3', 'a.k')`` is layer 1 head
+    3's key and not layer 0's keys, which ``b1.a.head3`` reaches only through the residual
+    stream that every later node reads too.  When the root itself matches ``site``, it dominates
+    everything.  ``site`` and ``inner`` are matchers or anything ``as_matcher`` takes; several
+    nodes matching ``site`` each contribute what they dominate.  Also spelled
+    ``Name('a.k').inside('b1.a.head3')``.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Add, Einsum
+    >>> x = Array(np.ones(2, np.float32), name='x')
+    >>> sq = lambda v, n: Einsum.from_spec('a,a->a', v, v, name=n)
+    >>> h0, h1 = Add(sq(x, 'sq'), x, name='h0'), Add(sq(sq(x, 'sq2'), 'sq'), x, name='h1')
+    >>> c = Add(h0, h1, name='out')
+    >>> [n.children[0].name for n in c.get(Inside('h1', 'sq'))]   # h1's own 'sq', not h0's
+    ['sq2']
+    >>> c.get(Inside('h1', 'x'), require=False)                  # x is shared with h0: not h1's own
+    []
+    """
+
+    def __init__(self, site, inner):
+        self.site, self.inner = as_matcher(site), as_matcher(inner)
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        sites = self.site.matches(root, order)
+        if not sites:
+            return set()
+        inner = self.inner.matches(root, order)
+        if not inner:
+            return set()
+        parents = parents_map(root)
+        top_down = order[::-1]
+        owned: set[bytes] = set()
+        for start, node in enumerate(top_down):
+            if node.hash not in sites:
+                continue
+            # Dominance: a node is Y's own when it is Y or all its parents are Y's own.  Parents
+            # come first top-down, so one pass from Y settles every node below it.
+            mine = {node.hash}
+            for n in top_down[start + 1:]:
+                ps = parents.get(n.hash)
+                if ps and all(p.hash in mine for p in ps):
+                    mine.add(n.hash)
+            owned |= mine
+        return owned & inner
+
+    def describe(self):
+        return f"Inside({self.site.describe()}, {self.inner.describe()})"
 
 
 class Depth(Matcher):
@@ -289,14 +354,48 @@ def get(root: Circuit, matcher, *, require: bool = True) -> list[Circuit]:
 def get_unique(root: Circuit, matcher) -> Circuit:
     """The one matching node; SelectionError naming the matcher (and the candidates) otherwise."""
     m = as_matcher(matcher)
-    hits = get(root, m, require=False)
+    order = toposort(root)
+    found = m.matches(root, order)
+    hits = [n for n in order if n.hash in found]
     if len(hits) != 1:
-        listing = "".join(f"\n    {n.line()}" for n in hits[:10])
+        # Matches often print alike ('a.k' in every head): tell them apart by where they sit.
+        where = _shortest_paths(order, found) if hits else {}
+        listing = "".join(f"\n    {n.line()}\n      at {_path_text(where[n.hash])}" for n in hits[:10])
+        more = f"\n    ... and {len(hits) - 10} more" if len(hits) > 10 else ""
         raise SelectionError(
-            f"{m.describe()} matched {len(hits)} nodes, expected exactly 1{listing}"
+            f"{m.describe()} matched {len(hits)} nodes, expected exactly 1{listing}{more}"
             + ("" if hits else f" (in the circuit rooted at {root.line()})")
+            + ("\n  narrow it, e.g. Inside(site, matcher) for the one inside a named site" if hits else "")
         )
     return hits[0]
+
+
+def _shortest_paths(order: list[Circuit], targets: set[bytes]) -> dict[bytes, list[Circuit]]:
+    """A shortest root-to-node path (a list of nodes) to each node of ``targets``."""
+    top_down = order[::-1]
+    via: dict[bytes, Circuit | None] = {top_down[0].hash: None}
+    dist = {top_down[0].hash: 0}
+    for node in top_down:  # parents before children: each node's distance is final when reached
+        d = dist.get(node.hash)
+        if d is None:
+            continue
+        for c in node.children:
+            if dist.get(c.hash, d + 2) > d + 1:
+                dist[c.hash], via[c.hash] = d + 1, node
+    by_hash = {n.hash: n for n in order}
+    out = {}
+    for h in targets:
+        path, step = [], by_hash[h]
+        while step is not None:
+            path.append(step)
+            step = via[step.hash]
+        out[h] = path[::-1]
+    return out
+
+
+def _path_text(path: list[Circuit]) -> str:
+    """``'t.loss' > 'll' > ... > 'a.k'``: the names along a path (an unnamed node by its type)."""
+    return " > ".join(repr(n.name) if n.name is not None else n.type_name for n in path)
 
 
 def update(root: Circuit, matcher, fn: Callable[[Circuit], Circuit], *, require: bool = True) -> Circuit:
