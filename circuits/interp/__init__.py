@@ -1,5 +1,27 @@
-"""The interpretability layer: sites, ablation, patching, path patching, attribution, sweeps, scrubbing.
+"""The interpretability layer: sites, ablation, patching, path patching, attribution.
 
-This package is the home of the interventions of DESIGN §10. It sits above the backend and may
-use ``rewrites``; the core never imports it. Nothing lives here yet.
+Every intervention is a circuit transform: it returns a plain circuit that prints, saves and
+evaluates like any other, sharing the clean circuit's nodes wherever the intervention does not
+reach (DESIGN §10).  Sites are names (``attn_only(..., unique_names=True)`` names every head's
+nodes ``'b{l}.a.head{h}.<seed name>'``), matchers (``circuits.select.Inside(site, inner)``: the
+node named ``inner`` inside ``site``'s own computation) or nodes.
+
+- ``ablate(circuit, sites, kind='zero'|'mean'|'resample', data=None, seed=0)``
+- ``patch(circuit, sites, source)``: activation patching from ``source`` inputs
+- ``path_patch(circuit, sender, receivers, source, freeze=None)``: exact path patching
+- ``attribute(circuit, sites, source, metric=None)``: attribution patching (linear estimates)
+
+This package sits above the backend and may use ``rewrites``; the core never imports it.
+
+>>> import numpy as np
+>>> from circuits.models import attn_only, random_weights
+>>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+>>> loss = attn_only(w, np.arange(6), unique_names=True)
+>>> ablate(loss, ['b0.a.head0', 'b0.a.head1']).get_unique('b0.a').children[1].name
+'b0.a.head1.zero_ablated'
 """
+
+from .attribution import attribute
+from .interventions import ablate, patch, path_patch
+
+__all__ = ["ablate", "attribute", "patch", "path_patch"]

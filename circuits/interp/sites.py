@@ -1,0 +1,161 @@
+"""Sites and inputs of an intervention, and the one copy operation every transform is made of.
+
+A *site* is the node an intervention acts on.  It is given as a name (``'b1.a.head3'``), a
+matcher (``Inside('b1.a.head3', 'a.k')``, ``Glob(...)``) or a node, and must name exactly one
+node of the circuit: a site that matches nothing says so with the closest names, one that
+matches several lists each match's path from the root (``get_unique``'s error).
+
+An *input* is an Array or Symbol of the circuit named by a source or data mapping
+(``{'toks_int_var': tokens}``); its value must have the input's shape (with a leading batch
+axis for data) and the input's kind of dtype (ints for an int input, floats for a float one).
+
+``copy_with`` is the copy every transform uses: the part of some nodes' subtrees that depends on
+replaced nodes is rebuilt over the replacements, each rebuilt named node renamed ``name + suffix``;
+what does not depend on them is shared, unchanged, with the original.
+
+>>> import numpy as np
+>>> from circuits import Array, Add, Einsum
+>>> x = Array(np.ones(2, np.float32), name='x')
+>>> c = Add(Einsum.from_spec('a,a->a', x, x, name='sq'), x, name='y')
+>>> resolve_sites(c, ['sq', c])[0]
+('sq', <'sq' Einsum a,a->a [2]>)
+>>> x2 = Array(np.full(2, 2.0, np.float32), name='x.source')
+>>> copy_with([c], {x.hash: x2}, '.source')[c.hash].line()
+"'y.source' Add"
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from ..dtypes import is_float, is_int
+from ..errors import CircuitError, SelectionError, ShapeError
+from ..nodes import Array, Circuit, Symbol
+from ..select import Matcher, Name, as_matcher, get_unique
+from ..traversal import toposort
+
+__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "depends_on"]
+
+
+def site_label(node: Circuit, given=None) -> str:
+    """The label a site's results and replacement names use: the name given, else the node's."""
+    if isinstance(given, str):
+        return given
+    return node.name if node.name is not None else node.line()
+
+
+def resolve_site(circuit: Circuit, site, what: str = "site") -> Circuit:
+    """The one node of ``circuit`` that ``site`` (a name, matcher or node) names."""
+    if isinstance(site, Circuit):
+        if not any(n is site or n.hash == site.hash for n in toposort(circuit)):
+            raise SelectionError(f"{what} {site.line()} is not a node of the circuit rooted at {circuit.line()}")
+        return site
+    if not isinstance(site, (str, Matcher)):
+        raise SelectionError(f"{what} {site!r}: give a node name, a matcher (circuits.select) or a node")
+    matcher = Name(site) if isinstance(site, str) else as_matcher(site)
+    try:
+        return get_unique(circuit, matcher)
+    except SelectionError as e:
+        hint = ""
+        if isinstance(site, str) and "matched 0 nodes" in str(e):
+            names = {n.name for n in toposort(circuit) if n.name is not None}
+            close = difflib.get_close_matches(site, sorted(names), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise SelectionError(f"{what} {_spell(site)}: {e}{hint}") from None
+
+
+def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str, Circuit]]:
+    """``[(label, node)]`` for one site or a list of them (see ``resolve_site``)."""
+    items = [sites] if isinstance(sites, (str, Matcher, Circuit)) else list(sites)
+    if not items:
+        raise SelectionError(f"no {what} given: pass a name, a matcher, a node, or a list of them")
+    return [(site_label(node, s), node) for s in items for node in [resolve_site(circuit, s, what)]]
+
+
+def _spell(site) -> str:
+    return repr(site) if isinstance(site, str) else site.describe() if isinstance(site, Matcher) else site.line()
+
+
+def resolve_inputs(circuit: Circuit, values: Mapping, what: str, *, batched: bool = False
+                   ) -> dict[bytes, tuple[Circuit, np.ndarray]]:
+    """``{input hash: (input node, value)}`` for a mapping from inputs (Arrays or Symbols of the
+    circuit, or their names) to values; each value checked against its input's shape (after a
+    leading batch axis when ``batched``) and kind of dtype, and cast to the input's dtype."""
+    if not isinstance(values, Mapping) or not values:
+        raise CircuitError(f"{what}: give a mapping from input names (Arrays or Symbols) to values, got {values!r}")
+    leaves = [n for n in toposort(circuit) if isinstance(n, (Array, Symbol))]
+    out: dict[bytes, tuple[Circuit, np.ndarray]] = {}
+    for key, value in values.items():
+        node = _find_input(leaves, key, what, circuit)
+        arr = np.asarray(value)
+        want = node.shape
+        got = arr.shape[1:] if batched else arr.shape
+        if (batched and arr.ndim == 0) or got != want:
+            layout = f"[batch, {', '.join(map(str, want))}]" if batched else str(list(want))
+            raise ShapeError(
+                f"{what}[{_key_text(key)}] has shape {list(arr.shape)}; {node.line()} needs {layout}"
+            )
+        if is_int(node.dtype) and arr.dtype.kind not in "iu":
+            raise CircuitError(f"{what}[{_key_text(key)}] has dtype {arr.dtype}; {node.line()} needs ints ({node.dtype})")
+        if is_float(node.dtype) and arr.dtype.kind != "f":
+            raise CircuitError(
+                f"{what}[{_key_text(key)}] has dtype {arr.dtype}; {node.line()} needs floats ({node.dtype})"
+            )
+        if node.hash in out:
+            raise CircuitError(f"{what}: {node.line()} is given twice")
+        out[node.hash] = (node, arr.astype(np.dtype(node.dtype)))
+    return out
+
+
+def _key_text(key) -> str:
+    return repr(key) if isinstance(key, str) else key.line() if isinstance(key, Circuit) else repr(key)
+
+
+def _find_input(leaves: list[Circuit], key, what: str, circuit: Circuit) -> Circuit:
+    if isinstance(key, Circuit):
+        if not isinstance(key, (Array, Symbol)):
+            raise CircuitError(f"{what}: {key.line()} is not an input; name an Array or a Symbol")
+        if not any(n.hash == key.hash for n in leaves):
+            raise SelectionError(f"{what}: {key.line()} is not an input of the circuit rooted at {circuit.line()}")
+        return key
+    if not isinstance(key, str):
+        raise CircuitError(f"{what}: keys are input names or input nodes, got {key!r}")
+    found = [n for n in leaves if n.name == key]
+    if not found:
+        names = sorted({n.name for n in leaves if n.name is not None})
+        close = difflib.get_close_matches(key, names, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else f"; its inputs: {', '.join(names[:12])}"
+        raise SelectionError(f"{what}: the circuit has no input (Array or Symbol) named {key!r}{hint}")
+    if len(found) > 1:
+        lines = "\n  ".join(n.line() for n in found[:5])
+        raise SelectionError(f"{what}: {len(found)} distinct inputs are named {key!r}:\n  {lines}\npass the node itself")
+    return found[0]
+
+
+def copy_with(roots: Iterable[Circuit], table: Mapping[bytes, Circuit], suffix: str, *,
+              keep: Callable[[Circuit], bool] | None = None) -> dict[bytes, Circuit]:
+    """Rebuild ``roots`` over replacements (``{node hash: new node}``): every node that depends on
+    a replaced node is rebuilt and, if named, renamed ``name + suffix``; the rest is returned
+    as is (shared with the original).  ``keep(node)`` true stops the copy there: that node keeps
+    its own value (a frozen node).  Returns ``{original hash: copy}`` for every node visited."""
+    new: dict[bytes, Circuit] = {}
+    for node in toposort(*roots, stop=lambda n: n.hash in table or (keep is not None and keep(n))):
+        h = node.hash
+        if h in table:
+            new[h] = table[h]
+        elif not node.children or (keep is not None and keep(node)):
+            new[h] = node
+        else:
+            rebuilt = node.with_children(tuple(new[c.hash] for c in node.children))
+            if rebuilt is not node and node.name is not None:
+                rebuilt = rebuilt.rename(node.name + suffix)
+            new[h] = rebuilt
+    return new
+
+
+def depends_on(root: Circuit, targets: set[bytes]) -> bool:
+    """Whether any node of ``targets`` is ``root`` or below it."""
+    return any(n.hash in targets for n in toposort(root))
