@@ -26,10 +26,10 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Circuit, Einsum
+from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
-from .sites import resolve_sites
+from .sites import one_root, resolve_sites
 
 __all__ = ["attribute"]
 
@@ -52,7 +52,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     nodes = [n for _, n in resolved]
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate(_one_root(bundle), inputs, dtype=dtype, also=bundle)
+    _, values = evaluate(one_root(bundle), inputs, dtype=dtype, also=bundle)
     clean = [np.asarray(values[n], np.float64) for n in nodes]
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
@@ -68,16 +68,6 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
         grad = grads.get(node.hash)
         out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad))
     return out
-
-
-def _one_root(nodes: list[Circuit]) -> Circuit:
-    """A cheap root over several nodes (the sum of their full sums), so one program computes
-    them all (``also=`` reads them back)."""
-    sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
-    return Add(*sums)
-
-
-_AXES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 def _metric(circuit: Circuit, metric) -> tuple[Circuit, np.ndarray | None]:

@@ -39,7 +39,7 @@ from ..errors import CircuitError
 from ..nodes import Array, Circuit, Symbol
 from ..select import as_matcher
 from ..traversal import replace, toposort
-from .sites import copy_with, resolve_inputs, resolve_site, resolve_sites
+from .sites import copy_with, one_root, resolve_inputs, resolve_site, resolve_sites
 
 __all__ = ["ablate", "patch", "path_patch", "source_copies"]
 
@@ -120,11 +120,8 @@ def _values_over_batch(circuit, resolved, data, dtype, batch_size) -> list[np.nd
     feed = {symbols[h]: v for h, (_, v) in inputs.items()}
     present = {n.hash for n in toposort(*roots) if isinstance(n, Symbol)}
     feed = {s: v for s, v in feed.items() if s.hash in present}
-    out = evaluate_batched(roots[0], feed, batch_size=batch_size, dtype=fdt, also=roots[1:])
-    if len(roots) == 1:
-        return [np.asarray(out)]
-    first, rest = out
-    return [np.asarray(first)] + [np.asarray(rest[r]) for r in roots[1:]]
+    _, values = evaluate_batched(one_root(roots), feed, batch_size=batch_size, dtype=fdt, also=roots)
+    return [np.asarray(values[r]) for r in roots]
 
 
 def source_copies(circuit: Circuit, nodes: list[tuple[str, Circuit]], source: Mapping, what: str = "patch"

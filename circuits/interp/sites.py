@@ -33,11 +33,11 @@ import numpy as np
 
 from ..dtypes import is_float, is_int
 from ..errors import CircuitError, SelectionError, ShapeError
-from ..nodes import Array, Circuit, Symbol
+from ..nodes import Add, Array, Circuit, Einsum, Symbol
 from ..select import Matcher, Name, as_matcher, get_unique
 from ..traversal import toposort
 
-__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "depends_on"]
+__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root"]
 
 
 def site_label(node: Circuit, given=None) -> str:
@@ -69,7 +69,7 @@ def resolve_site(circuit: Circuit, site, what: str = "site") -> Circuit:
 
 def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str, Circuit]]:
     """``[(label, node)]`` for one site or a list of them (see ``resolve_site``)."""
-    items = [sites] if isinstance(sites, (str, Matcher, Circuit)) else list(sites)
+    items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
     if not items:
         raise SelectionError(f"no {what} given: pass a name, a matcher, a node, or a list of them")
     return [(site_label(node, s), node) for s in items for node in [resolve_site(circuit, s, what)]]
@@ -126,8 +126,10 @@ def _find_input(leaves: list[Circuit], key, what: str, circuit: Circuit) -> Circ
     found = [n for n in leaves if n.name == key]
     if not found:
         names = sorted({n.name for n in leaves if n.name is not None})
-        close = difflib.get_close_matches(key, names, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else f"; its inputs: {', '.join(names[:12])}"
+        close = [n for n in names if key in n] + difflib.get_close_matches(key, names, n=3, cutoff=0.5)
+        close = list(dict.fromkeys(close))[:3]
+        listed = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else f"; its inputs: {listed}"
         raise SelectionError(f"{what}: the circuit has no input (Array or Symbol) named {key!r}{hint}")
     if len(found) > 1:
         lines = "\n  ".join(n.line() for n in found[:5])
@@ -156,6 +158,11 @@ def copy_with(roots: Iterable[Circuit], table: Mapping[bytes, Circuit], suffix: 
     return new
 
 
-def depends_on(root: Circuit, targets: set[bytes]) -> bool:
-    """Whether any node of ``targets`` is ``root`` or below it."""
-    return any(n.hash in targets for n in toposort(root))
+def one_root(nodes: list[Circuit]) -> Circuit:
+    """A cheap root over several nodes (the sum of their full sums), so one program computes
+    them all (``also=`` reads them back)."""
+    sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
+    return Add(*sums)
+
+
+_AXES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
