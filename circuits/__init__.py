@@ -54,6 +54,8 @@ _LAZY = {
     # selection: the Circuit methods c.get / get_unique / update / paths, and the same
     # functions and the matchers in circuits.select
     "select": ("circuits.select", None),
+    # interventions: ablate, patch, path_patch, attribute (circuits/interp/)
+    "interp": ("circuits.interp", None),
     # exact symbolic comparison
     "symbolic_equal": ("circuits.backend", "symbolic_equal"),
 }

@@ -13,7 +13,7 @@ PUBLIC = {
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
-    "evaluate", "evaluate_batched", "fill_random", "grad",
+    "evaluate", "evaluate_batched", "fill_random", "grad", "interp",
     "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
@@ -55,6 +55,16 @@ def test_promised_call_shapes():
                        (C.models.attn_only, ["weights", "tokens"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
+
+
+def test_interp_names():
+    assert set(C.interp.__all__) == {"ablate", "attribute", "patch", "path_patch"}
+    for name in C.interp.__all__:
+        fn = getattr(C.interp, name)
+        assert fn.__doc__ and ">>>" in (fn.__doc__ + (__import__(fn.__module__, fromlist=["x"]).__doc__ or ""))
+    assert list(inspect.signature(C.interp.ablate).parameters)[:3] == ["circuit", "sites", "kind"]
+    assert list(inspect.signature(C.interp.path_patch).parameters)[:4] == ["circuit", "sender", "receivers", "source"]
+    assert "unique_names" in inspect.signature(C.models.attn_only).parameters
 
 
 def test_circuit_selection_methods():

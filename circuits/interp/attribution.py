@@ -41,6 +41,13 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     (see the module docstring).  Labels are the sites' names as given (a node or matcher site is
     labelled by its node's name).  ``source`` as for ``patch``; ``inputs`` binds the circuit's
     own Symbols; ``dtype`` as for ``evaluate``.
+
+    >>> from circuits import Symbol, Add, GeneralFunction
+    >>> x = Symbol((1,), name='x')
+    >>> c = Add(GeneralFunction('exp', x, name='e'), x)
+    >>> est = attribute(c, 'e', {'x': np.array([1.0])}, inputs={'x': np.array([0.0])})   # (e - 1) * 1
+    >>> round(est['e'], 5)
+    1.71828
     """
     from ..backend import evaluate, value_and_grad
 

@@ -1,0 +1,65 @@
+"""Attribution patching equals the exact linear term, checked by central finite differences of
+the independent numpy model along (a_source - a_clean), in float32 and float64."""
+
+import numpy as np
+import pytest
+
+import circuits as C
+from circuits.interp import attribute, patch
+from circuits.models import attn_only, random_weights
+from circuits.select import Inside
+from tests.models.numpy_attn_only import forward
+
+SMALL = dict(vocab=31, d_model=16, n_heads=3, head_size=8, n_layers=2, max_positions=16)
+CLEAN = np.array([3, 14, 15, 9, 2, 6, 5, 3, 5, 8])
+CORRUPT = np.array([3, 27, 18, 28, 1, 8, 28, 4, 5, 8])
+SITES = {f"b{l}.a.head{h}": ("head", l, h) for l in range(2) for h in range(3)}
+SITES["b1.a.head1.a.attn_probs"] = ("probs", 1, 1)
+
+
+def linear_term(w, key, metric=np.sum, eps=1e-4):
+    """d/de metric(loss with the site at clean + e (source - clean)) at e = 0, central differences."""
+    clean, src = {}, {}
+    forward(w, CLEAN, record=clean)
+    forward(w, CORRUPT, record=src)
+    delta = src[key] - clean[key]
+
+    def at(e):
+        return metric(forward(w, CLEAN, hooks={key: lambda v: clean[key] + e * delta}))
+
+    return (at(eps) - at(-eps)) / (2 * eps)
+
+
+@pytest.mark.parametrize("fdt,tol", [("float64", dict(rtol=1e-6, atol=1e-8)), ("float32", dict(rtol=2e-3, atol=2e-4))])
+def test_attribution_is_the_linear_term(fdt, tol):
+    w = random_weights(0, dtype=np.float64 if fdt == "float64" else np.float32, **SMALL)
+    c = attn_only(w, CLEAN, unique_names=True)
+    got = attribute(c, list(SITES), {"toks_int_var": CORRUPT}, dtype=fdt)
+    assert list(got) == list(SITES)
+    for name, key in SITES.items():
+        np.testing.assert_allclose(got[name], linear_term(w, key), **tol, err_msg=name)
+    # the estimates are not all zero, and not the exact patching effect (it is a linear estimate)
+    exact = C.evaluate(patch(c, "b0.a.head0", {"toks_int_var": CORRUPT}), dtype=fdt).sum() - C.evaluate(c, dtype=fdt).sum()
+    assert abs(got["b0.a.head0"]) > 1e-3 and abs(got["b0.a.head0"] - exact) > 1e-6
+
+
+def test_attribution_metrics_and_site_spellings():
+    w = random_weights(0, dtype=np.float64, **SMALL)
+    c = attn_only(w, CLEAN, unique_names=True)
+    plain = attn_only(w, CLEAN)
+    source = {"toks_int_var": CORRUPT}
+    tol = dict(rtol=1e-6, atol=1e-8)
+    weights = np.linspace(-1.0, 1.0, 8)
+    got = attribute(c, ["b1.a.head2"], source, metric=weights, dtype="float64")
+    np.testing.assert_allclose(got["b1.a.head2"], linear_term(w, ("head", 1, 2), lambda l: (weights * l).sum()), **tol)
+    last = attribute(c, ["b0.a.head1"], source, metric=lambda out: C.Index(out, (-1,)), dtype="float64")
+    np.testing.assert_allclose(last["b0.a.head1"], linear_term(w, ("head", 0, 1), lambda l: l[-1]), **tol)
+    # a matcher site on the seed's names is labelled by its node's name
+    m = attribute(plain, [Inside("b1.a.head1", "a.attn_probs")], source, dtype="float64")
+    np.testing.assert_allclose(m["a.attn_probs"], linear_term(w, ("probs", 1, 1)), **tol)
+    with pytest.raises(C.CircuitError, match="metric weights have shape"):
+        attribute(c, ["b1.a.head2"], source, metric=np.ones(3))
+    with pytest.raises(C.CircuitError, match="name some node twice"):
+        attribute(c, ["b1.a.head2", "b1.a.head2"], source)
+    with pytest.raises(C.SelectionError, match="site 'b1.a.head7'"):
+        attribute(c, ["b1.a.head7"], source)
