@@ -1,5 +1,10 @@
 """The interpretability layer: sites, ablation, patching, path patching, attribution, sweeps, scrubbing.
 
 This package is the home of the interventions of DESIGN §10. It sits above the backend and may
-use ``rewrites``; the core never imports it. Nothing lives here yet.
+use ``rewrites``; the core never imports it.  Here so far: residual-stream path expansion
+(``residual_terms``, ``expand_residual``) and ``split_heads``.
 """
+
+from .expansion import expand_residual, layer_norm_parts, residual_terms
+
+__all__ = ["expand_residual", "layer_norm_parts", "residual_terms"]
