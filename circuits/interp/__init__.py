@@ -6,5 +6,6 @@ use ``rewrites``; the core never imports it.  Here so far: residual-stream path 
 """
 
 from .expansion import expand_residual, layer_norm_parts, residual_terms
+from .heads import split_heads
 
-__all__ = ["expand_residual", "layer_norm_parts", "residual_terms"]
+__all__ = ["expand_residual", "layer_norm_parts", "residual_terms", "split_heads"]
