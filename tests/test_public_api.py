@@ -13,7 +13,7 @@ PUBLIC = {
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
-    "evaluate", "evaluate_batched", "fill_random", "grad",
+    "evaluate", "evaluate_batched", "fill_random", "grad", "diff", "save_many", "load_many",
     "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
