@@ -51,6 +51,10 @@ _LAZY = {
     "TensorStore": ("circuits.io", "TensorStore"),
     "save": ("circuits.io", "save"),
     "load": ("circuits.io", "load"),
+    "save_many": ("circuits.io", "save_many"),
+    "load_many": ("circuits.io", "load_many"),
+    # the changed nodes between two circuits, with their paths (circuits/analysis/)
+    "diff": ("circuits.analysis.diff", "diff"),
     # selection: the Circuit methods c.get / get_unique / update / paths, and the same
     # functions and the matchers in circuits.select
     "select": ("circuits.select", None),

@@ -266,11 +266,12 @@ class Run:
     """The state of one ``apply``: the user's trace (or None) and the names of the rules that
     fired, which loop errors report.  ``fire`` is the one way any driver fires a rule."""
 
-    __slots__ = ("trace", "fired")
+    __slots__ = ("trace", "fired", "allow")
 
-    def __init__(self, trace: "Trace | None" = None):
+    def __init__(self, trace: "Trace | None" = None, allow: Callable[[Circuit], bool] | None = None):
         self.trace = trace
         self.fired: list[str] = []
+        self.allow = allow  # a scope (``apply(..., where=)``): rules fire only where it holds
 
     def fire(self, rules: RuleSet, node: Circuit) -> Circuit | None:
         """What the first rule of ``rules`` that rewrites ``node`` makes of it, or None; the
@@ -278,8 +279,10 @@ class Run:
 
         The result is checked (a node, same shape, same dtype: else ``RewriteError``), named by
         ``name_result`` and recorded; a rule that returns None, the node itself or an equal node
-        has not fired.
+        has not fired.  Outside the run's scope (``allow``) no rule fires.
         """
+        if self.allow is not None and not self.allow(node):
+            return None
         cls = type(node)
         candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
         if candidates is None:

@@ -109,9 +109,11 @@ def schedule(max_steps: int = 20) -> Strategy:
     )
 
 
-def optimize(circuit: Circuit, *, trace: Trace | None = None, max_steps: int = 20) -> Circuit:
+def optimize(circuit: Circuit, *, trace: Trace | None = None, max_steps: int = 20, where=None,
+             stop_at=None) -> Circuit:
     """``circuit`` rewritten to evaluate faster, with the same value: ``schedule(max_steps)`` (see
-    the module docstring).  Pass a ``rewrites.Trace`` to see which rules fired where.
+    the module docstring).  Pass a ``rewrites.Trace`` to see which rules fired where;
+    ``where`` / ``stop_at`` (matchers) scope it to a region as in ``rewrites.apply``.
 
     >>> import numpy as np
     >>> from circuits import Array, Einsum
@@ -119,4 +121,4 @@ def optimize(circuit: Circuit, *, trace: Trace | None = None, max_steps: int = 2
     >>> optimize(Einsum.from_spec('ab,bc,c->a', a, b, c)).payload_text()
     'ab,b->a'
     """
-    return apply(schedule(max_steps), circuit, trace)
+    return apply(schedule(max_steps), circuit, trace, where=where, stop_at=stop_at)

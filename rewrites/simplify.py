@@ -25,9 +25,12 @@ def default_rules() -> RuleSet:
 
 
 def simp(circuit: Circuit, *, rules=None, trace: Trace | None = None,
-         max_steps: int | None = 1_000_000) -> Circuit:
+         max_steps: int | None = 1_000_000, where=None, stop_at=None) -> Circuit:
     """``circuit`` simplified by the default value-preserving rules (``default_rules()``, or
     ``rules``) until none applies.  The value is unchanged; names follow
     ``rewrites.engine.name_result``.  ``max_steps``: rewrites (rule firings) in all before
-    ``RewriteLoopError``; None for no limit."""
-    return apply(normalize(default_rules() if rules is None else rules, max_steps=max_steps), circuit, trace)
+    ``RewriteLoopError``; None for no limit.  ``where`` / ``stop_at`` (matchers) scope it to a
+    region: rules fire only at nodes matching ``where``; nodes matching ``stop_at`` and everything
+    below them are kept whole (``rewrites.scope``)."""
+    return apply(normalize(default_rules() if rules is None else rules, max_steps=max_steps), circuit, trace,
+                 where=where, stop_at=stop_at)

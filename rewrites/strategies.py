@@ -62,24 +62,33 @@ class Strategy:
     def __rshift__(self, other: "Strategy") -> "Strategy":
         return seq(self, other)
 
-    def __call__(self, circuit: Circuit, trace: Trace | None = None) -> Circuit:
-        return apply(self, circuit, trace=trace)
+    def __call__(self, circuit: Circuit, trace: Trace | None = None, *, where=None, stop_at=None) -> Circuit:
+        return apply(self, circuit, trace=trace, where=where, stop_at=stop_at)
 
 
-def apply(strategy, circuit: Circuit, trace: Trace | None = None) -> Circuit:
+def apply(strategy, circuit: Circuit, trace: Trace | None = None, *, where=None, stop_at=None) -> Circuit:
     """Run ``strategy`` on ``circuit``; record the firings into ``trace`` if given.
 
-    A bare rule or rule set stands for ``normalize(rules)``.
+    A bare rule or rule set stands for ``normalize(rules)``.  ``where`` (a matcher: rules fire
+    only at matching nodes) and ``stop_at`` (a matcher: those nodes and everything below them
+    are kept whole) scope the rewrite to a region (``rewrites.scope``).
 
     >>> from circuits import Add, Scalar
     >>> from rewrites.rules import fold_add_scalars
     >>> apply(bottom_up(fold_add_scalars), Add(Scalar(1.0), Scalar(2.0), name='three'))
     <'three' [] Scalar 3>
+    >>> x = Scalar(1.0, name='x')
+    >>> apply(bottom_up(fold_add_scalars), Add(Add(x, x, name='two'), x, name='three'), stop_at='two').line()
+    "'three' Add"
     """
     if not isinstance(strategy, Strategy):
         strategy = normalize(rules_of(strategy))
     if not isinstance(circuit, Circuit):
         raise TypeError(f"apply(strategy, circuit): circuit is a {type(circuit).__name__}, not a node")
+    if where is not None or stop_at is not None:
+        from .scope import run_scoped
+
+        return run_scoped(strategy, circuit, trace, where, stop_at)
     return strategy.run(circuit, Run(trace))
 
 

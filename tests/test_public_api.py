@@ -13,7 +13,7 @@ PUBLIC = {
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
-    "evaluate", "evaluate_batched", "fill_random", "grad", "interp",
+    "evaluate", "evaluate_batched", "fill_random", "grad", "interp", "diff", "save_many", "load_many",
     "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
@@ -58,7 +58,10 @@ def test_promised_call_shapes():
 
 
 def test_interp_names():
-    assert set(C.interp.__all__) == {"ablate", "attribute", "patch", "path_patch"}
+    assert set(C.interp.__all__) == {
+        "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
+        "split_heads",
+    }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)
         assert fn.__doc__ and ">>>" in (fn.__doc__ + (__import__(fn.__module__, fromlist=["x"]).__doc__ or ""))

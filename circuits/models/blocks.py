@@ -73,3 +73,38 @@ def attention_head(norm: Circuit, qk_input: Circuit, wq: Circuit, wk: Circuit, w
 def causal_mask(n: int) -> np.ndarray:
     """``mask[q, k] = 1`` where key ``k`` may be attended from query ``q`` (``k <= q``), else 0."""
     return np.tril(np.ones((n, n), dtype=np.float32))
+
+
+def attention_fused(norm: Circuit, qk_input: Circuit, wq: Circuit, wk: Circuit, wv: Circuit, wo: Circuit,
+                    mask: Circuit, neg_inf_bias: Circuit, name: str) -> Circuit:
+    """All heads of one attention layer in one computation over a head axis (as GPT-2-style
+    builders and torch imports produce), named ``name``: the sum over heads of ``attention_head``.
+
+    ``wq``/``wk``/``wv`` are ``[heads, head_size, d_model]``, ``wo`` ``[heads, d_model, head_size]``;
+    q, k and v are ``[heads, positions, head_size]``.  ``circuits.interp.split_heads`` splits it
+    into per-head subcircuits.
+
+    >>> import numpy as np
+    >>> from circuits import Array, evaluate
+    >>> rng = np.random.default_rng(0)
+    >>> x = Array(rng.standard_normal((3, 4)).astype(np.float32), name='x')
+    >>> w = [Array(rng.standard_normal(s).astype(np.float32), name=n)
+    ...      for n, s in [('q', (2, 5, 4)), ('k', (2, 5, 4)), ('v', (2, 5, 4)), ('o', (2, 4, 5))]]
+    >>> m = Array(causal_mask(3), name='mask')
+    >>> fused = attention_fused(x, x, *w, m, neg_inf_bias(m), 'attn')
+    >>> from circuits import Index
+    >>> per_head = [attention_head(x, x, *(Index(t, (h, ALL, ALL)) for t in w), m, neg_inf_bias(m), 'h')
+    ...             for h in range(2)]
+    >>> bool(np.allclose(evaluate(fused), evaluate(per_head[0]) + evaluate(per_head[1]), atol=1e-4))
+    True
+    """
+    q = Einsum.from_spec("qd,hcd->hqc", qk_input, wq, name="a.q")
+    k = Einsum.from_spec("kd,hcd->hkc", qk_input, wk, name="a.k")
+    head_dim = Einsum.from_spec("hjk->j", wk, name="a.c.bias_for_head_size")
+    scale = GeneralFunction("rsqrt", GeneralFunction("last_dim_size", head_dim, name="a.c.head_size"),
+                            name="a.c.div_head_size")
+    raw = Einsum.from_spec("hqc,hkc,,qk->hqk", q, k, scale, mask, name="a.attn_scores_raw")
+    probs = GeneralFunction("softmax", Add(raw, neg_inf_bias, name="a.attn_scores"), name="a.attn_probs")
+    v = Einsum.from_spec("kd,hVd->hkV", norm, wv, name="a.v")
+    comb_v = Einsum.from_spec("hqk,hkV->hqV", probs, v, name="a.comb_v")
+    return Einsum.from_spec("hqV,hdV->qd", comb_v, wo, name=name)

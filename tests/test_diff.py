@@ -1,0 +1,79 @@
+"""circuits.diff: changed, added and removed nodes with their paths; save_many / load_many exported."""
+
+import numpy as np
+
+import circuits as C
+from circuits.models import attn_only, random_weights
+
+
+def _seed_like():
+    w = random_weights(seed=0, vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    return attn_only(w, np.array([1, 2, 3, 4, 5, 6, 7]))
+
+
+def test_one_node_change_is_one_entry_with_its_path():
+    loss = _seed_like()
+    changed = loss.update("a1.w.q", lambda n: C.Array(np.zeros(n.shape, np.float32), name="a1.w.q"))
+    d = C.diff(loss, changed)
+    assert len(d) == 1
+    (entry,) = d
+    assert entry.kind == "changed"
+    assert entry.path[0] == "t.loss" and entry.path[-1] == "a1.w.q"
+    assert entry.old is loss.get_unique("a1.w.q") and entry.new is changed.get_unique("a1.w.q")
+    # the path is a real root-to-node path of the new circuit
+    node = changed
+    for label in entry.path[1:]:
+        node = next(c for c in node.children if c.name == label)
+    assert node is entry.new
+    # a text diff of the same change touches many lines; the diff prints a handful
+    text = str(d)
+    assert len(text.splitlines()) == 4 and "a1.w.q" in text
+    assert "<table" in d._repr_html_() and "a1.w.q" in d._repr_html_()
+
+
+def test_identical_circuits_give_an_empty_diff():
+    loss = _seed_like()
+    assert len(C.diff(loss, loss)) == 0 and not C.diff(loss, loss)
+    assert str(C.diff(loss, loss)) == "no differences"
+    assert "no differences" in C.diff(loss, loss)._repr_html_()
+    again = C.parse(loss.to_text())  # placeholders differ from valued Arrays: every Array is reported
+    assert {e.kind for e in C.diff(loss, again)} == {"changed"}
+
+
+def test_added_removed_and_renamed_children():
+    x, y, z = (C.Symbol((2,), name=n) for n in "xyz")
+    a = C.Add(C.Add(x, y, name="inner"), z, name="top")
+    b = C.Add(C.Add(x, name="inner"), z, C.Einsum.from_spec("a->a", y, name="new"), name="top")
+    kinds = sorted((e.kind, e.path) for e in C.diff(a, b))
+    assert kinds == [("added", ("top", "new")), ("removed", ("top", "inner", "y"))]
+    renamed = C.Add(C.Add(x, y, name="inner2"), z, name="top")
+    (entry,) = C.diff(a, renamed)
+    assert (entry.kind, entry.path, entry.old.name, entry.new.name) == ("changed", ("top", "inner2"), "inner",
+                                                                         "inner2")
+
+
+def test_unnamed_nodes_get_positional_labels_and_shared_changes_are_reported_once():
+    x = C.Symbol((2,), name="x")
+    shared = C.Einsum.from_spec("a->a", x)
+    a = C.Add(shared, C.Add(shared, x), name="r")
+    b = a.update(lambda n: n is shared or n == shared, lambda n: C.Einsum.from_spec("a,->a", x, C.Scalar(2.0)))
+    entries = [(e.kind, e.path) for e in C.diff(a, b)]
+    assert entries == [("changed", ("r", "<Einsum #0>")), ("added", ("r", "<Einsum #0>", "<Scalar #1>"))]
+
+
+def test_deep_chain():
+    x = C.Symbol((2,), name="x")
+    node = x
+    for _ in range(50_000):
+        node = C.Einsum.from_spec("a->a", node)
+    other = C.replace(node, {x: C.Symbol((2,), name="y")})
+    (entry,) = C.diff(node, other)
+    assert len(entry.path) == 50_001 and entry.new.name == "y"
+
+
+def test_save_many_and_load_many_are_exported(tmp_path):
+    loss = _seed_like()
+    logits = loss.get_unique("t.call")
+    C.save_many([loss, logits], tmp_path / "two.circuit")
+    back = C.load_many(tmp_path / "two.circuit")
+    assert back == [loss, logits]
