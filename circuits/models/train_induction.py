@@ -23,6 +23,11 @@ compiled chunks (``lax.scan``) under a progress bar.
 ``circuits/models/data/induction.circuit`` is that file, and ``induction_weights()`` reads the
 weights back out of it by name.
 
+The shipped file was made by ``python -m circuits.models.train_induction`` (seed 0, 16,000 steps,
+batch 32): 176 s on a shared 2-core CPU; final training loss 3.10 (most positions hold noise);
+on 256 sequences ``[BOS, A, A]`` the first half's loss is 4.16 (ln 63 = 4.14) and the repeated
+half's 0.071; the circuit's loss matches the training forward to 1.4e-6.
+
 >>> w = train(steps=2, seed=0, batch=4, progress_bar=False)
 >>> sorted(w)[:3], w['a0.w.q'].shape
 (['a0.ln.w.bias', 'a0.ln.w.scale', 'a0.w.k'], (4, 16, 64))
