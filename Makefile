@@ -32,16 +32,16 @@ demo: $(STAMP)
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
-	$(PY) -m pytest -n $(JOBS) -m "not slow" --doctest-modules circuits rewrites tests
+	$(PY) -m pytest -n $(JOBS) -rs -m "not slow" --doctest-modules circuits rewrites tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
 
 test-slow: $(STAMP) system-deps
-	$(PY) -m pytest -n $(JOBS) -m slow tests
+	$(PY) -m pytest -n $(JOBS) -rs -m slow tests
 
 test-all: $(STAMP) system-deps
-	$(PY) -m pytest -n $(JOBS) --doctest-modules circuits rewrites tests
+	$(PY) -m pytest -n $(JOBS) -rs --doctest-modules circuits rewrites tests
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all

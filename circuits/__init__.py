@@ -45,6 +45,7 @@ _LAZY = {
     "parse": ("circuits.text.parser", "parse"),
     "parse_many": ("circuits.text.parser", "parse_many"),
     "print_many": ("circuits.text.printer", "print_many"),
+    "summary": ("circuits.text.summary", "summary"),
     # values for placeholder Arrays, tensor store and circuit files (circuits/io/)
     "bind": ("circuits.io", "bind"),
     "fill_random": ("circuits.io", "fill_random"),

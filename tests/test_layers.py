@@ -1,6 +1,6 @@
 """The layer order of DESIGN §2, enforced: a module imports only from its own layer or below.
 
-    errors, dtypes, shapes, hashing -> functions -> nodes -> traversal, check
+    errors, dtypes, shapes, hashing, progress -> functions -> nodes -> traversal, check
     -> text, select, io, testing -> backend -> models, analysis -> rewrites -> interp, importers
 
 Every import is checked, module-level and function-level alike. The one sanctioned exception is
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [
-    {"circuits.errors", "circuits.dtypes", "circuits.shapes", "circuits.hashing"},
+    {"circuits.errors", "circuits.dtypes", "circuits.shapes", "circuits.hashing", "circuits.progress"},
     {"circuits.functions"},
     {"circuits.nodes"},
     {"circuits.traversal", "circuits.check"},

@@ -15,7 +15,7 @@ PUBLIC = {
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
     "evaluate", "evaluate_batched", "fill_random", "grad", "interp", "diff", "save_many", "load_many",
     "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
-    "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
+    "register_function", "replace", "save", "select", "strip_names", "summary", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
 }
 # Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from html import escape as _escape
 
+import numpy as np
+
 from ..dtypes import DEFAULT_FLOAT
-from ..nodes.base import format_line, quote_name
+from ..nodes.base import Circuit, format_line, quote_name
 from ..shapes import shape_text
 
 MAX_PAYLOAD_CHARS = 120
@@ -44,7 +46,27 @@ _STYLE = """<style>
 .circuits-html .ref a{color:#888;text-decoration:none;border-bottom:1px dotted #888}
 .circuits-html .more,.circuits-html .note{color:#b31d28;font-style:italic}
 .circuits-html :target>summary,.circuits-html .leaf:target{background:#fff5b1}
+.circuits-html .target{outline:2px solid #f9c513}
+.circuits-html .hit{background:#fff5b1}
+.circuits-html .stats{color:#22863a;margin-left:.6em}
+.circuits-html .search{margin:0 0 .4em -1.2em}
 </style>"""
+
+# The search box's handler (no double quotes: it sits in an attribute): marks the lines whose name
+# contains the text, opens the <details> above each, and counts the matches.
+_SEARCH_JS = (
+    "var root=this.closest('.circuits-html'),q=this.value.toLowerCase(),n=0;"
+    "root.querySelectorAll('.hit').forEach(function(e){e.classList.remove('hit')});"
+    "if(q){root.querySelectorAll('.name').forEach(function(s){"
+    "if(s.textContent.toLowerCase().indexOf(q)<0)return;"
+    "var line=s.closest('summary,.leaf,.ref');line.classList.add('hit');n++;"
+    "var d=line.parentElement.closest('details');"
+    "if(line.tagName==='SUMMARY')d=d.parentElement.closest('details');"
+    "while(d){d.open=true;d=d.parentElement.closest('details');}});}"
+    "root.querySelector('.search-count').textContent=q?n+' match'+(n===1?'':'es'):'';"
+)
+_SPARK = "▁▂▃▄▅▆▇█"
+
 
 
 def _span(part, text):
@@ -66,22 +88,115 @@ def _line(node) -> str:
     return text + " " + _span("shape", shape)
 
 
+def value_stats(value) -> str:
+    """``shape mean std min max`` and an 8-bin histogram of ``value``, in one line.
+
+    >>> value_stats(np.array([0.0, 1.0, 1.0, 3.0]))
+    '[4] mean 1.25 std 1.09 min 0 max 3 ▅▁█▁▁▁▁▅'
+    """
+    v = np.asarray(value)
+    shape = shape_text(v.shape)
+    if v.size == 0:
+        return f"{shape} (empty)"
+    if v.dtype.kind == "b":
+        v = v.astype(np.int64)
+    if v.dtype.kind not in "iuf":
+        return f"{shape} {v.dtype}"
+    v = v.astype(np.float64).ravel()
+    finite = v[np.isfinite(v)]
+    bad = v.size - finite.size
+    note = f" ({bad} non-finite)" if bad else ""
+    if finite.size == 0:
+        return f"{shape} no finite values{note}"
+    lo, hi = float(finite.min()), float(finite.max())
+    counts, _ = np.histogram(finite, bins=8, range=(lo, hi) if hi > lo else (lo - 0.5, lo + 0.5))
+    top = counts.max()
+    spark = "".join(_SPARK[min(7, int(round(7 * c / top)))] if c else _SPARK[0] for c in counts)
+    return (f"{shape} mean {finite.mean():.3g} std {finite.std():.3g} min {lo:.3g} max {hi:.3g} "
+            f"{spark}{note}")
+
+
+def _targets(circuit, open_) -> tuple[set, set]:
+    """(hashes of the nodes ``open_`` names or matches, hashes of all their ancestors)."""
+    from ..select import get
+
+    items = [open_] if isinstance(open_, (str, Circuit)) or callable(open_) else list(open_)
+    found = set()
+    for item in items:
+        if isinstance(item, Circuit):
+            found.add(item.hash)
+        else:
+            found.update(n.hash for n in get(circuit, item))
+    # Open the path the view shows each one on: the chain of first appearances above it.
+    shown_under: dict[bytes, bytes | None] = {}
+    stack = [(circuit, None)]
+    while stack:
+        node, parent = stack.pop()
+        if node.hash in shown_under:
+            continue
+        shown_under[node.hash] = parent
+        stack.extend((child, node.hash) for child in reversed(node.children))
+    above = set()
+    for h in found:
+        up = shown_under.get(h)
+        while up is not None and up not in above:
+            above.add(up)
+            up = shown_under[up]
+    return found, above
+
+
+def _values_by_node(circuit, values) -> dict:
+    """hash -> value for ``values`` keyed by nodes or names (a name gives every node so named)."""
+    out, by_name = {}, {}
+    for key, value in values.items():
+        if isinstance(key, Circuit):
+            out[key.hash] = value
+        else:
+            by_name[key] = value
+    if by_name:
+        from ..traversal import toposort
+
+        for node in toposort(circuit):
+            if node.name in by_name and node.hash not in out:
+                out[node.hash] = by_name[node.name]
+    return out
+
+
 def _ref_text(node) -> str:
     who = quote_name(node.name) if node.name is not None else "(unnamed)"
     return f"{who} {node.type_name}"
 
 
-def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int = 2) -> str:
+def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int = 2, *,
+            open=None, search: bool = False, values=None) -> str:
     """A self-contained HTML tree of ``circuit`` (see the module docstring).
 
     ``max_nodes`` caps the lines shown, ``max_depth`` the levels (browsers flatten very deep
-    nesting), ``open_depth`` how many levels start expanded.
+    nesting), ``open_depth`` how many levels start expanded.  ``open``: names, matchers or nodes
+    (one or a list); the view opens the path to where each selected node is shown and outlines it.
+    ``search=True`` adds a search box (a few lines of inline JavaScript) that highlights the
+    lines whose name contains the text and opens the path to each.  ``values``: a mapping from
+    nodes or names to arrays (e.g. the ``also=`` results of ``C.evaluate``); each node given a
+    value shows its shape, mean, std, min, max and an 8-bin histogram.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Einsum, GeneralFunction
+    >>> x = Array(np.arange(4, dtype=np.float32), name='x')
+    >>> c = GeneralFunction('exp', Einsum.from_spec('a->a', x, name='inner'), name='out')
+    >>> page = to_html(c, open_depth=0, open=['x'], values={'x': x.value})
+    >>> page.count(' open><summary'), 'mean 1.5' in page
+    (2, True)
     """
     if max_nodes < 1 or max_depth < 1 or open_depth < 0:
         raise ValueError("to_html needs max_nodes >= 1, max_depth >= 1 and open_depth >= 0")
     prefix = "c" + circuit.hash[:5].hex()
     anchors: dict[bytes, str] = {}
+    targets, above = _targets(circuit, open) if open is not None else (set(), set())
+    stats = _values_by_node(circuit, values) if values else {}
     out = ['<div class="circuits-html">', _STYLE]
+    if search:
+        out.append(f'<div class="search"><input type="search" placeholder="search names" '
+                   f'oninput="{_escape(_SEARCH_JS, quote=True)}"> <span class="search-count"></span></div>')
     # Items: (node, depth) to show, or a str to emit as is (closing tags, notes).
     stack: list = [(circuit, 0)]
     shown = 0
@@ -108,18 +223,23 @@ def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int 
             continue
         anchor = anchors[node.hash] = f"{prefix}-{len(anchors)}"
         children = node.children
+        line = _line(node)
+        if node.hash in stats:
+            line += " " + _span("stats", value_stats(stats[node.hash]))
+        mark = " target" if node.hash in targets else ""
         if not children:
-            out.append(f'<div class="leaf" id="{anchor}">{_line(node)}</div>')
+            out.append(f'<div class="leaf{mark}" id="{anchor}">{line}</div>')
             continue
         if depth >= max_depth:
             depth_cut += 1
             out.append(
-                f'<div class="leaf" id="{anchor}">{_line(node)} <span class="more">'
+                f'<div class="leaf{mark}" id="{anchor}">{line} <span class="more">'
                 f"… {len(children)} children below the depth limit</span></div>"
             )
             continue
-        is_open = " open" if depth < open_depth else ""
-        out.append(f'<details id="{anchor}"{is_open}><summary>{_line(node)}</summary><div class="kids">')
+        is_open = " open" if depth < open_depth or node.hash in above else ""
+        cls = ' class="target"' if mark else ""
+        out.append(f'<details id="{anchor}"{is_open}><summary{cls}>{line}</summary><div class="kids">')
         stack.append("</div></details>")
         # A node with more children than can be shown anyway pushes only those it can show.
         room = max_nodes - shown

@@ -230,6 +230,8 @@ def test_argument_checks():
 
 # ---------------------------------------------------------------------------- real browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+NO_CHROMIUM = ("no chromium or chromium-browser on PATH: `make test` installs Debian's chromium when run as "
+               "root with apt (make system-deps); elsewhere install it by hand")
 
 
 class DevTools:
@@ -310,7 +312,7 @@ class DevTools:
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium (apt-get install chromium)")
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 def test_tree_in_headless_chromium_expands_on_click_and_follows_links(tmp_path):
     c = C.parse(SEED.read_text())
     page = tmp_path / "view.html"
@@ -393,5 +395,100 @@ def test_tree_in_headless_chromium_expands_on_click_and_follows_links(tmp_path):
         requested = {e["params"]["request"]["url"] for e in chrome.events
                      if e.get("method") == "Network.requestWillBeSent"}
         assert requested <= {page.as_uri(), page.as_uri() + "#" + link}, requested
+    finally:
+        chrome.close()
+
+
+# ---------------------------------------------------------------------------- open=, values=, search
+def test_open_expands_exactly_the_paths_to_the_chosen_nodes():
+    c = C.parse(SEED.read_text())
+    page = to_html(c, open_depth=0, open=["b1.a.head3", C.select.Regex(r"^a0\.w\.k$")], max_nodes=10_000,
+                   max_depth=100)
+    root = dom(page)
+    marked = [e for e in root.iter() if "target" in e.classes()]
+    assert sorted(e.all_text().split("'")[1] for e in marked) == ["a0.w.k", "b1.a.head3"]
+    # Oracle from the DOM: the <details> above each marked line, and no other, are open.
+    want = set()
+    for e in marked:
+        d = e.parent if e.tag == "summary" else e  # a summary's own <details> is the node itself
+        d = d.parent
+        while d is not None:
+            if d.tag == "details":
+                want.add(id(d))
+            d = d.parent
+    opened = {id(e) for e in root.iter() if e.tag == "details" and "open" in e.attrs}
+    assert opened == want and len(want) > 3
+
+
+def test_values_show_statistics_checked_against_numpy():
+    from circuits.text.html import value_stats
+
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((3, 50)).astype(np.float32)
+    text = value_stats(v)
+    assert text.startswith("[3,50] ")
+    for word, want in [("mean", v.mean()), ("std", v.std()), ("min", v.min()), ("max", v.max())]:
+        got = float(text.split(word + " ")[1].split()[0])
+        assert abs(got - want) <= 5e-3 * max(1, abs(want)), (word, got, want)
+    counts, _ = np.histogram(v, bins=8)
+    spark = text.split()[-1]
+    assert len(spark) == 8 and spark.index("█") == int(np.argmax(counts))
+    assert "2 non-finite" in value_stats(np.array([1.0, np.nan, np.inf, 2.0]))
+    x = Array(np.arange(6, dtype=np.float32), name="x")
+    c = GeneralFunction("exp", x, name="y")
+    page = to_html(c, values={"x": np.arange(6.0), c: np.exp(np.arange(6.0))})
+    stats = [e.all_text() for e in dom(page).iter() if "stats" in e.classes()]
+    assert len(stats) == 2 and any("mean 2.5" in s for s in stats)
+
+
+def test_search_box_only_when_asked():
+    c = small_dag()
+    assert "<input" not in to_html(c)
+    page = to_html(c, search=True)
+    (box,) = [e for e in dom(page).iter() if e.tag == "input"]
+    assert box.attrs["type"] == "search" and "closest" in box.attrs["oninput"]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
+def test_search_and_open_in_headless_chromium(tmp_path):
+    c = C.parse(SEED.read_text())
+    page = tmp_path / "search.html"
+    page.write_text("<!doctype html><meta charset='utf-8'><body>"
+                    + to_html(c, open_depth=1, search=True, open=["b0.a.head5"]) + "</body>", encoding="utf-8")
+    chrome = DevTools(CHROMIUM, tmp_path / "profile")
+    try:
+        target = chrome.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = chrome.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        chrome.send("Page.enable", session=session)
+        chrome.send("Page.navigate", {"url": page.as_uri()}, session=session)
+        chrome.wait_event("Page.loadEventFired")
+
+        def js(expression):
+            result = chrome.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                                 session=session)
+            assert "exceptionDetails" not in result, result
+            return result["result"].get("value")
+
+        # open=: the chosen head's line is laid out (every <details> above it open).
+        head = "[...document.querySelectorAll('.circuits-html .target')][0]"
+        assert js(f"{head}.textContent.startsWith(\"'b0.a.head5'\")") is True
+        assert js(f"{head}.checkVisibility()") is True
+        assert js(f"{head}.parentElement.querySelector('.kids > *').checkVisibility()") is False  # itself closed
+        other = """[...document.querySelectorAll('.circuits-html summary, .circuits-html .leaf')]
+            .find(s => s.textContent.startsWith("'a0.w.q.head6'"))"""
+        assert js(f"{other}.checkVisibility()") is False  # opening one head's path leaves others closed
+        # Typing in the search box (real key events) highlights and reveals the matches.
+        js("document.querySelector('.circuits-html input').focus()")
+        chrome.send("Input.insertText", {"text": "head6"}, session=session)
+        hits = js("[...document.querySelectorAll('.circuits-html .hit')].map(e => e.textContent.split(' ')[0])")
+        expected = [n for n in c.toposort() if n.name and "head6" in n.name]
+        assert len(hits) >= len({n.name for n in expected}) > 0
+        assert all("head6" in h for h in hits)
+        assert js(f"{other}.checkVisibility()") is True
+        assert js("document.querySelector('.circuits-html .search-count').textContent").endswith("matches")
+        js("(() => { const b = document.querySelector('.circuits-html input'); b.value = '';"
+           " b.dispatchEvent(new Event('input')); })()")
+        assert js("document.querySelectorAll('.circuits-html .hit').length") == 0
     finally:
         chrome.close()
