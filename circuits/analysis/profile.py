@@ -1,0 +1,2 @@
+def profile(*a, **k): raise NotImplementedError
+class Profile: pass
