@@ -38,6 +38,8 @@ import html
 import time
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..backend.program import ARGUMENT_TYPES, Program
 from ..backend.runtime import bind_arguments, cached_jit, float_dtype, precision
 from ..errors import CircuitError, EvaluationError
@@ -92,13 +94,15 @@ def _segments(program: Program, roots: Sequence[Circuit]):
 
 
 class Profile:
-    """What ``profile`` measured: ``rows`` (``ProfileRow`` in tree order), ``device``,
+    """What ``profile`` measured: ``rows`` (``ProfileRow`` in tree order), ``value`` (the
+    circuit's value, numpy, from the last timed run), ``device``,
     ``wall_seconds`` (the timed runs), ``plain_seconds`` (one plain compiled evaluation, with
     ``baseline=True``, else None), ``segments``; ``str(p)`` is the tree table, ``p.by_name()``
     sums over nodes sharing a name, ``p._repr_html_()`` the notebook table."""
 
-    def __init__(self, rows, device, wall_seconds, plain_seconds, repeat):
+    def __init__(self, rows, device, wall_seconds, plain_seconds, repeat, value=None):
         self.rows = rows
+        self.value = value
         self.device = device
         self.wall_seconds = wall_seconds
         self.plain_seconds = plain_seconds
@@ -244,7 +248,7 @@ def profile(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32",
         times = [0.0] * len(plans)
         start = time.perf_counter()
         for _ in range(int(repeat)):
-            run(times)
+            value = run(times)
         wall = (time.perf_counter() - start) / int(repeat)
         plain = None
         if baseline:
@@ -257,7 +261,7 @@ def profile(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32",
             plain = time.perf_counter() - start
     rows = _tree(whole, heads, plans, times, int(repeat))
     device = jax.devices()[0].platform.upper()
-    return Profile(rows, device, wall, plain, int(repeat))
+    return Profile(rows, device, wall, plain, int(repeat), np.asarray(value))
 
 
 def _tree(whole: Program, heads, plans, times, repeat) -> list[ProfileRow]:
