@@ -74,7 +74,6 @@ def toposort_order(*roots: Circuit) -> list[Circuit]:
 def live_bytes(order: Sequence[Circuit], roots: Sequence[Circuit], fdt: str = "float32", temps=None) -> list[int]:
     """Memory in use at each step of ``order`` (values live then, the new one included, plus the
     step's own temporaries); ``temps`` maps node hashes to temporary bytes (default: Einsums')."""
-    pos = {n.hash: i for i, n in enumerate(order)}
     owner: dict = {}  # node hash -> hash of the node whose storage holds its value (Tags alias)
     size: dict = {}
     for n in order:

@@ -44,8 +44,7 @@ def test_default_budget_and_edges():
 
 def test_seed_sized_logits_run_in_small_chunks():
     # one row of the seed's loss holds [300, 50259] logits and their log_softmax: ~115 MiB
-    from circuits.models import attn_only
-    from circuits.models import random_weights
+    from circuits.models import attn_only, random_weights
 
     toks = C.Symbol((302,), name="toks", dtype="int64")
     loss = attn_only(random_weights(seed=0), toks)
