@@ -63,6 +63,9 @@ _LAZY = {
     "interp": ("circuits.interp", None),
     # exact symbolic comparison
     "symbolic_equal": ("circuits.backend", "symbolic_equal"),
+    # analysis (circuits/analysis/): what a circuit costs, where its time goes
+    "cost": ("circuits.analysis.cost", "cost"),
+    "profile": ("circuits.analysis.profile", "profile"),
 }
 
 __all__ = [

@@ -12,9 +12,9 @@ PUBLIC = {
     "Add", "Array", "Circuit", "CircuitError", "Compiled", "Concat", "Eager", "Einsum",
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
-    "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
+    "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "cost", "count_nodes", "deep_map",
     "evaluate", "evaluate_batched", "fill_random", "grad", "interp", "diff", "save_many", "load_many",
-    "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
+    "load", "models", "parse", "parse_many", "print_many", "profile", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "summary", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
 }

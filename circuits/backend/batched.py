@@ -17,12 +17,14 @@ array([[ 0.,  1.,  2.],
 
 from __future__ import annotations
 
-from typing import Mapping
+import logging
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
 from .runtime import (
     bind_arguments,
@@ -34,7 +36,56 @@ from .runtime import (
     program_with_also,
 )
 
-__all__ = ["evaluate_batched"]
+__all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
+
+log = logging.getLogger(__name__)
+
+# The memory one chunk may take when no batch_size is given.  On a 2-core CPU the seed model
+# (about 115 MiB of temporaries per row: its [300, 50259] logits and their log_softmax) runs 32
+# rows fastest in chunks of 1-2 rows (7.3 s) and slowest all at once (20 s: page faults), so
+# the budget allows about two such rows (BENCHMARKS.md, "batched").
+DEFAULT_MEMORY_BUDGET = 256 << 20
+
+
+class BatchPlan(NamedTuple):
+    """How ``evaluate_batched`` splits a dataset: ``chunk`` rows at a time, each row estimated
+    at ``row_bytes`` of temporaries (``circuits.backend.memory``: the op-by-op peak of one row
+    plus its batched inputs), within ``budget`` bytes; ``reason`` says why in words."""
+
+    chunk: int
+    row_bytes: int
+    budget: int | None
+    reason: str
+
+
+def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = None,
+               memory_budget: int | None = None, batched_args=()) -> BatchPlan:
+    """The chunk size: ``batch_size`` when given, else as many rows as fit ``memory_budget``
+    (default ``DEFAULT_MEMORY_BUDGET``) by the cost model, at least one and at most ``total``.
+
+    >>> from circuits import Symbol, GeneralFunction
+    >>> x = Symbol((1024,), name='x')
+    >>> prog = Program([GeneralFunction('exp', x)], 'float32')
+    >>> p = plan_batch(prog, 100, 'float32', memory_budget=40960, batched_args=[x])
+    >>> p.chunk, p.row_bytes      # exp(x): 4096 bytes a row, and the row of x: 4096 more
+    (5, 8192)
+    """
+    roots = [program.nodes[i] for i in program.outputs]
+    order = [n for n in program.nodes if type(n) not in INPUT_TYPES]
+    row = peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
+    if batch_size is not None:
+        chunk = min(int(batch_size), total) or 1
+        return BatchPlan(chunk, row, None, f"batch_size={batch_size} given")
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if budget <= 0:
+        raise EvaluationError(f"memory_budget={memory_budget}: give a positive number of bytes")
+    fit = budget // row if row else total
+    chunk = max(1, min(total, fit)) if total else 1
+    why = (f"{chunk} of {total} rows: about {row} bytes of temporaries a row (cost model), "
+           f"memory budget {budget} bytes")
+    if fit < 1:
+        why += " (one row is over the budget: running one at a time)"
+    return BatchPlan(chunk, row, budget, why)
 
 
 def _devices(devices):
@@ -102,13 +153,18 @@ def _batch_size_of(program: Program, args, axes) -> int:
 
 
 def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | None = None, dtype="float32",
-                     also=None, devices=None, mode: str = "auto", return_jax: bool = False):
+                     also=None, devices=None, mode: str = "auto", return_jax: bool = False,
+                     memory_budget: int | None = None, verbose: bool = False):
     """Evaluate ``circuit`` on every row of a dataset; the result has a leading batch axis.
 
     - A Symbol input of shape ``[batch, *symbol.shape]`` is batched; one of the Symbol's own
       shape is shared by every row.  All batched inputs must agree on ``batch``.
-    - ``batch_size`` bounds how many rows run at once (default: all); a short last chunk is
-      padded, so one compiled function serves every chunk.
+    - ``batch_size`` bounds how many rows run at once; a short last chunk is padded, so one
+      compiled function serves every chunk.  When it is not given, the chunk is as many rows as
+      fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost model
+      (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
+      slower than chunks.  The choice is logged (logger ``circuits.backend.batched``, INFO) and
+      printed with ``verbose=True``.
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``also``, ``dtype``, ``mode`` as for ``evaluate``; ``return_jax=True`` leaves results on the
@@ -134,7 +190,12 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         fn = _batched_function(program, axes, mode)
-        chunk = min(int(batch_size or total), total) or 1
+        plan = plan_batch(program, total, fdt, batch_size, memory_budget,
+                          [n for n, ax in zip(program.arg_nodes(), axes) if ax == 0])
+        chunk = plan.chunk
+        log.info("evaluate_batched: %s", plan.reason)
+        if verbose:
+            print(f"evaluate_batched: {plan.reason}")
         place = None
         if devs is not None:
             chunk = -(-chunk // len(devs)) * len(devs)

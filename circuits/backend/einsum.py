@@ -13,7 +13,8 @@ transpose) is computed when the op is built, so tracing one einsum is a few lax 
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import functools
+from typing import Callable, NamedTuple, Sequence
 
 from ..errors import EvaluationError
 
@@ -123,15 +124,26 @@ def _mul(x, y):
     return lax.mul(x, y)
 
 
-def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]) -> Callable:
-    """``op(*operands)`` computing the einsum ``in_axes -> out_axes`` for operands of ``shapes``."""
-    in_axes = [tuple(t) for t in in_axes]
-    out_axes = tuple(out_axes)
+class EinsumStep(NamedTuple):
+    """One step of an einsum plan, by axis ids: ``kind`` is ``'diagonal'``, ``'sum'``, ``'dot'``
+    (a ``dot_general``: ``operands`` are the two sides, ``contract`` the summed shared axes),
+    ``'mul'`` (a product with a 0-d operand) or ``'transpose'``; ``result`` the axes after it."""
+
+    kind: str
+    operands: tuple
+    result: tuple
+    contract: tuple = ()
+
+
+def _plan(in_axes, out_axes: tuple, shapes):
+    """The plan of ``einsum_op``: per-operand preparation, pairwise contractions, the final
+    transpose, and the same as ``EinsumStep`` records (which ``einsum_steps`` returns)."""
     sizes: dict = {}
     for t, shape in zip(in_axes, shapes):
         sizes.update(zip(t, shape))
     if not in_axes:
         raise EvaluationError("einsum_op needs at least one operand (zero operands is the scalar 1)")
+    steps: list[EinsumStep] = []
     # Per operand: diagonals, then sums of axes no one else needs.
     prep: list[list[Callable]] = []
     terms: list[tuple] = []
@@ -139,11 +151,13 @@ def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]
         fns = []
         step = _diagonal_step(t)
         if step:
+            steps.append(EinsumStep("diagonal", (t,), step[0]))
             t, fn = step
             fns.append(fn)
         others = {a for j, u in enumerate(in_axes) if j != k for a in u} | set(out_axes)
         step = _sum_step(t, others)
         if step:
+            steps.append(EinsumStep("sum", (t,), step[0]))
             t, fn = step
             fns.append(fn)
         prep.append(fns)
@@ -162,18 +176,48 @@ def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]
             for side, other in ((a, b), (b, a)):
                 step = _sum_step(axes_of[side], keep | set(axes_of[other]))
                 if step:
+                    steps.append(EinsumStep("sum", (axes_of[side],), step[0]))
                     axes_of[side], fn = step
                     pre.append((side, fn))
                 else:
                     pre.append((side, None))
-            result, fn = _pair_step(axes_of[a], axes_of[b], keep)
+            left, right = axes_of[a], axes_of[b]
+            result, fn = _pair_step(left, right, keep)
+            if left and right:
+                contract = tuple(x for x in left if x in right and x not in keep)
+                steps.append(EinsumStep("dot", (left, right), result, contract))
+            else:
+                steps.append(EinsumStep("mul", (left, right), result))
             axes_of.append(result)
             new = len(axes_of) - 1
             pairs.append((a, b, new, pre, fn))
             live = rest + [new]
     final = axes_of[live[0]]
     last = _transpose_step(final, out_axes)
-    slot = live[0]
+    if last is not None:
+        steps.append(EinsumStep("transpose", (final,), tuple(out_axes)))
+    return prep, pairs, last, live[0], tuple(steps), sizes
+
+
+@functools.lru_cache(maxsize=4096)
+def einsum_steps(in_axes: tuple, out_axes: tuple, shapes: tuple) -> tuple[tuple, dict]:
+    """``(steps, sizes)``: the plan ``einsum_op`` follows for operands of ``shapes``, as
+    ``EinsumStep`` records, and each axis id's size (for cost models: the backend runs exactly
+    these steps, in this order).
+
+    >>> steps, sizes = einsum_steps(((0, 1), (1, 2)), (2, 0), ((2, 3), (3, 4)))
+    >>> [(s.kind, s.result) for s in steps], sizes
+    ([('dot', (0, 2)), ('transpose', (2, 0))], {0: 2, 1: 3, 2: 4})
+    """
+    *_, steps, sizes = _plan([tuple(t) for t in in_axes], tuple(out_axes), shapes)
+    return steps, sizes
+
+
+def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]) -> Callable:
+    """``op(*operands)`` computing the einsum ``in_axes -> out_axes`` for operands of ``shapes``."""
+    in_axes = [tuple(t) for t in in_axes]
+    out_axes = tuple(out_axes)
+    prep, pairs, last, slot, _, _ = _plan(in_axes, out_axes, shapes)
 
     def einsum(*xs):
         values = list(xs)

@@ -29,6 +29,8 @@ from .registry import (
     FunctionSpec,
     family_grammars,
     lookup,
+    per_element,
+    per_row,
     register,
     register_elementwise,
     register_family,
@@ -39,6 +41,6 @@ from .registry import (
 
 __all__ = [
     "Bounds", "FunctionSpec", "GEN_INDEX_GRAMMAR", "GEN_INDEX_PATTERN", "GenIndex", "family_grammars",
-    "gen_index_name", "lookup", "register", "register_elementwise", "register_family", "register_function",
+    "gen_index_name", "lookup", "per_element", "per_row", "register", "register_elementwise", "register_family", "register_function",
     "registered_names", "unregister_function",
 ]

@@ -17,6 +17,8 @@ from .registry import (
     drop_last,
     float_dtype,
     needs_rank,
+    per_element,
+    per_row,
     register,
     register_elementwise,
     same_shape,
@@ -97,42 +99,58 @@ def _elementwise(name, jax_fn, sympy=None, bounds=None, *, propagates_nan=True, 
     register_elementwise(name, jax_fn, sympy=sympy, bounds=bounds, propagates_nan=propagates_nan, **kw)
 
 
-_elementwise("exp", lambda x: _jnp().exp(x), _sym("exp"), Bounds(_monotone(math.exp), arg_max=4.0, positive=True))
-_elementwise("log", lambda x: _jnp().log(x), _sym("log"), Bounds(_monotone(math.log), arg_positive=True))
-_elementwise("sin", lambda x: _jnp().sin(x), _sym("sin"), Bounds(_constant(-1.0, 1.0)))
-_elementwise("cos", lambda x: _jnp().cos(x), _sym("cos"), Bounds(_constant(-1.0, 1.0)))
-_elementwise("tanh", lambda x: _jnp().tanh(x), _sym("tanh"), Bounds(_monotone(math.tanh)))
+_elementwise("exp", lambda x: _jnp().exp(x), _sym("exp"), Bounds(_monotone(math.exp), arg_max=4.0, positive=True),
+             cost=per_element(exp=1))
+_elementwise("log", lambda x: _jnp().log(x), _sym("log"), Bounds(_monotone(math.log), arg_positive=True),
+             cost=per_element(log=1))
+_elementwise("sin", lambda x: _jnp().sin(x), _sym("sin"), Bounds(_constant(-1.0, 1.0)),
+             cost=per_element(sin=1))
+_elementwise("cos", lambda x: _jnp().cos(x), _sym("cos"), Bounds(_constant(-1.0, 1.0)),
+             cost=per_element(cos=1))
+_elementwise("tanh", lambda x: _jnp().tanh(x), _sym("tanh"), Bounds(_monotone(math.tanh)),
+             cost=per_element(tanh=1))
 _elementwise("sqrt", lambda x: _jnp().sqrt(x), _sym("sqrt"),
-             Bounds(_monotone(math.sqrt), arg_positive=True, positive=True))
-_elementwise("abs", lambda x: _jnp().abs(x), _sym("Abs"), Bounds(_abs_bounds))
+             Bounds(_monotone(math.sqrt), arg_positive=True, positive=True),
+             cost=per_element(sqrt=1))
+_elementwise("abs", lambda x: _jnp().abs(x), _sym("Abs"), Bounds(_abs_bounds),
+             cost=per_element(cmp=1))
 _elementwise("rsqrt", lambda x: _jax().lax.rsqrt(x), _sympy_rsqrt,
-             Bounds(lambda x: (1 / math.sqrt(x[1]), 1 / math.sqrt(x[0])), arg_positive=True, positive=True))
+             Bounds(lambda x: (1 / math.sqrt(x[1]), 1 / math.sqrt(x[0])), arg_positive=True, positive=True),
+             cost=per_element(sqrt=1, div=1))
 _elementwise("reciprocal", lambda x: 1.0 / x, lambda x: 1 / x,
-             Bounds(lambda x: (1 / x[1], 1 / x[0]), arg_positive=True, positive=True))
+             Bounds(lambda x: (1 / x[1], 1 / x[0]), arg_positive=True, positive=True),
+             cost=per_element(div=1))
 _elementwise("sigmoid", lambda x: _jax().nn.sigmoid(x), _sympy_sigmoid,
-             Bounds(_monotone(_sigmoid), arg_max=4.0, positive=True))
+             Bounds(_monotone(_sigmoid), arg_max=4.0, positive=True),
+             cost=per_element(exp=1, add=1, div=1))
 _elementwise("relu", lambda x: _jnp().maximum(x, 0), lambda x: _sympy().Max(x, 0),
-             Bounds(lambda x: (max(x[0], 0.0), max(x[1], 0.0))))
+             Bounds(lambda x: (max(x[0], 0.0), max(x[1], 0.0))),
+             cost=per_element(cmp=1))
 _elementwise("gelu", lambda x: _jax().nn.gelu(x, approximate=False), bounds=Bounds(_at_least(-0.2)),
-             description="exact gelu, x * Phi(x)")
-_elementwise("gelu_new", _gelu_new, bounds=Bounds(_at_least(-0.2)), description="tanh-approximated gelu (GPT-2)")
-_elementwise("silu", lambda x: _jax().nn.silu(x), lambda x: x * _sympy_sigmoid(x), Bounds(_at_least(-0.3)))
+             description="exact gelu, x * Phi(x)",
+             cost=per_element(erf=1, add=1, mul=3))
+_elementwise("gelu_new", _gelu_new, bounds=Bounds(_at_least(-0.2)), description="tanh-approximated gelu (GPT-2)",
+             cost=per_element(tanh=1, add=2, mul=6))
+_elementwise("silu", lambda x: _jax().nn.silu(x), lambda x: x * _sympy_sigmoid(x), Bounds(_at_least(-0.3)),
+             cost=per_element(exp=1, add=1, div=1, mul=1))
 _elementwise("square", lambda x: x * x, lambda x: x**2,
-             Bounds(lambda x: tuple(v * v for v in _abs_bounds(x)), arg_max=50.0))
+             Bounds(lambda x: tuple(v * v for v in _abs_bounds(x)), arg_max=50.0),
+             cost=per_element(mul=1))
 # nan ** 0 = 1: pow does not propagate NaN.
 _elementwise("pow", lambda x, y: _jnp().power(x, y), lambda x, y: x**y,
              Bounds(_pow_bounds, arg_max=(10.0, 2.0), arg_positive=(True, False), positive=True),
-             num_args=2, propagates_nan=False, description="x ** y, broadcasting")
+             num_args=2, propagates_nan=False, description="x ** y, broadcasting",
+             cost=per_element(pow=1))
 
 
 # ---------------------------------------------------------------------------- last-axis functions
-def _last_axis(name, jax_fn, shape_rule, description, sympy, bounds, dtype_rule=float_dtype,
+def _last_axis(name, jax_fn, shape_rule, description, sympy, bounds, row_cost, dtype_rule=float_dtype,
                propagates_nan=True):
     register(
         FunctionSpec(
             name=name, shape_rule=needs_rank(1, shape_rule), jax=jax_fn, core_ndim=1,
             dtype_rule=dtype_rule, sympy=sympy, propagates_nan=propagates_nan, bounds=bounds,
-            description=description,
+            description=description, cost=per_row(row_cost),
         )
     )
 
@@ -192,19 +210,29 @@ def _identity(x, n):
 
 
 _last_axis("softmax", _softmax, same_shape, "softmax over the last axis", _sympy_softmax,
-           Bounds(lambda x, n: (math.exp(x[0] - x[1]) / n, 1.0), arg_max=20.0, positive=True))
+           Bounds(lambda x, n: (math.exp(x[0] - x[1]) / n, 1.0), arg_max=20.0, positive=True),
+           # max, subtract it, exp, sum, divide (as _softmax lowers it)
+           lambda n: {"cmp": n - 1, "add": 2 * n - 1, "exp": n, "div": n})
 _last_axis("log_softmax", _log_softmax, same_shape, "log_softmax over the last axis", _sympy_log_softmax,
-           Bounds(lambda x, n: (x[0] - x[1] - math.log(n), 0.0), arg_max=20.0))
+           Bounds(lambda x, n: (x[0] - x[1] - math.log(n), 0.0), arg_max=20.0),
+           # max, subtract it, exp, sum, log, subtract the total (as _log_softmax lowers it)
+           lambda n: {"cmp": n - 1, "add": 3 * n - 1, "exp": n, "log": 1})
 _last_axis("logsumexp", lambda x: _jax().nn.logsumexp(x, axis=-1), drop_last,
            "log(sum(exp(x))) over the last axis (drops it)", _sympy_logsumexp,
-           Bounds(lambda x, n: (x[0] + math.log(n), x[1] + math.log(n)), arg_max=20.0))
+           Bounds(lambda x, n: (x[0] + math.log(n), x[1] + math.log(n)), arg_max=20.0),
+           # max, subtract it, exp, sum, log, add the max back (jax.nn.logsumexp)
+           lambda n: {"cmp": n - 1, "add": 2 * n, "exp": n, "log": 1})
 _last_axis("max", lambda x: _jnp().max(x, axis=-1), drop_last, "max over the last axis (drops it)",
-           lambda row: _sympy().Max(*row), Bounds(_identity, keeps_positive=True), dtype_rule=lambda d: d[0])
+           lambda row: _sympy().Max(*row), Bounds(_identity, keeps_positive=True), lambda n: {"cmp": n - 1},
+           dtype_rule=lambda d: d[0])
 _last_axis("min", lambda x: _jnp().min(x, axis=-1), drop_last, "min over the last axis (drops it)",
-           lambda row: _sympy().Min(*row), Bounds(_identity, keeps_positive=True), dtype_rule=lambda d: d[0])
+           lambda row: _sympy().Min(*row), Bounds(_identity, keeps_positive=True), lambda n: {"cmp": n - 1},
+           dtype_rule=lambda d: d[0])
 _last_axis("mean", lambda x: _jnp().mean(x, axis=-1), drop_last, "mean over the last axis (drops it)",
-           lambda row: _sympy().Add(*row) / len(row), Bounds(_identity, keeps_positive=True))
+           lambda row: _sympy().Add(*row) / len(row), Bounds(_identity, keeps_positive=True),
+           lambda n: {"add": n - 1, "div": 1})
 _last_axis("last_dim_size", _last_dim_size, drop_last,
            "the length of the last axis, broadcast over the others (drops it)",
            lambda row: _sympy().Integer(len(row)),
-           Bounds(lambda x, n: (float(n), float(n)), arg_max=20.0, positive=True), propagates_nan=False)
+           Bounds(lambda x, n: (float(n), float(n)), arg_max=20.0, positive=True), lambda n: {},
+           propagates_nan=False)

@@ -15,7 +15,7 @@ import attrs
 
 from ..dtypes import is_int
 from ..errors import ShapeError
-from .registry import FunctionSpec, register_family
+from .registry import FunctionSpec, per_element, register_family
 
 GEN_INDEX_PATTERN = r"gen_index_at_(-?\d{1,9})(_batch_x)?(_no_batch_index)?(_c)?"
 GEN_INDEX_GRAMMAR = "gen_index_at_<d>[_batch_x][_no_batch_index][_c]"
@@ -178,6 +178,7 @@ def _gen_index_factory(m: re.Match) -> FunctionSpec:
     return FunctionSpec(
         name=name, shape_rule=shape_rule, jax=lower, num_args=(2, 2), dtype_rule=dtype_rule,
         core_ndim=None, index_arg=1, gather=g, description=_gen_index_factory.__doc__,
+        cost=per_element(),  # a gather: no arithmetic (circuits.cost counts the bytes it reads)
     )
 
 

@@ -81,6 +81,10 @@ class FunctionSpec:
       strategies draw it only if it is elementwise with one argument, keeping that within ±4.
     - ``index_arg``: which argument holds int indices (gather functions).
     - ``gather``: for a member of the gen_index family, what its name means (a ``GenIndex``).
+    - ``cost(arg_shapes, out_shape) -> {kind: count}``: the arithmetic it does, by kind (``mul``,
+      ``add``, ``div``, ``exp``, ``log``, ``sqrt``, ``sin``, ``cos``, ``tanh``, ``erf``, ``pow``,
+      ``cmp``) for ``circuits.cost``; build it with ``per_element`` or ``per_row``.  None: the
+      cost is unknown (``circuits.cost`` counts nothing for it and lists it).
     """
 
     name: str
@@ -97,6 +101,7 @@ class FunctionSpec:
     index_arg: Optional[int] = None
     gather: Optional[GenIndex] = None
     description: str = ""
+    cost: Optional[Callable] = None
 
     def result_dtype(self, dtypes) -> str:
         if self.dtype_rule is not None:
@@ -208,9 +213,47 @@ def float_dtype(dtypes):
     return promote(floats) if floats else DEFAULT_FLOAT
 
 
+# ---------------------------------------------------------------------------- cost rules
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def per_element(**counts) -> Callable:
+    """A ``FunctionSpec.cost`` rule: ``counts`` operations for every entry of the result.
+
+    >>> per_element(exp=1, add=1, div=1)([(2, 3)], (2, 3))
+    {'exp': 6, 'add': 6, 'div': 6}
+    """
+
+    def cost(arg_shapes, out_shape):
+        n = _numel(out_shape)
+        return {kind: k * n for kind, k in counts.items()}
+
+    return cost
+
+
+def per_row(row_counts: Callable) -> Callable:
+    """A ``FunctionSpec.cost`` rule for a function on the last axis: ``row_counts(n)`` gives the
+    operations for one row of length ``n``; rows are the first argument's leading entries.
+
+    >>> per_row(lambda n: {'cmp': n - 1})([(4, 5)], (4,))
+    {'cmp': 16}
+    """
+
+    def cost(arg_shapes, out_shape):
+        shape = arg_shapes[0]
+        rows = _numel(shape[:-1])
+        return {kind: k * rows for kind, k in row_counts(shape[-1] if shape else 1).items()}
+
+    return cost
+
+
 # ---------------------------------------------------------------------------- registering
 def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, propagates_nan=False,
-                         bounds=None, replace=False, description=""):
+                         bounds=None, replace=False, description="", cost=None):
     """Register an elementwise function (broadcasting when it takes several arguments)."""
     return register(
         FunctionSpec(
@@ -226,6 +269,7 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
             bounds=bounds,
             dtype_rule=float_dtype,
             description=description,
+            cost=cost,
         ),
         replace=replace,
     )
@@ -233,7 +277,7 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
 
 def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, core_ndim=None,
                       elementwise=False, linear=False, sympy=None, propagates_nan=False, bounds=None,
-                      replace=False, description=""):
+                      replace=False, description="", cost=None):
     """Register a user function: ``shape_rule(list_of_shapes) -> shape``, ``jax_fn(*arrays)``;
     the other keywords are ``FunctionSpec``'s fields.
 
@@ -252,7 +296,7 @@ def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, 
         FunctionSpec(
             name=name, shape_rule=shape_rule, jax=jax_fn, num_args=n, dtype_rule=dtype_rule,
             core_ndim=core_ndim, elementwise=elementwise, linear=linear, sympy=sympy,
-            propagates_nan=propagates_nan, bounds=bounds, description=description,
+            propagates_nan=propagates_nan, bounds=bounds, description=description, cost=cost,
         ),
         replace=replace,
     )
