@@ -57,8 +57,8 @@ def rms_norm(x: Circuit, scale: Circuit, name: str, *, eps: float = 1e-6) -> Cir
     >>> import numpy as np
     >>> from circuits import Array, evaluate
     >>> x = Array(np.array([[3.0, 4.0]], np.float32), name='x')
-    >>> evaluate(rms_norm(x, Array(np.ones(2, np.float32), name='s'), 'n', eps=0.0)).round(4).tolist()
-    [[0.8485, 1.1314]]
+    >>> [round(float(v), 4) for v in evaluate(rms_norm(x, Array(np.ones(2, np.float32), name="s"), "n", eps=0.0))[0]]
+    [0.8485, 1.1314]
     """
     hidden_size = GeneralFunction("last_dim_size", x, name=f"{name}.c.hidden_size")
     recip = GeneralFunction("reciprocal", hidden_size, name=f"{name}.c.recip_hidden_size")

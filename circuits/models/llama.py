@@ -23,8 +23,17 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Concat, Einsum, Rearrange, Symbol
-from .blocks import apply_rotary, attention, head_projections, mlp, neg_inf_bias, rms_norm, rotary_tables
-from .blocks import rotate_half_matrix, sliding_causal_mask
+from .blocks import (
+    apply_rotary,
+    attention,
+    head_projections,
+    mlp,
+    neg_inf_bias,
+    rms_norm,
+    rotary_tables,
+    rotate_half_matrix,
+    sliding_causal_mask,
+)
 from .common import Config, Weights, activation, embed, loss_head, tokens_node
 from .gpt2 import tied_unembed
 
