@@ -53,6 +53,11 @@ def test_promised_call_shapes():
                        (C.save, ["circuit", "path"]), (C.load, ["path"]),
                        (C.fill_random, ["circuit", "seed"]), (C.bind, ["circuit"]),
                        (C.models.attn_only, ["weights", "tokens"]),
+                       (C.models.from_huggingface, ["model", "tokens"]),
+                       (C.models.gpt2, ["config", "weights", "tokens"]),
+                       (C.models.opt, ["config", "weights", "tokens"]),
+                       (C.models.llama, ["config", "weights", "tokens"]),
+                       (C.models.describe, ["circuit"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
 

@@ -113,7 +113,7 @@ def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False) 
     n_heads = w["a0.w.q"].shape[0]
     for layer in range(n_layers):
         norm = layer_norm(resid, w[f"a{layer}.ln.w.scale"], w[f"a{layer}.ln.w.bias"], f"a{layer}.norm",
-                          prefix=f"a{layer}.norm." if unique_names else "")
+                          prefix=f"a{layer}.norm.ln" if unique_names else "ln")
         qk_input = Add(norm, pos, name=f"a{layer}.qk_input" if unique_names else "a.qk_input")
         heads = [_head(layer, h, norm, qk_input, w, mask, bias, unique_names) for h in range(n_heads)]
         resid = Add(Add(*heads, name=f"b{layer}.a"), resid, name=f"b{layer}")
@@ -132,8 +132,8 @@ def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: b
     head ``h`` of layer ``l`` are ``'b{l}.a.head{h}.<seed name>'`` (``'b1.a.head3.a.k'``,
     ``'b1.a.head3.a.attn_probs'``), a LayerNorm's inner nodes ``'a{l}.norm.<seed name>'`` and
     ``'final.norm.<seed name>'`` (``'a0.norm.ln.y'``), a layer's query/key input
-    ``'a{l}.qk_input'``; constants shared by all (``'ln.c.eps'``, ``'a.score_neg_inf_bias'``) keep
-    their names.  The default keeps the seed's names byte for byte.
+    ``'a{l}.qk_input'`` (a LayerNorm's constants too: ``'a0.norm.ln.c.eps'``); constants shared
+    by all heads (``'a.score_neg_inf_bias'``) keep their names.  The default keeps the seed's names byte for byte.
 
     ``targets`` (same layout as ``tokens``: an int array or Symbol of positions + 2, read at
     ``[1:-1]``; an Array is named ``'targets_int_var'``) gives the loss its own targets, so the
@@ -146,7 +146,7 @@ def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: b
     """
     resid, toks, w = attn_only_residual(weights, tokens, unique_names=unique_names)
     final = layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], "final.call",
-                       prefix="final.norm." if unique_names else "")
+                       prefix="final.norm.ln" if unique_names else "ln")
     out = Einsum.from_spec("sh,vh->sv", final, w["t.w.unembed"], name="t.call")
     if logits:
         if targets is not None:

@@ -1,4 +1,6 @@
-"""Building blocks shared by every model builder: layer norm, causal mask, attention head.
+"""Building blocks shared by every model builder: layer norm, RMS norm, linear layers, causal and
+sliding-window masks, rotary embeddings, attention (heads fused or split, grouped-query), MLPs
+(GELU / ReLU / SwiGLU), and the seed's attention head.
 
 Each block builds nodes in the layout (names, einsum specs, function names) of the seed circuit
 ``shared/seeds/001_8fc6c5056666d56f.txt``, so a builder made of them prints like the seed.
@@ -17,28 +19,70 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..nodes import Add, Circuit, Einsum, GeneralFunction, Scalar
+from ..errors import CircuitError
+from ..nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
 
 LN_EPS = 1e-5
 NEG_INF = -10000.0
 ALL = slice(None)
 
 
-def layer_norm(x: Circuit, scale: Circuit, bias: Circuit, name: str, *, prefix: str = "") -> Circuit:
+def layer_norm(x: Circuit, scale: Circuit | None, bias: Circuit | None, name: str, *, eps: float = LN_EPS,
+               prefix: str = "ln") -> Circuit:
     """LayerNorm over the last axis of ``x`` ([positions, d_model]) in the seed's node layout;
-    the result is named ``name``.  ``prefix`` goes before the name of every node computed from
-    ``x`` (``'a0.norm.'`` gives ``'a0.norm.ln.y'``); the shared constants keep their names."""
-    neg = Scalar(-1.0, (1,), name="ln.neg")
-    hidden_size = GeneralFunction("last_dim_size", x, name=prefix + "ln.c.hidden_size")
-    recip = GeneralFunction("reciprocal", hidden_size, name=prefix + "ln.c.recip_hidden_size")
-    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name=prefix + "ln.neg_mean")
-    mean_subbed = Add(x, neg_mean, name=prefix + "ln.mean_subbed")
-    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name=prefix + "ln.var")
-    var_p_eps = Add(Scalar(LN_EPS, name="ln.c.eps"), var, name=prefix + "ln.var_p_eps")
-    rsqrt = GeneralFunction("rsqrt", var_p_eps, name=prefix + "ln.rsqrt")
-    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name=prefix + "ln.y")
-    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name=prefix + "ln.y_scaled")
-    return Add(bias, y_scaled, name=name)
+    the result is named ``name``, the nodes inside it ``prefix + '.neg_mean'`` etc. (the seed's
+    ``'ln'`` by default; builders pass ``prefix=name`` for names unique per site).  ``scale`` and
+    ``bias`` may be None (no elementwise affine)."""
+    neg = Scalar(-1.0, (1,), name=f"{prefix}.neg")
+    hidden_size = GeneralFunction("last_dim_size", x, name=f"{prefix}.c.hidden_size")
+    recip = GeneralFunction("reciprocal", hidden_size, name=f"{prefix}.c.recip_hidden_size")
+    neg_mean = Einsum.from_spec("Ah,z,A->Az", x, neg, recip, name=f"{prefix}.neg_mean")
+    mean_subbed = Add(x, neg_mean, name=f"{prefix}.mean_subbed")
+    var = Einsum.from_spec("ih,ih,i->i", mean_subbed, mean_subbed, recip, name=f"{prefix}.var")
+    var_p_eps = Add(Scalar(float(eps), name=f"{prefix}.c.eps"), var, name=f"{prefix}.var_p_eps")
+    rsqrt = GeneralFunction("rsqrt", var_p_eps, name=f"{prefix}.rsqrt")
+    if scale is None and bias is None:
+        return Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name=name)
+    y = Einsum.from_spec("ih,i->ih", mean_subbed, rsqrt, name=f"{prefix}.y")
+    if scale is None:
+        return Add(bias, y, name=name)
+    y_scaled = Einsum.from_spec("ih,h->ih", y, scale, name=f"{prefix}.y_scaled" if bias is not None else name)
+    return y_scaled if bias is None else Add(bias, y_scaled, name=name)
+
+
+def rms_norm(x: Circuit, scale: Circuit, name: str, *, eps: float = 1e-6) -> Circuit:
+    """RMSNorm over the last axis of ``x`` ([positions, d_model]): ``x * rsqrt(mean(x**2) + eps) *
+    scale``, named ``name`` (inner nodes ``name + '.mean_sq'`` ...), as Llama and Mistral use it.
+
+    >>> import numpy as np
+    >>> from circuits import Array, evaluate
+    >>> x = Array(np.array([[3.0, 4.0]], np.float32), name='x')
+    >>> [round(float(v), 4) for v in evaluate(rms_norm(x, Array(np.ones(2, np.float32), name="s"), "n", eps=0.0))[0]]
+    [0.8485, 1.1314]
+    """
+    hidden_size = GeneralFunction("last_dim_size", x, name=f"{name}.c.hidden_size")
+    recip = GeneralFunction("reciprocal", hidden_size, name=f"{name}.c.recip_hidden_size")
+    mean_sq = Einsum.from_spec("ih,ih,i->i", x, x, recip, name=f"{name}.mean_sq")
+    p_eps = Add(Scalar(float(eps), name=f"{name}.c.eps"), mean_sq, name=f"{name}.mean_sq_p_eps")
+    rsqrt = GeneralFunction("rsqrt", p_eps, name=f"{name}.rsqrt")
+    return Einsum.from_spec("ih,i,h->ih", x, rsqrt, scale, name=name)
+
+
+def linear(x: Circuit, w: Circuit, b: Circuit | None, name: str, *, w_in_out: bool = False) -> Circuit:
+    """``x @ w.T + b`` for a torch ``Linear`` weight ``w`` [out, in], or ``x @ w + b`` for a weight
+    stored [in, out] (GPT-2's ``Conv1D``, ``w_in_out=True``); named ``name`` (the product alone is
+    ``name + '.matmul'`` when there is a bias).
+
+    >>> import numpy as np
+    >>> from circuits import Array, evaluate
+    >>> x = Array(np.ones((1, 2), np.float32), name='x')
+    >>> w = Array(np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32), name='w')
+    >>> evaluate(linear(x, w, None, 'y')).tolist()
+    [[3.0, 7.0, 11.0]]
+    """
+    spec = "si,io->so" if w_in_out else "si,oi->so"
+    y = Einsum.from_spec(spec, x, w, name=name if b is None else f"{name}.matmul")
+    return y if b is None else Add(y, b, name=name)
 
 
 def neg_inf_bias(mask: Circuit) -> Circuit:
@@ -108,3 +152,141 @@ def attention_fused(norm: Circuit, qk_input: Circuit, wq: Circuit, wk: Circuit, 
     v = Einsum.from_spec("kd,hVd->hkV", norm, wv, name="a.v")
     comb_v = Einsum.from_spec("hqk,hkV->hqV", probs, v, name="a.comb_v")
     return Einsum.from_spec("hqV,hdV->qd", comb_v, wo, name=name)
+
+
+def sliding_causal_mask(n_queries: int, n_keys: int, window: int | None = None) -> np.ndarray:
+    """``mask[q, k] = 1`` where key ``k`` may be attended from query ``q``: queries are the last
+    ``n_queries`` of ``n_keys`` positions (the earlier ones come from a KV cache), ``k`` is not
+    after ``q`` and, with a ``window``, fewer than ``window`` positions before it (Mistral's
+    sliding window: ``q - window < k <= q``).
+
+    >>> sliding_causal_mask(2, 4, window=2).tolist()
+    [[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
+    """
+    q = np.arange(n_keys - n_queries, n_keys)[:, None]
+    k = np.arange(n_keys)[None, :]
+    ok = k <= q
+    if window is not None:
+        ok &= q - k < window
+    return ok.astype(np.float32)
+
+
+def rotary_tables(positions, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rotary cos and sin tables [positions, head_dim] in HuggingFace's half-split layout (the
+    frequencies ``theta ** (-2i / head_dim)`` repeated for both halves), computed in float32 as
+    ``transformers`` computes them.
+
+    >>> cos, sin = rotary_tables([0, 1], 4, 10000.0)
+    >>> cos.shape, float(cos[0, 0]), round(float(sin[1, 0]), 4)
+    ((2, 4), 1.0, 0.8415)
+    """
+    if head_dim % 2:
+        raise CircuitError(f"rotary embeddings need an even head_dim, got {head_dim}")
+    inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
+                                              / np.float32(head_dim)))).astype(np.float32)
+    freqs = np.asarray(positions, np.float32)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def rotate_half_matrix(head_dim: int) -> np.ndarray:
+    """The signed permutation ``R`` with ``x @ R == concat(-x[half:], x[:half])`` (HuggingFace's
+    ``rotate_half``)."""
+    half = head_dim // 2
+    r = np.zeros((head_dim, head_dim), np.float32)
+    r[np.arange(half) + half, np.arange(half)] = -1.0
+    r[np.arange(half), np.arange(half) + half] = 1.0
+    return r
+
+
+def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin: Circuit, rot: Circuit, name: str) -> Circuit:
+    """``x * cos + rotate_half(x) * sin`` for ``x`` whose axes are ``axes`` (ending in the position
+    ``s`` and the head dimension ``c``, e.g. ``'ngsc'``); ``cos``/``sin`` are [positions, head_dim]
+    and ``rot`` is ``rotate_half_matrix``."""
+    a = Einsum.from_spec(f"{axes},sc->{axes}", x, cos, name=f"{name}.cos")
+    rot_axes = axes.replace("c", "j")
+    b = Einsum.from_spec(f"{axes},cj,sj->{rot_axes}", x, rot, sin, name=f"{name}.sin")
+    return Add(a, b, name=name)
+
+
+def attention(x: Circuit, q: Circuit, k: Circuit, v: Circuit, wo: Circuit, bo: Circuit | None, *,
+              mask: Circuit, mask_bias: Circuit, scale: float, name: str, split_heads: bool = False,
+              wo_spec: str = "ngsc,dngc->sd") -> Circuit:
+    """Multi-head attention given queries ``q`` [kv_heads, group, queries, head_dim], keys and
+    values ``k``/``v`` [kv_heads, keys, head_dim] (grouped-query attention when ``group > 1``;
+    plain multi-head when ``group == 1``) and the output weight ``wo`` (axes as ``wo_spec`` says,
+    e.g. ``'dngc'``); ``mask`` [queries, keys] is 1 where attending is allowed and ``mask_bias``
+    (``neg_inf_bias(mask)``) hides the rest.  Fused (one node per step, ``name + '.probs'`` is
+    [kv_heads, group, queries, keys]) or with ``split_heads`` one node per head and step
+    (``name + '.head{h}.probs'``, head ``h`` uses KV head ``h // group``), summed into ``name``.
+    ``x`` is unused except to check the positions agree."""
+    n_kv, group, n_q, head_dim = q.shape
+    if x.shape[0] != n_q:
+        raise CircuitError(f"{name}: {n_q} query positions but the input has {x.shape[0]}")
+    sc = Scalar(float(scale), name=f"{name}.c.scale")
+    if not split_heads:
+        raw = Einsum.from_spec("ngsc,ntc,,st->ngst", q, k, sc, mask, name=f"{name}.scores_raw")
+        scores = Add(raw, mask_bias, name=f"{name}.scores")
+        probs = GeneralFunction("softmax", scores, name=f"{name}.probs")
+        z = Einsum.from_spec("ngst,ntc->ngsc", probs, v, name=f"{name}.z")
+        out = Einsum.from_spec(wo_spec, z, wo, name=name if bo is None else f"{name}.out")
+        return out if bo is None else Add(out, bo, name=name)
+    in_spec, out_spec = wo_spec.split("->")
+    zs, ws = in_spec.split(",")
+    head_w_spec = ws.replace("n", "").replace("g", "")
+    heads = []
+    for h in range(n_kv * group):
+        n, g = divmod(h, group)
+        p = f"{name}.head{h}"
+        q_h = Index(q, (n, g), name=f"{p}.q")
+        k_h = Index(k, (n,), name=f"{p}.k" if group == 1 else f"{name}.kv{n}.k")
+        v_h = Index(v, (n,), name=f"{p}.v" if group == 1 else f"{name}.kv{n}.v")
+        raw = Einsum.from_spec("sc,tc,,st->st", q_h, k_h, sc, mask, name=f"{p}.scores_raw")
+        probs = GeneralFunction("softmax", Add(raw, mask_bias, name=f"{p}.scores"), name=f"{p}.probs")
+        z = Einsum.from_spec("st,tc->sc", probs, v_h, name=f"{p}.z")
+        sel = tuple(n if a == "n" else g if a == "g" else ALL for a in ws)
+        w_h = Index(wo, sel, name=f"{p}.w_o")
+        heads.append(Einsum.from_spec(f"sc,{head_w_spec}->{out_spec}", z, w_h, name=p))
+    if bo is not None:
+        heads.append(bo)
+    return Add(*heads, name=name)
+
+
+def mlp(x: Circuit, w_in, b_in, w_out, b_out, activation: str, name: str, *, w_in_out: bool = False,
+        w_gate=None, b_gate=None) -> Circuit:
+    """The feed-forward block: ``fc -> activation -> proj`` (``name + '.fc'``, ``'.act'``,
+    named ``name``); with ``w_gate`` the gated form (SwiGLU when ``activation='silu'``):
+    ``proj(act(gate(x)) * up(x))`` (``'.gate'``, ``'.up'``, ``'.act'``, ``'.hidden'``).  Weights as
+    for ``linear`` (``w_in_out`` for [in, out])."""
+    if w_gate is None:
+        fc = linear(x, w_in, b_in, f"{name}.fc", w_in_out=w_in_out)
+        hidden = GeneralFunction(activation, fc, name=f"{name}.act")
+    else:
+        gate = linear(x, w_gate, b_gate, f"{name}.gate", w_in_out=w_in_out)
+        up = linear(x, w_in, b_in, f"{name}.up", w_in_out=w_in_out)
+        act = GeneralFunction(activation, gate, name=f"{name}.act")
+        hidden = Einsum.from_spec("sf,sf->sf", act, up, name=f"{name}.hidden")
+    return linear(hidden, w_out, b_out, name, w_in_out=w_in_out)
+
+
+def head_projections(x: Circuit, wq, bq, wk, bk, wv, bv, *, n_kv: int, group: int, name: str):
+    """Queries [n_kv, group, positions, head_dim], keys and values [n_kv, positions, head_dim]
+    from torch ``Linear`` weights ``wq`` [(heads head_dim), d], ``wk``/``wv`` [(n_kv head_dim), d]
+    and optional biases; query head ``h`` is ``(h // group, h % group)`` (HuggingFace's order, in
+    which head ``h`` reads KV head ``h // group``).  Only reshapes of the weights are made (no
+    transposed copies), named ``name + '.q'`` / ``'.k'`` / ``'.v'``."""
+
+    def proj(w, b, key, grouped):
+        if grouped:
+            w_h = Rearrange(w, "(n g c) d -> n g c d", n=n_kv, g=group, name=f"{name}.w_{key}")
+            spec, b_spec = "sd,ngcd->ngsc", "(n g c) -> n g 1 c"
+        else:
+            w_h = Rearrange(w, "(n c) d -> n c d", n=n_kv, name=f"{name}.w_{key}")
+            spec, b_spec = "sd,ncd->nsc", "(n c) -> n 1 c"
+        y = Einsum.from_spec(spec, x, w_h, name=f"{name}.{key}" if b is None else f"{name}.{key}.matmul")
+        if b is None:
+            return y
+        b_h = Rearrange(b, b_spec, n=n_kv, **({"g": group} if grouped else {}), name=f"{name}.b_{key}")
+        return Add(y, b_h, name=f"{name}.{key}")
+
+    return proj(wq, bq, "q", True), proj(wk, bk, "k", False), proj(wv, bv, "v", False)

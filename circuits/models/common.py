@@ -1,0 +1,234 @@
+"""What the HuggingFace-family builders (``gpt2``, ``opt``, ``llama``) share: reading a config,
+taking weights by their state-dict keys (shape-checked, every key accounted for, placeholders
+when there are no weights), the tokens node, and the loss head.
+
+Naming scheme (every builder, unique per site):
+
+- weights keep their state-dict key with the model's base prefix (``transformer.``,
+  ``model.decoder.``, ``model.``) dropped and ``h.{l}.`` / ``layers.{l}.`` written ``h{l}.``:
+  ``h3.attn.c_attn.weight``, ``h3.self_attn.q_proj.weight``, ``wte.weight``, ``lm_head.weight``;
+- layer ``l``'s nodes are ``h{l}.ln1``, ``h{l}.attn.q`` / ``.k`` / ``.v`` / ``.scores`` /
+  ``.probs`` / ``.z``, ``h{l}.attn`` (its output), ``h{l}.mid`` (residual after attention),
+  ``h{l}.ln2``, ``h{l}.mlp.fc`` / ``.gate`` / ``.up`` / ``.act``, ``h{l}.mlp``, and ``h{l}`` (the
+  residual after the layer); with ``split_heads=True`` each head's nodes are
+  ``h{l}.attn.head{h}.q`` / ``.k`` / ``.scores`` / ``.probs`` / ``.z`` and its contribution
+  ``h{l}.attn.head{h}``;
+- globals: ``tok_embeds``, ``pos_embeds``, ``embeds``, ``final.ln``, ``logits``; the loss
+  variant ends in ``log_probs``, ``ll``, ``loss``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import CircuitError, ShapeError
+from ..hashing import content_hash
+from ..nodes import Array, Circuit, Einsum, GeneralFunction, Index, Scalar, Symbol
+
+REQUIRED = object()
+
+
+def config_dict(config) -> dict:
+    """A plain dict from a ``transformers`` config object, a ``config.json`` dict, or any object
+    with ``to_dict()``."""
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_dict"):
+        return dict(config.to_dict())
+    raise CircuitError(f"config must be a dict (config.json) or a transformers config, got {type(config).__name__}")
+
+
+class Config:
+    """Read a config by key; a missing required key or a value the builder cannot honour is an
+    error naming the key."""
+
+    def __init__(self, config, family: str):
+        self.d = config_dict(config)
+        self.family = family
+
+    def __call__(self, key, default=REQUIRED):
+        v = self.d.get(key)
+        if v is None:
+            if default is REQUIRED:
+                raise CircuitError(f"{self.family}: config has no {key!r}, which this builder needs")
+            return default
+        return v
+
+    def require(self, key, allowed, default=None, why=""):
+        v = self.d.get(key, default)
+        if v is None:
+            v = default
+        if v not in allowed:
+            raise CircuitError(
+                f"{self.family}: config {key}={v!r} is not supported (supported: "
+                f"{', '.join(map(repr, allowed))}){'; ' + why if why else ''}"
+            )
+        return v
+
+    def reject_alibi(self):
+        for key in ("alibi", "use_alibi", "position_embedding_type"):
+            v = self.d.get(key)
+            if v is True or (isinstance(v, str) and "alibi" in v.lower()):
+                raise CircuitError(f"{self.family}: config {key}={v!r}: alibi position biases are not supported")
+
+
+ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": None,
+               "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "tanh": "tanh",
+               "sigmoid": "sigmoid"}
+
+
+def activation(cfg: Config, key: str) -> str:
+    name = cfg(key)
+    fn = ACTIVATIONS.get(name)
+    if fn is None:
+        supported = ", ".join(repr(k) for k, v in ACTIVATIONS.items() if v)
+        raise CircuitError(f"{cfg.family}: config {key}={name!r} is not a supported activation ({supported})")
+    return fn
+
+
+_LAYER_KEY = re.compile(r"^(?:h|layers)\.(\d+)\.")
+
+
+def placeholder(name: str, shape, dtype="float32") -> Array:
+    """A placeholder Array (no value) for weight ``name``: its hash is derived from the name and
+    shape, so two builds from one config give the same circuit; ``circuits.bind`` or
+    ``circuits.fill_random`` gives it a value."""
+    digest = content_hash(np.frombuffer(f"placeholder|{name}|{list(shape)}|{dtype}".encode(), np.uint8))
+    return Array.placeholder(tuple(int(s) for s in shape), digest, name=name, dtype=dtype)
+
+
+class Weights:
+    """The weights of one model by state-dict key, with the base prefix ``prefixes`` tried in
+    order.  ``take(key, shape)`` returns the Array (named as the module docstring says), checking
+    its shape; ``finish()`` raises if a weight was never taken (nothing is silently dropped).
+    ``weights=None`` makes placeholders of the expected shapes."""
+
+    def __init__(self, weights: Mapping | None, prefixes, family: str, *, ignored=(), dtype="float32"):
+        self.family = family
+        self.placeholders = weights is None
+        self.dtype = dtype
+        self.raw = {} if weights is None else dict(weights)
+        self.prefix = ""
+        if not self.placeholders:
+            for p in prefixes:
+                if any(k.startswith(p) for k in self.raw):
+                    self.prefix = p
+                    break
+        self.ignored = tuple(re.compile(p) for p in ignored)
+        self.used: set = set()
+        self.nodes: dict = {}
+
+    @staticmethod
+    def short_name(key: str) -> str:
+        return _LAYER_KEY.sub(lambda m: f"h{m.group(1)}.", key)
+
+    def full_key(self, key: str) -> str:
+        return key if key.startswith("lm_head.") else self.prefix + key
+
+    def has(self, key: str) -> bool:
+        return self.placeholders or self.full_key(key) in self.raw
+
+    def take(self, key: str, shape) -> Circuit:
+        shape = tuple(int(s) for s in shape)
+        full = self.full_key(key)
+        name = self.short_name(key)
+        if full in self.nodes:
+            return self.nodes[full]
+        if self.placeholders:
+            node = placeholder(name, shape, self.dtype)
+        else:
+            if full not in self.raw:
+                raise CircuitError(f"{self.family}: weight {full!r} is missing (the config says it exists)")
+            v = self.raw[full]
+            if isinstance(v, Circuit):
+                node = v if v.name == name else _renamed(v, name, full)
+            else:
+                arr = as_numpy(v, full)
+                node = Array(arr, name=name)
+            if node.shape != shape:
+                raise ShapeError(
+                    f"{self.family}: weight {full!r} has shape {list(node.shape)}; the config implies {list(shape)}"
+                )
+            self.used.add(full)
+        self.nodes[full] = node
+        return node
+
+    def mark_used(self, key: str):
+        self.used.add(self.full_key(key))
+
+    def finish(self):
+        if self.placeholders:
+            return
+        left = sorted(k for k in self.raw if k not in self.used and not any(p.search(k) for p in self.ignored))
+        if left:
+            shown = ", ".join(map(repr, left[:20])) + (f", ... ({len(left)} in all)" if len(left) > 20 else "")
+            raise CircuitError(
+                f"{self.family}: weights the config does not account for: {shown} (a variant this builder "
+                "does not support? nothing is dropped silently)"
+            )
+
+
+def _renamed(node: Array, name: str, key: str) -> Circuit:
+    if not isinstance(node, Array):
+        raise CircuitError(f"weight {key!r} is a {node.type_name} node; give an array or an Array")
+    return Array(node.value, name=name) if node.value is not None else Array.placeholder(
+        node.shape, node.content_hash, name=name, dtype=node.dtype)
+
+
+def as_numpy(v, key: str) -> np.ndarray:
+    """A numpy array from a numpy array or a torch tensor (bfloat16 widened to float32, which is
+    exact)."""
+    if isinstance(v, np.ndarray):
+        return v
+    if hasattr(v, "detach"):  # a torch tensor; torch is imported by whoever made it
+        t = v.detach().cpu()
+        if str(t.dtype) == "torch.bfloat16":
+            t = t.float()
+        return t.numpy()
+    try:
+        return np.asarray(v)
+    except Exception as e:  # pragma: no cover - exotic inputs
+        raise CircuitError(f"weight {key!r}: cannot read a {type(v).__name__} as an array ({e})") from None
+
+
+def tokens_node(tokens, vocab: int) -> Circuit:
+    """The tokens as an int64 Array named ``'tokens'``, or the given 1-d Symbol/node; values
+    outside ``[0, vocab)`` are an error."""
+    if isinstance(tokens, Circuit):
+        if len(tokens.shape) != 1:
+            raise CircuitError(f"tokens must be 1-d, got {tokens.line()}")
+        return tokens
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.size == 0:
+        raise CircuitError(f"tokens must be a non-empty 1-d int array, got dtype {arr.dtype} shape {list(arr.shape)}")
+    if arr.min() < 0 or arr.max() >= vocab:
+        raise CircuitError(f"tokens must lie in [0, {vocab}) (the vocabulary), got {int(arr.min())}..{int(arr.max())}")
+    return Array(arr.astype(np.int64), name="tokens")
+
+
+def tokens_symbol(length: int, name: str = "tokens") -> Symbol:
+    """The tokens input of the HuggingFace-family builders as a Symbol (int64), to evaluate
+    many sequences with ``C.compile`` or ``C.evaluate_batched``.
+
+    >>> tokens_symbol(5).line()
+    "'tokens' [5] Symbol int64"
+    """
+    return Symbol((length,), name=name, dtype="int64")
+
+
+def embed(table: Circuit, toks: Circuit, name: str) -> Circuit:
+    return GeneralFunction("gen_index_at_0_c", table, toks, name=name)
+
+
+def loss_head(logits: Circuit, toks: Circuit) -> Circuit:
+    """Per-token negative log-likelihood [positions - 1] of each next token: ``'loss'``."""
+    if toks.shape[0] < 2:
+        raise CircuitError("the loss needs at least 2 tokens")
+    log_probs = GeneralFunction("log_softmax", Index(logits, (slice(None, -1),), name="logits.pred"),
+                                name="log_probs")
+    true = Index(toks, (slice(1, None),), name="true_tokens")
+    ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true, name="ll")
+    return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")

@@ -1,0 +1,135 @@
+"""GPT-2: learned positions, pre-LN blocks, fused ``c_attn`` (q, k, v in one [d, 3d] ``Conv1D``
+weight stored [in, out]), GELU (tanh approximation) MLP, tied unembedding.
+
+``gpt2(config, weights, tokens)`` takes the ``transformers`` config (or its ``config.json``
+dict) and the state dict (numpy arrays, torch tensors or Arrays; keys with or without the
+``transformer.`` prefix) and returns the logits ``'logits'`` [len(tokens), vocab].  Names follow
+``circuits.models.common``: ``h3.attn.qkv``, ``h3.attn.probs`` (or ``h3.attn.head5.probs`` with
+``split_heads=True``), ``h3.mlp.act``, ``h3`` ...
+
+>>> import numpy as np
+>>> from circuits.models import gpt2
+>>> from circuits.models.gpt2 import random_gpt2_weights
+>>> cfg = dict(n_embd=8, n_head=2, n_layer=1, vocab_size=11, n_positions=16, activation_function='gelu_new')
+>>> c = gpt2(cfg, random_gpt2_weights(cfg), np.array([1, 2, 3]))
+>>> c.name, c.shape
+('logits', (3, 11))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CircuitError
+from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
+from .blocks import ALL, attention, causal_mask, layer_norm, mlp, neg_inf_bias
+from .common import Config, Weights, activation, embed, loss_head, tokens_node
+
+IGNORED = (r"(^|\.)attn\.bias$", r"(^|\.)attn\.masked_bias$")
+
+
+def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = False) -> Circuit:
+    """GPT-2 logits ``'logits'`` [len(tokens), vocab] (``loss=True``: the per-token next-token
+    loss ``'loss'`` [len(tokens) - 1]).  ``tokens``: an int array or a 1-d int Symbol (see
+    ``tokens_symbol``); ``weights=None`` builds with placeholder Arrays.  Unsupported config
+    values (``scale_attn_by_inverse_layer_idx``, cross-attention, an unknown
+    ``activation_function``) and weights the config does not account for are errors."""
+    cfg = Config(config, "gpt2")
+    cfg.reject_alibi()
+    d, n_heads, n_layers = cfg("n_embd"), cfg("n_head"), cfg("n_layer")
+    vocab, n_pos = cfg("vocab_size"), cfg("n_positions")
+    inner = cfg("n_inner", 4 * d)
+    eps = cfg("layer_norm_epsilon", 1e-5)
+    act = activation(cfg, "activation_function")
+    cfg.require("scale_attn_by_inverse_layer_idx", (False,), False)
+    cfg.require("add_cross_attention", (False,), False)
+    scale_attn = cfg.require("scale_attn_weights", (True, False), True)
+    tie = cfg.require("tie_word_embeddings", (True, False), True)
+    if d % n_heads:
+        raise CircuitError(f"gpt2: config n_embd={d} is not a multiple of n_head={n_heads}")
+    c = d // n_heads
+    w = Weights(weights, ("transformer.",), "gpt2", ignored=IGNORED)
+    toks = tokens_node(tokens, vocab)
+    n = toks.shape[0]
+    if n > n_pos:
+        raise CircuitError(f"gpt2: {n} tokens but config n_positions={n_pos}")
+    wte = w.take("wte.weight", (vocab, d))
+    tok = embed(wte, toks, "tok_embeds")
+    pos = Index(w.take("wpe.weight", (n_pos, d)), (slice(0, n), ALL), name="pos_embeds")
+    resid = Add(tok, pos, name="embeds")
+    mask = Array(causal_mask(n), name="causal_mask")
+    bias = neg_inf_bias(mask)
+    for l in range(n_layers):
+        p = f"h.{l}."
+        x = layer_norm(resid, w.take(p + "ln_1.weight", (d,)), w.take(p + "ln_1.bias", (d,)), f"h{l}.ln1",
+                       eps=eps, prefix=f"h{l}.ln1")
+        w_qkv = Rearrange(w.take(p + "attn.c_attn.weight", (d, 3 * d)), "d (e n g c) -> d e n g c", e=3,
+                          n=n_heads, g=1, name=f"h{l}.attn.c_attn.w_heads")
+        b_qkv = Rearrange(w.take(p + "attn.c_attn.bias", (3 * d,)), "(e n g c) -> e n g 1 c", e=3, n=n_heads,
+                          g=1, name=f"h{l}.attn.c_attn.b_heads")
+        qkv = Add(Einsum.from_spec("sd,dengc->engsc", x, w_qkv, name=f"h{l}.attn.qkv.matmul"), b_qkv,
+                  name=f"h{l}.attn.qkv")
+        q = Index(qkv, (0,), name=f"h{l}.attn.q")
+        k = Index(qkv, (1, ALL, 0), name=f"h{l}.attn.k")
+        v = Index(qkv, (2, ALL, 0), name=f"h{l}.attn.v")
+        wo = Rearrange(w.take(p + "attn.c_proj.weight", (d, d)), "(n g c) d -> n g c d", n=n_heads, g=1,
+                       name=f"h{l}.attn.c_proj.w_heads")
+        attn = attention(x, q, k, v, wo, w.take(p + "attn.c_proj.bias", (d,)), mask=mask, mask_bias=bias,
+                         scale=c ** -0.5 if scale_attn else 1.0, name=f"h{l}.attn", split_heads=split_heads,
+                         wo_spec="ngsc,ngcd->sd")
+        mid = Add(attn, resid, name=f"h{l}.mid")
+        x2 = layer_norm(mid, w.take(p + "ln_2.weight", (d,)), w.take(p + "ln_2.bias", (d,)), f"h{l}.ln2",
+                        eps=eps, prefix=f"h{l}.ln2")
+        m = mlp(x2, w.take(p + "mlp.c_fc.weight", (d, inner)), w.take(p + "mlp.c_fc.bias", (inner,)),
+                w.take(p + "mlp.c_proj.weight", (inner, d)), w.take(p + "mlp.c_proj.bias", (d,)), act,
+                f"h{l}.mlp", w_in_out=True)
+        resid = Add(m, mid, name=f"h{l}")
+    final = layer_norm(resid, w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,)), "final.ln", eps=eps,
+                       prefix="final.ln")
+    unembed = tied_unembed(w, wte, tie, (vocab, d))
+    out = Einsum.from_spec("sd,vd->sv", final, unembed, name="logits")
+    w.finish()
+    return loss_head(out, toks) if loss else out
+
+
+def tied_unembed(w: Weights, embed_table: Circuit, tie: bool, shape) -> Circuit:
+    """The unembedding: the embedding table when tied (a given ``lm_head.weight`` must then equal
+    it), else ``lm_head.weight``."""
+    if not tie:
+        return w.take("lm_head.weight", shape)
+    if not w.placeholders and "lm_head.weight" in w.raw:
+        given = w.take("lm_head.weight", shape)
+        same = given is embed_table or (
+            isinstance(given, Array) and isinstance(embed_table, Array) and given.value is not None
+            and embed_table.value is not None and np.array_equal(given.value, embed_table.value))
+        if not same:
+            raise CircuitError(
+                f"{w.family}: config tie_word_embeddings=True but 'lm_head.weight' differs from the embedding; "
+                "set tie_word_embeddings=False to use it")
+    return embed_table
+
+
+def random_gpt2_weights(config, seed: int = 0, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Random weights for a GPT-2 config, keyed like ``GPT2LMHeadModel.state_dict()`` (without
+    the tied ``lm_head.weight``), with the activations kept O(1)."""
+    cfg = Config(config, "gpt2")
+    d, n_layers, vocab, n_pos = cfg("n_embd"), cfg("n_layer"), cfg("vocab_size"), cfg("n_positions")
+    inner = cfg("n_inner", 4 * d)
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=0.02):
+        return (rng.standard_normal(shape) * scale).astype(dtype)
+
+    out = {"transformer.wte.weight": normal(vocab, d), "transformer.wpe.weight": normal(n_pos, d, scale=0.01),
+           "transformer.ln_f.weight": 1 + normal(d, scale=0.1), "transformer.ln_f.bias": normal(d)}
+    for l in range(n_layers):
+        p = f"transformer.h.{l}."
+        out.update({
+            p + "ln_1.weight": 1 + normal(d, scale=0.1), p + "ln_1.bias": normal(d),
+            p + "attn.c_attn.weight": normal(d, 3 * d), p + "attn.c_attn.bias": normal(3 * d),
+            p + "attn.c_proj.weight": normal(d, d), p + "attn.c_proj.bias": normal(d),
+            p + "ln_2.weight": 1 + normal(d, scale=0.1), p + "ln_2.bias": normal(d),
+            p + "mlp.c_fc.weight": normal(d, inner), p + "mlp.c_fc.bias": normal(inner),
+            p + "mlp.c_proj.weight": normal(inner, d), p + "mlp.c_proj.bias": normal(d),
+        })
+    return out

@@ -1,0 +1,84 @@
+"""``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
+OPT, Llama, Mistral) from its config and weights, or from a checkpoint directory on disk
+(``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes them, read with
+``safetensors.numpy``: torch is not imported).  Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import CircuitError
+from ..nodes import Circuit
+from .common import as_numpy
+from .gpt2 import gpt2
+from .llama import llama
+from .opt import opt
+
+BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama}
+
+
+def load_checkpoint(path) -> tuple[dict, dict]:
+    """``(config, weights)`` from a directory holding ``config.json`` and ``*.safetensors`` (one
+    file or shards), as numpy arrays; torch is not needed.
+
+    >>> load_checkpoint('/nonexistent')
+    Traceback (most recent call last):
+    ...
+    circuits.errors.CircuitError: /nonexistent: no config.json there (a checkpoint directory as save_pretrained writes it)
+    """
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CircuitError(f"{path}: no config.json there (a checkpoint directory as save_pretrained writes it)")
+    config = json.loads(cfg_file.read_text())
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        found = ", ".join(sorted(p.name for p in path.iterdir())[:20])
+        raise CircuitError(f"{path}: no *.safetensors file (found: {found}); save with safe_serialization=True")
+    from safetensors.numpy import load_file
+
+    weights: dict = {}
+    for f in files:
+        try:
+            part = load_file(str(f))
+        except Exception as e:  # a bfloat16 file cannot be read as numpy
+            raise CircuitError(f"{f}: cannot read it with safetensors.numpy ({e}); save in float32 or float16") from None
+        dup = set(part) & set(weights)
+        if dup:
+            raise CircuitError(f"{f}: weights {sorted(dup)[:5]} appear in two files")
+        weights.update(part)
+    return config, weights
+
+
+def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = False) -> Circuit:
+    """The logits ``'logits'`` [len(tokens), vocab] of a ``transformers`` causal LM: ``model`` is
+    the model object (its ``config`` and ``state_dict()`` are read) or the path of a checkpoint
+    directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
+    ``config.model_type`` picks the builder
+    (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss`` and ``split_heads`` are passed on.
+    ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
+
+    >>> from_huggingface({'model_type': 'bert'}, [1])
+    Traceback (most recent call last):
+    ...
+    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral')
+    """
+    if isinstance(model, (str, os.PathLike)):
+        config, weights = load_checkpoint(model)
+    elif isinstance(model, dict):  # a config alone: placeholder weights
+        config, weights = model, None
+    else:
+        if not hasattr(model, "config") or not hasattr(model, "state_dict"):
+            raise CircuitError(f"from_huggingface needs a transformers model or a checkpoint path, got "
+                               f"{type(model).__name__}")
+        config = model.config.to_dict()
+        weights = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
+    kind = config.get("model_type")
+    builder = BUILDERS.get(kind)
+    if builder is None:
+        raise CircuitError(f"config model_type={kind!r} has no builder (supported: "
+                           f"{', '.join(map(repr, BUILDERS))})")
+    return builder(config, weights, tokens, loss=loss, split_heads=split_heads)
