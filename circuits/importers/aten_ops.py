@@ -40,10 +40,11 @@ class Const:
     came from (a buffer's key, or the op that computed it).  Made into an Array only where a
     circuit node needs it."""
 
-    __slots__ = ("tensor", "name", "node")
+    __slots__ = ("tensor", "name", "node", "origin")
 
-    def __init__(self, tensor, name):
-        self.tensor, self.name, self.node = tensor, name, None
+    def __init__(self, tensor, name, origin=None):
+        # origin: (converter, args, kwargs) when the value is a view of another constant.
+        self.tensor, self.name, self.node, self.origin = tensor, name, None, origin
 
     @property
     def shape(self):
@@ -630,9 +631,14 @@ def _select(site, x, dim, index):
 
 def _gather(site, x, index, axis, name):
     """``x`` indexed along ``axis`` by an int tensor, its axes where ``axis`` was (numpy's take)."""
-    if isinstance(index, Const) and index.tensor.dim() == 1:
-        values = index.tensor.numpy().astype(np.int64) % x.shape[axis]
-        return Index(x, (slice(None),) * axis + (values,), name=name)
+    if isinstance(index, Const) and index.tensor.dim() >= 1:
+        # Known indices (positions...) stay in the Index's payload: no int Array, no gather.
+        values = index.tensor.numpy().astype(np.int64)
+        flat = values.reshape(-1) % x.shape[axis]
+        if values.ndim == 1:
+            return Index(x, (slice(None),) * axis + (flat,), name=name)
+        taken = Index(x, (slice(None),) * axis + (flat,), name=f"{name}.flat")
+        return reshape(taken, x.shape[:axis] + values.shape + x.shape[axis + 1:], name)
     idx = site.node(index)
     if not idx.dtype.startswith(("int", "uint")):
         raise Unsupported(f"indexing with a {idx.dtype} tensor (only int indices)")
@@ -655,6 +661,23 @@ def _index(site, x, indices):
     if isinstance(index, Const) and str(index.tensor.dtype) == "torch.bool":
         raise Unsupported("indexing by a boolean mask (its result's shape depends on the values)")
     return _gather(site, x, index, axis, site.name)
+
+
+@converts("diagonal")
+def _diagonal(site, x, offset=0, dim1=0, dim2=1):
+    """The diagonal as an Einsum reading one axis id twice; it becomes the last axis."""
+    x = site.node(x)
+    a, b = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    if offset:
+        x = _slice(site, x, b if offset > 0 else a, abs(offset), None, 1)
+    n = min(x.shape[a], x.shape[b])
+    for d in (a, b):
+        if x.shape[d] != n:
+            x = Index(x, (slice(None),) * d + (slice(0, n),), name=site.part(f"square{d}"))
+    ids = list(range(x.ndim))
+    ids[b] = a
+    rest = tuple(k for k in range(x.ndim) if k not in (a, b))
+    return Einsum(x, in_axes=(tuple(ids),), out_axes=rest + (a,), name=site.name)
 
 
 @converts("cat")

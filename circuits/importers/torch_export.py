@@ -47,6 +47,9 @@ from .aten_ops import CONVERTERS, Const, Site, Unsupported
 # Ops that only pass their input on (no node of their own): they take no name.
 _PASS_THROUGH = {"contiguous", "clone", "alias", "detach", "dropout", "feature_dropout", "alpha_dropout",
                  "to", "_to_copy", "type_as", "lift_fresh_copy", "lift_fresh", "_assert_tensor_metadata"}
+# Ops whose result on a constant is a view of it (see _fold).
+_VIEWS = {"unsqueeze", "squeeze", "view", "reshape", "_unsafe_view", "expand", "permute", "transpose", "t",
+          "slice", "select", "flatten", "unflatten", "contiguous", "clone", "alias", "detach"}
 # Ops whose result depends only on the shape and dtype of their tensor arguments: they fold even
 # when an argument is computed (a zero tensor of its shape and dtype stands in for it).
 _METADATA_ONLY = {"new_ones", "new_zeros", "new_full", "zeros_like", "ones_like", "full_like",
@@ -186,6 +189,9 @@ class _Importer:
 
     # ------------------------------------------------------------------ constants
     def _materialize(self, const: Const) -> Circuit:
+        if const.node is None and const.origin is not None:
+            converter, args, kwargs = const.origin
+            const.node = converter(Site(const.name, self._materialize), *args, **kwargs)
         if const.node is None:
             values = _numpy(const.tensor)
             flat = values.reshape(-1)
@@ -195,7 +201,7 @@ class _Importer:
                 const.node = Array(np.ascontiguousarray(values), name=const.name)
         return const.node
 
-    def _fold(self, node, args, kwargs, name):
+    def _fold(self, node, op, args, kwargs, name):
         import torch
 
         def tensor(v):
@@ -207,6 +213,11 @@ class _Importer:
 
         result = node.target(*_map(args, tensor), **_map(kwargs, tensor))
         if isinstance(result, torch.Tensor):
+            sources = [v for v in _flat((args, kwargs)) if isinstance(v, Const)]
+            if op in _VIEWS and len(sources) == 1:
+                # A view of one constant is made, if needed, as a view of that constant's node:
+                # the rotary table unsqueezed in every layer stays one Array.
+                return Const(result, name, origin=(CONVERTERS[op], args, kwargs))
             return Const(result, name)
         if isinstance(result, (list, tuple)):
             return tuple(Const(r, f"{name}.{k}") if isinstance(r, torch.Tensor) else r
@@ -221,13 +232,16 @@ class _Importer:
         args = _map(node.args, lambda a: self.values[a] if hasattr(a, "op") else a)
         kwargs = _map(dict(node.kwargs), lambda a: self.values[a] if hasattr(a, "op") else a)
         flat = list(_flat((args, kwargs)))
-        if any(v is _POISONED for v in flat):
-            return _POISONED
         name, op = self.names[node], _op_name(node.target)
-        if op in _METADATA_ONLY or not any(isinstance(v, Circuit) for v in flat):
-            return self._fold(node, args, kwargs, name)
         converter = CONVERTERS.get(op)
         path = _module_path(node) or "(top level)"
+        if any(v is _POISONED for v in flat):
+            # Downstream of an op that failed: still report this one if it has no converter either.
+            if converter is None and op not in _METADATA_ONLY:
+                self.unsupported.append(f"{node.target} in {path} (node {node.name})")
+            return _POISONED
+        if op in _METADATA_ONLY or not any(isinstance(v, Circuit) for v in flat):
+            return self._fold(node, op, args, kwargs, name)
         if converter is None:
             self.unsupported.append(f"{node.target} in {path} (node {node.name})")
             return _POISONED
