@@ -408,7 +408,7 @@ def _rms_norm(site, x, normalized_shape, weight=None, eps=None):
 def _linear(site, x, weight, bias=None):
     x, w = site.node(x), site.node(weight)
     ids = tuple(range(x.ndim))
-    out = x.ndim + 1
+    out = x.ndim
     y = Einsum(x, w, in_axes=(ids, (out, ids[-1])), out_axes=ids[:-1] + (out,),
                name=site.name if bias is None else site.part("matmul"))
     return y if bias is None else Add(y, site.node(bias), name=site.name)
