@@ -8,7 +8,7 @@ import sys
 
 BENCHMARKS = [
     "bench_build", "bench_text", "bench_lowering", "bench_seed_model", "bench_optimize",
-    "bench_rewrites", "bench_files",
+    "bench_rewrites", "bench_files", "bench_torch_import",
 ]
 
 
