@@ -40,6 +40,8 @@ _LAZY = {
     "Eager": ("circuits.backend", "Eager"),
     "cache_stats": ("circuits.backend", "cache_stats"),
     "models": ("circuits.models", None),
+    # importers.from_torch (torch is imported only when it is called)
+    "importers": ("circuits.importers", None),
     "testing": ("circuits.testing", None),
     # text format (circuits/text/)
     "parse": ("circuits.text.parser", "parse"),

@@ -13,7 +13,7 @@ PUBLIC = {
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "cost", "count_nodes", "deep_map",
-    "evaluate", "evaluate_batched", "fill_random", "grad", "interp", "diff", "save_many", "load_many",
+    "evaluate", "evaluate_batched", "fill_random", "grad", "importers", "interp", "diff", "save_many", "load_many",
     "load", "models", "parse", "parse_many", "print_many", "profile", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "summary", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
@@ -58,6 +58,7 @@ def test_promised_call_shapes():
                        (C.models.opt, ["config", "weights", "tokens"]),
                        (C.models.llama, ["config", "weights", "tokens"]),
                        (C.models.describe, ["circuit"]),
+                       (C.importers.from_torch, ["module", "example_inputs"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
 

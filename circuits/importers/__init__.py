@@ -1,5 +1,12 @@
-"""Importers: circuits from other systems' models (HuggingFace state dicts, torch.export programs).
+"""Importers: circuits from other systems' models.
 
-This package is the home of DESIGN §11's importers. torch and transformers are optional extras,
-imported only inside the importers that need them. Nothing lives here yet.
+- ``from_torch(module, example_inputs)`` (``torch_export``): any PyTorch module, through
+  torch.export's ATen graph; the op converters live in ``aten_ops``.
+
+torch and transformers are optional extras, imported only when an importer is called: importing
+this package (or ``circuits``) does not import torch.
 """
+
+from .torch_export import from_torch
+
+__all__ = ["from_torch"]
