@@ -35,12 +35,12 @@ __all__ = ["attribute"]
 
 
 def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: Mapping | None = None,
-              dtype="float32") -> dict[str, float]:
+              dtype="float32", mode: str = "auto") -> dict[str, float]:
     """``{site label: estimate}``: the attribution-patching estimate
     ``sum((a_source - a_clean) * d metric / d a)`` of each site's patching effect on the metric
     (see the module docstring).  Labels are the sites' names as given (a node or matcher site is
     labelled by its node's name).  ``source`` as for ``patch``; ``inputs`` binds the circuit's
-    own Symbols; ``dtype`` as for ``evaluate``.
+    own Symbols; ``dtype`` and ``mode`` as for ``evaluate``.
 
     >>> from circuits import Symbol, Add, GeneralFunction
     >>> x = Symbol((1,), name='x')
@@ -59,7 +59,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     nodes = [n for _, n in resolved]
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate(one_root(bundle), inputs, dtype=dtype, also=bundle)
+    _, values = evaluate(one_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
     clean = [np.asarray(values[n], np.float64) for n in nodes]
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
@@ -68,7 +68,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     wrt = [n for n in nodes if n.hash in present]
     grads = {}
     if wrt:
-        _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype)
+        _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode)
         grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
     out = {}
     for label, node, a, a2 in zip(labels, nodes, clean, patched):

@@ -48,7 +48,7 @@ SUFFIX = {"zero": ".zero_ablated", "mean": ".mean_ablated", "resample": ".resamp
 
 
 def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None = None, seed: int = 0,
-           dtype=None, batch_size: int | None = None) -> Circuit:
+           dtype=None, batch_size: int | None = None, mode: str = "auto") -> Circuit:
     """Replace each site's value by a constant Array named ``'<site>.<kind>_ablated'``
     (``'<site>.resampled'`` for resampling).
 
@@ -61,7 +61,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
       order given.
 
     The values are computed in the sites' float dtype (``dtype=`` to override) with
-    ``evaluate_batched`` (``batch_size`` rows at a time).  Sites are names, matchers or nodes,
+    ``evaluate_batched`` (``batch_size`` rows at a time, ``mode`` as for ``evaluate``).  Sites are names, matchers or nodes,
     each naming exactly one node.
 
     >>> import numpy as np
@@ -82,7 +82,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
     else:
         if data is None:
             raise CircuitError(f"ablate: kind={kind!r} needs data=, a mapping from input names to batched values")
-        batched = _values_over_batch(circuit, resolved, data, dtype, batch_size)
+        batched = _values_over_batch(circuit, resolved, data, dtype, batch_size, mode)
         if kind == "mean":
             values = [v.mean(axis=0) for v in batched]
         else:
@@ -93,7 +93,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
     return replace(circuit, table)
 
 
-def _values_over_batch(circuit, resolved, data, dtype, batch_size) -> list[np.ndarray]:
+def _values_over_batch(circuit, resolved, data, dtype, batch_size, mode) -> list[np.ndarray]:
     """Each site's value on every row of ``data``: ``[batch, *site.shape]`` arrays."""
     from ..backend import evaluate_batched
 
@@ -120,7 +120,7 @@ def _values_over_batch(circuit, resolved, data, dtype, batch_size) -> list[np.nd
     feed = {symbols[h]: v for h, (_, v) in inputs.items()}
     present = {n.hash for n in toposort(*roots) if isinstance(n, Symbol)}
     feed = {s: v for s, v in feed.items() if s.hash in present}
-    _, values = evaluate_batched(one_root(roots), feed, batch_size=batch_size, dtype=fdt, also=roots)
+    _, values = evaluate_batched(one_root(roots), feed, batch_size=batch_size, dtype=fdt, also=roots, mode=mode)
     return [np.asarray(values[r]) for r in roots]
 
 
