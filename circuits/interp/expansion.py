@@ -41,7 +41,8 @@ sum of the terms equals the original value exactly (up to the frozen LN scales).
 >>> terms = residual_terms(loss, 'a1.norm', depth=2, layer_norm='freeze')
 >>> 'b0.a.head1<-idxed_embeds' in terms, 'a1.ln.w.bias' in terms
 (True, True)
->>> total = sum(evaluate(t, dtype='float64') for t in terms.values())
+>>> from circuits import Add
+>>> total = evaluate(Add(*terms.values()), dtype='float64')   # the terms add up to the LayerNorm's value
 >>> bool(np.allclose(total, evaluate(loss.get_unique('a1.norm'), dtype='float64'), atol=1e-5))
 True
 >>> bool(np.allclose(evaluate(expand_residual(loss, 'b1')), evaluate(loss), atol=1e-5))
@@ -174,9 +175,15 @@ class _Expander:
         if const is None:
             from ..backend import evaluate
 
-            value = np.asarray(evaluate(rsqrt, self.inputs, dtype="float64")).astype(rsqrt.dtype)
-            label = f"{rsqrt.name}.frozen" if rsqrt.name else "ln.rsqrt.frozen"
-            const = self.frozen[rsqrt.hash] = Array(value, name=label)
+            # Every LayerNorm scale of the circuit in one pass (one compile), frozen on first need.
+            scales = [p["rsqrt"] for n in toposort(self.root) if (p := layer_norm_parts(n)) is not None]
+            if rsqrt.hash not in {r.hash for r in scales}:
+                scales.append(rsqrt)
+            _, values = evaluate(Add(*scales), self.inputs, dtype="float64", also=scales)
+            for r in scales:
+                value = np.asarray(values[r]).astype(r.dtype)
+                self.frozen[r.hash] = Array(value, name=f"{r.name}.frozen" if r.name else "ln.rsqrt.frozen")
+            const = self.frozen[rsqrt.hash]
         return const
 
     def ln_terms(self, ln: Circuit, parts: dict) -> list[tuple[str, Circuit, Circuit]]:
