@@ -131,7 +131,7 @@ def source_copies(circuit: Circuit, nodes: list[tuple[str, Circuit]], source: Ma
     ``'<input>.source'`` and every copied named node ``'<name>.source'``.  A node that does not
     depend on any source input is an error naming it."""
     inputs = resolve_inputs(circuit, source, "source")
-    table = {h: Array(v, name=f"{node.name if node.name is not None else 'input'}.source")
+    table = {h: v if isinstance(v, Circuit) else Array(v, name=f"{node.name if node.name is not None else 'input'}.source")
              for h, (node, v) in inputs.items()}
     copies = copy_with([n for _, n in nodes], table, ".source")
     for label, node in nodes:
@@ -151,6 +151,8 @@ def patch(circuit: Circuit, sites, source: Mapping) -> Circuit:
     Each site is replaced by a copy of its subtree over Arrays ``'<input>.source'`` holding the
     source values; the copy's named nodes are ``'<name>.source'`` (the site's own replacement is
     ``'<site>.source'``); nodes that do not depend on the source are shared with the original.
+    A source value may be a node instead (e.g. ``Symbol(shape, name='corrupt_toks')``): the copy
+    reads it, and ``evaluate_batched`` then runs the patch over a whole batch of sources.
 
     >>> import numpy as np
     >>> from circuits import Symbol, Add, Einsum, evaluate

@@ -83,13 +83,24 @@ def resolve_inputs(circuit: Circuit, values: Mapping, what: str, *, batched: boo
                    ) -> dict[bytes, tuple[Circuit, np.ndarray]]:
     """``{input hash: (input node, value)}`` for a mapping from inputs (Arrays or Symbols of the
     circuit, or their names) to values; each value checked against its input's shape (after a
-    leading batch axis when ``batched``) and kind of dtype, and cast to the input's dtype."""
+    leading batch axis when ``batched``) and kind of dtype, and cast to the input's dtype.  A value
+    may also be a node of the input's shape and dtype (a Symbol for a batch of sources)."""
     if not isinstance(values, Mapping) or not values:
         raise CircuitError(f"{what}: give a mapping from input names (Arrays or Symbols) to values, got {values!r}")
     leaves = [n for n in toposort(circuit) if isinstance(n, (Array, Symbol))]
     out: dict[bytes, tuple[Circuit, np.ndarray]] = {}
     for key, value in values.items():
         node = _find_input(leaves, key, what, circuit)
+        if isinstance(value, Circuit) and not batched:
+            # A node (e.g. a Symbol 'corrupt_toks') stands for the input: the patched circuit reads
+            # it, so one patched circuit evaluates over a batch of sources (evaluate_batched).
+            if value.shape != node.shape or value.dtype != node.dtype:
+                raise ShapeError(f"{what}[{_key_text(key)}] is {value.line()} ({value.dtype}); "
+                                 f"{node.line()} needs shape {list(node.shape)} and dtype {node.dtype}")
+            if node.hash in out:
+                raise CircuitError(f"{what}: {node.line()} is given twice")
+            out[node.hash] = (node, value)
+            continue
         arr = np.asarray(value)
         want = node.shape
         got = arr.shape[1:] if batched else arr.shape
