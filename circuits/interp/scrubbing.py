@@ -197,7 +197,9 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
 
 
 def _with_child(claim: Claim, child: Claim) -> Claim:
-    return Claim(claim.site, claim.feature, (*claim.children, child), avoid=claim.avoid, other=claim.other,
+    """``claim`` with one more child; a leaf root (everything on the reference) stays one."""
+    other = claim.other if claim.children else "exact"
+    return Claim(claim.site, claim.feature, (*claim.children, child), avoid=claim.avoid, other=other,
                  name=claim.name)
 
 
