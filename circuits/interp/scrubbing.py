@@ -65,15 +65,16 @@ def sample_slots(plan: SlotPlan, data: Mapping[str, np.ndarray], samples: int, s
     rows = int(next(iter(data.values())).shape[0])
     idx = np.empty((plan.n_slots, samples), dtype=np.int64)
     idx[0] = np.random.default_rng([seed, 0]).integers(0, rows, samples) if reference is None else reference
-    classes_of: dict[int, np.ndarray] = {}
+    samplers: dict[int, Callable] = {}  # one per Feature object: claims often share one
     for slot, (claim, parent_slot, kind) in plan.draws.items():
         rng = np.random.default_rng([seed, plan.seed_key(slot)])
         if kind == "uniform":
             idx[slot] = rng.integers(0, rows, samples)
             continue
-        if claim not in classes_of:
-            classes_of[claim] = plan.claims[claim].feature.classes(data, plan.claims[claim].name)
-        idx[slot] = _class_sampler(classes_of[claim])(rng, idx[parent_slot])
+        feature = plan.claims[claim].feature
+        if id(feature) not in samplers:
+            samplers[id(feature)] = _class_sampler(feature.classes(data, plan.claims[claim].name))
+        idx[slot] = samplers[id(feature)](rng, idx[parent_slot])
     return idx
 
 
