@@ -15,10 +15,10 @@ import numpy as np
 
 import circuits.models as M
 from circuits.interp import scrub
+from circuits.interp.hypothesis import Claim
 from circuits.interp.induction import induction_hypothesis
 from circuits.interp.scrubbing import sample_slots
 from circuits.interp.treeify import plan_slots
-from circuits.interp.hypothesis import Claim
 
 from .common import interleaved_medians, report
 from .handwritten_attn_only import loss_naive
