@@ -1,4 +1,4 @@
-"""The interpretability layer: sites, ablation, patching, path patching, attribution, path expansion.
+"""The interpretability layer: sites, ablation, patching, path patching, attribution, path expansion, scrubbing.
 
 Every intervention is a circuit transform: it returns a plain circuit that prints, saves and
 evaluates like any other, sharing the clean circuit's nodes wherever the intervention does not
@@ -10,6 +10,8 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
 - ``patch(circuit, sites, source)``: activation patching from ``source`` inputs
 - ``path_patch(circuit, sender, receivers, source, freeze=None)``: exact path patching
 - ``attribute(circuit, sites, source, metric=None)``: attribution patching (linear estimates)
+- ``scrub(circuit, hypothesis, data, samples=, seed=)``: causal scrubbing of a tree of ``Claim``s
+  (``hypothesis``) over a treeified circuit (``treeify``)
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
   path expansion into named per-source terms; ``split_heads`` for fused-head attention
 
@@ -26,9 +28,13 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 from .attribution import attribute
 from .expansion import expand_residual, layer_norm_parts, residual_terms
 from .heads import split_heads
+from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .interventions import ablate, patch, path_patch
+from .scrubbing import ScrubResult, scrub
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
     "split_heads",
+    # causal scrubbing
+    "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
 ]

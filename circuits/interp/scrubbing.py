@@ -1,0 +1,285 @@
+"""Causal scrubbing (Chan et al., Redwood Research, 2022): test a hypothesis about which paths of a
+circuit matter, and through which feature of the input, by resampling everything it says does not.
+
+``scrub(circuit, hypothesis, data)`` draws ``samples`` reference rows from ``data``, then for each
+claim (depth first) a datum among the rows that agree with its parent's datum on the claim's
+feature, and for each unclaimed path a random datum; treeifies the circuit along the hypothesis
+(``treeify``), so each input occurrence reads its owner's datum; and evaluates the original, the
+scrubbed and the fully scrubbed circuit (every input resampled except the ``labels`` paths) on the
+same reference rows, batched over the samples in one compiled program.  The result reports the
+three losses, their standard errors and the fraction of the loss reduction the hypothesis
+recovers, ``(random - scrubbed) / (random - original)``.
+
+Sampling within a feature class is O(rows): rows sorted by class once, then one uniform draw per
+sample inside the parent's class.  Each draw has its own generator seeded by ``seed`` and the
+claim's name, so adding a claim does not move the others' samples.  Unclaimed paths below one
+claim share one random datum (as in Redwood's rust_circuit).
+
+>>> import numpy as np
+>>> from circuits import Symbol, Add, Einsum, Scalar, Index
+>>> from circuits.interp import Claim, scrub
+>>> x = Symbol((2,), name='x')
+>>> out = Add(Einsum.from_spec(',->', Index(x, (0,), name='x0'), Scalar(2.0), name='A'),
+...           Einsum.from_spec(',->', Index(x, (1,), name='x1'), Scalar(3.0), name='B'), name='out')
+>>> data = {'x': np.random.default_rng(0).normal(size=(50, 2))}
+>>> r = scrub(out, Claim('out', children=[Claim('A'), Claim('B')]), data, samples=100)
+>>> r.scrubbed == r.original
+True
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..errors import CircuitError
+from ..nodes import Circuit, Concat, Einsum, Scalar, Symbol
+from ..traversal import toposort
+from .hypothesis import Claim
+from .treeify import SlotPlan, plan_slots, slot_name, treeify
+
+__all__ = ["scrub", "ScrubResult", "sample_slots"]
+
+BOOTSTRAP = 200
+
+
+def _class_sampler(classes: np.ndarray):
+    """``(rng, parent_rows) -> rows``: for each parent row, a uniformly drawn row of its class."""
+    perm = np.argsort(classes, kind="stable")
+    counts = np.bincount(classes)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+
+    def draw(rng: np.random.Generator, parent_rows: np.ndarray) -> np.ndarray:
+        c = classes[parent_rows]
+        return perm[starts[c] + (rng.random(parent_rows.shape[0]) * counts[c]).astype(np.int64)]
+
+    return draw
+
+
+def sample_slots(plan: SlotPlan, data: Mapping[str, np.ndarray], samples: int, seed: int,
+                 reference: np.ndarray | None = None) -> np.ndarray:
+    """Row indices ``[slots, samples]``: slot 0 the reference rows (``reference``, else drawn),
+    then each drawn slot, in the plan's depth-first order (a claim's rows agree with its
+    parent's on the claim's feature)."""
+    rows = int(next(iter(data.values())).shape[0])
+    idx = np.empty((plan.n_slots, samples), dtype=np.int64)
+    idx[0] = np.random.default_rng([seed, 0]).integers(0, rows, samples) if reference is None else reference
+    samplers: dict[int, Callable] = {}  # one per Feature object: claims often share one
+    for slot, (claim, parent_slot, kind) in plan.draws.items():
+        rng = np.random.default_rng([seed, plan.seed_key(slot)])
+        if kind == "uniform":
+            idx[slot] = rng.integers(0, rows, samples)
+            continue
+        feature = plan.claims[claim].feature
+        if id(feature) not in samplers:
+            samplers[id(feature)] = _class_sampler(feature.classes(data, plan.claims[claim].name))
+        idx[slot] = samplers[id(feature)](rng, idx[parent_slot])
+    return idx
+
+
+def _as_rows(value: Circuit) -> Circuit:
+    """The value with at least one axis (a scalar becomes ``[1]``), so outputs can be concatenated."""
+    if value.shape:
+        return value
+    return Einsum.from_spec(",a->a", value, Scalar(1.0, (1,)))
+
+
+def _check_data(circuit: Circuit, data: Mapping) -> tuple[dict[str, np.ndarray], int, dict[str, Symbol]]:
+    symbols = {n.name: n for n in toposort(circuit) if isinstance(n, Symbol)}
+    if not symbols:
+        raise CircuitError(f"scrub: {circuit.line()} has no input Symbol; scrubbing resamples inputs, so build "
+                           f"the circuit over Symbols (e.g. models.tokens_symbol) and give data for them")
+    missing = sorted(set(symbols) - set(data))
+    if missing:
+        raise CircuitError(f"scrub: no data for the circuit's inputs {missing}; data has {sorted(data)}")
+    arrays, rows = {}, None
+    for name, sym in symbols.items():
+        arr = np.asarray(data[name])
+        if tuple(arr.shape[1:]) != sym.shape or arr.ndim != len(sym.shape) + 1:
+            raise CircuitError(f"scrub: data[{name!r}] has shape {list(arr.shape)}; expected [rows, "
+                               f"{', '.join(map(str, sym.shape))}] for {sym.line()}")
+        if rows is not None and arr.shape[0] != rows:
+            raise CircuitError(f"scrub: data arrays disagree on the number of rows ({rows} and {arr.shape[0]} "
+                               f"for {name!r})")
+        rows = arr.shape[0]
+        arrays[name] = arr
+    if not rows:
+        raise CircuitError("scrub: the data has no rows")
+    return arrays, rows, symbols
+
+
+def _default_score(values: np.ndarray) -> np.ndarray:
+    return values.reshape(values.shape[0], -1).mean(axis=1)
+
+
+def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *, samples: int = 1000,
+          seed: int = 0, labels=None, score: Callable[[np.ndarray], np.ndarray] | None = None,
+          batch_size: int | None = None, dtype: str = "float32") -> "ScrubResult":
+    """Causal scrubbing of ``hypothesis`` (a ``Claim`` tree rooted at ``circuit``'s output) on
+    ``data`` (``{input Symbol name: array [rows, *shape]}``).
+
+    - ``circuit`` computes a loss from its input Symbols (e.g. ``attn_only(w, tokens_symbol(n))``);
+      ``score(values [samples, *shape]) -> [samples]`` turns its value into one loss per sample
+      (default: the mean over the output's axes).
+    - ``labels``: a matcher for the nodes through which the loss reads its labels (for
+      ``attn_only``: ``'true_toks_int'``).  Paths through them always read the reference datum,
+      in every run: the loss is scored against the reference labels.
+    - ``samples`` reference rows are drawn with replacement (seeded by ``seed``).
+
+    Returns a ``ScrubResult`` (prints as a table; ``_repr_html_`` in notebooks).
+
+    >>> import numpy as np
+    >>> from circuits import Symbol, Add, Einsum, Index, Scalar
+    >>> x = Symbol((2,), name='x')
+    >>> out = Add(Einsum.from_spec(',->', Index(x, (0,), name='x0'), Scalar(2.0), name='A'),
+    ...           Einsum.from_spec(',->', Index(x, (1,), name='x1'), Scalar(3.0), name='B'), name='out')
+    >>> data = {'x': np.random.default_rng(0).normal(size=(50, 2))}
+    >>> r = scrub(out, Claim('out', children=[Claim('A')]), data, samples=200, seed=1)
+    >>> bool(r.scrubbed != r.original), r.samples
+    (True, 200)
+    """
+    if not isinstance(circuit, Circuit):
+        raise CircuitError(f"scrub: expected a circuit, got {type(circuit).__name__}")
+    if int(samples) < 2:
+        raise CircuitError(f"scrub: samples={samples}: give at least 2 (standard errors need them)")
+    samples = int(samples)
+    arrays, rows, symbols = _check_data(circuit, data)
+    if not isinstance(hypothesis, Claim):
+        raise CircuitError(f"a hypothesis is a Claim (the root claim, at the output), got {hypothesis!r}")
+    root = hypothesis if labels is None else _with_child(hypothesis, Claim(labels, name="labels"))
+    plan = plan_slots(root)
+    scrubbed = treeify(circuit, plan, symbols)
+    idx = sample_slots(plan, arrays, samples, seed)
+    # The fully scrubbed run: every input random, but the labels paths on the reference.  Its
+    # random slots are numbered after ours.
+    first = plan.n_slots
+    if labels is None:
+        random_c = _rename_slots(circuit, {}, symbols, whole=first)
+        rand_idx = {first: np.random.default_rng([seed, 2]).integers(0, rows, samples)}
+    else:
+        empty_plan = plan_slots(Claim(hypothesis.site, children=[Claim(labels, name="labels")],
+                                      name=hypothesis.name))
+        empty_idx = sample_slots(empty_plan, arrays, samples, seed, reference=idx[0])
+        random_c = _rename_slots(treeify(circuit, empty_plan, symbols).circuit,
+                                 {s: s + first - 1 for s in range(1, empty_plan.n_slots)}, symbols)
+        rand_idx = {s + first - 1: empty_idx[s] for s in range(1, empty_plan.n_slots)}
+    original = _rename_slots(circuit, {}, symbols, whole=0)
+    out = Concat(_as_rows(original), _as_rows(scrubbed.circuit), _as_rows(random_c), axis=0)
+
+    inputs = {}
+    for name in symbols:
+        for slot in range(plan.n_slots):
+            inputs[slot_name(name, slot)] = arrays[name][idx[slot]]
+        for slot, rows_of_slot in rand_idx.items():
+            inputs[slot_name(name, slot)] = arrays[name][rows_of_slot]
+    needed = {n.name for n in toposort(out) if isinstance(n, Symbol)}
+    inputs = {k: v for k, v in inputs.items() if k in needed}
+    from ..backend import evaluate_batched
+
+    values = np.asarray(evaluate_batched(out, inputs, batch_size=batch_size, dtype=dtype, mode="jit"))
+    width = values.shape[1] // 3
+    shape = circuit.shape
+    parts = [values[:, k * width:(k + 1) * width].reshape((samples, *shape)) for k in range(3)]
+    scorer = score or _default_score
+    losses = []
+    for p in parts:
+        per_row = np.asarray(scorer(p), dtype=np.float64)
+        if per_row.shape != (samples,):
+            raise CircuitError(f"scrub: score gave shape {list(per_row.shape)}; it must give one loss per sample "
+                               f"[{samples}] from values of shape {list(p.shape)}")
+        losses.append(per_row)
+    same = {}
+    for slot, (claim, parent_slot, kind) in plan.draws.items():
+        if kind == "feature":
+            same[plan.claims[claim].name] = float(np.mean(idx[slot] == idx[parent_slot]))
+    return ScrubResult(hypothesis, losses[0], losses[1], losses[2], seed=seed, same_as_parent=same,
+                       circuit=scrubbed.circuit, n_slots=len(scrubbed.slots))
+
+
+def _with_child(claim: Claim, child: Claim) -> Claim:
+    """``claim`` with one more child; a leaf root (everything on the reference) stays one."""
+    other = claim.other if claim.children else "exact"
+    return Claim(claim.site, claim.feature, (*claim.children, child), avoid=claim.avoid, other=other,
+                 name=claim.name)
+
+
+def _rename_slots(circuit: Circuit, mapping: dict[int, int], symbols, whole: int | None = None) -> Circuit:
+    """Inputs ``x@s`` renamed ``x@mapping[s]`` (or, with ``whole``, each input ``x`` -> ``x@whole``)."""
+    from ..traversal import deep_map
+
+    def fn(node):
+        if not isinstance(node, Symbol):
+            return None
+        if whole is not None:
+            if node.name in symbols:
+                return Symbol(node.shape, name=slot_name(node.name, whole), dtype=node.dtype)
+            return None
+        base, _, slot = node.name.rpartition("@")
+        if base in symbols and slot.isdigit() and int(slot) in mapping:
+            return Symbol(node.shape, name=slot_name(base, mapping[int(slot)]), dtype=node.dtype)
+        return None
+
+    return deep_map(circuit, fn)
+
+
+class ScrubResult:
+    """The losses of a scrubbing run, per sample and as means with standard errors.
+
+    ``original`` (every path on the reference datum), ``scrubbed`` (the hypothesis' resampling),
+    ``random`` (every input resampled but the labels), their standard errors ``*_se``,
+    ``recovered = (random - scrubbed) / (random - original)`` with a paired bootstrap standard error
+    ``recovered_se``; ``rows`` holds the per-sample losses; ``same_as_parent`` the share of samples
+    where a claim's drawn datum equals its parent's (near 1: the feature's classes are too small to
+    test anything); ``circuit`` the treeified circuit that was evaluated (print it, save it)."""
+
+    def __init__(self, hypothesis, original_rows, scrubbed_rows, random_rows, *, seed, same_as_parent, circuit,
+                 n_slots):
+        self.hypothesis = hypothesis
+        self.rows = {"original": original_rows, "scrubbed": scrubbed_rows, "random": random_rows}
+        self.samples = int(original_rows.shape[0])
+        self.original, self.scrubbed, self.random = (float(np.mean(r)) for r in self.rows.values())
+        n = self.samples
+        self.original_se, self.scrubbed_se, self.random_se = (float(np.std(r, ddof=1) / np.sqrt(n))
+                                                              for r in self.rows.values())
+        self.recovered = _recovered(original_rows, scrubbed_rows, random_rows)
+        rng = np.random.default_rng([seed, 1])
+        boot = []
+        for _ in range(BOOTSTRAP):
+            pick = rng.integers(0, n, n)
+            boot.append(_recovered(original_rows[pick], scrubbed_rows[pick], random_rows[pick]))
+        boot = np.asarray(boot)
+        self.recovered_se = float(np.nanstd(boot, ddof=1)) if np.isfinite(boot).sum() > 1 else float("nan")
+        self.same_as_parent = dict(same_as_parent)
+        self.circuit = circuit
+        self.n_slots = n_slots
+
+    def table(self) -> list[tuple[str, str]]:
+        rows = [
+            ("original loss", f"{self.original:.4f} ± {self.original_se:.4f}"),
+            ("scrubbed loss", f"{self.scrubbed:.4f} ± {self.scrubbed_se:.4f}"),
+            ("fully scrubbed loss", f"{self.random:.4f} ± {self.random_se:.4f}"),
+            ("recovered", f"{100 * self.recovered:.1f}% ± {100 * self.recovered_se:.1f}%"),
+            ("samples", f"{self.samples} ({self.n_slots} input slots)"),
+        ]
+        rows += [(f"same datum as parent: {k}", f"{100 * v:.1f}%") for k, v in self.same_as_parent.items()]
+        return rows
+
+    def __repr__(self):
+        rows = self.table()
+        w = max(len(k) for k, _ in rows)
+        return "causal scrubbing\n" + "\n".join(f"  {k:<{w}}  {v}" for k, v in rows)
+
+    def _repr_html_(self):
+        import html
+
+        body = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in self.table())
+        return (f"<table><caption>causal scrubbing</caption>{body}</table>"
+                f"<pre>{html.escape(str(self.hypothesis))}</pre>")
+
+
+def _recovered(orig: np.ndarray, scrubbed: np.ndarray, random: np.ndarray) -> float:
+    gap = float(np.mean(random) - np.mean(orig))
+    if gap == 0.0:
+        return float("nan")
+    return float((np.mean(random) - np.mean(scrubbed)) / gap)
