@@ -189,23 +189,29 @@ def rotary_tables(positions, head_dim: int, theta: float) -> tuple[np.ndarray, n
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
-def rotate_half_matrix(head_dim: int) -> np.ndarray:
-    """The signed permutation ``R`` with ``x @ R == concat(-x[half:], x[:half])`` (HuggingFace's
-    ``rotate_half``)."""
-    half = head_dim // 2
-    r = np.zeros((head_dim, head_dim), np.float32)
-    r[np.arange(half) + half, np.arange(half)] = -1.0
-    r[np.arange(half), np.arange(half) + half] = 1.0
-    return r
+def rotary_sin_signed(sin: np.ndarray) -> np.ndarray:
+    """``sin`` with its first half negated: ``rotate_half(x) * sin == swap_halves(x) * signed``,
+    so rotary embeddings need no matrix product (HuggingFace's ``rotate_half`` is
+    ``concat(-x[half:], x[:half])``).
+
+    >>> rotary_sin_signed(np.array([[1.0, 2.0, 3.0, 4.0]])).tolist()
+    [[-1.0, -2.0, 3.0, 4.0]]
+    """
+    half = sin.shape[-1] // 2
+    return np.concatenate([-sin[..., :half], sin[..., half:]], axis=-1).astype(sin.dtype)
 
 
-def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin: Circuit, rot: Circuit, name: str) -> Circuit:
+def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin_signed: Circuit, name: str) -> Circuit:
     """``x * cos + rotate_half(x) * sin`` for ``x`` whose axes are ``axes`` (ending in the position
-    ``s`` and the head dimension ``c``, e.g. ``'ngsc'``); ``cos``/``sin`` are [positions, head_dim]
-    and ``rot`` is ``rotate_half_matrix``."""
+    ``s`` and the head dimension ``c``, e.g. ``'ngsc'``); ``cos`` is [positions, head_dim] and
+    ``sin_signed`` is ``rotary_sin_signed(sin)``.  ``rotate_half`` is a swap of the two halves of
+    the head dimension (an Index, ``name + '.swapped'``) times the signed sine: elementwise work
+    only, no matrix product (so ``cost`` counts rotary as the few multiplies it is)."""
+    d = x.shape[-1]
+    swap = np.concatenate([np.arange(d // 2, d), np.arange(d // 2)])
+    swapped = Index(x, (ALL,) * (x.ndim - 1) + (swap,), name=f"{name}.swapped")
     a = Einsum.from_spec(f"{axes},sc->{axes}", x, cos, name=f"{name}.cos")
-    rot_axes = axes.replace("c", "j")
-    b = Einsum.from_spec(f"{axes},cj,sj->{rot_axes}", x, rot, sin, name=f"{name}.sin")
+    b = Einsum.from_spec(f"{axes},sc->{axes}", swapped, sin_signed, name=f"{name}.sin")
     return Add(a, b, name=name)
 
 

@@ -30,8 +30,8 @@ from .blocks import (
     mlp,
     neg_inf_bias,
     rms_norm,
+    rotary_sin_signed,
     rotary_tables,
-    rotate_half_matrix,
     sliding_causal_mask,
 )
 from .common import Config, Weights, activation, embed, loss_head, tokens_node
@@ -93,8 +93,7 @@ def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
     total = past_len + n
     positions = np.arange(past_len, total)
     cos, sin = rotary_tables(positions, head_dim, theta)
-    cos_n, sin_n = Array(cos, name="rotary.cos"), Array(sin, name="rotary.sin")
-    rot = Array(rotate_half_matrix(head_dim), name="rotary.rotate_half")
+    cos_n, sin_n = Array(cos, name="rotary.cos"), Array(rotary_sin_signed(sin), name="rotary.sin_signed")
     mask = Array(sliding_causal_mask(n, total, None if window is None or window >= total else int(window)),
                  name="causal_mask")
     mbias = neg_inf_bias(mask)
@@ -114,8 +113,8 @@ def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
             w.take(p + "self_attn.k_proj.weight", (kv_size, d)), b(p + "self_attn.k_proj.bias", kv_size, attn_bias),
             w.take(p + "self_attn.v_proj.weight", (kv_size, d)), b(p + "self_attn.v_proj.bias", kv_size, attn_bias),
             n_kv=n_kv, group=group, name=f"{a}.proj")
-        q = apply_rotary(q, "ngsc", cos_n, sin_n, rot, f"{a}.q")
-        k = apply_rotary(k, "nsc", cos_n, sin_n, rot, f"{a}.k")
+        q = apply_rotary(q, "ngsc", cos_n, sin_n, f"{a}.q")
+        k = apply_rotary(k, "nsc", cos_n, sin_n, f"{a}.k")
         if past_len:
             past_k = Symbol((n_kv, past_len, head_dim), name=f"{a}.past_k", dtype=dtype)
             past_v = Symbol((n_kv, past_len, head_dim), name=f"{a}.past_v", dtype=dtype)

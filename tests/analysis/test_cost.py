@@ -135,3 +135,39 @@ def test_deep_chain_costs_without_recursion(low_recursion_limit):
         node = C.GeneralFunction("exp", node)
     c = C.cost(node)
     assert c.flops_by_kind == {"exp": 9000} and c.peak_bytes == 24
+
+
+def test_seed_002_decode_step_from_the_llama_builder_matches_the_analytic_matmul_count():
+    """The seed-002 architecture (88 layers, d 12288, 96 query / 8 KV heads of 128, SwiGLU 28672,
+    vocab 32768): one decode step against a 4096-long KV cache given as Symbols, built from its
+    config alone (placeholders), costed without weights."""
+    from circuits.models import llama
+
+    config = dict(model_type="mistral", hidden_size=12288, num_attention_heads=96, num_key_value_heads=8,
+                  head_dim=128, num_hidden_layers=88, intermediate_size=28672, vocab_size=32768,
+                  hidden_act="silu", rope_theta=1e6, rms_norm_eps=1e-5)
+    c = C.cost(llama(config, None, [5], past_len=4096))
+    d, layers, ffn, heads, kv, dh, vocab, past = 12288, 88, 28672, 96, 8, 128, 32768, 4096
+    per_layer = (d * heads * dh + 2 * d * kv * dh      # q, k, v projections
+                 + 2 * heads * (past + 1) * dh          # scores and the weighted sum of values
+                 + heads * dh * d                       # output projection
+                 + 3 * d * ffn                          # SwiGLU: gate, up, down
+                 + 2 * d)                               # two RMS norms: the sum of squares
+    assert c.matmul_multiplies == layers * per_layer + d + d * vocab  # + the final norm, the unembedding
+    assert c.flops_by_kind["exp"] > 0 and c.peak_bytes > 0
+    text = str(c)
+    assert "matmul multiplies" in text and "'h87.mlp'" in text
+
+
+def test_gpt2_small_matmul_multiplies_equal_the_analytic_count():
+    from circuits.models import gpt2
+
+    cfg = dict(n_embd=768, n_head=12, n_layer=12, vocab_size=50257, n_positions=1024, activation_function="gelu_new")
+    c = C.cost(gpt2(cfg, None, np.arange(128)))  # placeholders: no weights needed
+    d, layers, vocab, P, heads, dh, ff = 768, 12, 50257, 128, 12, 64, 3072
+    per_layer = (3 * P * d * d           # fused q, k, v
+                 + 2 * heads * P * P * dh  # scores, weighted values
+                 + P * d * d             # output projection
+                 + 2 * P * d * ff        # MLP in and out
+                 + 2 * P * d)            # two layer norms: the sum of squares of the variance
+    assert c.matmul_multiplies == layers * per_layer + P * d + P * d * vocab  # final norm, tied unembedding
