@@ -40,6 +40,7 @@ _LAZY = {
     "Eager": ("circuits.backend", "Eager"),
     "cache_stats": ("circuits.backend", "cache_stats"),
     "models": ("circuits.models", None),
+    "interp": ("circuits.interp", None),
     "testing": ("circuits.testing", None),
     # text format (circuits/text/)
     "parse": ("circuits.text.parser", "parse"),

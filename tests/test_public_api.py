@@ -14,7 +14,7 @@ PUBLIC = {
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
     "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "count_nodes", "deep_map",
     "evaluate", "evaluate_batched", "fill_random", "grad",
-    "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
+    "interp", "load", "models", "parse", "parse_many", "print_many", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
 }
@@ -53,6 +53,7 @@ def test_promised_call_shapes():
                        (C.save, ["circuit", "path"]), (C.load, ["path"]),
                        (C.fill_random, ["circuit", "seed"]), (C.bind, ["circuit"]),
                        (C.models.attn_only, ["weights", "tokens"]),
+                       (C.interp.sweep, ["circuit", "variants", "inputs"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
 

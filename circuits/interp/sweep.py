@@ -69,7 +69,7 @@ __all__ = ["sweep", "SweepResult", "SWEEP_MEMORY"]
 
 # Default bound on the bytes of the values one chunk of a group computes (the sum of the sizes of
 # a variant's own nodes, times the chunk): it decides how many variants run in one vmap.
-SWEEP_MEMORY = 2 << 30
+SWEEP_MEMORY = 1 << 30
 # A progress bar (tqdm) is shown by default from this many variants on.
 PROGRESS_FROM = 32
 
@@ -269,7 +269,9 @@ def _chunk_size(own: _Own, n: int, batch_size, fdt) -> int:
     program = own.program
     given = set(program.arg_slots)
     per_variant = sum(node.numel * item for i, node in enumerate(program.nodes) if i not in given)
-    return max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
+    most = max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
+    chunks = -(-n // most)
+    return -(-n // chunks)  # as even as possible: little padding in the last chunk
 
 
 def _progress(total: int, progress):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circuits as C
 from circuits.backend import cache_stats
 from circuits.errors import CircuitError, EvaluationError
 from circuits.interp import SweepResult, sweep
 from circuits.models import attn_only, random_weights
+from circuits.testing import circuits_with_inputs
 from circuits.traversal import replace
 
 from .numpy_patching import path_patched_losses, zero_ablated_losses
@@ -182,3 +185,26 @@ def test_bad_input_is_refused_by_name(model):
     empty = C.Array.placeholder(h.shape, "ab" * 32, name="missing")
     with pytest.raises(EvaluationError, match="placeholder Array.*missing"):
         sweep(clean, {"p": replace(clean, {h: empty})})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=circuits_with_inputs(max_nodes=12), data=st.data())
+def test_generated_circuits_sweep_equals_one_at_a_time(case, data):
+    """Variants of generated DAGs (with sharing and Symbol inputs): a node scaled by a Scalar
+    (variants that differ only in that constant), or replaced by a constant Array."""
+    circuit, inputs = case
+    inner = [n for n in C.toposort(circuit) if n.children and n.dtype.startswith("float")]
+    if not inner:
+        return
+    picks = data.draw(st.lists(st.sampled_from(inner), min_size=1, max_size=3, unique_by=lambda n: n.hash))
+    variants = {}
+    for i, node in enumerate(picks):
+        for c in (1.0, 0.999):
+            variants[f"scale{i}_{c}"] = replace(circuit, {node: C.Einsum.from_spec(
+                f"{'abcdefgh'[:node.ndim]},->{'abcdefgh'[:node.ndim]}", node, C.Scalar(c))})
+        fixed = C.evaluate(node, inputs, dtype="float64")
+        variants[f"const{i}"] = replace(circuit, {node: C.Array(np.asarray(fixed, np.float64).astype(node.dtype))})
+    result = sweep(circuit, variants, inputs, dtype="float64")
+    for name, v in variants.items():
+        np.testing.assert_allclose(result[name], C.evaluate(v, inputs, dtype="float64"),
+                                   rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
