@@ -208,3 +208,19 @@ def test_generated_circuits_sweep_equals_one_at_a_time(case, data):
     for name, v in variants.items():
         np.testing.assert_allclose(result[name], C.evaluate(v, inputs, dtype="float64"),
                                    rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_optimized_groups_equal_the_oracle(model, dtype):
+    w, toks, corrupted = model
+    clean, corr, inputs = circuits_for(w, toks, corrupted, symbols=True)
+    variants = path_patch_variants(clean, corr, N_HEADS)
+    variants.update(zero_ablation_variants(clean, N_LAYERS, N_HEADS))
+    variants["lone"] = C.Add(clean, C.Scalar(1.0))
+    result = sweep(clean, variants, inputs, dtype=dtype, optimize=True)
+    assert result.info["programs"] == 5 + N_LAYERS + 1
+    oracle = path_patched_losses(w, toks, corrupted, N_HEADS)
+    oracle.update(zero_ablated_losses(w, toks, N_LAYERS, N_HEADS))
+    for name, value in oracle.items():
+        np.testing.assert_allclose(result[name], value, **TOL[dtype], err_msg=name)
+    np.testing.assert_allclose(result["lone"], result.base + 1, **SAME[dtype])
