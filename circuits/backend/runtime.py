@@ -521,7 +521,9 @@ def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
 _PROGRAMS_SIZE = 64
 _PROGRAMS_PER_ROOT = 8
 _programs: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # id(root) -> (weakref, {key: entry})
-_programs_lock = threading.Lock()
+# Reentrant: a root's weak reference callback (``_drop_program``) can run in the thread that holds
+# the lock, when the garbage collector frees a circuit during an update of the table.
+_programs_lock = threading.RLock()
 
 
 def _items_key(items: list):
@@ -587,7 +589,8 @@ def cached_program(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
 def program_cache_info() -> dict:
     """How many live circuits have a cached program (``roots``) and how many programs in all."""
     with _programs_lock:
-        return {"roots": len(_programs), "programs": sum(len(v[1]) for v in _programs.values())}
+        entries = list(_programs.values())
+        return {"roots": len(entries), "programs": sum(len(v[1]) for v in entries)}
 
 
 def package_outputs(outs: list, items: list):

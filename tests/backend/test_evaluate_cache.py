@@ -96,3 +96,30 @@ def test_the_cache_keeps_no_circuit_alive():
     gc.collect()
     assert ref() is None
     assert program_cache_info()["roots"] == before - 1
+
+
+def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():
+    """A root in a reference cycle dies when the collector runs, which can happen while the
+    cache's own lock is held (any allocation may start it): its callback must still get in."""
+    import threading
+
+    from circuits.backend import runtime
+
+    c, _ = small(seed=11)
+    evaluate(c, {"x": np.zeros(4)})
+    ref = weakref.ref(c)
+    cycle = [c]
+    cycle.append(cycle)
+    del c
+
+    def collect_under_lock():
+        nonlocal cycle
+        with runtime._programs_lock:
+            cycle = None
+            gc.collect()
+
+    worker = threading.Thread(target=collect_under_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the weak reference callback deadlocked on the cache's lock"
+    assert ref() is None
