@@ -59,6 +59,7 @@ def test_promised_call_shapes():
                        (C.models.llama, ["config", "weights", "tokens"]),
                        (C.models.describe, ["circuit"]),
                        (C.importers.from_torch, ["module", "example_inputs"]),
+                       (C.interp.sweep, ["circuit", "variants", "inputs"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
 
@@ -66,7 +67,7 @@ def test_promised_call_shapes():
 def test_interp_names():
     assert set(C.interp.__all__) == {
         "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
-        "split_heads",
+        "split_heads", "sweep", "SweepResult", "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)

@@ -27,6 +27,7 @@ from ..nodes import Circuit
 from .program import Program
 from .runtime import (
     bind_arguments,
+    cached_program,
     check_mode,
     float_dtype,
     maybe_jit,
@@ -69,7 +70,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     check_mode(mode)
-    program, items = program_with_also(circuit, fdt, also)
+    program, items = cached_program(circuit, fdt, also)
     with precision(fdt):
         args = bind_arguments(program, inputs, fdt)
         return _numpy_outputs(program_function(program, mode)(args), items)

@@ -119,7 +119,7 @@ class Program:
     """
 
     __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "outputs", "float_dtype", "key",
-                 "_body_key", "_skeleton", "_index_ranges", "_arg_nodes", "_free_symbols")
+                 "_body_key", "_skeleton", "_index_ranges", "_arg_nodes", "_free_symbols", "_size")
 
     def __init__(self, roots: Sequence[Circuit], float_dtype: str, given: Collection[bytes] = ()):
         roots = list(roots)
@@ -128,6 +128,7 @@ class Program:
         slot_of = {n.hash: i for i, n in enumerate(nodes)}
         self.nodes = nodes
         self.slot_of = slot_of
+        self._size = len(nodes)
         self.float_dtype = float_dtype
         given_slots = frozenset(i for i, n in enumerate(nodes) if n.hash in given) if given else frozenset()
         self.given_slots = given_slots
@@ -155,14 +156,34 @@ class Program:
         Raises ``KeyError`` for a node that is not in the program."""
         other = object.__new__(Program)
         for name in ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "float_dtype", "_body_key",
-                     "_index_ranges", "_arg_nodes", "_free_symbols"):
+                     "_index_ranges", "_arg_nodes", "_free_symbols", "_size"):
             setattr(other, name, getattr(self, name))
         other._skeleton = None
         other._set_outputs(list(roots))
         return other
 
     def __len__(self):
-        return len(self.nodes)
+        return self._size
+
+    def detached(self) -> "Program":
+        """This program ready to run, holding only its argument nodes (leaves): no interior
+        node, so a cache may keep it for as long as its circuit lives without keeping the
+        circuit alive.  Its skeleton and index ranges are made now; ``nodes``, ``slot_of`` and
+        ``child_slots`` are None (resolve ``also=`` items before detaching).
+
+        >>> from circuits import Add, Symbol
+        >>> x = Symbol((2,), name='x')
+        >>> d = Program([Add(x, x)], 'float32').detached()
+        >>> d.nodes is None, len(d), d.arg_nodes() == (x,)
+        (True, 2, True)
+        """
+        self.skeleton()
+        self.index_ranges()
+        other = object.__new__(Program)
+        for name in self.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.nodes = other.slot_of = other.child_slots = None
+        return other
 
     def arg_nodes(self) -> tuple[Circuit, ...]:
         """The nodes at ``arg_slots``, in order."""

@@ -47,7 +47,7 @@ __all__ = [
     "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
     "check_index_values", "device_cache_info", "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
     "cache_stats", "clear_cache", "set_cache_size", "resolve_nodes", "as_items", "program_with_also",
-    "package_outputs",
+    "cached_program", "program_cache_info", "package_outputs",
 ]
 
 
@@ -509,6 +509,88 @@ def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
     if items:
         program = program.with_outputs([circuit, *resolve_nodes(program, items, "also")])
     return program, items
+
+
+# ---------------------------------------------------------------------------- programs of live circuits
+# ``evaluate`` called again on a circuit it has seen reuses the circuit's lowered program: no new
+# walk, key or argument table, so a warm ``evaluate`` costs what a ``Compiled`` call costs.  An
+# entry is keyed by the identity of the root (checked through a weak reference), holds a
+# *detached* program (its leaves, its skeleton; no interior node, so not the root), and goes
+# when the root dies; at most ``_PROGRAMS_SIZE`` roots are kept, the least recently used go first.
+
+_PROGRAMS_SIZE = 64
+_PROGRAMS_PER_ROOT = 8
+_programs: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # id(root) -> (weakref, {key: entry})
+# Reentrant: a root's weak reference callback (``_drop_program``) can run in the thread that holds
+# the lock, when the garbage collector frees a circuit during an update of the table.
+_programs_lock = threading.RLock()
+
+
+def _items_key(items: list):
+    """A hashable key for ``also=`` items (names, or nodes by hash); None when one is neither."""
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(("name", item))
+        elif isinstance(item, Circuit):
+            out.append(("node", item.hash))
+        else:
+            return None
+    return tuple(out)
+
+
+def _drop_program(key, ref):
+    with _programs_lock:
+        found = _programs.get(key)
+        if found is not None and found[0] is ref:
+            del _programs[key]
+
+
+def cached_program(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
+    """``program_with_also`` for evaluation, from the cache of live circuits' programs (the
+    program comes back detached: ready to bind and run, without its interior nodes).
+
+    >>> from circuits import Add, Symbol
+    >>> x = Symbol((2,), name='x')
+    >>> c = Add(x, x)
+    >>> cached_program(c, 'float32', None)[0] is cached_program(c, 'float32', None)[0]
+    True
+    """
+    items = as_items(also)
+    ikey = _items_key(items)
+    if not circuit.children or ikey is None:  # a leaf would keep itself alive in its own entry
+        return program_with_also(circuit, fdt, also)
+    rkey, pkey = id(circuit), (fdt, ikey)
+    found = _programs.get(rkey)
+    if found is not None and found[0]() is circuit:
+        entry = found[1].get(pkey)
+        if entry is not None:
+            with _programs_lock:
+                if rkey in _programs:
+                    _programs.move_to_end(rkey)
+            return entry, items
+    program, items = program_with_also(circuit, fdt, also)
+    detached = program.detached()
+    with _programs_lock:
+        found = _programs.get(rkey)
+        if found is None or found[0]() is not circuit:
+            ref = weakref.ref(circuit, lambda r, k=rkey: _drop_program(k, r))
+            found = _programs[rkey] = (ref, {})
+        per_root = found[1]
+        per_root[pkey] = detached
+        while len(per_root) > _PROGRAMS_PER_ROOT:
+            del per_root[next(iter(per_root))]
+        _programs.move_to_end(rkey)
+        while len(_programs) > _PROGRAMS_SIZE:
+            _programs.popitem(last=False)
+    return detached, items
+
+
+def program_cache_info() -> dict:
+    """How many live circuits have a cached program (``roots``) and how many programs in all."""
+    with _programs_lock:
+        entries = list(_programs.values())
+        return {"roots": len(entries), "programs": sum(len(v[1]) for v in entries)}
 
 
 def package_outputs(outs: list, items: list):

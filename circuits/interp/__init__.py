@@ -10,6 +10,8 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
 - ``patch(circuit, sites, source)``: activation patching from ``source`` inputs
 - ``path_patch(circuit, sender, receivers, source, freeze=None)``: exact path patching
 - ``attribute(circuit, sites, source, metric=None)``: attribution patching (linear estimates)
+- ``sweep(circuit, variants, inputs=None)``: many variants evaluated together, sharing their
+  common work and compiling once per group of variants that differ only in values
 - ``scrub(circuit, hypothesis, data, samples=, seed=)``: causal scrubbing of a tree of ``Claim``s
   (``hypothesis``) over a treeified circuit (``treeify``)
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
@@ -31,10 +33,12 @@ from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .interventions import ablate, patch, path_patch
 from .scrubbing import ScrubResult, scrub
+from .sweep import SweepResult, sweep
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
     "split_heads",
+    "sweep", "SweepResult",
     # causal scrubbing
     "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
 ]

@@ -1,0 +1,405 @@
+"""Sweeps: many variants of a circuit evaluated together, sharing their common work.
+
+``sweep(circuit, variants)`` evaluates every variant (a dict name -> circuit, typically ``circuit``
+with some nodes replaced: ablations, patches, path patches) the way one would by hand, without
+paying for what the variants share:
+
+1. **Common work, once.**  The nodes of the base circuit, and the nodes that two or more variants
+   share (e.g. a corrupted forward pass read by many path patches), are *common*.  They are
+   computed by one program, once.
+2. **Each variant's own part, abstracted.**  A variant's own part is the set of its nodes that are
+   not common.  Its leaves (the common nodes it reads, its own Arrays, Scalars and Symbols) become
+   *arguments*: the part is lowered with them as given values, so two variants whose own parts
+   differ only in which values they read (an ablation constant here or there, which head's output
+   is patched, which receiver is rebuilt) lower to the same program key.  Before lowering, the
+   children of every Add in the own part are put in a fixed order (arguments first, then computed
+   terms; each group in its original order), so that e.g. rebuilding head 2 or head 5 of a layer
+   gives one program.  Addition is commutative: the value is the same, summed in another order (so
+   it may differ from one-at-a-time evaluation in the last bits of a float).
+3. **One compiled program per group.**  Variants with the same key form a group evaluated by one
+   program ``vmap``-ed over the arguments that differ between them (stacked along a new axis),
+   in chunks whose size bounds memory (a short last chunk is padded, so one compiled function
+   serves every chunk); arguments that every variant of the group shares are passed once.
+
+The 16 single-head zero-ablations of the seed model are one group; exact path patching of every
+layer-0 head into every layer-1 head's queries, keys and values and of every head into the logits
+is five groups.  The result is a ``SweepResult``: a mapping name -> numpy array, with the base
+circuit's value, a table of reduced values and their change from the base (``table()``, also the
+notebook view), and ``reduce``.
+
+>>> import numpy as np, circuits as C
+>>> from circuits.interp import sweep
+>>> x = C.Array(np.arange(4, dtype=np.float32), name='x')
+>>> terms = [C.Einsum.from_spec('a,->a', x, C.Scalar(float(k))) for k in range(3)]
+>>> total = C.Add(*terms, name='total')
+>>> zero = C.Array(np.zeros(4, np.float32), name='zero')
+>>> result = sweep(total, {f'drop{k}': C.traversal.replace(total, {terms[k]: zero}) for k in range(3)})
+>>> result['drop1']
+array([0., 2., 4., 6.], dtype=float32)
+>>> result.reduce(np.sum)
+{'drop0': 18.0, 'drop1': 12.0, 'drop2': 6.0}
+>>> result.info['programs']
+1
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..backend.ops import broadcast_scalar
+from ..backend.program import ARGUMENT_TYPES, Program
+from ..backend.runtime import (
+    bind_arguments,
+    check_symbol_value,
+    float_dtype,
+    leaf_value,
+    maybe_jit,
+    precision,
+    raise_problems,
+    symbol_values,
+)
+from ..errors import CircuitError
+from ..nodes import Add, Array, Circuit, Scalar, Symbol
+from ..traversal import replace, toposort
+
+__all__ = ["sweep", "SweepResult", "SWEEP_MEMORY"]
+
+# Default bound on the bytes of the values one chunk of a group computes (the sum of the sizes of
+# a variant's own nodes, times the chunk): it decides how many variants run in one vmap.
+SWEEP_MEMORY = 1 << 30
+# A progress bar (tqdm) is shown by default from this many variants on.
+PROGRESS_FROM = 32
+
+
+class SweepResult(Mapping):
+    """The values of a sweep: a mapping variant name -> numpy array (in the order given), with
+    ``base`` (the base circuit's value) and ``info`` (how the sweep ran: ``variants``,
+    ``programs`` — distinct programs run for the variants —, ``common_nodes``, ``chunks``).
+
+    ``reduce(fn)`` maps each value through ``fn`` (default ``np.mean``); ``effects(fn)`` gives
+    ``fn(value) - fn(base)``; ``table(fn)`` prints both (``_repr_html_`` is the notebook view);
+    ``stack()`` stacks the values along a new first axis.
+    """
+
+    def __init__(self, values: dict, base, info: dict):
+        self._values = values
+        self.base = base
+        self.info = info
+
+    def __getitem__(self, name):
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def reduce(self, fn: Callable = np.mean) -> dict:
+        """``{name: fn(value)}`` (a 0-d result becomes a Python number)."""
+        return {k: _plain(fn(v)) for k, v in self._values.items()}
+
+    def effects(self, fn: Callable = np.mean) -> dict:
+        """``{name: fn(value) - fn(base)}``: the change each variant makes, reduced."""
+        b = fn(self.base)
+        return {k: _plain(fn(v) - b) for k, v in self._values.items()}
+
+    def stack(self) -> np.ndarray:
+        """The values stacked along a new first axis, in the order of the names."""
+        return np.stack(list(self._values.values()))
+
+    def _rows(self, fn, sort, limit):
+        values, effects = self.reduce(fn), self.effects(fn)
+        names = list(values)
+        if sort:
+            names.sort(key=lambda k: -abs(float(np.mean(effects[k]))))
+        return [(k, values[k], effects[k]) for k in names[:limit]], len(names)
+
+    def table(self, fn: Callable = np.mean, *, sort: bool = False, limit: int | None = None) -> str:
+        """A text table: each variant's ``fn(value)`` and its change from the base's.  ``sort=True``
+        puts the largest changes first; ``limit`` keeps that many rows."""
+        rows, total = self._rows(fn, sort, limit)
+        label = getattr(fn, "__name__", "value")
+        head = ("variant", label, f"{label} - base")
+        body = [(str(k), _fmt(v), _fmt(e, signed=True)) for k, v, e in rows]
+        widths = [max(len(r[i]) for r in [head, *body]) for i in range(3)]
+        lines = [f"{head[0]:<{widths[0]}}  {head[1]:>{widths[1]}}  {head[2]:>{widths[2]}}"]
+        lines.append(f"{'(base)':<{widths[0]}}  {_fmt(_plain(fn(self.base))):>{widths[1]}}  {'':>{widths[2]}}")
+        lines += [f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c:>{widths[2]}}" for a, b, c in body]
+        if len(rows) < total:
+            lines.append(f"... {total - len(rows)} more")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"<SweepResult: {len(self)} variants, {self.info.get('programs')} programs>\n"
+                + self.table(limit=20))
+
+    def _repr_html_(self):
+        import html
+
+        rows, total = self._rows(np.mean, False, 200)
+        cells = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{_fmt(v)}</td><td>{_fmt(e, signed=True)}</td></tr>"
+                        for k, v, e in rows)
+        more = f"<p>... {total - len(rows)} more</p>" if len(rows) < total else ""
+        return (f"<p>sweep: {len(self)} variants, {self.info.get('programs')} programs</p>"
+                "<table><tr><th>variant</th><th>mean</th><th>mean - base</th></tr>"
+                f"<tr><td>(base)</td><td>{_fmt(_plain(np.mean(self.base)))}</td><td></td></tr>{cells}</table>{more}")
+
+
+def _plain(v):
+    arr = np.asarray(v)
+    return arr.item() if arr.ndim == 0 else arr
+
+
+def _fmt(v, signed=False):
+    if isinstance(v, (int, float)):
+        return f"{v:+.6g}" if signed else f"{v:.6g}"
+    return f"array{list(np.shape(v))}"
+
+
+# ---------------------------------------------------------------------------- planning
+class _Own:
+    """One variant's own part, lowered with its leaves as given values."""
+
+    __slots__ = ("name", "root", "program", "args")
+
+    def __init__(self, name, root: Circuit, program: Program):
+        self.name = name
+        self.root = root
+        self.program = program
+        self.args = program.arg_nodes()
+
+
+def _check_variants(circuit, variants):
+    if not isinstance(circuit, Circuit):
+        raise CircuitError(f"sweep: the base circuit must be a circuit node, got {type(circuit).__name__}")
+    if not isinstance(variants, Mapping):
+        raise CircuitError(f"sweep: variants must be a dict {{name: circuit}}, got {type(variants).__name__}")
+    for name, v in variants.items():
+        if not isinstance(v, Circuit):
+            raise CircuitError(
+                f"sweep: variant {name!r} is a {type(v).__name__}, not a circuit; give each variant as a "
+                "circuit (e.g. circuit.update(...))")
+
+
+def _is_given(node, common) -> bool:
+    return node.hash in common or type(node) in ARGUMENT_TYPES
+
+
+def _ordered_own_part(root: Circuit, common: set) -> Circuit:
+    """``root`` with every Add of its own part taking its given children first (see step 2 of the
+    module docstring); the rest unchanged."""
+    new: dict[bytes, Circuit] = {}
+    for node in toposort(root, stop=lambda n: _is_given(n, common)):
+        if _is_given(node, common):
+            new[node.hash] = node
+            continue
+        kids = tuple(new[c.hash] for c in node.children)
+        if type(node) is Add and len(kids) > 1:
+            kids = tuple(sorted(kids, key=lambda k: not _is_given(k, common)))
+        new[node.hash] = node.with_children(kids)
+    return new[root.hash]
+
+
+def _plan(circuit, variants, fdt):
+    """Common node hashes, the variants computed by the common program, and the own parts."""
+    base = {n.hash for n in toposort(circuit)}
+    counts: collections.Counter = collections.Counter()
+    new_nodes = {}
+    for name, v in variants.items():
+        mine = [n for n in toposort(v, stop=lambda n: n.hash in base) if n.hash not in base]
+        new_nodes[name] = mine
+        counts.update(n.hash for n in mine)
+    common = set(base)
+    common.update(h for h, k in counts.items() if k > 1)
+    own, direct = {}, {}
+    for name, v in variants.items():
+        if _is_given(v, common):
+            direct[name] = v
+            continue
+        ordered = _ordered_own_part(v, common)
+        given = {n.hash for n in toposort(ordered, stop=lambda n: _is_given(n, common)) if _is_given(n, common)}
+        own[name] = _Own(name, ordered, Program([ordered], fdt, given=given))
+    return common, direct, own
+
+
+# ---------------------------------------------------------------------------- values
+class _Values:
+    """Values of the common nodes and leaves the own parts read (device values, computed by one
+    program for the non-leaves)."""
+
+    def __init__(self, circuit, needed: list, inputs, fdt):
+        self.fdt = fdt
+        self.values: dict[bytes, object] = {}
+        computed = [n for n in needed if type(n) not in ARGUMENT_TYPES]
+        program = Program([circuit, *computed], fdt)
+        args = bind_arguments(program, inputs, fdt)
+        run = maybe_jit((program.key, "run"), len(program), "auto", lambda: program.skeleton().run)
+        outs = run(args)
+        self.base = outs[0]
+        for node, value in zip(computed, outs[1:]):
+            self.values[node.hash] = value
+        leaves = [n for n in needed if type(n) in ARGUMENT_TYPES and n.hash not in self.values]
+        problems: list[str] = []
+        symbols = [n for n in leaves if type(n) is Symbol]
+        raw = symbol_values(symbols, inputs, problems) if symbols else {}
+        targets: dict = {}
+        for node in leaves:
+            if type(node) is Symbol:
+                value = None
+                if node.hash in raw:
+                    value, _ = check_symbol_value(node, raw[node.hash], fdt, problems)
+            else:
+                value = leaf_value(node, fdt, problems, targets)
+                if value is not None and type(node) is Scalar:
+                    value = broadcast_scalar(value, node.shape)
+            self.values[node.hash] = value
+        raise_problems(problems, "sweep cannot evaluate")
+
+    def of(self, node):
+        return self.values[node.hash]
+
+
+def _chunk_size(own: _Own, n: int, batch_size, fdt) -> int:
+    if batch_size is not None:
+        return max(1, min(int(batch_size), n))
+    item = np.dtype(fdt).itemsize
+    program = own.program
+    given = set(program.arg_slots)
+    per_variant = sum(node.numel * item for i, node in enumerate(program.nodes) if i not in given)
+    most = max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
+    chunks = -(-n // most)
+    return -(-n // chunks)  # as even as possible: little padding in the last chunk
+
+
+def _progress(total: int, progress):
+    if progress is False or (progress is None and total < PROGRESS_FROM):
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if progress:
+            raise CircuitError("sweep(progress=True) needs tqdm: pip install tqdm (or 'circuits[notebook]')") from None
+        return None
+    return tqdm(total=total, desc="sweep", unit="variant")
+
+
+def _optimized(first: _Own, axes: tuple, fdt: str):
+    """The group's program after ``rewrites.optimize``: its own part with every argument that
+    varies, or is computed, as a Symbol (``sweep.arg{j}``); shared constants stay in place for
+    the rewrites to see.  Returns the program and, per argument, ``j`` or the constant node."""
+    import rewrites
+
+    symbols = {j: Symbol(node.shape, name=f"sweep.arg{j}", dtype=node.dtype)
+               for j, (node, axis) in enumerate(zip(first.args, axes))
+               if axis is not None or type(node) not in (Array, Scalar)}
+    abstract = replace(first.root, {first.args[j]: sym for j, sym in symbols.items()})
+    program = Program([rewrites.optimize(abstract)], fdt)
+    j_of = {sym.hash: j for j, sym in symbols.items()}
+    return program, [j_of.get(n.hash, n) for n in program.arg_nodes()]
+
+
+def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) -> dict:
+    """Values of one group's variants (same program key): one function vmapped over the
+    arguments that differ (a lone variant runs without vmap)."""
+    import jax
+    import jax.numpy as jnp
+
+    program = members[0].program
+    first = members[0].args
+    axes = tuple(None if all(m.args[j] == first[j] for m in members) else 0 for j in range(len(first)))
+    where: list = list(range(len(first)))
+    if optimize:
+        program, where = _optimized(members[0], axes, values.fdt)
+    problems: list[str] = []
+    constants = {id(w): leaf_value(w, values.fdt, problems) for w in where if not isinstance(w, int)}
+    raise_problems(problems, "sweep cannot evaluate")
+    out = {}
+    if len(members) == 1:
+        run = maybe_jit((program.key, "run"), len(program), "auto", lambda: program.skeleton().run)
+        args = [values.of(first[w]) if isinstance(w, int) else constants[id(w)] for w in where]
+        out[members[0].name] = np.asarray(run(args)[0])
+        if bar is not None:
+            bar.update(1)
+        return out
+    in_axes = [axes[w] if isinstance(w, int) else None for w in where]
+
+    def make():
+        return jax.vmap(program.skeleton().run, in_axes=(in_axes,))
+
+    fn = maybe_jit((program.key, "vmap", tuple(in_axes)), len(program), "auto", make)
+    for start in range(0, len(members), chunk):
+        part = members[start:start + chunk]
+        padded = part + [part[-1]] * (chunk - len(part))
+        args = [constants[id(w)] if not isinstance(w, int)
+                else values.of(first[w]) if axes[w] is None
+                else jnp.stack([values.of(m.args[w]) for m in padded]) for w in where]
+        result = np.asarray(fn(args)[0])
+        for i, m in enumerate(part):
+            out[m.name] = result[i]
+        if bar is not None:
+            bar.update(len(part))
+    return out
+
+
+def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *, dtype="float32",
+          batch_size: int | None = None, progress: bool | None = None, optimize: bool = False) -> SweepResult:
+    """Evaluate every variant in ``variants`` (name -> circuit), sharing the work they have in
+    common with ``circuit`` and with each other; see the module docstring for how.
+
+    - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``.
+    - ``dtype``: ``'float32'`` (default) or ``'float64'``, as for ``evaluate``.
+    - ``batch_size``: how many variants of one group run in one vmapped call (default: as many as
+      fit ``SWEEP_MEMORY`` bytes of their own values).
+    - ``progress``: a tqdm progress bar (``tqdm.auto``: the notebook widget in Jupyter); by
+      default shown from ``PROGRESS_FROM`` variants on when tqdm is installed.
+    - ``optimize=True`` rewrites each group's program with ``rewrites.optimize`` before compiling
+      it (once per group): e.g. a loss's gathered ``log_softmax`` becomes a gathered logit minus
+      a chunked ``logsumexp``, which halves the cost of each variant of the seed model.  The
+      values are the same up to float rounding.
+
+    Each value equals ``evaluate(variant, inputs)`` (summed in another order where an Add's
+    terms were reordered, see the module docstring).
+
+    >>> import numpy as np, circuits as C
+    >>> x = C.Symbol((3,), name='x')
+    >>> y = C.GeneralFunction('exp', x, name='y')
+    >>> r = sweep(y, {'double': C.Add(y, y), 'plus_x': C.Add(y, x)}, {'x': np.zeros(3)})
+    >>> r['double'], r['plus_x'], r.base
+    (array([2., 2., 2.], dtype=float32), array([1., 1., 1.], dtype=float32), array([1., 1., 1.], dtype=float32))
+    """
+    _check_variants(circuit, variants)
+    fdt = float_dtype(dtype)
+    if batch_size is not None and int(batch_size) < 1:
+        raise CircuitError(f"sweep: batch_size={batch_size}: give a positive number of variants")
+    common, direct, own = _plan(circuit, variants, fdt)
+    needed: dict[bytes, Circuit] = {}
+    for part in own.values():
+        for a in part.args:
+            needed.setdefault(a.hash, a)
+    for v in direct.values():
+        needed.setdefault(v.hash, v)
+    groups: dict[bytes, list[_Own]] = {}
+    for part in own.values():
+        groups.setdefault(part.program.key, []).append(part)
+    results: dict = {}
+    chunks = 0
+    with precision(fdt):
+        values = _Values(circuit, list(needed.values()), inputs, fdt)
+        for name, v in direct.items():
+            results[name] = np.asarray(values.of(v))
+        bar = _progress(len(own), progress)
+        try:
+            for members in groups.values():
+                chunk = _chunk_size(members[0], len(members), batch_size, fdt)
+                chunks += -(-len(members) // chunk)
+                results.update(_run_group(members, values, chunk, bar, optimize))
+        finally:
+            if bar is not None:
+                bar.close()
+        base = np.asarray(values.base)
+    info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks}
+    return SweepResult({name: results[name] for name in variants}, base, info)
