@@ -269,7 +269,8 @@ def _size(entry):
     is rust's display metadata, which circuits do not hold: only the size is kept)."""
     if ":" in entry:
         axis, _, entry = entry.partition(":")
-        if not axis.strip() or any(c in axis for c in " []"):
+        axis = axis.strip()
+        if not axis or any(c in axis for c in " []"):
             raise ValueError(entry)
     entry = entry.strip()
     if "_" in entry:

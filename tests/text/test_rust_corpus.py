@@ -165,8 +165,8 @@ EXPECTED_FAILURES = {
     'test_rust_printing:2092': MODULE,
     'test_rust_printing:2116': CUMULANT,
     'test_rust_printing:2133': MODULE,
-    'test_rust_printing:2209': PRINT_MODE,  # line 7: line 3 already defined this node, so it cannot have 
-    'test_rust_printing:2228': PRINT_MODE,  # line 3, column 9: Add takes no payload, got '...' (expected 
+    'test_rust_printing:2209': PRINT_MODE,  # line 7: line 3 already defined this node, so it cannot have
+    'test_rust_printing:2228': PRINT_MODE,  # line 3, column 9: Add takes no payload, got '...' (expected
     'test_rust_printing:2328': RUST_REFUSES,
     'test_rust_rewrite:1006': DIAGONAL,
     'test_rust_rewrite:1174': DIAGONAL,
