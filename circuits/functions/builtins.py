@@ -136,6 +136,23 @@ _elementwise("silu", lambda x: _jax().nn.silu(x), lambda x: x * _sympy_sigmoid(x
 _elementwise("square", lambda x: x * x, lambda x: x**2,
              Bounds(lambda x: tuple(v * v for v in _abs_bounds(x)), arg_max=50.0),
              cost=per_element(mul=1))
+# rust_circuit's elementwise functions that torch names otherwise.
+_elementwise("step", lambda x: (x > 0).astype(x.dtype), lambda x: _sympy().Piecewise((1, x > 0), (0, True)),
+             Bounds(_constant(0.0, 1.0)), description="1 where x > 0, else 0 (rust_circuit's step)",
+             cost=per_element(cmp=1))
+_elementwise("log_exp_p_1", lambda x: _jax().nn.softplus(x), lambda x: _sympy().log(_sympy().exp(x) + 1),
+             Bounds(_monotone(lambda v: math.log1p(math.exp(min(v, 700.0)))), positive=True),
+             description="log(exp(x) + 1), softplus", cost=per_element(exp=1, log=1, add=1))
+_elementwise("gaussian_pdf", lambda x: _jnp().exp(-0.5 * x * x) / math.sqrt(2 * math.pi),
+             lambda x: _sympy().exp(-x**2 / 2) / _sympy().sqrt(2 * _sympy().pi),
+             Bounds(_constant(0.0, 1 / math.sqrt(2 * math.pi))), description="the standard normal density",
+             cost=per_element(exp=1, mul=3))
+_elementwise("gaussian_cdf", lambda x: 0.5 * (1 + _jax().scipy.special.erf(x / math.sqrt(2))),
+             lambda x: (1 + _sympy().erf(x / _sympy().sqrt(2))) / 2,
+             Bounds(_constant(0.0, 1.0)), description="the standard normal distribution function",
+             cost=per_element(erf=1, add=1, mul=2))
+_elementwise("logit", lambda x: _jnp().log(x / (1 - x)), lambda x: _sympy().log(x / (1 - x)),
+             description="log(x / (1 - x)), the inverse of sigmoid", cost=per_element(log=1, div=1, add=1))
 # nan ** 0 = 1: pow does not propagate NaN.
 _elementwise("pow", lambda x, y: _jnp().power(x, y), lambda x, y: x**y,
              Bounds(_pow_bounds, arg_max=(10.0, 2.0), arg_positive=(True, False), positive=True),

@@ -40,6 +40,30 @@ def parse_spec(spec: str):
     return in_axes, out_axes
 
 
+FANCY_PREFIX = "fancy:"
+
+
+@functools.lru_cache(maxsize=1024)
+def parse_fancy_spec(spec: str):
+    """rust_circuit's "fancy" einsum string: space-separated axis names of any length, each
+    name one axis id (numbered in order of appearance).
+
+    >>> parse_fancy_spec('fancy: first second, first third -> first')
+    (((0, 1), (0, 2)), (0,))
+    """
+    body = spec[len(FANCY_PREFIX):] if spec.startswith(FANCY_PREFIX) else spec
+    if body.count("->") != 1:
+        raise CircuitError(f"einsum spec {spec!r} needs exactly one '->' (like 'fancy: a b, b c -> a c')")
+    lhs, rhs = body.split("->")
+    ids: dict = {}
+    terms = [t.split() for t in lhs.split(",")] if lhs.strip() else []
+    in_axes = tuple(tuple(ids.setdefault(w, len(ids)) for w in t) for t in terms)
+    missing = [w for w in rhs.split() if w not in ids]
+    if missing:
+        raise CircuitError(f"einsum spec {spec!r}: output axis {missing[0]!r} is on no input")
+    return in_axes, tuple(ids[w] for w in rhs.split())
+
+
 def format_spec(in_axes, out_axes) -> str:
     return ",".join("".join(map(axis_letter, t)) for t in in_axes) + "->" + "".join(map(axis_letter, out_axes))
 
@@ -158,7 +182,7 @@ class Einsum(Circuit):
         if text is None:
             raise ParseError("Einsum needs its spec", expected="a spec like ab,bc->ac")
         try:
-            return parse_spec(text)
+            return parse_fancy_spec(text) if text.startswith(FANCY_PREFIX) else parse_spec(text)
         except CircuitError as e:
             raise ParseError(str(e), column=1, expected="a spec like qc,kc,,qk->qk") from None
 

@@ -180,8 +180,8 @@ class Array(Circuit):
     @classmethod
     def parse_payload(cls, text):
         """The printed content hash (any prefix that is unique in the store)."""
-        if text is None:
-            raise ParseError("Array needs its content hash", expected="hex digits, e.g. 'Array 26cf3704c325241f6eb75ce7'")
+        if text is None or text == "rand":
+            return None  # rust_circuit's random tensor (no hash, or 'rand'): see from_payload
         if not _HEX_ANY_CASE.issuperset(text):
             raise ParseError(f"{text!r} is not a hex hash", column=1, expected="hex digits (0-9, a-f)")
         return text
@@ -193,6 +193,8 @@ class Array(Circuit):
         a placeholder of the context's default dtype."""
         shape = _printed_shape(cls, shape)
         context = context or _NO_CONTEXT
+        if payload is None:
+            return Array(random_tensor(shape, context), name=name)
         store = context.store
         if store is not None:
             digest = payload.lower()
@@ -232,6 +234,16 @@ class Array(Circuit):
 
 
 _NAN = float("nan")
+
+
+def random_tensor(shape, context) -> np.ndarray:
+    """What rust_circuit's ``Array rand`` (or an Array line without a hash) stands for: standard
+    normal values of the context's dtype, drawn from the parse's own generator
+    (``context.random``, seeded: the same text parses to the same tensors)."""
+    rng = getattr(context, "random", None)
+    if rng is None:
+        rng = np.random.default_rng(0)
+    return rng.standard_normal(shape).astype(context.default_dtype if context.default_dtype.startswith("float") else "float32")
 
 
 def format_scalar(value: float) -> str:
@@ -333,6 +345,9 @@ class Symbol(Circuit):
                 if word in DTYPES and dtype is None and uid is None:
                     dtype = word
                     continue
+                if word == "rand" and uid is None:  # rust_circuit: a fresh random uuid (from_payload)
+                    uid = word
+                    continue
                 try:
                     if uid is not None:
                         raise ValueError(word)
@@ -347,6 +362,8 @@ class Symbol(Circuit):
         """Without a printed dtype, the context's: a Symbol that indexes a gather is ``int64``
         (rust_circuit prints no dtypes: its loss module's label Symbol is one), any other float32."""
         dtype, uid = payload
+        if uid == "rand":
+            uid = uuid_module.uuid4()
         return cls(_printed_shape(cls, shape), name=name, dtype=dtype or (context or _NO_CONTEXT).default_dtype, uuid=uid)
 
     def _rebuild(self, children, name):

@@ -62,6 +62,76 @@ def parse_rearrange_spec(spec: str):
     return ins, outs
 
 
+_RUST_TOKEN = re.compile(r"\(|\)|->|[^\s()]+")
+_RUST_AXIS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([0-9]+))?$")
+
+
+def from_rust_spec(text: str):
+    """rust_circuit's Rearrange spec in ours: ``'(a:2 b) -> a:2 b'`` -> ``('(a b) -> a b',
+    {'a': 2})``; ``()`` is a unit axis (our ``1``) and a bare size is an axis of that size with
+    no name (``'() a -> 4 (a 2)'``: each such axis gets a name ``_0``, ``_1``... of its own).
+
+    >>> from_rust_spec('() a -> 4 (a 2)')
+    ('1 a -> _0 (a _1)', {'_0': 4, '_1': 2})
+    """
+    sizes: dict = {}
+    out = []
+    fresh = 0
+    for tok in _RUST_TOKEN.findall(text):
+        if tok in ("(", ")", "->"):
+            if tok == ")" and out and out[-1] == "(":
+                out[-1] = "1"
+            else:
+                out.append(tok)
+            continue
+        if tok.isdigit():
+            if tok == "1":
+                out.append("1")
+                continue
+            while f"_{fresh}" in text:
+                fresh += 1
+            name, size = f"_{fresh}", int(tok)
+            fresh += 1
+        else:
+            m = _RUST_AXIS.match(tok)
+            if m is None:
+                raise CircuitError(f"rearrange spec {text!r}: cannot read {tok!r} (an axis name, "
+                                   "name:size, a size, '(' ')' or '->')")
+            name, size = m.group(1), m.group(2)
+            if size is None:
+                out.append(name)
+                continue
+            size = int(size)
+            if sizes.get(name, size) != size:
+                raise CircuitError(f"rearrange spec {text!r}: axis {name} has sizes {sizes[name]} and {size}")
+        sizes[name] = size
+        out.append(name)
+    spec = " ".join(out).replace("( ", "(").replace(" )", ")")
+    return spec, sizes
+
+
+def is_rust_spec(text: str) -> bool:
+    """Whether a spec is in rust_circuit's form (sizes inside it, ``()`` units) rather than ours."""
+    return ":" in text or "()" in text or re.search(r"(?<![A-Za-z0-9_=])(?!1\b)[0-9]+\b", text) is not None
+
+
+def to_rust_spec(ins, outs, sizes) -> str:
+    """Our spec as rust_circuit writes it: every given size inside the spec (``a:2``), unit axes
+    ``()`` (rust's parser reads this back to the same rearrangement).
+
+    >>> to_rust_spec((('h', 'd'), ('s',)), (('h',), ('s',), ('d',), ()), {'h': 2})
+    '(h:2 d) s -> h:2 s d ()'
+    """
+    def side(groups):
+        words = []
+        for g in groups:
+            names = [f"{a}:{sizes[a]}" if a in sizes else a for a in g]
+            words.append(names[0] if len(g) == 1 else "(" + " ".join(names) + ")")  # () for a unit
+        return " ".join(words)
+
+    return f"{side(ins)} -> {side(outs)}".strip()
+
+
 def _side_text(groups) -> str:
     out = []
     for g in groups:
@@ -209,6 +279,12 @@ class Rearrange(Circuit):
         expected = "a spec like '(h d) s -> h s d h=2'"
         if text is None:
             raise ParseError("Rearrange needs its spec", expected=expected)
+        if is_rust_spec(text):
+            try:
+                spec, sizes = from_rust_spec(text)
+                return parse_rearrange_spec(spec), sizes
+            except CircuitError as e:
+                raise ParseError(str(e), column=1, expected="a spec like '(a:2 b) -> b a:2'") from None
         words = text.split()
         sizes = {}
         while words and "=" in words[-1]:

@@ -24,6 +24,8 @@ _CONTENT = re.compile(
     r"""(?P<define>~\ +)?
     (?:(?P<serial>[0-9]+)(?:\ +|(?=\#)|$))?
     (?:'(?P<name>[^'\\]*(?:\\.[^'\\]*)*)'(?:\ +|(?=\#)|$))?
+    (?:'(?P<name2>[^'\\]*(?:\\.[^'\\]*)*)'(?:\ +|(?=\#)|$))?
+    (?:AD(?:\ +|(?=\#)|$))?
     (?:\[(?P<shape>[^\]\#]*)\](?:\ +|(?=\#)|$))?
     (?:(?P<type>[A-Za-z_][A-Za-z0-9_]*)(?:\ +(?P<payload>[^\#]*))?)?
     (?:\#.*)?$""",
@@ -44,7 +46,7 @@ FAST_LINE = re.compile(
     re.VERBOSE,
 )
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_INDENT_CHARS = " │├└─"
+_INDENT_CHARS = " │├└─‣┌"
 _ESCAPES = {"\\": "\\", "'": "'", "n": "\n", "r": "\r", "t": "\t"}
 # \xHH, \uHHHH, \UHHHHHHHH: how many hex digits follow (see ``circuits.errors.escape_char``).
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
@@ -56,10 +58,14 @@ def fail(message, line_number, line, column=None, expected=None):
     return ParseError(message, line_number=line_number, line=line, column=column, expected=expected)
 
 
-def read_line(line: str, line_number: int):
-    """``(depth, is_definition_block, serial, name, shape, type_name, payload, payload_column)``
-    for a node line (the column is 0-based, 0 without payload), or None for a blank or comment
-    line.  Raises ParseError for anything else."""
+def read_line(line: str, line_number: int, tree_width: int = 3):
+    """``(depth, is_definition_block, serial, name, shape, type_name, payload, payload_column,
+    alias)`` for a node line (the column is 0-based, 0 without payload), or None for a blank or
+    comment line.  Raises ParseError for anything else.
+
+    rust_circuit's forms read too: two quoted names (``'ident' 'name'``: the first is what other
+    lines refer to, ``alias``), its ``AD`` mark (autonaming off: nothing to keep here), and its
+    tree arrows (``├‣``, two columns a level: ``tree_width=2``)."""
     content = line.lstrip(_INDENT_CHARS)
     if not content:
         return None
@@ -81,10 +87,11 @@ def read_line(line: str, line_number: int):
                            line, width + 1, "two spaces per level")
             depth = width >> 1
         else:
-            if width % 3:
+            if width % tree_width:
                 raise fail(f"tree indentation of {width} characters is not a whole number of levels",
-                           line_number, line, width + 1, "three glyph columns per level")
-            depth = width // 3
+                           line_number, line, width + 1,
+                           f"{'three' if tree_width == 3 else 'two'} glyph columns per level")
+            depth = width // tree_width
     if first == ".":
         rest = content[3:].strip(" ")
         if content.startswith("...") and (not rest or rest[0] == "#"):
@@ -95,7 +102,11 @@ def read_line(line: str, line_number: int):
     m = _CONTENT.match(content)
     if m is None:
         raise _diagnose(content, width, line, line_number)
-    define, serial, name, shape, type_name, payload = m.groups()
+    define, serial, name, alias, shape, type_name, payload = m.groups()
+    if alias is not None:
+        name, alias = alias, name
+        if "\\" in alias:
+            alias = _unescape(alias, line, line_number, width + m.start("name"))
     payload_column = 0
     if serial is not None:
         if len(serial) > 18:  # (int() refuses over 4300 digits; no circuit has 10**18 nodes)
@@ -103,7 +114,7 @@ def read_line(line: str, line_number: int):
                        "a serial number of at most 18 digits")
         serial = int(serial)
     if name is not None and "\\" in name:
-        name = _unescape(name, line, line_number, width + content.index("'") + 1)
+        name = _unescape(name, line, line_number, width + m.start("name2" if alias is not None else "name"))
     if shape is not None:
         shape = read_shape(shape, line_number, line, width + m.start("shape"))
     if type_name is not None:
@@ -119,13 +130,13 @@ def read_line(line: str, line_number: int):
     elif shape is not None:
         raise fail("a shape with no node type after it", line_number, line, width + m.end("shape") + 2,
                    f"a node type ({TYPE_NAMES})")
-    elif serial is None and name is None:
+    elif serial is None and name is None and alias is None:
         raise fail("a line with nothing to read", line_number, line, width + 1,
                    "a node line ([serial] ['name'] [shape] Type [payload]) or a reference")
     if define is not None and depth:
         raise fail("'~' marks a definition block and belongs on a root line", line_number, line, width + 1,
                    "'~' only at the start of an unindented line")
-    return depth, define is not None, serial, name, shape, type_name, payload, payload_column
+    return depth, define is not None, serial, name, shape, type_name, payload, payload_column, alias
 
 
 def strip_colors(line: str) -> str:
@@ -253,14 +264,33 @@ def remember_payload(cache: dict, text: str, value) -> None:
 _SHAPES: dict = {}
 
 
+def _size(entry):
+    """One printed size: ``300``, rust_circuit's ``1_000`` and named ``large:3`` (the axis name
+    is rust's display metadata, which circuits do not hold: only the size is kept)."""
+    if ":" in entry:
+        axis, _, entry = entry.partition(":")
+        axis = axis.strip()
+        if not axis or any(c in axis for c in " []"):
+            raise ValueError(entry)
+    entry = entry.strip()
+    if "_" in entry:
+        if entry.startswith("_") or entry.endswith("_") or "__" in entry:
+            raise ValueError(entry)
+        entry = entry.replace("_", "")
+    return decimal_int(entry)
+
+
 def read_shape(text, line_number, line, column):
-    """``'300,256'`` -> ``(300, 256)``."""
+    """``'300,256'`` -> ``(300, 256)``; rust_circuit's ``'large:3, 1_000,'`` -> ``(3, 1000)``."""
     shape = _SHAPES.get(text)
     if shape is not None:
         return shape
     stripped = text.strip()
     try:
-        shape = tuple(decimal_int(s) for s in stripped.split(",")) if stripped else ()
+        entries = stripped.split(",") if stripped else []
+        if len(entries) > 1 and not entries[-1].strip():  # rust allows a trailing comma
+            entries.pop()
+        shape = tuple(decimal_int(s) if s.isdigit() else _size(s) for s in entries)
     except ValueError:
         raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
                    "a shape like [300,256] or [] (non-negative ints)") from None

@@ -49,7 +49,7 @@ class _Record:
 
     __slots__ = ("line_number", "line", "serial", "name", "shape", "cls", "payload",
                  "payload_column", "children", "node", "expanded", "int_index",
-                 "position", "waits")
+                 "position", "waits", "alias", "repeat_of", "repeat")
 
     def __init__(self, line_number, line, serial, name, shape, cls, payload, payload_column):
         self.line_number = line_number
@@ -66,6 +66,9 @@ class _Record:
         self.position = -1  # where its subtree ends in the text (children come first)
         self.waits = False  # refers to a node whose subtree ends later in the text
         self.int_index = False
+        self.alias = None  # rust_circuit's identifier, when the line gives two quoted names
+        self.repeat_of = None  # an earlier record with the same identifier (see _Tree._close)
+        self.repeat = False  # this line restates repeat_of: it is that node (its only "child")
 
     def error(self, message, expected=None, column=None):
         return fail(message, self.line_number, self.line, column, expected)
@@ -83,7 +86,7 @@ class _Reference:
         self.name = name
 
 
-def parse(text: str, store=None, references=None) -> Circuit:
+def parse(text: str, store=None, references=None, seed=0) -> Circuit:
     """The circuit a text describes: its last root (earlier roots and ``~`` blocks define nodes
     it may refer to).
 
@@ -92,14 +95,15 @@ def parse(text: str, store=None, references=None) -> Circuit:
       'one' [] Scalar 1
       'one'
     """
-    return parse_many(text, store=store, references=references)[-1]
+    return parse_many(text, store=store, references=references, seed=seed)[-1]
 
 
-def parse_many(text: str, store=None, references=None) -> list:
+def parse_many(text: str, store=None, references=None, seed=0) -> list:
     """Every root of a text, in order; roots share the nodes they refer to.
 
     ``references`` (a dict name -> node, or an iterable of named nodes) supplies nodes the text
-    refers to by name without defining them.
+    refers to by name without defining them.  ``seed`` seeds the values of rust_circuit's
+    random tensors (``Array rand``, or an Array line without a hash), in text order.
 
     >>> from circuits import Scalar
     >>> a, b = parse_many("'a' Add\\n  'one'\\n'b' Add\\n  'one'\\n  'one'", references=[Scalar(1.0, name='one')])
@@ -113,7 +117,7 @@ def parse_many(text: str, store=None, references=None) -> list:
         externals = _external_table(references)
         _resolve(records, roots, references_found, externals)
         _mark_int_indices(records)
-        _build(order, store)
+        _build(order, store, seed)
         nodes = [r.node for r in roots]
         # Free the records while the collector is off, so it never has to scan them.
         del records, roots, references_found, order, externals
@@ -130,11 +134,28 @@ def _read(text):
     lines = text.split("\n")
     if "\r" in text:
         lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    base, base_line = _first_indent(lines) if text[:1] in (" ", "\n", "\r", "#") else (0, 0)
+    tree_width = 2 if ("‣" in text or "▼" in text or "|/" in text) else 3
     tree = _Tree()
     add = tree.add
     fast = FAST_LINE.match
     shapes: dict = {}
     for number, line in enumerate(lines, 1):
+        if base:
+            if line[:base].strip(" "):
+                if line.lstrip(_SKIPPED)[:1] in ("", "#"):
+                    continue
+                raise fail(f"less indented than the first node line (line {base_line}), which sets "
+                           f"the left margin at {base} spaces", number, line, 1,
+                           f"at least {base} spaces before every node line")
+            line = line[base:]
+        if "▼" in line or "|/" in line:
+            rest = line.lstrip(_SKIPPED)
+            if rest[:1] == "▼" or rest[:2] == "|/":
+                rest = rest[1 if rest[0] == "▼" else 2:].strip(" ")
+                if not rest or rest[0] == "#":
+                    tree.only_child = (number, line)
+                    continue
         m = fast(line)
         if m is not None:
             indent, serial, name, shape, type_name, payload = m.groups()
@@ -157,10 +178,23 @@ def _read(text):
                 column = 0
             add(number, line, len(indent) >> 1, False, serial, name, shape, type_name, payload, column)
         else:
-            parsed = read_line(line, number)
+            parsed = read_line(line, number, tree_width)
             if parsed is not None:
                 add(number, line, *parsed)
     return tree.finish()
+
+
+_SKIPPED = " │├└─‣┌"
+
+
+def _first_indent(lines):
+    """How many spaces the first node line is indented: rust_circuit's texts are indented as a
+    whole (inside a Python string), and its parser measures indentation from that line."""
+    for number, line in enumerate(lines, 1):
+        rest = line.lstrip(" ")
+        if rest and rest[0] != "#" and rest.lstrip(_SKIPPED)[:1] not in ("", "#"):
+            return len(line) - len(rest), number
+    return 0, 0
 
 
 class _Tree:
@@ -172,13 +206,21 @@ class _Tree:
         self.found: list = []
         self.order: list = []
         self.open_items: list = []  # the item at each depth on the path to the current line
+        self.only_child = None  # (number, line) of a '▼' line: the next line is an only child
+        self.hidden: dict = {}  # id(only child) -> the parent whose place it took in open_items
+        self.serials: dict = {}  # serial -> its first record
+        self.idents: dict = {}  # a record's identifier without serial (alias or name) -> first record
         # Payloads read so far, per node type: payload text -> value (a circuit repeats the same
         # specs and indices many times).  Per parse, so a re-registered function is looked up anew.
         self.payloads = {name: {} for name in NODE_TYPE_BY_NAME}
 
-    def add(self, number, line, depth, definition, serial, name, shape, type_name, payload, column):
+    def add(self, number, line, depth, definition, serial, name, shape, type_name, payload, column, alias=None):
         open_items = self.open_items
         level = len(open_items)
+        only_child = self.only_child
+        if only_child is not None:  # rust_circuit's '▼': this line is the only child of the line
+            self.only_child = None  # above, printed at its parent's indentation
+            depth += 1
         if depth > level:
             raise fail(
                 f"indented {depth} levels under a line at level {level - 1}" if open_items
@@ -197,34 +239,58 @@ class _Tree:
             if definition:
                 raise fail("a '~' definition block needs a node type", number, line, 1,
                            "'~ [serial] ['name'] [shape] Type [payload]'")
-            item = _Reference(number, line, serial, name)
+            item = _Reference(number, line, serial, name if alias is None else alias)
             self.found.append((parent, len(parent.children) if parent is not None else len(self.roots), item))
         else:
             cls = NODE_TYPE_BY_NAME[type_name]
+            item = _Record(number, line, serial, name, shape, cls, None, column)
+            item.alias = alias
+            if serial is not None:
+                item.repeat_of = self.serials.setdefault(serial, item)
+            elif alias is not None or name is not None:
+                item.repeat_of = self.idents.setdefault(alias if alias is not None else name, item)
+            if item.repeat_of is item:
+                item.repeat_of = None
             known = self.payloads[type_name]
             value = known.get(payload, _UNREAD)
             if value is _UNREAD:
                 try:
                     value = cls.parse_payload(payload)
                 except ParseError as e:
-                    raise e.at(number, line, column) from None
-                known[payload] = value
-            item = _Record(number, line, serial, name, shape, cls, value, column)
+                    if payload is None and item.repeat_of is not None:
+                        value = _NOT_GIVEN  # a repeat may leave the payload out
+                    else:
+                        raise e.at(number, line, column) from None
+                else:
+                    known[payload] = value
+            item.payload = value
             self.records.append(item)
         if parent is not None:
             parent.children.append(item)
         elif not definition:
             self.roots.append(item)
         open_items.append(item)
+        if only_child is not None:
+            if parent is None:
+                raise fail("'▼' (an only child follows) above a root line", only_child[0], only_child[1], 1,
+                           "'▼' between a node line and its only child")
+            open_items.pop()
+            open_items[-1] = item
+            self.hidden[id(item)] = parent
 
     def _close(self, count):
-        """The last ``count`` open items' subtrees end here."""
-        pop, order = self.open_items.pop, self.order
+        """The last ``count`` open items' subtrees end here (and those of the parents an only
+        child hid)."""
+        pop, order, hidden = self.open_items.pop, self.order, self.hidden
         for _ in range(count):
             item = pop()
-            if type(item) is _Record:
-                item.position = len(order)
-                order.append(item)
+            while item is not None:
+                if type(item) is _Record:
+                    if item.repeat_of is not None:
+                        _repeat(item)
+                    item.position = len(order)
+                    order.append(item)
+                item = hidden.pop(id(item), None) if hidden else None
 
     def finish(self):
         self._close(len(self.open_items))
@@ -232,6 +298,39 @@ class _Tree:
 
 
 _UNREAD = object()
+_NOT_GIVEN = object()
+
+
+def _repeat(r):
+    """A line whose identifier an earlier line defined (rust_circuit restates repeated nodes:
+    ``1 Scalar``, ``2 [] Scalar 1``).  A repeated serial is always that node; a repeated name
+    is when the line could not be a node of its own (no children where its type takes some, or a
+    leaf without its shape), else it is another node bearing the same name.  What the line
+    restates must agree with the first line."""
+    first = r.repeat_of
+    if r.serial is None and r.children and r.cls.child_count[0] > 0:
+        r.repeat_of = None
+        if r.payload is _NOT_GIVEN:
+            r.cls.parse_payload(None)  # raises what is missing
+        return
+    if (r.serial is None and not r.children and r.cls.child_count[1] == 0 and r.shape is not None
+            and r.payload is not _NOT_GIVEN):
+        r.repeat_of = None  # a complete leaf line: the same node when it says the same
+        return
+    if r.children:
+        raise r.error(f"line {first.line_number} already defined this node, so it cannot have "
+                      "children here", "no children under a repeated node")
+    for what, mine, theirs in (("type", r.cls, first.cls), ("name", r.name, first.name),
+                               ("shape", r.shape, first.shape), ("payload", r.payload, first.payload)):
+        if mine is not None and mine is not _NOT_GIVEN and mine != theirs:
+            shown = (lambda v: v.type_name) if what == "type" else repr
+            raise r.error(f"this line repeats line {first.line_number} with another {what}: "
+                          f"{shown(mine)}, not {shown(theirs)}", f"the {what} line {first.line_number} gives, or none", 1)
+    if first.position < 0:
+        raise r.error(f"a cycle: this line repeats line {first.line_number}, a node it is inside",
+                      "references only to nodes outside the referring subtree")
+    r.repeat = True
+    r.children = [first]
 
 
 def _childless(parent, number, line):
@@ -270,6 +369,8 @@ def _resolve(records, roots, found, externals):
     by_serial: dict = {}
     by_name: dict = {}
     for r in records:
+        if r.repeat:
+            continue
         if r.serial is not None:
             other = by_serial.get(r.serial)
             if other is not None:
@@ -278,6 +379,8 @@ def _resolve(records, roots, found, externals):
             by_serial[r.serial] = r
         if r.name is not None:
             by_name.setdefault(r.name, []).append(r)
+        if r.alias is not None and r.alias != r.name:
+            by_name.setdefault(r.alias, []).append(r)
 
     def target(ref):
         if ref.serial is not None:
@@ -325,7 +428,7 @@ def _mark_int_indices(records):
     # (only a class with its own index_children can name index children of a node that is no index)
     seeding = {t for t in NODE_TYPE_BY_NAME.values() if "index_children" in vars(t)}
     for r in records:
-        if r.cls in seeding:
+        if r.cls in seeding and not r.repeat:
             children = r.children
             for i in r.cls.index_children(r.payload, len(children), False):
                 stack.append(children[i])
@@ -335,14 +438,20 @@ def _mark_int_indices(records):
             continue
         r.int_index = True
         children = r.children
+        if r.repeat:
+            stack.append(children[0])
+            continue
         stack.extend([children[i] for i in r.cls.index_children(r.payload, len(children), True)])
 
 
 # ---------------------------------------------------------------------------- pass 4: nodes
-def _build(order, store):
+def _build(order, store, seed=0):
     """Build every record.  ``order`` already puts indented children before their parents, so
     only references to nodes not yet built (defined later in the text) need a walk."""
-    contexts = (ParseContext(store, "float32"), ParseContext(store, "int64"))  # by int_index
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    contexts = (ParseContext(store, "float32", rng), ParseContext(store, "int64", rng))  # by int_index
     for top in order:
         if top.node is None:
             if top.waits:
@@ -374,6 +483,8 @@ def _build_walk(top, contexts):
 
 
 def _node(r, contexts):
+    if r.repeat:
+        return r.children[0].node
     cls = r.cls
     kids = [k.node for k in r.children]
     least, most = cls.child_count

@@ -20,6 +20,10 @@ Options (all keyword):
 - ``max_chars``: refuse (``CircuitError``) to write more than this many characters (default
   ``CIRCUITS_MAX_TEXT_CHARS`` or 2**28): a shared node is never expanded twice, but every
   reference repeats its name, so a small text with long names can print very large.
+- ``rust``: write what rust_circuit's own parser reads (``circuit_base/src/parsing.rs``):
+  Rearrange specs with sizes inside (``(h:2 d) s -> h:2 s d``, ``()`` for a unit axis), Symbols
+  with their uuid only (rust has no dtype there), and no ``~`` definition blocks (every level
+  indented).  Our parser reads this output back too.
 - ``max_indent``: the deepest indentation level written (default 64).  A node with children that
   would start deeper is printed as a reference and its subtree goes, as a definition block (a root
   line marked ``~``), before the roots; definition blocks are ordered deepest first.  This keeps a
@@ -107,6 +111,7 @@ class PrintOptions(NamedTuple):
     max_indent: "int | None" = DEFAULT_MAX_INDENT
     max_lines: "int | None" = None
     max_chars: "int | None" = None
+    rust: bool = False
 
     def checked(self) -> "PrintOptions":
         """These options with ``max_chars`` filled in; ValueError for an impossible one."""
@@ -116,7 +121,8 @@ class PrintOptions(NamedTuple):
             raise ValueError(f"max_indent must be >= 1 or None, got {self.max_indent}")
         if self.max_lines is not None and self.max_lines < 1:
             raise ValueError(f"max_lines must be >= 1 or None, got {self.max_lines}")
-        return self if self.max_chars is not None else self._replace(max_chars=max_text_chars())
+        opts = self._replace(max_indent=None) if self.rust else self
+        return opts if opts.max_chars is not None else opts._replace(max_chars=max_text_chars())
 
 
 def print_many(roots, **options) -> str:
@@ -258,7 +264,7 @@ def _render(blocks, name_count, opts: PrintOptions):
     emit = lines.append
     written = 0
     indents = ["  " * i for i in range(64)]
-    plain = not (opts.shapes or opts.comments or color or not names)
+    plain = not (opts.shapes or opts.comments or color or not names or opts.rust)
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
     serials = 0
     for is_definition, entries in blocks:
@@ -309,7 +315,8 @@ def _styled(node, kind, serial, identifier, opts: PrintOptions):
     if kind == _DEF:
         body_code = _COLORS.get(node.type_name, "0")
         text = format_line(
-            node.type_name, node.name if opts.names else None, node.payload_text(),
+            node.type_name, node.name if opts.names else None,
+            rust_payload(node) if opts.rust else node.payload_text(),
             node.shape if opts.shapes or node.prints_shape else None,
             lambda part, t: _paint(t, "1" if part == "name" else body_code, color),
         )
@@ -320,6 +327,23 @@ def _styled(node, kind, serial, identifier, opts: PrintOptions):
     if opts.comments:
         text += _paint(f"  # {shape_text(node.shape)} {node.dtype}", "2", color)
     return text
+
+
+def rust_payload(node) -> str:
+    """A node's payload as rust_circuit writes it (where it differs from ours).
+
+    >>> from circuits import Rearrange, Symbol
+    >>> rust_payload(Rearrange(Symbol((6, 3)), '(h d) s -> h s d 1', h=2))
+    '(h:2 d) s -> h:2 s d ()'
+    """
+    kind = node.type_name
+    if kind == "Rearrange":
+        from ..nodes.rearrange import to_rust_spec
+
+        return to_rust_spec(node.in_groups, node.out_groups, dict(node.given_sizes))
+    if kind == "Symbol":
+        return "" if node.uuid is None else str(node.uuid)
+    return node.payload_text()
 
 
 def _paint(text, code, color):

@@ -150,7 +150,7 @@ def _fast_and_slow_agree(line):
     except ParseError:
         return
     fast = (len(indent) >> 1, False, int(serial) if serial else None, name, shape, type_name,
-            payload.rstrip(" ") if payload else None, m.start("payload") if payload else 0)
+            payload.rstrip(" ") if payload else None, m.start("payload") if payload else 0, None)
     assert read_line(line, 1) == fast
 
 

@@ -147,7 +147,7 @@ def test_same_name_and_hash_with_other_shapes_are_two_placeholders():
 ERRORS = [
     # (text, line number, column or None, message part, expected part)
     ("'a' Add\n  'b' [2] Scalar 1\n      'c' [] Scalar 1", 3, 1, "indented 3 levels", "one level"),
-    ("  'a' Add", 1, 1, "first node line is indented", "one level"),
+    ("  'a' Add\n 'b' [] Scalar 1", 2, 1, "less indented than the first node line", "at least 2 spaces"),
     ("'a' Add\n   'b' [] Scalar 1", 2, 4, "not a whole number", "two spaces"),
     ("'a' Ad", 1, 5, "unknown node type 'Ad'", "Array"),
     ("'a [] Scalar 1", 1, 1, "never closed", "closing '"),
@@ -164,7 +164,7 @@ ERRORS = [
     ("'i' Index [a]\n  'x' [2,3] Symbol", 1, 12, "not an int or a slice", "[1:-1]"),
     ("'s' Add\n  'x'", 2, None, "no node named 'x'", "defined somewhere"),
     ("'s' Add\n  7", 2, None, "no node has serial 7", "serial"),
-    ("'s' Add\n  0 'x' [] Scalar 1\n  0 'y' [] Scalar 2", 3, 1, "serial 0 is already used", "no other"),
+    ("'s' Add\n  0 'x' [] Scalar 1\n  0 'y' [] Scalar 2", 3, 1, "repeats line 2 with another name", "the name line 2 gives"),
     ("'s' Add\n  0 'x' [] Scalar 1\n  0 'y'", 3, None, "serial 0 is 'x'", "serial and name"),
     ("'s' Add\n  0 'x' [] Scalar 1\n  1 'x' [] Scalar 2\n  'x'", 4, None, "2 nodes are named 'x'", "serial"),
     ("'s' Add\n  'x'\n    'y' [] Scalar 1\n'x' [] Scalar 1", 3, 1, "cannot have children", "node type"),
@@ -180,7 +180,7 @@ ERRORS = [
     ("'a'Add", 1, 4, "right after the name", "a space"),
     ("\t'a' Add", 1, 1, "tab", "spaces"),
     ("'a\\q' Add", 1, 3, "unknown escape", "\\n"),
-    ("  ~ 'a' Add", 1, 3, "'~' marks a definition block", "unindented"),
+    ("'r' Add\n  ~ 'a' Add", 2, 3, "'~' marks a definition block", "unindented"),
     ("~ 'a'", 1, 1, "needs a node type", "Type"),
     ("# only a comment\n\n", None, None, "holds no circuit", "node line"),
     ("1" * 30, 1, 1, "too long", "18 digits"),

@@ -1,0 +1,136 @@
+"""rust_circuit's text syntax, read as its parser (circuit_base/src/parsing.rs) means it, and the
+``rust=True`` print option whose output its line grammar accepts."""
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+import circuits as C
+from circuits.errors import ParseError
+from circuits.text import parse, parse_many, to_text
+
+
+def test_indentation_is_measured_from_the_first_node_line():
+    text = """
+        # a comment
+        0 Add
+          1 [2] Scalar 1.5
+          2 [2] Scalar 2
+    """
+    c = parse(text)
+    np.testing.assert_array_equal(C.evaluate(c), [3.5, 3.5])
+    with pytest.raises(ParseError, match="less indented than the first node line"):
+        parse("    0 Add\n  1 [2] Scalar 1")
+
+
+def test_repeat_lines_restate_the_node():
+    c = parse("0 Add\n  1 [2] Scalar 3\n  1 Scalar\n  1 [2] Scalar 3\n  1")
+    assert len(c.children) == 4 and len({k.hash for k in c.children}) == 1
+    np.testing.assert_array_equal(C.evaluate(c), [12.0, 12.0])
+    with pytest.raises(ParseError, match="another shape"):
+        parse("0 Add\n  1 [2] Scalar 3\n  1 [3] Scalar")
+    with pytest.raises(ParseError, match="cannot have children"):
+        parse("0 Add\n  1 Add\n    2 [] Scalar 1\n  1 Add\n    2")
+
+
+def test_two_names_and_autoname_mark():
+    c = parse("'sum' 'total' AD Add\n  'x' 'ex' [2] Scalar 1\n  'x'")
+    assert c.name == "total" and [k.name for k in c.children] == ["ex", "ex"]
+    assert c.children[0] is c.children[1]
+
+
+def test_only_child_marker_and_rust_arrows():
+    arrows = """0 Add
+├‣1 Add
+│ ▼
+│ 2 [1] Scalar 0.7
+└‣3 Add
+  ├‣4 [1] Scalar 0.5
+  └‣5 [1] Scalar 6.3"""
+    plain = "0 Add\n  1 Add\n    2 [1] Scalar 0.7\n  3 Add\n    4 [1] Scalar 0.5\n    5 [1] Scalar 6.3"
+    assert parse(arrows) == parse(plain)
+    assert parse("0 Add\n▼\n1 [1] Scalar 0.7") == parse("0 Add\n  1 [1] Scalar 0.7")
+
+
+def test_named_axes_underscored_sizes_trailing_comma():
+    c = parse("'a' [small:1, large:3,] Scalar 2")
+    assert c.shape == (1, 3)
+    assert parse("'b' [1_000] Scalar 0").shape == (1000,)
+    with pytest.raises(ParseError):
+        parse("'b' [1__000] Scalar 0")
+
+
+@pytest.mark.parametrize("rust, einops", [
+    ("(a:2 b) -> a:2 b", lambda x: x.reshape(2, 3)),
+    ("() a -> 4 (a 2)", lambda x: np.repeat(np.repeat(x.reshape(1, 1, 6), 4, 0).reshape(4, 6, 1), 2, 2).reshape(4, 12)),
+    ("a:6 -> () a:6", lambda x: x.reshape(1, 6)),
+])
+def test_rust_rearrange_specs_against_numpy(rust, einops):
+    x = np.arange(6, dtype=np.float32)
+    inp = x.reshape(1, 6) if rust.startswith("()") else x
+    shape = ",".join(map(str, inp.shape))
+    c = parse(f"0 Rearrange {rust}\n  'x' [{shape}] Array rand")
+    got = C.evaluate(c.update("x", lambda n: C.Array(inp, name="x")))
+    np.testing.assert_array_equal(got, einops(x))
+    assert parse(to_text(c)) == parse(to_text(c))  # (prints in our form and parses back)
+
+
+def test_fancy_einsum_against_numpy():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((2, 4))
+    c = parse("0 Einsum fancy: first second, first third -> second third\n  'a' [2,3] Array rand\n  'b' [2,4] Array rand")
+    c = c.update("a", lambda n: C.Array(a.astype(np.float32), name="a")).update(
+        "b", lambda n: C.Array(b.astype(np.float32), name="b"))
+    np.testing.assert_allclose(C.evaluate(c), np.einsum("ij,ik->jk", a, b), rtol=1e-5)
+
+
+def test_random_arrays_and_symbols():
+    text = "0 Add\n  'r' [3,2] Array rand\n  's' [3,2] Array"
+    one, two = parse(text, seed=5), parse(text, seed=5)
+    assert one == two and parse(text, seed=6) != one
+    r, s = (np.asarray(k.value) for k in one.children)
+    assert r.shape == (3, 2) and not np.array_equal(r, s)
+    a, b = parse_many("'x' [2] Symbol rand\n'y' [2] Symbol rand")
+    assert a.uuid is not None and b.uuid is not None and a.uuid != b.uuid
+
+
+@pytest.mark.parametrize("name, ref, xs", [
+    ("step", lambda v: 1.0 if v > 0 else 0.0, [-2.0, 0.0, 0.5]),
+    ("log_exp_p_1", lambda v: math.log(math.exp(v) + 1), [-3.0, 0.0, 2.5]),
+    ("gaussian_pdf", lambda v: math.exp(-v * v / 2) / math.sqrt(2 * math.pi), [-1.0, 0.0, 2.0]),
+    ("gaussian_cdf", lambda v: (1 + math.erf(v / math.sqrt(2))) / 2, [-1.0, 0.0, 2.0]),
+    ("logit", lambda v: math.log(v / (1 - v)), [0.1, 0.5, 0.8]),
+])
+def test_rust_function_names(name, ref, xs):
+    c = parse(f"0 GeneralFunction {name}\n  'x' [3] Array rand")
+    c = c.update("x", lambda n: C.Array(np.array(xs, np.float32), name="x"))
+    np.testing.assert_allclose(C.evaluate(c, dtype="float64"), [ref(v) for v in xs], rtol=1e-6, atol=1e-7)
+
+
+# rust's line grammar (parsing.rs), transcribed: identifier, optional name, AD, shape, variant, extra.
+_RUST_LINE = re.compile(
+    r"^([\s│└├‣─]*)(?:(\d+)|'((?:(?:\\')?[^']*)*)')(?: \s*'((?:(?:\\')?[^']*)*)')?( \s*AD)?"
+    r"(?: \s*\[\s*((?:[^\s:\[\]]*\s*:\s*)?[0-9s*]+\s*,\s*)*(?:(?:[^\s:\[\]]*\s*:\s*)?[0-9s*]+\s*)?\])?"
+    r"(?: \s*([a-zA-Z]+))?(?: \s*(.*?))?(?:[\s│└├‣─]*)(?:#.*?)?$")
+_RUST_REARRANGE = re.compile(r"^[\w:() ]*->[\w:() ]*$")
+
+
+def test_rust_print_option_writes_rust_grammar():
+    x = C.Symbol((6, 3), name="x", uuid="00000000-0000-0000-0000-000000000001")
+    r = C.Rearrange(x, "(h d) s -> h s d 1", h=2)
+    e = C.GeneralFunction("exp", r)
+    c = C.Add(e, e, C.Scalar(1.0), name="z")
+    text = to_text(c, rust=True)
+    assert "(h:2 d) s -> h:2 s d ()" in text and "float32" not in text
+    for line in text.split("\n"):
+        m = _RUST_LINE.match(line)
+        assert m is not None, line
+        if m.group(7) == "Rearrange":
+            assert _RUST_REARRANGE.match(m.group(8)), line
+    assert parse(text) == c
+    deep = x
+    for i in range(80):
+        deep = C.GeneralFunction("exp", deep)
+    assert "~" not in to_text(deep, rust=True) and parse(to_text(deep, rust=True)) == deep
