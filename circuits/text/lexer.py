@@ -17,7 +17,7 @@ import re
 
 from ..errors import ParseError
 from ..nodes import NODE_TYPE_BY_NAME
-from ..shapes import decimal_int
+from ..shapes import decimal_int, read_size
 
 # What a line's content may be once its indentation is removed.
 _CONTENT = re.compile(
@@ -258,6 +258,8 @@ def read_shape(text, line_number, line, column):
     shape = _SHAPES.get(text)
     if shape is not None:
         return shape
+    if "s" in text:  # rust_circuit's symbolic sizes: 0s, 2*1s
+        return _symbolic_shape(text, line_number, line, column)
     stripped = text.strip()
     try:
         shape = tuple(decimal_int(s) for s in stripped.split(",")) if stripped else ()
@@ -267,5 +269,15 @@ def read_shape(text, line_number, line, column):
     if any(s < 0 for s in shape):
         raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,
                    "non-negative sizes")
+    remember_payload(_SHAPES, text, shape)
+    return shape
+
+
+def _symbolic_shape(text, line_number, line, column):
+    try:
+        shape = tuple(read_size(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
+                   "a shape like [300,256], [0s,2*1s] or []") from None
     remember_payload(_SHAPES, text, shape)
     return shape
