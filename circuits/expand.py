@@ -380,19 +380,30 @@ def sample(circuit: Circuit, num_samples: int, seed: int = 0) -> Circuit:
     """
     rng = np.random.default_rng(seed)
     drawn: dict = {}  # probs hash -> sample indices
-    replacements = {}
+    replacements: dict = {}
     for n in toposort(circuit):
-        if type(n) is DiscreteVar:
-            values, probs = n.children
-            idx = drawn.get(probs.hash)
-            if idx is None:
-                p = np.asarray(_value_of(probs, n), dtype=np.float64)
-                if p.min() < 0 or not np.isclose(p.sum(), 1.0, atol=1e-4):
-                    raise CircuitError(f"{n.line()}: its probabilities must be >= 0 and sum to 1, got sum {p.sum()}")
-                idx = rng.choice(len(p), size=num_samples, p=p / p.sum())
-                drawn[probs.hash] = idx
-            replacements[n] = Index(values, (idx.astype(np.int64),),
-                                    name=None if n.name is None else n.name + ".samples")
+        if type(n) is not DiscreteVar:
+            continue
+        values, probs = n.children
+        idx = drawn.get(probs.hash)
+        if idx is None:
+            p = np.asarray(_value_of(probs, n), dtype=np.float64)
+            if p.min() < 0 or not np.isclose(p.sum(), 1.0, atol=1e-4):
+                raise CircuitError(f"{n.line()}: its probabilities must be >= 0 and sum to 1, got sum {p.sum()}")
+            idx = rng.choice(len(p), size=num_samples, p=p / p.sum())
+            drawn[probs.hash] = idx
+        name = None if n.name is None else n.name + ".samples"
+        # Variables inside this one's values are sampled already: then the values carry the
+        # sample axis in front, and sample s reads row idx[s] of its own slice (a one-hot einsum).
+        sampled = expand(values, replacements) if replacements else values
+        if len(sampled.shape) == len(values.shape):
+            replacements[n] = Index(sampled, (idx.astype(np.int64),), name=name)
+        else:
+            onehot = np.zeros((num_samples, len(idx) and values.shape[0]), sampled.dtype if sampled.dtype != "bool" else "float32")
+            onehot[np.arange(num_samples), idx] = 1
+            rest = tuple(range(2, len(sampled.shape)))
+            replacements[n] = Einsum(sampled, Array(onehot, name=None if name is None else name + ".onehot"),
+                                     in_axes=((0, 1) + rest, (0, 1)), out_axes=(0,) + rest, name=name)
     return expand(circuit, replacements)
 
 

@@ -26,7 +26,11 @@ from ..errors import EvaluationError
 from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
 from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
 from ..shapes import check_allocation, max_alloc_bytes
+from ..expand import substitute_all_modules
+from ..nodes import Module
 from ..traversal import toposort
+
+_INLINED = frozenset({Module})
 from .ops import broadcast_scalar, build_op
 
 __all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]
@@ -125,6 +129,10 @@ class Program:
         roots = list(roots)
         stop = (lambda n: n.hash in given) if given else None
         nodes = toposort(*roots, stop=stop)
+        if not _INLINED.isdisjoint(map(type, nodes)):
+            # Modules are lowered by substitution (their bodies' Symbols are no inputs).
+            roots = [substitute_all_modules(r) for r in roots]
+            nodes = toposort(*roots, stop=stop)
         slot_of = {n.hash: i for i, n in enumerate(nodes)}
         self.nodes = nodes
         self.slot_of = slot_of

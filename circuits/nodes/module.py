@@ -256,6 +256,7 @@ class Module(Circuit):
     __slots__ = ("spec", "size_map", "batch_shape")
     type_name = "Module"
     child_count = (1, None)
+    takes_child_info = True
 
     spec: ModuleSpec
     size_map: dict

@@ -284,7 +284,7 @@ class _Tree:
         ``ftt`` flags) to the Module above the line just read."""
         open_items = self.open_items
         parent = open_items[-2] if len(open_items) > 1 else None
-        if parent is None or type(parent) is _Reference or parent.cls.type_name != "Module":
+        if parent is None or type(parent) is _Reference or not parent.cls.takes_child_info:
             raise fail("child info ('! ...') only follows an argument line of a Module", number, line,
                        len(line) + 1, "a line under a Module, or no '!'")
         if len(parent.children) < 2:
@@ -477,8 +477,9 @@ def _build_walk(top, contexts):
         r.node = _node(r, contexts)
 
 
-def _module_payload(r, kids, contexts):
-    """A Module's ``[(symbol, flags)]`` from its arguments' child info."""
+def _child_info_payload(r, kids, contexts):
+    """A Module's ``[(symbol, flags)]`` from its arguments' child info (its class checks that
+    each is a Symbol)."""
     infos = r.infos or []
     if len(infos) != len(kids) - 1:
         raise r.error(f"this Module has {len(kids) - 1} argument lines but {len(infos)} say which Symbol "
@@ -487,9 +488,6 @@ def _module_payload(r, kids, contexts):
     for k, flags in zip(r.infos_nodes, infos):
         if k.node is None:
             k.node = _node(k, contexts)
-        if k.node.type_name != "Symbol":
-            raise r.error(f"a Module argument binds a Symbol, but its child info names {k.node.line()}",
-                          "! 'name of a Symbol in the body'")
         out.append((k.node, flags))
     return out
 
@@ -503,8 +501,8 @@ def _node(r, contexts):
         raise r.error(f"{cls.type_name} takes {'one child' if want == '1' else want + ' children'}, "
                       f"got {len(kids)}", f"{want} indented child line(s)")
     payload = r.payload
-    if cls.type_name == "Module":
-        payload = _module_payload(r, kids, contexts)
+    if cls.takes_child_info:
+        payload = _child_info_payload(r, kids, contexts)
     try:
         node = cls.from_payload(payload, kids, r.name, r.shape, contexts[r.int_index])
     except ParseError as e:  # the line is wrong (columns counted within the payload)
