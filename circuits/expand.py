@@ -338,8 +338,9 @@ def substitute_module(module: Module) -> Circuit:
     return out
 
 
-def substitute_all_modules(circuit: Circuit) -> Circuit:
-    """``circuit`` with every Module inlined (innermost first), in one bottom-up pass.
+def substitute_all_modules(circuit: Circuit, memo: "dict | None" = None) -> Circuit:
+    """``circuit`` with every Module inlined (innermost first), in one bottom-up pass; ``memo``
+    (a dict, filled) maps each original node's hash to its new node, across calls.
 
     >>> from circuits import parse
     >>> c = parse("'m' Module\\n  'b' Add\\n    'x' [2] Symbol\\n  'one' [2] Scalar 1 ! 'x'")
@@ -347,8 +348,10 @@ def substitute_all_modules(circuit: Circuit) -> Circuit:
     'm' Add
       'one' [2] Scalar 1
     """
-    done: dict = {}
+    done: dict = {} if memo is None else memo  # old hash -> new node
     for n in toposort(circuit):
+        if n.hash in done:
+            continue
         if n.children:
             kids = [done[c.hash] for c in n.children]
             new = n.with_children(kids)

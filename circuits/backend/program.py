@@ -129,11 +129,17 @@ class Program:
         roots = list(roots)
         stop = (lambda n: n.hash in given) if given else None
         nodes = toposort(*roots, stop=stop)
+        inlined = None
         if not _INLINED.isdisjoint(map(type, nodes)):
             # Modules are lowered by substitution (their bodies' Symbols are no inputs).
-            roots = [substitute_all_modules(r) for r in roots]
+            inlined = {}
+            roots = [substitute_all_modules(r, inlined) for r in roots]
             nodes = toposort(*roots, stop=stop)
         slot_of = {n.hash: i for i, n in enumerate(nodes)}
+        if inlined:
+            for old, new in inlined.items():  # an original node stands for its inlined one
+                if new.hash in slot_of:
+                    slot_of.setdefault(old, slot_of[new.hash])
         self.nodes = nodes
         self.slot_of = slot_of
         self.float_dtype = float_dtype
