@@ -26,8 +26,25 @@ from .errors import (
     StoreError,
 )
 from .functions import FunctionSpec, register_elementwise, register_function, unregister_function
-from .nodes import (Add, Array, Circuit, Concat, DiscreteVar, Einsum, GeneralFunction, Index, Module, ModuleArgSpec,
-                    ModuleSpec, Rearrange, Scalar, Scatter, SetSymbolicShape, Symbol, Tag)
+from .nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from .traversal import count_nodes, deep_map, replace, strip_names, toposort
 
 # name -> module that defines it (loaded on first access).

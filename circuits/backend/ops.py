@@ -22,8 +22,20 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import EvaluationError
-from ..nodes import (Add, Circuit, Concat, DiscreteVar, Einsum, GeneralFunction, Index, Module, Rearrange,
-                     Scatter, SetSymbolicShape, Tag)
+from ..nodes import (
+    Add,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    Rearrange,
+    Scatter,
+    SetSymbolicShape,
+    Tag,
+)
 from .einsum import common_dtype, einsum_op
 
 __all__ = ["OP_BUILDERS", "build_op", "broadcast_scalar"]

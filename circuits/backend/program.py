@@ -23,15 +23,15 @@ from typing import Any, Collection, Sequence
 
 from ..dtypes import is_float, is_int
 from ..errors import EvaluationError
-from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
-from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
-from ..shapes import check_allocation, max_alloc_bytes
 from ..expand import substitute_all_modules
-from ..nodes import Module
+from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
+from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, Symbol, Tag
+from ..shapes import check_allocation, max_alloc_bytes
 from ..traversal import toposort
-
-_INLINED = frozenset({Module})
 from .ops import broadcast_scalar, build_op
+
+# Node types lowered by substitution before the program is laid out.
+_INLINED = frozenset({Module})
 
 __all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]
 

@@ -35,10 +35,25 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import EvaluationError
-from ..functions import GenIndex
 from ..expand import substitute_all_modules
-from ..nodes import (Add, Array, Circuit, Concat, DiscreteVar, Einsum, GeneralFunction, Index, Module, Rearrange,
-                     Scalar, Scatter, SetSymbolicShape, Symbol, Tag)
+from ..functions import GenIndex
+from ..nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from ..nodes.einsum import AXIS_LETTERS
 from ..nodes.leaves import format_scalar
 from ..traversal import toposort

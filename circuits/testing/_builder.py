@@ -10,16 +10,31 @@ reuse, which is where the sharing comes from.
 from __future__ import annotations
 
 import math
-
-import numpy as np
 from typing import NamedTuple
 
+import numpy as np
 from hypothesis import strategies as st
 
 from ..errors import ShapeError
 from ..functions import GenIndex, lookup
-from ..nodes import (Add, Array, Concat, DiscreteVar, Einsum, GeneralFunction, Index, Module, ModuleArgSpec,
-                     ModuleSpec, Rearrange, Scalar, Scatter, SetSymbolicShape, Symbol, Tag)
+from ..nodes import (
+    Add,
+    Array,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from ..nodes.einsum import format_spec
 from ..shapes import broadcast_shapes, symbolic_size
 from ..traversal import toposort

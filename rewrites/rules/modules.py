@@ -66,7 +66,8 @@ def push_index_through_scatter(node):
         else:
             return None
     if zero:
-        return Scalar(0.0, node.shape, name=node.name) if node.dtype.startswith("float") else None
+        zeros = Scalar(0.0, node.shape, name=node.name)
+        return zeros if zeros.dtype == node.dtype else None
     return Scatter(make_index(sc.children[0], child_entries), tuple(out_slices), tuple(out_shape),
                    name=node.name)
 
