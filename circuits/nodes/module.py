@@ -306,6 +306,9 @@ class Module(Circuit):
     def _payload_bytes(self):
         return b"".join(a.symbol.hash + a.flags.encode() for a in self.spec.arg_specs)
 
+    def _structure_bytes(self):
+        return b"".join(a.symbol.structure_hash + a.flags.encode() for a in self.spec.arg_specs)
+
     def payload_text(self):
         return ""
 

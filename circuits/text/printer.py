@@ -264,10 +264,9 @@ class _Layout:
 
 def _child_infos(node):
     """Per child, what its line says after ``!`` (a Module's argument Symbols), else None."""
-    child_info = getattr(node, "child_info", None)
-    if child_info is None:
+    if not node.takes_child_info:
         return None
-    return [child_info(i) for i in range(len(node.children))]
+    return [node.child_info(i) for i in range(len(node.children))]
 
 
 # ---------------------------------------------------------------------------- strings
@@ -312,15 +311,14 @@ def _render(blocks, name_count, opts: PrintOptions):
             else:
                 text = _styled(node, kind, known[1], known[0], opts)
             if info is not None:
+                # (sym, flags, True): the walk defines the Symbol here; (sym, flags): a reference.
                 sym, flags = info[0], info[1]
                 sk = seen.get(sym.hash)
                 if sk is None:
                     sk = _identify(sym, names, name_count, serials)
                     serials += sk[1] != ""
                     seen[sym.hash] = sk
-                    text += " ! " + sk[1] + sym.line()
-                else:
-                    text += " ! " + sk[0]
+                text += " ! " + (sk[1] + sym.line() if len(info) == 3 else sk[0])
                 if flags != "ttt":
                     text += " " + flags
             if level == 0 and is_definition and kind == _DEF:

@@ -178,3 +178,16 @@ def test_set_symbolic_shape_states_symbolic_sizes():
     np.testing.assert_array_equal(C.evaluate(SetSymbolicShape(x, (3, 4)), {x: np.ones((3, 4))}), np.ones((3, 4)))
     with pytest.raises(C.ShapeError, match="neither is symbolic"):
         SetSymbolicShape(x, (5, 4))
+
+
+def test_a_deep_module_body_substitutes_and_evaluates_without_recursion(low_recursion_limit):
+    from tests.deep import build_deep_chain, deep_chain_value
+
+    x = Symbol((2,), name="x")
+    body = build_deep_chain(leaf=x)
+    m = Module(ModuleSpec(body, [ModuleArgSpec(x)]), Array(np.array([[0.5, -0.25], [0.5, -0.25]], np.float32)))
+    assert m.shape == (2, 2)
+    text = m.to_text()
+    assert parse(text, store=store_of(m)) == m
+    out = C.evaluate(m, dtype="float64")
+    np.testing.assert_allclose(out[1], deep_chain_value(), rtol=1e-5)
