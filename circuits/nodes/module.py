@@ -138,6 +138,34 @@ class ModuleSpec:
         return tuple(a.symbol for a in self.arg_specs)
 
 
+def _follow_symbols(arg_specs, body) -> list:
+    """The argument specs for a new body: a bound Symbol the body no longer holds is followed to
+    the one Symbol of the body that differs from it only in name (what ``strip_names`` or a
+    renaming does to it); otherwise it is kept."""
+    wanted = {a.symbol.hash for a in arg_specs}
+    present = _hashes_in(body, wanted)
+    if len(present) == len(wanted):
+        return list(arg_specs)
+    symbols, seen, stack = [], set(), [body]
+    while stack:
+        n = stack.pop()
+        if n.hash in seen:
+            continue
+        seen.add(n.hash)
+        if type(n) is Symbol and n.hash not in wanted:
+            symbols.append(n)
+        stack.extend(n.children)
+    out = []
+    for a in arg_specs:
+        sym = a.symbol
+        if sym.hash not in present:
+            same = [s for s in symbols if (s.shape, s.dtype, s.uuid) == (sym.shape, sym.dtype, sym.uuid)]
+            if len(same) == 1:
+                a = attrs.evolve(a, symbol=same[0])
+        out.append(a)
+    return out
+
+
 def _hashes_in(root, wanted) -> set:
     """Which of the ``wanted`` node hashes occur under ``root`` (iterative walk)."""
     found, seen, stack = set(), set(), [root]
@@ -336,7 +364,10 @@ class Module(Circuit):
 
     def _rebuild(self, children, name):
         body, *args = children
-        spec = self.spec if body is self.spec.body else ModuleSpec(body, self.spec.arg_specs, check_all_inputs_used=False)
+        if body is self.spec.body:
+            spec = self.spec
+        else:
+            spec = ModuleSpec(body, _follow_symbols(self.spec.arg_specs, body), check_all_inputs_used=False)
         return Module(spec, *args, name=name)
 
     def substitute(self) -> Circuit:

@@ -191,3 +191,11 @@ def test_a_deep_module_body_substitutes_and_evaluates_without_recursion(low_recu
     assert parse(text, store=store_of(m)) == m
     out = C.evaluate(m, dtype="float64")
     np.testing.assert_allclose(out[1], deep_chain_value(), rtol=1e-5)
+
+
+def test_strip_names_keeps_a_module_bound_to_its_symbols():
+    m = parse("'m' Module\n  'b' Add\n    'x' [2] Symbol\n    'x'\n  'y' [3,2] Symbol ! 'x'")
+    s = C.strip_names(m)
+    assert s.spec.arg_specs[0].symbol.name is None
+    y = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_array_equal(C.evaluate(s, {s.children[1]: y}), 2 * y)
