@@ -26,7 +26,25 @@ from .errors import (
     StoreError,
 )
 from .functions import FunctionSpec, register_elementwise, register_function, unregister_function
-from .nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from .nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from .traversal import count_nodes, deep_map, replace, strip_names, toposort
 
 # name -> module that defines it (loaded on first access).
@@ -68,12 +86,19 @@ _LAZY = {
     # analysis (circuits/analysis/): what a circuit costs, where its time goes
     "cost": ("circuits.analysis.cost", "cost"),
     "profile": ("circuits.analysis.profile", "profile"),
+    # rust_circuit's expansion: replace nodes by others of another batch shape (circuits/expand.py)
+    "expand": ("circuits.expand", "expand"),
+    "Expander": ("circuits.expand", "Expander"),
+    "substitute_all_modules": ("circuits.expand", "substitute_all_modules"),
+    "sample": ("circuits.expand", "sample"),
+    "symbolic_size": ("circuits.shapes", "symbolic_size"),
 }
 
 __all__ = [
     # nodes
     "Circuit", "Array", "Scalar", "Symbol", "Einsum", "Add", "GeneralFunction", "Index",
-    "Rearrange", "Concat", "Tag",
+    "Rearrange", "Concat", "Tag", "Module", "ModuleSpec", "ModuleArgSpec", "Scatter",
+    "SetSymbolicShape", "DiscreteVar",
     # functions
     "FunctionSpec", "register_function", "register_elementwise", "unregister_function",
     # traversal

@@ -49,7 +49,100 @@ def broadcast_shapes(shapes):
 
 
 def shape_text(shape) -> str:
+    for s in shape:
+        if s >= SYMBOLIC_BASE:
+            return "[" + ",".join(map(size_text, shape)) + "]"
     return "[" + ",".join(str(int(s)) for s in shape) + "]"
+
+
+# ---------------------------------------------------------------------------- symbolic sizes
+# rust_circuit's symbolic sizes (``0s``, ``2*1s``: "some size, to be fixed later") are kept as
+# plain ints, as rust keeps them, so every shape stays a tuple of ints and every shape rule works
+# unchanged: symbolic size i is the i-th prime above ``SYMBOLIC_BASE`` (2**20, far above any
+# vocabulary or width a model uses), and a product such as ``2*0s*1s`` is the product of its
+# factors.  An int of at least ``SYMBOLIC_BASE`` divisible by one of these primes reads back as a
+# symbolic product; a concrete axis never is that large in practice.  Three symbolic factors fit
+# in an int64 (2**60).
+SYMBOLIC_BASE = 1 << 20
+SYMBOLIC_COUNT = 256
+
+
+def _primes_above(base, count):
+    found, n = [], base + 1
+    while len(found) < count:
+        if n % 2 and all(n % d for d in range(3, int(n ** 0.5) + 1, 2)):
+            found.append(n)
+        n += 1
+    return tuple(found)
+
+
+SYMBOLIC_SIZES = _primes_above(SYMBOLIC_BASE, SYMBOLIC_COUNT)
+_SYMBOLIC_INDEX = {p: i for i, p in enumerate(SYMBOLIC_SIZES)}
+
+
+def symbolic_size(i: int, factor: int = 1) -> int:
+    """The int standing for ``factor * i s`` (rust's ``2*1s`` is ``symbolic_size(1, 2)``).
+
+    >>> size_text(symbolic_size(0)), size_text(symbolic_size(1, 2)), size_text(7)
+    ('0s', '2*1s', '7')
+    """
+    if not 0 <= i < SYMBOLIC_COUNT:
+        raise CircuitError(f"symbolic size {i}s is out of range: 0s to {SYMBOLIC_COUNT - 1}s exist")
+    return SYMBOLIC_SIZES[i] * factor
+
+
+def symbolic_factors(size: int) -> tuple:
+    """``(factor, (i, j, ...))``: a size as its integer factor times symbolic sizes ``is``,
+    ``js`` (sorted, repeated for powers); ``(size, ())`` for a concrete size."""
+    if size < SYMBOLIC_BASE:
+        return size, ()
+    rest, found = size, []
+    for p in SYMBOLIC_SIZES:
+        if rest < p:
+            break
+        while rest % p == 0:
+            found.append(_SYMBOLIC_INDEX[p])
+            rest //= p
+    return rest, tuple(found)
+
+
+def is_symbolic(size: int) -> bool:
+    """Whether a size holds a symbolic factor."""
+    return size >= SYMBOLIC_BASE and bool(symbolic_factors(size)[1])
+
+
+def size_text(size: int) -> str:
+    """A size as the text format writes it: ``300``, ``0s``, ``2*1s``."""
+    if size < SYMBOLIC_BASE:
+        return str(int(size))
+    factor, syms = symbolic_factors(size)
+    if not syms:
+        return str(int(size))
+    parts = [f"{i}s" for i in syms]
+    return "*".join(([str(factor)] if factor != 1 else []) + parts)
+
+
+def read_size(text: str) -> int:
+    """One printed size, symbolic sizes included: ``'2*1s'`` -> ``symbolic_size(1, 2)``;
+    ValueError when it is none.
+
+    >>> read_size('2*1s') == symbolic_size(1, 2), read_size(' 7 ')
+    (True, 7)
+    """
+    total = 1
+    for part in text.split("*"):
+        part = part.strip()
+        if part.endswith("s"):
+            i = decimal_int(part[:-1])
+            if not 0 <= i < SYMBOLIC_COUNT:
+                raise ValueError(part)
+            total *= SYMBOLIC_SIZES[i]
+        else:
+            n = decimal_int(part)
+            if n < 0:
+                raise ValueError(part)
+            total *= n
+    return total
 
 
 def decimal_int(s: str) -> int:

@@ -18,7 +18,7 @@ LAYERS = [
     {"circuits.functions"},
     {"circuits.nodes"},
     {"circuits.traversal", "circuits.check"},
-    {"circuits.text", "circuits.select", "circuits.io", "circuits.testing"},
+    {"circuits.text", "circuits.select", "circuits.io", "circuits.testing", "circuits.expand"},
     {"circuits.backend"},
     {"circuits.models", "circuits.analysis"},
     {"rewrites"},
@@ -31,6 +31,9 @@ ALLOWED = {
     ("circuits.nodes.base", "circuits.text"),
     ("circuits.nodes.base", "circuits.backend"),
     ("circuits.nodes.base", "circuits.select"),
+    # Module.substitute (and the shape of a module whose arguments change concrete sizes) is
+    # the expander's work, which sits above the traversal.
+    ("circuits.nodes.module", "circuits.expand"),
 }
 
 

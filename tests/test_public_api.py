@@ -17,6 +17,9 @@ PUBLIC = {
     "load", "models", "parse", "parse_many", "print_many", "profile", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "summary", "symbolic_equal", "testing",
     "toposort", "unregister_function", "value_and_grad",
+    # rust_circuit's node types and expansion
+    "Module", "ModuleSpec", "ModuleArgSpec", "Scatter", "SetSymbolicShape", "DiscreteVar",
+    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size",
 }
 # Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in
 # circuits.select: there are no top-level aliases.  filter_nodes is c.get(predicate).

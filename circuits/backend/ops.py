@@ -22,7 +22,20 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import EvaluationError
-from ..nodes import Add, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Tag
+from ..nodes import (
+    Add,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    Rearrange,
+    Scatter,
+    SetSymbolicShape,
+    Tag,
+)
 from .einsum import common_dtype, einsum_op
 
 __all__ = ["OP_BUILDERS", "build_op", "broadcast_scalar"]
@@ -177,6 +190,27 @@ def _build_tag(node: Tag, fdt: str) -> Callable:
     return _identity
 
 
+def _build_scatter(node: Scatter, fdt: str) -> Callable:
+    # Zeros around a block: one lax.pad (differentiable, no scatter op).
+    pads = tuple((start, n - start - k, 0) for start, n, k in
+                 zip(node.starts(), node.shape, node.children[0].shape))
+
+    def scatter(x):
+        return _lax().pad(x, _jnp().zeros((), x.dtype), pads)
+
+    return scatter
+
+
+def _build_module(node, fdt: str) -> Callable:  # pragma: no cover - Program inlines modules first
+    raise EvaluationError(f"{node.line()}: a Module is lowered by substitution (Program inlines it)")
+
+
+def _build_discrete_var(node: DiscreteVar, fdt: str) -> Callable:
+    raise EvaluationError(
+        f"a DiscreteVar has no single value: {node.line()}; evaluate "
+        "circuits.expand.sample(circuit, num_samples, seed) instead (a batch of its samples)")
+
+
 OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
     Einsum: _build_einsum,
     Add: _build_add,
@@ -185,6 +219,10 @@ OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
     Rearrange: _build_rearrange,
     Concat: _build_concat,
     Tag: _build_tag,
+    Scatter: _build_scatter,
+    SetSymbolicShape: _build_tag,  # the child's value, its shape only restated
+    DiscreteVar: _build_discrete_var,
+    Module: _build_module,  # lowered by substitution: see circuits.backend.program
 }
 
 

@@ -23,11 +23,15 @@ from typing import Any, Collection, Sequence
 
 from ..dtypes import is_float, is_int
 from ..errors import EvaluationError
+from ..expand import substitute_all_modules
 from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
-from ..nodes import Array, Circuit, GeneralFunction, Scalar, Symbol, Tag
+from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, Symbol, Tag
 from ..shapes import check_allocation, max_alloc_bytes
 from ..traversal import toposort
 from .ops import broadcast_scalar, build_op
+
+# Node types lowered by substitution before the program is laid out.
+_INLINED = frozenset({Module})
 
 __all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]
 
@@ -125,7 +129,17 @@ class Program:
         roots = list(roots)
         stop = (lambda n: n.hash in given) if given else None
         nodes = toposort(*roots, stop=stop)
+        inlined = None
+        if not _INLINED.isdisjoint(map(type, nodes)):
+            # Modules are lowered by substitution (their bodies' Symbols are no inputs).
+            inlined = {}
+            roots = [substitute_all_modules(r, inlined) for r in roots]
+            nodes = toposort(*roots, stop=stop)
         slot_of = {n.hash: i for i, n in enumerate(nodes)}
+        if inlined:
+            for old, new in inlined.items():  # an original node stands for its inlined one
+                if new.hash in slot_of:
+                    slot_of.setdefault(old, slot_of[new.hash])
         self.nodes = nodes
         self.slot_of = slot_of
         self._size = len(nodes)

@@ -35,8 +35,25 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import EvaluationError
+from ..expand import substitute_all_modules
 from ..functions import GenIndex
-from ..nodes import Add, Array, Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from ..nodes import (
+    Add,
+    Array,
+    Circuit,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from ..nodes.einsum import AXIS_LETTERS
 from ..nodes.leaves import format_scalar
 from ..traversal import toposort
@@ -327,6 +344,22 @@ def _tag(node: Tag, args, env):
     return args[0]
 
 
+def _scatter(node, args, env):
+    out = np.empty(node.shape, dtype=object)
+    out[...] = _sympy().Integer(0)
+    out[node.index] = args[0]
+    return out
+
+
+def _inlined(node, args, env):  # pragma: no cover - symbolic_evaluate inlines modules first
+    raise EvaluationError(f"{node.line()}: modules are inlined before their sympy form is taken")
+
+
+def _discrete_var(node, args, env):
+    raise EvaluationError(f"a DiscreteVar has no single value: {node.line()}; take the sympy form of "
+                          "circuits.expand.sample(circuit, num_samples, seed)")
+
+
 class _Env(NamedTuple):
     table: SymbolTable
     inputs: dict
@@ -337,6 +370,7 @@ class _Env(NamedTuple):
 SYMBOLIC_RULES = {
     Array: _array, Scalar: _scalar, Symbol: _symbol, Einsum: _einsum, Add: _add,
     GeneralFunction: _function, Index: _index, Rearrange: _rearrange, Concat: _concat, Tag: _tag,
+    Module: _inlined, Scatter: _scatter, SetSymbolicShape: _tag, DiscreteVar: _discrete_var,
 }
 
 
@@ -351,6 +385,8 @@ def symbolic_evaluate(circuit: Circuit, inputs=None, *, table: SymbolTable | Non
     [exp(x[0]), exp(x[1])]
     """
     env = _Env(table if table is not None else SymbolTable(), dict(inputs or {}), interpret)
+    if any(type(n) is Module for n in toposort(circuit)):
+        circuit = substitute_all_modules(circuit)
     values: dict[bytes, np.ndarray] = {}
     for node in toposort(circuit):
         args = [values[c.hash] for c in node.children]

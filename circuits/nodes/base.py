@@ -227,6 +227,9 @@ class Circuit:
     child_count: ClassVar[tuple] = (0, None)
     # Whether an int index reaching this node reaches its children unchanged (Index, Rearrange...).
     passes_index: ClassVar[bool] = False
+    # Whether its child lines after the first carry rust_circuit's child info (``! 'sym' ftt``:
+    # a Module's arguments); ``from_payload`` then gets ``[(node, flags)]`` as its payload.
+    takes_child_info: ClassVar[bool] = False
 
     @classmethod
     def parse_payload(cls, text: "str | None"):

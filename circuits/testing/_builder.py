@@ -12,13 +12,31 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 from hypothesis import strategies as st
 
 from ..errors import ShapeError
 from ..functions import GenIndex, lookup
-from ..nodes import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from ..nodes import (
+    Add,
+    Array,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from ..nodes.einsum import format_spec
-from ..shapes import broadcast_shapes
+from ..shapes import broadcast_shapes, symbolic_size
 from ..traversal import toposort
 from .strategies import (
     MAGNITUDE_CAP,
@@ -179,7 +197,7 @@ class Builder:
             kinds = [k for k in kinds if k is not Concat]
         if 0 in shape:
             # Empty tensors: keep to the node types whose rules need no values.
-            kinds = [k for k in kinds if k in (Array, Scalar, Symbol, Add, Einsum, Tag)]
+            kinds = [k for k in kinds if k in (Array, Scalar, Symbol, Add, Einsum, Tag, Module, SetSymbolicShape)]
         if math.prod(shape) > _MAX_ELEMENTS:
             kinds = [k for k in kinds if k not in (Einsum, Rearrange, Index, Concat)]
         return kinds
@@ -384,6 +402,52 @@ class Builder:
     def make_tag(self, shape, depth, need):
         x, iv = self.build(shape, depth, need)
         return Tag(x, uuid=self.draw(st.uuids()), name=self.name()), iv
+
+
+    def make_module(self, shape, depth, need):
+        """A module applied to one argument: its body ``Add(x, Scalar)`` or ``exp``-free
+        elementwise form over a Symbol ``x`` of the output's trailing axes (sizes sometimes
+        symbolic), the argument carrying the leading axes as a batch."""
+        draw = self.draw
+        b = draw(st.integers(0, len(shape)))
+        core = shape[b:]
+        symbolic = draw(st.booleans())
+        sym_shape = tuple(symbolic_size(i) for i in range(len(core))) if symbolic else core
+        x = Symbol(sym_shape, name=draw(st.sampled_from(["x", "arg", "m.input"])), dtype=self.opts.dtype,
+                   uuid=draw(st.uuids()))
+        v = _round(draw(st.floats(0.5, 1.5) if need.positive else st.floats(-1.5, 1.5)))
+        body = Add(x, Scalar(v, sym_shape, name=self.name()), name=self.name())
+        arg, iv = self.build(shape, depth, Need(need.positive and v < 0 and False))
+        if need.positive and iv[0] + v <= 0:
+            return None
+        spec = ModuleSpec(body, [ModuleArgSpec(x, batchable=True, expandable=True)])
+        return Module(spec, arg, name=self.name()), (iv[0] + v, iv[1] + v)
+
+    def make_scatter(self, shape, depth, need):
+        if need.positive:
+            return None
+        draw = self.draw
+        index, block = [], []
+        for n in shape:
+            lo = draw(st.integers(0, n))
+            hi = draw(st.integers(lo, n))
+            index.append(slice(lo, hi))
+            block.append(hi - lo)
+        x, iv = self.build(tuple(block), depth, need)
+        return Scatter(x, tuple(index), shape, name=self.name()), _hull([iv, (0.0, 0.0)])
+
+    def make_setsymbolicshape(self, shape, depth, need):
+        x, iv = self.build(shape, depth, need)
+        return SetSymbolicShape(x, shape, name=self.name()), iv
+
+    def make_discretevar(self, shape, depth, need):
+        """A variable over a few samples, with probabilities an Array that sums to 1."""
+        draw = self.draw
+        n = draw(st.integers(1, 3))
+        values, iv = self.build((n, *shape), depth, need)
+        weights = np.asarray(draw(st.lists(st.integers(1, 4), min_size=n, max_size=n)), np.float64)
+        probs = Array((weights / weights.sum()).astype(self.opts.dtype), name=self.name())
+        return DiscreteVar(values, probs, name=self.name()), iv
 
 
 def _broadcasts_to(s, shape):

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ..nodes import NODE_TYPES, Array, Circuit, Concat, Scalar, Symbol
+from ..nodes import NODE_TYPES, Array, Circuit, Concat, Module, Scalar, Symbol
 from ..nodes.einsum import format_spec
 
 __all__ = [
@@ -62,9 +62,12 @@ __all__ = [
 
 # A small pool so that distinct nodes often share a name (as in real circuits: 'ln.mean_subbed').
 DEFAULT_NAMES = ("x", "w", "h", "out", "ln.mean", "a0.q", "it's")
-ALL_TYPES = NODE_TYPES
+# rust_circuit's node types are drawn when asked for (types=..., or root_types=... alone):
+# a DiscreteVar evaluates only through circuits.expand.sample, and Module bodies hold Symbols.
+RUST_TYPES = tuple(t for t in NODE_TYPES if t.type_name in ("Module", "Scatter", "SetSymbolicShape", "DiscreteVar"))
+ALL_TYPES = tuple(t for t in NODE_TYPES if t not in RUST_TYPES)
 # Types whose circuits evaluate without inputs.
-CLOSED_TYPES = tuple(t for t in NODE_TYPES if t is not Symbol)
+CLOSED_TYPES = tuple(t for t in ALL_TYPES if t is not Symbol)
 MAGNITUDE_CAP = 1e4
 POSITIVE_MIN = 1e-3
 
@@ -358,10 +361,12 @@ def _resolve_types(types):
 def _options(shape, types, functions, max_nodes, max_depth, names_strategy, dtype, root_types):
     from ._builder import Options
 
+    root = _resolve_types(root_types) if root_types is not None else None
+    if types is None and root is not None:
+        types = ALL_TYPES + tuple(t for t in root if t not in ALL_TYPES)
     types = _resolve_types(types)
     if not any(t in types for t in (Array, Scalar, Symbol)):
         raise InvalidArgument("types must include a leaf type (Array, Scalar or Symbol)")
-    root = _resolve_types(root_types) if root_types is not None else None
     if root is not None and not set(root) <= set(types):
         raise InvalidArgument("root_types must be among types")
     if names_strategy is None:
@@ -509,8 +514,11 @@ def inputs_for(draw, circuit, *, int_high=2):
     out = {}
     from ..traversal import toposort
 
-    for node in toposort(circuit):
-        if type(node) is not Symbol:
+    nodes = toposort(circuit)
+    # A Symbol a Module binds is no input: its argument gives its value.
+    bound = {a.symbol.hash for n in nodes if type(n) is Module for a in n.spec.arg_specs}
+    for node in nodes:
+        if type(node) is not Symbol or node.hash in bound:
             continue
         if node.dtype.startswith(("int", "uint")):
             high = ranges.get(node, int_high)

@@ -17,7 +17,7 @@ import re
 
 from ..errors import ParseError
 from ..nodes import NODE_TYPE_BY_NAME
-from ..shapes import decimal_int
+from ..shapes import decimal_int, read_size
 
 # What a line's content may be once its indentation is removed.
 _CONTENT = re.compile(
@@ -273,6 +273,8 @@ def _size(entry):
         if not axis or any(c in axis for c in " []"):
             raise ValueError(entry)
     entry = entry.strip()
+    if entry.endswith("s") or "*" in entry:  # rust_circuit's symbolic sizes: 0s, 2*1s
+        return read_size(entry)
     if "_" in entry:
         if entry.startswith("_") or entry.endswith("_") or "__" in entry:
             raise ValueError(entry)
@@ -293,7 +295,7 @@ def read_shape(text, line_number, line, column):
         shape = tuple(decimal_int(s) if s.isdigit() else _size(s) for s in entries)
     except ValueError:
         raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
-                   "a shape like [300,256] or [] (non-negative ints)") from None
+                   "a shape like [300,256], [0s,2*1s] or [] (non-negative sizes)") from None
     if any(s < 0 for s in shape):
         raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,
                    "non-negative sizes")

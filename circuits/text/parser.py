@@ -36,6 +36,8 @@ parsing without a store gives placeholders even while the original circuit is al
 
 from __future__ import annotations
 
+import re
+
 from ..errors import CircuitError, ParseError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..nodes.base import ParseContext, quote_name
@@ -49,7 +51,7 @@ class _Record:
 
     __slots__ = ("line_number", "line", "serial", "name", "shape", "cls", "payload",
                  "payload_column", "children", "node", "expanded", "int_index",
-                 "position", "waits", "alias", "repeat_of", "repeat")
+                 "position", "waits", "alias", "repeat_of", "repeat", "infos", "infos_nodes")
 
     def __init__(self, line_number, line, serial, name, shape, cls, payload, payload_column):
         self.line_number = line_number
@@ -69,6 +71,8 @@ class _Record:
         self.alias = None  # rust_circuit's identifier, when the line gives two quoted names
         self.repeat_of = None  # an earlier record with the same identifier (see _Tree._close)
         self.repeat = False  # this line restates repeat_of: it is that node (its only "child")
+        self.infos = None  # a Module's argument flags, one per argument line
+        self.infos_nodes = None  # ... and the records (after pass 2) of the Symbols they bind
 
     def error(self, message, expected=None, column=None):
         return fail(message, self.line_number, self.line, column, expected)
@@ -156,6 +160,12 @@ def _read(text):
                 if not rest or rest[0] == "#":
                     tree.only_child = (number, line)
                     continue
+        if "!" in line:
+            line, info = split_child_info(line)
+            if info is not None:
+                tree.add_line(number, line, fast, shapes)
+                tree.child_info(number, line, info)
+                continue
         m = fast(line)
         if m is not None:
             indent, serial, name, shape, type_name, payload = m.groups()
@@ -195,6 +205,51 @@ def _first_indent(lines):
         if rest and rest[0] != "#" and rest.lstrip(_SKIPPED)[:1] not in ("", "#"):
             return len(line) - len(rest), number
     return 0, 0
+
+
+def split_child_info(line):
+    """``(line, info)``: a line with rust_circuit's child info (``'fst' [2] Symbol ! 'arg0'``,
+    what a Module's argument binds) split at its ``!`` outside quotes; info None without one."""
+    quoted = False
+    i, n = 0, len(line)
+    while i < n:
+        ch = line[i]
+        if ch == "\\" and quoted:
+            i += 2
+            continue
+        if ch == "'":
+            quoted = not quoted
+        elif ch == "#" and not quoted:
+            return line, None
+        elif ch == "!" and not quoted:
+            return line[:i].rstrip(" "), line[i + 1:].strip()
+        i += 1
+    return line, None
+
+
+_FLAGS = re.compile(r"^(.*?)\s+([tf]{3})\s*$")
+
+
+class _InfoSlot:
+    """Where a reference in a Module's child info resolves to (pass 2 writes ``children``)."""
+
+    __slots__ = ("module", "children")
+
+    def __init__(self, module):
+        self.module = module
+        self.children = module.infos_nodes
+
+    @property
+    def position(self):
+        return self.module.position
+
+    @property
+    def waits(self):
+        return self.module.waits
+
+    @waits.setter
+    def waits(self, value):
+        self.module.waits = value
 
 
 class _Tree:
@@ -277,6 +332,55 @@ class _Tree:
             open_items.pop()
             open_items[-1] = item
             self.hidden[id(item)] = parent
+
+    def add_line(self, number, line, fast, shapes):
+        """Read one line that the fast path may not see (the line part of a child-info line)."""
+        parsed = read_line(line, number)
+        if parsed is None:
+            raise fail("child info ('!') after no node", number, line, 1, "a node line before '!'")
+        self.add(number, line, *parsed)
+
+    def child_info(self, number, line, info):
+        """Attach a Module argument's child info (``'sym'`` or a Symbol line, then optional
+        ``ftt`` flags) to the Module above the line just read."""
+        open_items = self.open_items
+        parent = open_items[-2] if len(open_items) > 1 else None
+        if parent is None or type(parent) is _Reference or not parent.cls.takes_child_info:
+            raise fail("child info ('! ...') only follows an argument line of a Module", number, line,
+                       len(line) + 1, "a line under a Module, or no '!'")
+        if len(parent.children) < 2:
+            raise fail("the first child of a Module is its body, which takes no child info", number, line,
+                       len(line) + 1, "the body line without '!'")
+        m = _FLAGS.match(info)
+        text, flags = (m.group(1), m.group(2)) if m else (info, "ttt")
+        parsed = read_line(text, number)
+        if parsed is None or parsed[0] or parsed[1]:
+            raise fail(f"cannot read the child info {info!r}", number, line, None,
+                       "! 'symbol name' (or a Symbol line), optionally followed by flags like ftt")
+        _, _, serial, name, shape, type_name, payload, column = parsed[:8]
+        if parent.infos is None:
+            parent.infos = []
+            parent.infos_nodes = []
+        if len(parent.infos) != len(parent.children) - 2:
+            raise fail(f"an earlier argument line of the Module on line {parent.line_number} has no child info",
+                       number, line, 1, "! 'symbol' on every argument line of a Module")
+        position = len(parent.infos)
+        if type_name is None:
+            item = _Reference(number, line, serial, name)
+            slot = _InfoSlot(parent)
+            self.found.append((slot, position, item))
+        else:
+            cls = NODE_TYPE_BY_NAME[type_name]
+            try:
+                value = cls.parse_payload(payload)
+            except ParseError as e:
+                raise e.at(number, line, None) from None
+            item = _Record(number, line, serial, name, shape, cls, value, 0)
+            self.records.append(item)
+            item.position = len(self.order)
+            self.order.append(item)
+        parent.infos.append(flags)
+        parent.infos_nodes.append(item)
 
     def _close(self, count):
         """The last ``count`` open items' subtrees end here (and those of the parents an only
@@ -482,6 +586,21 @@ def _build_walk(top, contexts):
         r.node = _node(r, contexts)
 
 
+def _child_info_payload(r, kids, contexts):
+    """A Module's ``[(symbol, flags)]`` from its arguments' child info (its class checks that
+    each is a Symbol)."""
+    infos = r.infos or []
+    if len(infos) != len(kids) - 1:
+        raise r.error(f"this Module has {len(kids) - 1} argument lines but {len(infos)} say which Symbol "
+                      "they bind", "each argument line ending in ! 'symbol' (the Symbol of the body it replaces)")
+    out = []
+    for k, flags in zip(r.infos_nodes or [], infos):
+        if k.node is None:
+            k.node = _node(k, contexts)
+        out.append((k.node, flags))
+    return out
+
+
 def _node(r, contexts):
     if r.repeat:
         return r.children[0].node
@@ -492,8 +611,11 @@ def _node(r, contexts):
         want = f"{least}" if least == most else f"at least {least}" if most is None else f"{least} to {most}"
         raise r.error(f"{cls.type_name} takes {'one child' if want == '1' else want + ' children'}, "
                       f"got {len(kids)}", f"{want} indented child line(s)")
+    payload = r.payload
+    if cls.takes_child_info:
+        payload = _child_info_payload(r, kids, contexts)
     try:
-        node = cls.from_payload(r.payload, kids, r.name, r.shape, contexts[r.int_index])
+        node = cls.from_payload(payload, kids, r.name, r.shape, contexts[r.int_index])
     except ParseError as e:  # the line is wrong (columns counted within the payload)
         raise e.at(r.line_number, r.line, r.payload_column) from None
     except CircuitError as e:  # a constructor refusing the node: ShapeError, ...  (anything else

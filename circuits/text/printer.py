@@ -181,7 +181,7 @@ class _Layout:
         root_blocks = []
         for root in roots:
             if self.budget == 0:  # max_lines reached with roots left: say so
-                root_blocks.append((False, [(_CUT, None, 0, "" if tree else None)]))
+                root_blocks.append((False, [(_CUT, None, 0, "" if tree else None, None)]))
                 break
             root_blocks.append((False, self._walk(root, False)))
         definition_blocks = []
@@ -204,34 +204,43 @@ class _Layout:
         limited = budget >= 0
 
         if not is_lifted and root.hash in defined:
-            emit((_REF, root, 0, "" if tree else None))
+            emit((_REF, root, 0, "" if tree else None, None))
             if limited:
                 self.budget -= 1
             return entries
-        stack = [(root, 0, "", True)]
+        stack = [(root, 0, "", True, None)]
         pop, push = stack.pop, stack.append
         first = True
         while stack:
             if limited:  # every item popped writes exactly one node line
                 if budget == 0:  # max_lines reached: one last '...' where the next line would be
-                    emit((_CUT, None, stack[-1][1], stack[-1][2] if tree else None))
+                    emit((_CUT, None, stack[-1][1], stack[-1][2] if tree else None, None))
                     break
                 budget -= 1
-            node, level, glyphs, last = pop()
+            node, level, glyphs, last, info = pop()
+            if info is not None:
+                # A Module argument's child info: the Symbol it binds is printed after '!' (its
+                # line the first time it is met, so it counts as defined here).
+                sym = info[0]
+                if sym.hash not in defined:
+                    defined.add(sym.hash)
+                    info = (sym, info[1], True)
+                    if name_count is not None and sym.name is not None:
+                        name_count[sym.name] = name_count.get(sym.name, 0) + 1
             h = node.hash
             if first:
                 first = False
                 defined.add(h)
             elif h in defined:
-                emit((_REF, node, level, glyphs if tree else None))
+                emit((_REF, node, level, glyphs if tree else None, info))
                 continue
             else:
                 defined.add(h)
                 if level == max_indent and node.children:
                     lifted.append(node)
-                    emit((_REF, node, level, glyphs if tree else None))
+                    emit((_REF, node, level, glyphs if tree else None, info))
                     continue
-            emit((_DEF, node, level, glyphs if tree else None))
+            emit((_DEF, node, level, glyphs if tree else None, info))
             if name_count is not None and node.name is not None:
                 name_count[node.name] = name_count.get(node.name, 0) + 1
             kids = node.children
@@ -240,20 +249,30 @@ class _Layout:
             if tree:
                 inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
                 if depth is not None and level >= depth:
-                    emit((_CUT, None, level + 1, inner + "└─ "))
+                    emit((_CUT, None, level + 1, inner + "└─ ", None))
                     continue
                 n = len(kids)
+                infos = _child_infos(node)
                 for i in range(n - 1, -1, -1):
-                    push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1))
+                    push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1,
+                          infos and infos[i]))
             else:
                 if depth is not None and level >= depth:
-                    emit((_CUT, None, level + 1, None))
+                    emit((_CUT, None, level + 1, None, None))
                     continue
                 child_level = level + 1
+                infos = _child_infos(node)
                 for i in range(len(kids) - 1, -1, -1):
-                    push((kids[i], child_level, "", False))
+                    push((kids[i], child_level, "", False, infos and infos[i]))
         self.budget = budget
         return entries
+
+
+def _child_infos(node):
+    """Per child, what its line says after ``!`` (a Module's argument Symbols), else None."""
+    if not node.takes_child_info:
+        return None
+    return [node.child_info(i) for i in range(len(node.children))]
 
 
 # ---------------------------------------------------------------------------- strings
@@ -268,7 +287,7 @@ def _render(blocks, name_count, opts: PrintOptions):
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
     serials = 0
     for is_definition, entries in blocks:
-        for kind, node, level, glyphs in entries:
+        for kind, node, level, glyphs, info in entries:
             if tree:
                 indent = glyphs
             else:
@@ -297,6 +316,17 @@ def _render(blocks, name_count, opts: PrintOptions):
                 text = known[1] + node.line() if kind == _DEF else known[0]
             else:
                 text = _styled(node, kind, known[1], known[0], opts)
+            if info is not None:
+                # (sym, flags, True): the walk defines the Symbol here; (sym, flags): a reference.
+                sym, flags = info[0], info[1]
+                sk = seen.get(sym.hash)
+                if sk is None:
+                    sk = _identify(sym, names, name_count, serials)
+                    serials += sk[1] != ""
+                    seen[sym.hash] = sk
+                text += " ! " + (sk[1] + sym.line() if len(info) == 3 else sk[0])
+                if flags != "ttt":
+                    text += " " + flags
             if level == 0 and is_definition and kind == _DEF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
             emit(indent + text)
@@ -308,6 +338,16 @@ def _render(blocks, name_count, opts: PrintOptions):
                     f"(default: the environment variable {MAX_TEXT_ENV} or {DEFAULT_MAX_TEXT_CHARS})"
                 )
     return "\n".join(lines)
+
+
+def _identify(node, names, name_count, serials):
+    """``(identifier, serial text)`` of a node printed for the first time."""
+    name = node.name if names else None
+    if name is None:
+        return (str(serials), f"{serials} ")
+    if name_count[name] > 1:
+        return (f"{serials} {quote_name(name)}", f"{serials} ")
+    return (quote_name(name), "")
 
 
 def _styled(node, kind, serial, identifier, opts: PrintOptions):

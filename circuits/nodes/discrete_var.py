@@ -1,0 +1,52 @@
+"""DiscreteVar: a random variable over a finite set of samples (rust_circuit's ``DiscreteVar``)."""
+
+from __future__ import annotations
+
+from .base import Circuit, check_children, shape_error
+
+
+class DiscreteVar(Circuit):
+    """A random variable taking the value ``values[i]`` with probability ``probs[i]``: children
+    ``(values [n, ...], probs [n])``, shape ``values.shape[1:]``.  It has no single value: it
+    is evaluated by expanding it into a batch of its samples (``circuits.expand.sample``), the
+    ground causal scrubbing builds on.
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> v = DiscreteVar(Array(np.zeros((5, 3), np.float32)), Array(np.full((5,), .2, np.float32)))
+    >>> v.shape
+    (3,)
+    """
+
+    __slots__ = ()
+    type_name = "DiscreteVar"
+    child_count = (2, 2)
+
+    def _setup(self, values, probs, name=None):
+        values, probs = check_children("DiscreteVar", name, (values, probs))
+        if len(values.shape) < 1 or probs.shape != values.shape[:1]:
+            raise shape_error("DiscreteVar", name, "", (values, probs),
+                              "values must be [n, ...] and probs [n] (one probability per sample)")
+        return self._set_common((values, probs), values.shape[1:], values.dtype, name)
+
+    @classmethod
+    def parse_payload(cls, text):
+        if text is not None:
+            from ..errors import ParseError
+
+            raise ParseError(f"a DiscreteVar line has no payload, got {text!r}", column=1,
+                             expected="'DiscreteVar' with the values and probs lines under it")
+        return None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        return cls(*children, name=name)
+
+    def _payload_bytes(self):
+        return b""
+
+    def payload_text(self):
+        return ""
+
+    def _rebuild(self, children, name):
+        return DiscreteVar(*children, name=name)

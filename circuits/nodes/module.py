@@ -1,0 +1,379 @@
+"""Module: rust_circuit's function abstraction — a body circuit over argument Symbols, applied to
+argument nodes.
+
+A ``ModuleSpec`` is a body (any circuit) and its argument specs (``ModuleArgSpec``: the Symbol
+an argument binds, and three flags).  A ``Module`` node applies a spec to arguments; its
+children are ``(body, *arguments)``, as in rust_circuit, so generic traversals see the body once
+however many times the module is applied, and a model writes a layer norm, an attention block
+or an MLP once.  ``substitute()`` inlines it: the body with every argument Symbol replaced by its
+argument and every shape above re-derived (``circuits.expand``).  Evaluation lowers modules that
+way.
+
+Arguments may differ from their Symbols in two ways, as rust's:
+
+- **batching**: an argument with extra leading axes (``batchable``) batches the whole module:
+  its output gets those leading axes (arguments' batch axes align on the right and must agree);
+- **symbolic sizes**: a Symbol's size written ``0s`` (``circuits.shapes.symbolic_size``) takes
+  the argument's size, everywhere in the body.  A concrete size that differs is an error unless
+  the argument spec allows it (``expandable`` and not ``ban_non_symbolic_size_expand``).
+
+The text format writes each argument's child line with ``! `` and the Symbol (its identifier if
+printed already, else its line) and, when the flags are not all true, the three flags ``ftt``
+(batchable, expandable, ban_non_symbolic_size_expand):
+
+>>> from circuits import parse, evaluate
+>>> m = parse('''
+... 'double' Module
+...   'body' Add
+...     'x' [0s] Symbol
+...     'x'
+...   'arg' [3] Scalar 1.5 ! 'x'
+... ''')
+>>> m.shape, evaluate(m).tolist(), m.substitute().to_text()
+((3,), [3.0, 3.0, 3.0], "'double' Add\\n  'arg' [3] Scalar 1.5\\n  'arg'")
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..errors import CircuitError
+from ..shapes import SYMBOLIC_BASE, is_symbolic, shape_text, symbolic_factors
+from .base import Circuit, check_children, quote_name, shape_error
+from .leaves import Symbol
+
+
+def _bool(value):
+    return bool(value)
+
+
+@attrs.frozen
+class ModuleArgSpec:
+    """One argument of a module: the Symbol it binds in the body and how an argument may differ
+    from it (see the module docstring).
+
+    >>> ModuleArgSpec(Symbol((2,), name='x'), batchable=False).flags
+    'ftt'
+    """
+
+    symbol: Symbol
+    batchable: bool = attrs.field(default=True, converter=_bool)
+    expandable: bool = attrs.field(default=True, converter=_bool)
+    ban_non_symbolic_size_expand: bool = attrs.field(default=True, converter=_bool)
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.symbol, Symbol):
+            raise CircuitError(
+                f"a module argument binds a Symbol, got {self.symbol!r}; make one with Symbol(shape, name=...)")
+
+    @property
+    def flags(self) -> str:
+        """rust's terse flags: ``t``/``f`` for batchable, expandable, ban_non_symbolic_size_expand."""
+        return "".join("t" if f else "f" for f in (self.batchable, self.expandable,
+                                                     self.ban_non_symbolic_size_expand))
+
+    @classmethod
+    def from_flags(cls, symbol, flags: str = "ttt") -> "ModuleArgSpec":
+        if len(flags) != 3 or set(flags) - {"t", "f"}:
+            raise CircuitError(f"module argument flags are three of t/f (like 'ftt'), got {flags!r}")
+        return cls(symbol, *(c == "t" for c in flags))
+
+
+@attrs.frozen
+class ModuleSpec:
+    """A module's body and argument specs.  ``check_all_inputs_used`` (default, as rust's parser)
+    refuses a spec whose body does not contain one of its Symbols.
+
+    >>> from circuits import Add
+    >>> x = Symbol((2,), name='x')
+    >>> spec = ModuleSpec(Add(x, x), [ModuleArgSpec(x)])
+    >>> [a.symbol.name for a in spec.arg_specs]
+    ['x']
+    """
+
+    body: Circuit
+    arg_specs: tuple = attrs.field(converter=tuple)
+    check_all_inputs_used: bool = attrs.field(default=True, eq=False)
+
+    def __attrs_post_init__(self):
+        if not isinstance(self.body, Circuit):
+            raise CircuitError(f"a module body is a circuit node, got {type(self.body).__name__}")
+        seen = set()
+        for a in self.arg_specs:
+            if not isinstance(a, ModuleArgSpec):
+                raise CircuitError(f"arg_specs holds ModuleArgSpec values, got {a!r}")
+            if a.symbol.hash in seen:
+                raise CircuitError(f"module spec binds Symbol {a.symbol.line()} twice")
+            seen.add(a.symbol.hash)
+        if self.check_all_inputs_used and seen:
+            present = _hashes_in(self.body, seen)
+            missing = [a.symbol for a in self.arg_specs if a.symbol.hash not in present]
+            if missing:
+                raise CircuitError(
+                    f"module spec: argument Symbol {missing[0].line()} does not occur in the body "
+                    f"{self.body.line()}; bind only Symbols the body uses (or pass check_all_inputs_used=False)")
+
+    @classmethod
+    def new_free_symbols(cls, body: Circuit, **flags) -> "ModuleSpec":
+        """A spec binding every Symbol of ``body``, in the order a walk from the root meets them.
+
+        >>> from circuits import Add
+        >>> spec = ModuleSpec.new_free_symbols(Add(Symbol((2,), name='a'), Symbol((2,), name='b')))
+        >>> [a.symbol.name for a in spec.arg_specs]
+        ['a', 'b']
+        """
+        symbols, seen, stack = [], set(), [body]
+        while stack:
+            n = stack.pop()
+            if n.hash in seen:
+                continue
+            seen.add(n.hash)
+            if type(n) is Symbol:
+                symbols.append(n)
+            stack.extend(reversed(n.children))
+        return cls(body, [ModuleArgSpec(s, **flags) for s in symbols])
+
+    @property
+    def symbols(self) -> tuple:
+        return tuple(a.symbol for a in self.arg_specs)
+
+
+def _follow_symbols(arg_specs, body) -> list:
+    """The argument specs for a new body: a bound Symbol the body no longer holds is followed to
+    the one Symbol of the body that differs from it only in name (what ``strip_names`` or a
+    renaming does to it); otherwise it is kept."""
+    wanted = {a.symbol.hash for a in arg_specs}
+    present = _hashes_in(body, wanted)
+    if len(present) == len(wanted):
+        return list(arg_specs)
+    symbols, seen, stack = [], set(), [body]
+    while stack:
+        n = stack.pop()
+        if n.hash in seen:
+            continue
+        seen.add(n.hash)
+        if type(n) is Symbol and n.hash not in wanted:
+            symbols.append(n)
+        stack.extend(n.children)
+    out = []
+    for a in arg_specs:
+        sym = a.symbol
+        if sym.hash not in present:
+            same = [s for s in symbols if (s.shape, s.dtype, s.uuid) == (sym.shape, sym.dtype, sym.uuid)]
+            if len(same) == 1:
+                a = attrs.evolve(a, symbol=same[0])
+        out.append(a)
+    return out
+
+
+def _hashes_in(root, wanted) -> set:
+    """Which of the ``wanted`` node hashes occur under ``root`` (iterative walk)."""
+    found, seen, stack = set(), set(), [root]
+    while stack and len(found) < len(wanted):
+        n = stack.pop()
+        h = n.hash
+        if h in seen:
+            continue
+        seen.add(h)
+        if h in wanted:
+            found.add(h)
+        stack.extend(n.children)
+    return found
+
+
+def module_shape(spec: ModuleSpec, args, fail) -> "tuple[tuple, dict, tuple, bool]":
+    """``(shape, size_map, batch, needs_expansion)`` of ``spec`` applied to ``args``: the batch
+    axes of the arguments (``batch``: right-aligned, equal where they overlap) followed by the
+    body's shape with its symbolic sizes replaced (``size_map``: symbolic size -> argument size).
+    Where two arguments give one symbolic size (or batch axis) different sizes, a concrete one
+    wins over a symbolic one and two symbolic ones are unified to the first (rust_circuit's size
+    constraints); two different concrete sizes are an error.  ``fail(message)`` makes the error.
+    ``needs_expansion``: a concrete size changed, which only re-deriving the body's shapes can
+    follow (``circuits.expand``)."""
+    batch: list = []
+    candidates: dict = {}
+    needs_expansion = False
+    for i, (a, arg) in enumerate(zip(spec.arg_specs, args)):
+        sym = a.symbol
+        extra = len(arg.shape) - len(sym.shape)
+        if extra < 0:
+            raise fail(f"argument {i} has shape {shape_text(arg.shape)} but its Symbol "
+                       f"{quote_name(sym.name or '')} has rank {len(sym.shape)} {shape_text(sym.shape)}")
+        if extra and not a.batchable:
+            raise fail(f"argument {i} has batch axes {shape_text(arg.shape[:extra])} but its spec is not "
+                       "batchable (flags " + a.flags + ")")
+        merge_batch(batch, arg.shape[:extra], lambda: fail(
+            f"argument {i}'s batch axes {shape_text(arg.shape[:extra])} disagree with the other "
+            f"arguments' {shape_text(batch)} (batch axes align on the right)"))
+        for s, n in zip(sym.shape, arg.shape[extra:]):
+            if s == n:
+                continue
+            if not a.expandable:
+                raise fail(f"argument {i} has shape {shape_text(arg.shape)} but its Symbol has "
+                           f"{shape_text(sym.shape)} and is not expandable (flags {a.flags})")
+            factor, syms = symbolic_factors(s)
+            if len(syms) == 1 and factor == 1:
+                candidates.setdefault(s, []).append(n)
+            elif syms or a.ban_non_symbolic_size_expand:
+                raise fail(f"argument {i} has size {n} where its Symbol {quote_name(sym.name or '')} "
+                           f"has {shape_text((s,))[1:-1]}; give an argument of the Symbol's shape "
+                           "(plus leading batch axes), or use symbolic sizes (0s) in the Symbol")
+            else:
+                needs_expansion = True
+    size_map = {}
+    for s, values in candidates.items():
+        concrete = {v for v in values if not is_symbolic(v)}
+        if len(concrete) > 1:
+            raise fail(f"symbolic size {shape_text((s,))[1:-1]} is given the sizes {sorted(concrete)} "
+                       "by different arguments")
+        size_map[s] = concrete.pop() if concrete else values[0]
+    batch = tuple(batch)
+    return batch + map_sizes(spec.body.shape, size_map), size_map, batch, needs_expansion
+
+
+def merge_batch(batch: list, new, fail):
+    """Merge the batch axes ``new`` into ``batch`` in place (right-aligned; where both have an
+    axis they must be equal, or one symbolic: a concrete size wins, else the first)."""
+    for k in range(1, len(new) + 1):
+        if k <= len(batch):
+            old, n = batch[-k], new[-k]
+            if old != n:
+                if not is_symbolic(n):
+                    if not is_symbolic(old):
+                        raise fail()
+                    batch[-k] = n
+        else:
+            batch.insert(0, new[-k])
+
+
+def map_sizes(shape: tuple, size_map: dict) -> tuple:
+    """``shape`` with each symbolic size replaced as ``size_map`` says (products factor by factor)."""
+    if not size_map:
+        return shape
+    out = []
+    for s in shape:
+        if s in size_map:
+            out.append(size_map[s])
+        elif s >= SYMBOLIC_BASE and is_symbolic(s):
+            factor, syms = symbolic_factors(s)
+            from ..shapes import SYMBOLIC_SIZES
+
+            for j in syms:
+                p = SYMBOLIC_SIZES[j]
+                factor *= size_map.get(p, p)
+            out.append(factor)
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+class Module(Circuit):
+    """A ``ModuleSpec`` applied to arguments (see the module docstring): children
+    ``(body, *arguments)``; arguments positional in spec order or by their Symbols' names.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Einsum
+    >>> x, w = Symbol((3,), name='x'), Symbol((2, 3), name='w')
+    >>> spec = ModuleSpec(Einsum.from_spec('ij,j->i', w, x, name='mv'), [ModuleArgSpec(w), ModuleArgSpec(x)])
+    >>> batch = Array(np.ones((5, 3), np.float32), name='xs')   # five inputs at once
+    >>> m = Module(spec, Array(np.ones((2, 3), np.float32), name='W'), batch, name='layer')
+    >>> m.shape, m.substitute().shape
+    ((5, 2), (5, 2))
+    """
+
+    __slots__ = ("spec", "size_map", "batch_shape")
+    type_name = "Module"
+    child_count = (1, None)
+    takes_child_info = True
+
+    spec: ModuleSpec
+    size_map: dict
+    batch_shape: tuple
+
+    def _setup(self, spec, *args, name=None, **kwargs):
+        if not isinstance(spec, ModuleSpec):
+            raise CircuitError(f"Module takes a ModuleSpec first, got {type(spec).__name__}")
+        if kwargs:
+            if args:
+                raise CircuitError("give a Module's arguments either positionally or by name, not both")
+            by_name = {a.symbol.name: a for a in spec.arg_specs}
+            unknown = set(kwargs) - set(by_name)
+            if unknown:
+                raise CircuitError(f"Module: no argument Symbol named {sorted(unknown)[0]!r}; the spec binds "
+                                   f"{sorted(n for n in by_name if n is not None)}")
+            args = tuple(kwargs.get(a.symbol.name) for a in spec.arg_specs)
+            if any(a is None for a in args):
+                missing = [a.symbol.name for a, v in zip(spec.arg_specs, args) if v is None]
+                raise CircuitError(f"Module: no argument given for {missing}")
+        args = check_children("Module", name, args)
+        children = (spec.body, *args)
+        if len(args) != len(spec.arg_specs):
+            raise shape_error("Module", name, "", children,
+                              f"the spec binds {len(spec.arg_specs)} Symbols but {len(args)} arguments were given")
+
+        def fail(message):
+            return shape_error("Module", name, "", children, message)
+
+        shape, self.size_map, self.batch_shape, needs_expansion = module_shape(spec, args, fail)
+        self.spec = spec
+        if needs_expansion:
+            from ..expand import substitute_module_body
+
+            shape = substitute_module_body(spec, args, self.size_map, self.batch_shape).shape
+        dtype = spec.body.dtype
+        return self._set_common(children, shape, dtype, name)
+
+    @property
+    def body(self) -> Circuit:
+        return self.children[0]
+
+    @property
+    def args(self) -> tuple:
+        return self.children[1:]
+
+    def _payload_bytes(self):
+        return b"".join(a.symbol.hash + a.flags.encode() for a in self.spec.arg_specs)
+
+    def _structure_bytes(self):
+        return b"".join(a.symbol.structure_hash + a.flags.encode() for a in self.spec.arg_specs)
+
+    def payload_text(self):
+        return ""
+
+    def child_info(self, i: int):
+        """The ``(Symbol, flags)`` the text format writes after child ``i``'s line (None for the body)."""
+        if i == 0:
+            return None
+        a = self.spec.arg_specs[i - 1]
+        return a.symbol, a.flags
+
+    @classmethod
+    def parse_payload(cls, text):
+        if text is not None:
+            from ..errors import ParseError
+
+            raise ParseError(f"a Module line has no payload, got {text!r}", column=1,
+                             expected="'name' Module, then the body line and argument lines with ! 'symbol'")
+        return None
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        """``payload``: the parser's ``[(symbol, flags)]`` read from the argument lines."""
+        specs = [ModuleArgSpec.from_flags(sym, flags) for sym, flags in (payload or ())]
+        return cls(ModuleSpec(children[0], specs), *children[1:], name=name)
+
+    def _rebuild(self, children, name):
+        body, *args = children
+        if body is self.spec.body:
+            spec = self.spec
+        else:
+            spec = ModuleSpec(body, _follow_symbols(self.spec.arg_specs, body), check_all_inputs_used=False)
+        return Module(spec, *args, name=name)
+
+    def substitute(self) -> Circuit:
+        """The body with the arguments in place of their Symbols, every shape re-derived
+        (batch axes and symbolic sizes followed); named like this module when it has a name
+        and the body none.  Value-preserving: it evaluates to this module's value."""
+        from ..expand import substitute_module
+
+        return substitute_module(self)

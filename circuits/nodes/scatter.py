@@ -1,0 +1,82 @@
+"""Scatter: a node written into zeros at slices (rust_circuit's ``Scatter``)."""
+
+from __future__ import annotations
+
+from ..hashing import pack_ints as _pack_ints
+from .base import Circuit, check_children, shape_error
+from .index import _entry_bytes, index_text, read_index
+
+
+class Scatter(Circuit):
+    """A tensor of ``shape``, zero everywhere but at ``index`` (one slice per axis, padded with
+    ``:``), where it holds the child: ``out[index] = child``.
+
+    >>> import numpy as np
+    >>> from circuits import Array, evaluate
+    >>> s = Scatter(Array(np.ones((2,), np.float32)), (slice(1, 3),), (4,))
+    >>> s.line(), evaluate(s).tolist()
+    ('[4] Scatter [1:3]', [0.0, 1.0, 1.0, 0.0])
+    """
+
+    __slots__ = ("index",)
+    type_name = "Scatter"
+    prints_shape = True
+    child_count = (1, 1)
+
+    index: tuple
+
+    def _setup(self, child, index, shape, name=None):
+        (child,) = check_children("Scatter", name, (child,))
+        if not isinstance(index, tuple):
+            index = tuple(index) if isinstance(index, list) else (index,)
+        shape = tuple(int(s) for s in shape)
+        text = index_text(index) if all(type(e) is slice for e in index) else repr(index)
+
+        def fail(message):
+            return shape_error("Scatter", name, text, (child,), message, shape=shape)
+
+        if len(index) > len(shape):
+            raise fail(f"{len(index)} index entries for an output of rank {len(shape)}")
+        index = index + (slice(None),) * (len(shape) - len(index))
+        normal = []
+        for axis, (e, n) in enumerate(zip(index, shape)):
+            if type(e) is not slice or e.step not in (None, 1):
+                raise fail(f"entry {axis} must be a slice with step 1 (Scatter writes a block), got {e!r}")
+            start, stop, _ = e.indices(n)
+            stop = max(stop, start)
+            normal.append(slice(None) if (start, stop) == (0, n) else slice(start, stop))
+        self.index = tuple(normal)
+        block = tuple(len(range(*e.indices(n))) for e, n in zip(self.index, shape))
+        if block != child.shape:
+            raise fail(f"the slices select a block of shape {list(block)} but the child has shape {list(child.shape)}")
+        return self._set_common((child,), shape, child.dtype, name)
+
+    def starts(self) -> tuple:
+        """The first written position on each axis."""
+        return tuple(e.indices(n)[0] for e, n in zip(self.index, self.shape))
+
+    @classmethod
+    def parse_payload(cls, text):
+        from ..errors import ParseError
+
+        if text is None:
+            raise ParseError("Scatter needs its index", expected="slices like [0:2,:]")
+        return read_index(text)
+
+    @classmethod
+    def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        from ..errors import ParseError
+
+        if shape is None:
+            raise ParseError("a Scatter line needs its shape", expected="a shape like [4,3] before Scatter")
+        return cls(children[0], payload, shape, name=name)
+
+    def _payload_bytes(self):
+        return _pack_ints(self.shape) + b"".join(map(_entry_bytes, self.index))
+
+    def payload_text(self):
+        return index_text(tuple(self.index))
+
+    def _rebuild(self, children, name):
+        (child,) = children
+        return Scatter(child, self.index, self.shape, name=name)
