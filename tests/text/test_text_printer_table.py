@@ -11,10 +11,26 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits import (Add, Array, Concat, DiscreteVar, Einsum, GeneralFunction, Index, Module, ModuleArgSpec, ModuleSpec,
-                      Rearrange, Scalar, Scatter, SetSymbolicShape, Symbol, Tag)
-from circuits.shapes import symbolic_size
+from circuits import (
+    Add,
+    Array,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from circuits.hashing import content_hash
+from circuits.shapes import symbolic_size
 from circuits.testing import store_of
 from circuits.text import parse, parse_many, print_many, to_text
 
