@@ -360,7 +360,9 @@ class Module(Circuit):
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         """``payload``: the parser's ``[(symbol, flags)]`` read from the argument lines."""
         specs = [ModuleArgSpec.from_flags(sym, flags) for sym, flags in (payload or ())]
-        return cls(ModuleSpec(children[0], specs), *children[1:], name=name)
+        # An argument Symbol the body does not use prints in full after '!': read it back (rust's
+        # parser refuses it by default; what this library prints must parse).
+        return cls(ModuleSpec(children[0], specs, check_all_inputs_used=False), *children[1:], name=name)
 
     def _rebuild(self, children, name):
         body, *args = children

@@ -75,7 +75,10 @@ class Scatter(Circuit):
         return _pack_ints(self.shape) + b"".join(map(_entry_bytes, self.index))
 
     def payload_text(self):
-        return index_text(tuple(self.index))
+        index = self.index
+        while index and index[-1] == slice(None):  # trailing ':' as Index prints it: implied
+            index = index[:-1]
+        return index_text(index)
 
     def _rebuild(self, children, name):
         (child,) = children

@@ -148,8 +148,8 @@ def test_child_info_errors_name_the_line():
         parse("'m' Module\n  'b' Add\n    'x' [2] Symbol\n  'y' [2] Symbol")
     with pytest.raises(C.ParseError, match="binds a Symbol"):
         parse("'m' Module\n  'b' Add\n    'x' [2] Symbol\n  'y' [2] Symbol ! 'b'")
-    with pytest.raises(C.ParseError, match="does not occur in the body"):
-        parse("'m' Module\n  'b' [2] Scalar 1\n  'y' [2] Symbol ! 'x' [2] Symbol")
+    with pytest.raises(C.CircuitError, match="does not occur in the body"):
+        ModuleSpec(Scalar(1.0, (2,)), [ModuleArgSpec(Symbol((2,), name="x"))])
 
 
 def test_a_symbol_the_body_does_not_show_prints_in_full_after_the_bang():

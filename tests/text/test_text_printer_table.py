@@ -11,8 +11,26 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits import Add, Array, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, Tag
+from circuits import (
+    Add,
+    Array,
+    Concat,
+    DiscreteVar,
+    Einsum,
+    GeneralFunction,
+    Index,
+    Module,
+    ModuleArgSpec,
+    ModuleSpec,
+    Rearrange,
+    Scalar,
+    Scatter,
+    SetSymbolicShape,
+    Symbol,
+    Tag,
+)
 from circuits.hashing import content_hash
+from circuits.shapes import symbolic_size
 from circuits.testing import store_of
 from circuits.text import parse, parse_many, print_many, to_text
 
@@ -23,6 +41,7 @@ x = Symbol((2, 3), name="x")
 w = Array.placeholder((3, 4), "abcdef0123", name="w")
 toks = Array.placeholder((5,), "0f0f", name="toks", dtype="int64")
 table = Array.placeholder((7, 3), "7ab1e", name="table")
+m_in = Symbol((symbolic_size(0), 3), name="m.in")
 y = Einsum.from_spec("ab,bc->ac", x, w, name="y")
 e1 = GeneralFunction("exp", x, name="e1")
 e2 = GeneralFunction("exp", e1, name="e2")
@@ -140,6 +159,19 @@ ROWS = [
     (Add(GeneralFunction("exp", GeneralFunction("exp", anon)), name="r"), dict(max_indent=1),
      "~ 0 Add\n  'x' [2,3] Symbol\n  1 [] Scalar 1\n~ 2 GeneralFunction exp\n  0\n"
      "~ 3 GeneralFunction exp\n  2\n'r' Add\n  3"),
+    # ---- rust_circuit's node types: a Module's argument lines say which Symbol they bind
+    (Module(ModuleSpec(Add(m_in, m_in, name="dbl"), [ModuleArgSpec(m_in, batchable=False)]), x, name="m"), {},
+     "'m' Module\n  'dbl' Add\n    'm.in' [0s,3] Symbol\n    'm.in'\n  'x' [2,3] Symbol ! 'm.in' ftt"),
+    (Module(ModuleSpec(Scalar(1.0, (3,), name="c"), [ModuleArgSpec(m_in)], check_all_inputs_used=False), x,
+            name="m"), {},
+     "'m' Module\n  'c' [3] Scalar 1\n  'x' [2,3] Symbol ! 'm.in' [0s,3] Symbol"),
+    (Module(ModuleSpec(Add(m_in, m_in), [ModuleArgSpec(m_in)]), x), dict(names=False),
+     "0 Module\n  1 Add\n    2 [0s,3] Symbol\n    2\n  3 [2,3] Symbol ! 2"),
+    (Scatter(x, (slice(1, 3),), (4, 3), name="sc"), {}, "'sc' [4,3] Scatter [1:3]\n  'x' [2,3] Symbol"),
+    (SetSymbolicShape(x, (symbolic_size(0), symbolic_size(1, 3))), {},
+     "0 [0s,3*1s] SetSymbolicShape\n  'x' [2,3] Symbol"),
+    (DiscreteVar(x, Array.placeholder((2,), "9e0b", name="p"), name="v"), {},
+     "'v' DiscreteVar\n  'x' [2,3] Symbol\n  'p' [2] Array 9e0b"),
 ]
 
 
