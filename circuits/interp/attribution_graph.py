@@ -280,7 +280,7 @@ def _check_affine(targets: Sequence[Circuit], leaves: set[bytes]) -> None:
         if isinstance(node, GeneralFunction) and not node.function.linear:
             raise CircuitError(
                 f"attribution graph: {node.line()} is nonlinear and lies between the leaves and the targets; "
-                "splice a transcoder in place of its MLP (splice(c, 'h0.mlp', transcoder)) or freeze it "
+                "splice a transcoder in place of its MLP (splice(c, '<mlp>', transcoder)) or freeze it "
                 f"(freeze= names functions to hold at their clean values; default {FROZEN_FUNCTIONS})")
 
 
@@ -309,7 +309,8 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
                       position: int = -1, targets: Sequence[int] | None = None, max_logits: int = 10,
                       logit_probability: float = 0.95, freeze: Sequence[str] = FROZEN_FUNCTIONS,
                       node_threshold: float = 0.8, edge_threshold: float = 0.98, batch_size: int = 128,
-                      dtype: str = "float64", inputs: Mapping | None = None, tokens=None) -> AttributionGraph:
+                      dtype: str = "float64", inputs: Mapping | None = None, tokens=None,
+                      mode: str = "auto") -> AttributionGraph:
     """The attribution graph of ``circuit``'s logits ([positions, vocab]) at ``position`` (see the
     module docstring).
 
@@ -318,7 +319,8 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     node (a site).  Target logits: ``targets`` (token ids), else the most probable tokens, at most
     ``max_logits``, up to cumulative probability ``logit_probability``.  ``freeze``: the
     functions held at their clean values.  ``batch_size`` target rows per backward pass.
-    ``tokens`` (for labels only) defaults to the embedding gather's index values.
+    ``tokens`` (for labels only) defaults to the embedding gather's index values; ``mode`` is the
+    clean forward pass's (as for ``evaluate``).
 
     >>> import numpy as np
     >>> from circuits.models import attn_only, random_weights
@@ -349,7 +351,7 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     leaves_old = acts + errs + [emb]
     watch = leaves_old + pres + frozen_nodes
     fdt = "float64" if dtype == "float64" else "float32"
-    logits_value, clean = evaluate(circuit, inputs, dtype=fdt, also=watch)
+    logits_value, clean = evaluate(circuit, inputs, dtype=fdt, also=watch, mode=mode)
     logits_value = np.asarray(logits_value, np.float64)
 
     # The frozen circuit: leaves as Symbols, patterns and scales as constants.
@@ -401,7 +403,8 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
 
     with precision(fdt):
         adj = _edges(f, leaf_values, frozen_targets, feature_index, top, n_sites=len(sites), n_pos=n_pos,
-                     vocab=vocab, pos=pos, n_nodes=len(nodes), n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size)
+                     vocab=vocab, pos=pos, n_nodes=len(nodes), n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size,
+                     jit=mode != "eager")
     kinds = [n["kind"] for n in nodes]
     w = np.array([n["probability"] if n["kind"] == "logit" else 0.0 for n in nodes])
     node_mask, edge_mask, influence = prune(adj, w, kinds, node_threshold, edge_threshold)
@@ -412,7 +415,7 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
 
 
 def _edges(f, leaf_values, frozen_targets, feature_index, top, *, n_sites, n_pos, vocab, pos, n_nodes, n_err, fdt,
-           batch_size) -> np.ndarray:
+           batch_size, jit=True) -> np.ndarray:
     """The adjacency: one linearisation of the frozen circuit, then one batched transpose (vmap of
     the vjp) per block of ``batch_size`` target rows (features first, then logits)."""
     import jax
@@ -425,7 +428,6 @@ def _edges(f, leaf_values, frozen_targets, feature_index, top, *, n_sites, n_pos
     _, vjp = jax.vjp(f, *leaf_arrays)
     feat_by_layer = [[(p, i) for (l, p, i) in feature_index if l == layer] for layer in range(n_sites)]
 
-    @jax.jit
     def rows(cots):
         grads = jax.vmap(vjp)(cots)
         cols = []
@@ -441,6 +443,8 @@ def _edges(f, leaf_values, frozen_targets, feature_index, top, *, n_sites, n_pos
         cols.append(g.reshape(g.shape[0], n_pos, -1).sum(-1))
         return jnp.concatenate(cols, axis=1)
 
+    if jit:
+        rows = jax.jit(rows)
     target_rows = [("feature", k) for k in range(n_feat)] + [("logit", int(v)) for v in top]
     adj = np.zeros((n_nodes, n_nodes))
     n_sources = n_feat + n_err + n_pos

@@ -155,15 +155,16 @@ class SAE:
         return cfg
 
     # ------------------------------------------------------------------ numbers
-    def encode(self, x, dtype: str | None = None) -> np.ndarray:
-        """The latents of ``x`` ([..., d_in]) from the circuit form (``sae_nodes``), evaluated."""
+    def encode(self, x, dtype: str | None = None, mode: str = "eager") -> np.ndarray:
+        """The latents of ``x`` ([..., d_in]) from the circuit form (``sae_nodes``), evaluated
+        (``mode`` as for ``evaluate``: op by op by default, as the circuit is a few large ops)."""
         from ..backend import evaluate
 
         dt = dtype or self.dtype
         node = sae_nodes(Array(np.asarray(x, dt), name="x"), self, "sae")["acts"]
-        return evaluate(node, dtype=dt)
+        return evaluate(node, dtype=dt, mode=mode)
 
-    def decode(self, f, dtype: str | None = None, x=None) -> np.ndarray:
+    def decode(self, f, dtype: str | None = None, x=None, mode: str = "eager") -> np.ndarray:
         """The reconstruction from latents ``f`` ([..., d_sae]); a skip transcoder or an SAE with
         input normalisation also needs the input ``x``."""
         from ..backend import evaluate
@@ -176,7 +177,7 @@ class SAE:
                                    f"{self.normalize_activations!r} needs the input: decode(f, x=x)")
             x = np.zeros(f.shape[:-1] + (self.d_in,), dt)
         node = sae_nodes(Array(np.asarray(x, dt), name="x"), self, "sae", acts=Array(f, name="f"))["recon"]
-        return evaluate(node, dtype=dt)
+        return evaluate(node, dtype=dt, mode=mode)
 
     @staticmethod
     def random(d_in: int, d_sae: int, architecture: str = "standard", *, d_out: int | None = None, k: int | None = None,
