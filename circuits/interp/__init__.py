@@ -31,13 +31,13 @@ from .attribution_graph import AttributionGraph, attribution_graph
 from .expansion import expand_residual, layer_norm_parts, residual_terms
 from .heads import split_heads
 from .interventions import ablate, patch, path_patch
-from .sae import SAE, load_sae, save_sae
+from .sae import SAE, induction_saes, load_sae, save_sae
 from .splice import feature_site, splice
 from .train_sae import train_sae  # binds the function over the submodule of the same name
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
     "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",
-    "train_sae",
+    "train_sae", "induction_saes",
 ]
 

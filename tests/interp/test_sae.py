@@ -4,7 +4,6 @@ on-disk layout written by hand here (6.x and pre-6.0 configs), and clear errors.
 import json
 
 import attrs
-
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
