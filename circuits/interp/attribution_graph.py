@@ -16,7 +16,8 @@ The computation is circuit tracing's *local replacement model*, built on the DAG
    edge from source ``s`` (value ``v_s``: a feature's activation, an error vector, a token's
    embedding) to target ``t`` is ``A[t, s] = v_s . d readout_t / d v_s`` in the frozen circuit:
    exactly the change of the target when the source is removed (set to 0), since the circuit is
-   affine in the leaves.  All rows come from one ``jax.vjp`` of the frozen circuit (its forward
+   affine in the leaves.  Every position is kept, the first (BOS) included (circuit tracing zeroes
+   position 0's features and errors; here they are nodes like the others).  All rows come from one ``jax.vjp`` of the frozen circuit (its forward
    work done once) applied to a batch of one-hot cotangents (``batch_size`` targets per call).
 4. **Pruning** (circuit tracing's rule): row-normalise ``|A|``, node influence on the logits
    ``w (Â + Â² + ...)`` (``w``: the target logits' probabilities), keep the nodes carrying
