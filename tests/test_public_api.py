@@ -71,6 +71,8 @@ def test_interp_names():
     assert set(C.interp.__all__) == {
         "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
         "split_heads", "sweep", "SweepResult", "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
+        "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "train_sae", "attribution_graph",
+        "AttributionGraph", "induction_saes",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)
@@ -78,6 +80,10 @@ def test_interp_names():
     assert list(inspect.signature(C.interp.ablate).parameters)[:3] == ["circuit", "sites", "kind"]
     assert list(inspect.signature(C.interp.path_patch).parameters)[:4] == ["circuit", "sender", "receivers", "source"]
     assert "unique_names" in inspect.signature(C.models.attn_only).parameters
+    assert list(inspect.signature(C.interp.splice).parameters)[:3] == ["circuit", "site", "sae"]
+    assert list(inspect.signature(C.interp.train_sae).parameters)[:3] == ["circuit", "site", "data"]
+    assert list(inspect.signature(C.interp.load_sae).parameters) == ["path"]
+    assert list(inspect.signature(C.interp.save_sae).parameters) == ["sae", "path"]
 
 
 def test_circuit_selection_methods():

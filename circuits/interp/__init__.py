@@ -14,6 +14,9 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
   common work and compiling once per group of variants that differ only in values
 - ``scrub(circuit, hypothesis, data, samples=, seed=)``: causal scrubbing of a tree of ``Claim``s
   (``hypothesis``) over a treeified circuit (``treeify``)
+- ``splice(circuit, site, sae)``: an SAE or transcoder spliced in with an explicit error node;
+  ``load_sae`` / ``save_sae`` (SAELens layout), ``train_sae``; ``attribution_graph`` (exact direct
+  effects between features, errors, tokens and logits with patterns and norm scales frozen)
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
   path expansion into named per-source terms; ``split_heads`` for fused-head attention
 
@@ -28,17 +31,25 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 """
 
 from .attribution import attribute
+from .attribution_graph import AttributionGraph, attribution_graph
 from .expansion import expand_residual, layer_norm_parts, residual_terms
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .interventions import ablate, patch, path_patch
+from .sae import SAE, induction_saes, load_sae, save_sae
 from .scrubbing import ScrubResult, scrub
+from .splice import feature_site, splice
 from .sweep import SweepResult, sweep
+from .train_sae import train_sae  # binds the function over the submodule of the same name
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
     "split_heads",
     "sweep", "SweepResult",
+    # feature circuits
+    "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",
+    "train_sae", "induction_saes",
     # causal scrubbing
     "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
 ]
+

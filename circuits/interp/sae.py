@@ -1,0 +1,480 @@
+"""Sparse autoencoders and transcoders: the ``SAE`` value, SAELens files, and their circuit form.
+
+An ``SAE`` holds the weights of one sparse dictionary in SAELens's row-vector convention
+(``h = z @ W_enc + b_enc``, ``x_hat = f @ W_dec + b_dec``) and the settings that change its maths:
+
+- ``architecture``: ``standard`` (ReLU), ``topk`` / ``abstopk`` (``k``, optional rescaling of the
+  pre-activations by the decoder norms), ``jumprelu`` (``relu(h) * 1[h > threshold]``, strict),
+  ``gated`` (``1[z W_enc + b_gate > 0] * relu(z (W_enc * exp(r_mag)) + b_mag)``), and transcoders
+  ``transcoder``, ``skip_transcoder``, ``jumprelu_transcoder``, ``jumprelu_skip_transcoder`` (read
+  one site, write another: ``f @ W_dec + b_dec (+ x @ W_skip.T)``, no ``b_dec`` subtraction);
+- ``apply_b_dec_to_input`` (SAEs: ``z = x - b_dec``), ``normalize_activations`` (``none``,
+  ``constant_norm_rescale``: ``x * sqrt(d_in) / |x|`` in and its inverse out, ``layer_norm``: the
+  input standardised with the n-1 std plus 1e-5 in and de-standardised out).
+
+``load_sae(path)`` reads a SAELens folder (``cfg.json`` + ``sae_weights.safetensors``; also the
+pre-6.0 flat config with ``hook_point`` and ``log_threshold``) with numpy and safetensors only, and
+``save_sae(sae, path)`` writes one SAELens reads.  ``sae_nodes(x, sae, prefix)`` is the circuit form
+that ``splice`` puts into a circuit: named nodes ``<prefix>.pre`` (pre-activations),
+``<prefix>.acts`` (latents, ``[..., d_sae]``) and ``<prefix>.recon``.
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> sae = SAE.random(d_in=4, d_sae=6, architecture='topk', k=2, seed=0)
+>>> x = rng.standard_normal((3, 4)).astype(np.float32)
+>>> f = sae.encode(x)
+>>> f.shape, int((f != 0).sum(axis=-1).max()) <= 2
+((3, 6), True)
+>>> sae.decode(f).shape
+(3, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from ..errors import CircuitError, ShapeError
+from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Scalar
+
+__all__ = ["SAE", "ARCHITECTURES", "load_sae", "save_sae", "sae_nodes", "induction_saes"]
+
+SAE_ARCHITECTURES = ("standard", "topk", "abstopk", "jumprelu", "gated")
+TRANSCODER_ARCHITECTURES = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder")
+ARCHITECTURES = SAE_ARCHITECTURES + TRANSCODER_ARCHITECTURES
+NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
+CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
+
+
+def _tensors_needed(arch: str) -> tuple[str, ...]:
+    if arch == "gated":
+        return ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag")
+    keys = ("W_enc", "W_dec", "b_enc", "b_dec")
+    if arch.startswith("jumprelu"):
+        keys += ("threshold",)
+    if "skip" in arch:
+        keys += ("W_skip",)
+    return keys
+
+
+@attrs.frozen(eq=False)
+class SAE:
+    """One sparse autoencoder or transcoder (see the module docstring).  Tensors are numpy arrays
+    in ``dtype``; the ones an architecture does not use are None."""
+
+    architecture: str
+    W_enc: np.ndarray
+    W_dec: np.ndarray
+    b_dec: np.ndarray
+    b_enc: np.ndarray | None = None
+    threshold: np.ndarray | None = None
+    b_gate: np.ndarray | None = None
+    b_mag: np.ndarray | None = None
+    r_mag: np.ndarray | None = None
+    W_skip: np.ndarray | None = None
+    k: int | None = None
+    rescale_acts_by_decoder_norm: bool = False
+    apply_b_dec_to_input: bool = True
+    normalize_activations: str = "none"
+    hook_name: str | None = None
+    hook_name_out: str | None = None
+    dtype: str = "float32"
+
+    def __attrs_post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ sizes and checks
+    @property
+    def d_in(self) -> int:
+        return int(self.W_enc.shape[0])
+
+    @property
+    def d_sae(self) -> int:
+        return int(self.W_enc.shape[1])
+
+    @property
+    def d_out(self) -> int:
+        return int(self.W_dec.shape[1])
+
+    @property
+    def is_transcoder(self) -> bool:
+        return self.architecture in TRANSCODER_ARCHITECTURES
+
+    def validate(self) -> None:
+        """Raise ``CircuitError``/``ShapeError`` naming the problem: unknown architecture or
+        normalisation, a tensor the architecture needs missing, a shape that does not fit."""
+        if self.architecture not in ARCHITECTURES:
+            raise CircuitError(f"SAE architecture {self.architecture!r} is not supported; use one of {', '.join(ARCHITECTURES)}")
+        if self.normalize_activations not in NORMALIZATIONS:
+            fix = (" (a SAELens file marked expected_average_only_in needs its dataset scaling factor s folded in: "
+                   "W_enc * s, W_dec / s, b_dec / s, then 'none')" if self.normalize_activations ==
+                   "expected_average_only_in" else "")
+            raise CircuitError(f"SAE normalize_activations={self.normalize_activations!r} is not supported; "
+                               f"use one of {', '.join(NORMALIZATIONS)}{fix}")
+        for key in _tensors_needed(self.architecture):
+            if getattr(self, key) is None:
+                raise CircuitError(f"a {self.architecture} SAE needs the tensor {key!r}")
+        if self.architecture in ("topk", "abstopk") and (self.k is None or self.k < 1):
+            raise CircuitError(f"a {self.architecture} SAE needs k >= 1, got k={self.k!r}")
+        d_in, d_sae = self.W_enc.shape if self.W_enc.ndim == 2 else (None, None)
+        if d_in is None:
+            raise ShapeError(f"SAE W_enc must be [d_in, d_sae], got shape {list(self.W_enc.shape)}")
+        d_out = self.W_dec.shape[1] if self.W_dec.ndim == 2 else None
+        want = {"W_dec": (d_sae, d_out), "b_dec": (d_out,), "b_enc": (d_sae,), "threshold": (d_sae,),
+                "b_gate": (d_sae,), "b_mag": (d_sae,), "r_mag": (d_sae,), "W_skip": (d_out, d_in)}
+        for key, shape in want.items():
+            v = getattr(self, key)
+            if v is not None and tuple(v.shape) != shape:
+                raise ShapeError(f"SAE tensor {key!r} has shape {list(v.shape)}; expected {list(shape)} "
+                                 f"(d_in={d_in}, d_sae={d_sae}, d_out={d_out})")
+        if not self.is_transcoder and d_out != d_in:
+            raise ShapeError(f"a {self.architecture} SAE reconstructs its input: W_dec must be [d_sae, d_in] = "
+                             f"[{d_sae}, {d_in}], got {list(self.W_dec.shape)}")
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """The tensors SAELens saves for this architecture, by their SAELens names."""
+        return {k: getattr(self, k) for k in _tensors_needed(self.architecture)}
+
+    def cfg(self) -> dict:
+        """The SAELens 6 ``cfg.json`` content."""
+        cfg = {"architecture": self.architecture, "d_in": self.d_in, "d_sae": self.d_sae, "dtype": self.dtype,
+               "device": "cpu", "apply_b_dec_to_input": self.apply_b_dec_to_input,
+               "normalize_activations": self.normalize_activations, "reshape_activations": "none",
+               "metadata": {"hook_name": self.hook_name, "sae_lens_training_version": None}}
+        if self.is_transcoder:
+            cfg["d_out"] = self.d_out
+            cfg["metadata"]["hook_name_out"] = self.hook_name_out
+        if self.architecture in ("topk", "abstopk"):
+            cfg["k"] = int(self.k)
+            cfg["rescale_acts_by_decoder_norm"] = bool(self.rescale_acts_by_decoder_norm)
+        return cfg
+
+    # ------------------------------------------------------------------ numbers
+    def encode(self, x, dtype: str | None = None, mode: str = "eager") -> np.ndarray:
+        """The latents of ``x`` ([..., d_in]) from the circuit form (``sae_nodes``), evaluated
+        (``mode`` as for ``evaluate``: op by op by default, as the circuit is a few large ops)."""
+        from ..backend import evaluate
+
+        dt = dtype or self.dtype
+        node = sae_nodes(Array(np.asarray(x, dt), name="x"), self, "sae")["acts"]
+        return evaluate(node, dtype=dt, mode=mode)
+
+    def decode(self, f, dtype: str | None = None, x=None, mode: str = "eager") -> np.ndarray:
+        """The reconstruction from latents ``f`` ([..., d_sae]); a skip transcoder or an SAE with
+        input normalisation also needs the input ``x``."""
+        from ..backend import evaluate
+
+        dt = dtype or self.dtype
+        f = np.asarray(f, dt)
+        if x is None:
+            if "skip" in self.architecture or self.normalize_activations != "none":
+                raise CircuitError(f"decode of a {self.architecture} SAE with normalize_activations="
+                                   f"{self.normalize_activations!r} needs the input: decode(f, x=x)")
+            x = np.zeros(f.shape[:-1] + (self.d_in,), dt)
+        node = sae_nodes(Array(np.asarray(x, dt), name="x"), self, "sae", acts=Array(f, name="f"))["recon"]
+        return evaluate(node, dtype=dt, mode=mode)
+
+    @staticmethod
+    def random(d_in: int, d_sae: int, architecture: str = "standard", *, d_out: int | None = None, k: int | None = None,
+               seed: int = 0, dtype: str = "float32", **settings) -> "SAE":
+        """An SAE with random weights (tests and examples): decoder rows of unit norm, encoder
+        its transpose plus noise, small biases, thresholds in [0, 0.5).
+
+        >>> SAE.random(8, 16, 'jumprelu').threshold.shape
+        (16,)
+        """
+        rng = np.random.default_rng(seed)
+        d_out = d_in if d_out is None else d_out
+        w_dec = rng.standard_normal((d_sae, d_out))
+        w_dec /= np.linalg.norm(w_dec, axis=1, keepdims=True)
+        w_enc = (w_dec.T if d_out == d_in else rng.standard_normal((d_in, d_sae)) / np.sqrt(d_in))
+        w_enc = w_enc + 0.3 * rng.standard_normal((d_in, d_sae)) / np.sqrt(d_in)
+        t = {"W_enc": w_enc, "W_dec": w_dec, "b_dec": 0.1 * rng.standard_normal(d_out),
+             "b_enc": 0.1 * rng.standard_normal(d_sae), "threshold": 0.5 * rng.random(d_sae),
+             "b_gate": 0.1 * rng.standard_normal(d_sae), "b_mag": 0.1 * rng.standard_normal(d_sae),
+             "r_mag": 0.1 * rng.standard_normal(d_sae), "W_skip": 0.1 * rng.standard_normal((d_out, d_in))}
+        if architecture in ("topk", "abstopk") and k is None:
+            k = max(1, d_sae // 4)
+        needed = _tensors_needed(architecture) if architecture in ARCHITECTURES else ()
+        kw = {key: t[key].astype(dtype) for key in needed}
+        if architecture in TRANSCODER_ARCHITECTURES:
+            settings.setdefault("apply_b_dec_to_input", False)
+        return SAE(architecture=architecture, k=k, dtype=dtype, **kw, **settings)
+
+
+# ---------------------------------------------------------------------------- files
+def _dtype_name(value) -> str:
+    text = str(value or "float32").replace("torch.", "")
+    if text not in ("float32", "float64", "float16", "bfloat16"):
+        raise CircuitError(f"SAE cfg dtype {value!r} is not a float dtype")
+    return "float32" if text in ("float16", "bfloat16") else text
+
+
+def _from_pre_6(cfg: dict) -> dict:
+    """A pre-6.0 SAELens config (flat keys) in the 6.x layout."""
+    out = dict(cfg)
+    meta = dict(cfg.get("metadata") or {})
+    if "hook_point" in cfg and "hook_name" not in cfg:
+        meta["hook_name"] = cfg["hook_point"]
+    if "hook_name" in cfg:
+        meta["hook_name"] = cfg["hook_name"]
+    if "architecture" not in cfg:
+        act = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
+        out["architecture"] = "topk" if act == "topk" else "standard"
+        if act == "topk":
+            out["k"] = (cfg.get("activation_fn_kwargs") or {}).get("k", cfg.get("k"))
+    norm = cfg.get("normalize_activations", "none")
+    out["normalize_activations"] = {True: "expected_average_only_in", False: "none", None: "none"}.get(norm, norm) \
+        if isinstance(norm, (bool, type(None))) else norm
+    if "hook_z" in str(meta.get("hook_name", "")):
+        out["reshape_activations"] = "hook_z"
+    out["metadata"] = meta
+    return out
+
+
+def load_sae(path) -> SAE:
+    """Read a SAELens SAE folder: ``cfg.json`` and ``sae_weights.safetensors`` (numpy and
+    safetensors only: neither torch nor sae-lens is imported).
+
+    Unknown architectures, reshaping (``hook_z``), unsupported normalisation and missing tensors
+    are ``CircuitError``s naming the file and the key; a pre-6.0 config (``hook_point``,
+    ``activation_fn_str``, ``log_threshold``) is read as SAELens reads it.
+
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> save_sae(SAE.random(4, 8, 'jumprelu', hook_name='b0'), d)
+    >>> s = load_sae(d)
+    >>> s.architecture, s.d_sae, s.hook_name
+    ('jumprelu', 8, 'b0')
+    """
+    from safetensors.numpy import load_file
+
+    folder = Path(path)
+    cfg_path, weights_path = folder / CFG_FILE, folder / WEIGHTS_FILE
+    for p in (cfg_path, weights_path):
+        if not p.is_file():
+            raise CircuitError(f"load_sae: {p} is missing; a SAELens SAE folder holds {CFG_FILE} and {WEIGHTS_FILE}")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CircuitError(f"load_sae: {cfg_path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise CircuitError(f"load_sae: {cfg_path} must hold a JSON object")
+    cfg = _from_pre_6(cfg)
+    arch = cfg.get("architecture")
+    if arch not in ARCHITECTURES:
+        raise CircuitError(f"load_sae: {cfg_path}: architecture {arch!r} is not supported; "
+                           f"supported: {', '.join(ARCHITECTURES)}")
+    if cfg.get("reshape_activations", "none") not in ("none", None):
+        raise CircuitError(f"load_sae: {cfg_path}: reshape_activations={cfg['reshape_activations']!r} (hook_z SAEs) "
+                           "is not supported; splice the SAE at a site that is already [..., d_in]")
+    dtype = _dtype_name(cfg.get("dtype"))
+    tensors = dict(load_file(str(weights_path)))
+    if "log_threshold" in tensors and "threshold" not in tensors:
+        tensors["threshold"] = np.exp(tensors.pop("log_threshold"))
+    missing = [k for k in _tensors_needed(arch) if k not in tensors]
+    if missing:
+        raise CircuitError(f"load_sae: {weights_path} lacks {', '.join(map(repr, missing))}, which a {arch} SAE "
+                           f"needs (it holds {', '.join(sorted(tensors))})")
+    for key in ("d_in", "d_sae"):
+        if key in cfg and cfg[key] is not None:
+            got = tensors["W_enc"].shape[0 if key == "d_in" else 1]
+            if int(cfg[key]) != got:
+                raise ShapeError(f"load_sae: {cfg_path} says {key}={cfg[key]} but W_enc has shape {list(tensors['W_enc'].shape)}")
+    meta = cfg.get("metadata") or {}
+    kw = {k: np.asarray(tensors[k]).astype(dtype) for k in _tensors_needed(arch)}
+    transcoder = arch in TRANSCODER_ARCHITECTURES
+    return SAE(architecture=arch, k=cfg.get("k"),
+               rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
+               apply_b_dec_to_input=False if transcoder else bool(cfg.get("apply_b_dec_to_input", True)),
+               normalize_activations=cfg.get("normalize_activations") or "none",
+               hook_name=meta.get("hook_name"), hook_name_out=meta.get("hook_name_out"), dtype=dtype, **kw)
+
+
+def save_sae(sae: SAE, path) -> None:
+    """Write ``sae`` as a SAELens folder (``cfg.json``, ``sae_weights.safetensors``), each file
+    written to a temporary name first and renamed, so an interrupted save leaves no half file.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> save_sae(SAE.random(4, 8), d)
+    >>> sorted(os.listdir(d))
+    ['cfg.json', 'sae_weights.safetensors']
+    """
+    from safetensors.numpy import save_file
+
+    if not isinstance(sae, SAE):
+        raise CircuitError(f"save_sae: expected an SAE, got {type(sae).__name__}")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v) for k, v in sae.tensors().items()}
+    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p)),
+                        (CFG_FILE, lambda p: Path(p).write_text(json.dumps(sae.cfg(), indent=2)))):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+        os.close(fd)
+        try:
+            write(tmp)
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; a saved SAE is meant to be shared
+            os.replace(tmp, folder / name)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+# ---------------------------------------------------------------------------- circuit form
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _lead(x: Circuit) -> str:
+    if len(x.shape) > 20:
+        raise ShapeError(f"an SAE input has at most 20 leading axes, got {x.line()}")
+    return _LETTERS[: len(x.shape) - 1]
+
+
+def _arr(value: np.ndarray, name: str, dtype: str) -> Array:
+    return Array(np.asarray(value).astype(dtype), name=name)
+
+
+def _matmul(x: Circuit, w: Circuit, name: str) -> Circuit:
+    lead = _lead(x)
+    return Einsum.from_spec(f"{lead}y,yz->{lead}z", x, w, name=name)
+
+
+def _mul(a: Circuit, b: Circuit, name: str) -> Circuit:
+    lead = _LETTERS[: len(a.shape)]
+    return Einsum.from_spec(f"{lead},{lead}->{lead}", a, b, name=name)
+
+
+def _row_scale(x: Circuit, s: Circuit, name: str) -> Circuit:
+    lead = _lead(x)
+    return Einsum.from_spec(f"{lead}y,{lead}->{lead}y", x, s, name=name)
+
+
+def _normalisation(x: Circuit, sae: SAE, prefix: str):
+    """``(normalised x, undo)``: the input normalisation and the function that undoes it."""
+    mode, lead, n = sae.normalize_activations, _lead(x), x.shape[-1]
+    if mode == "none":
+        return x, lambda y: y
+    if mode == "constant_norm_rescale":
+        sq = Einsum.from_spec(f"{lead}y,{lead}y->{lead}", x, x, name=f"{prefix}.norm.sq")
+        c = Einsum.from_spec(f"{lead},->{lead}", GeneralFunction("rsqrt", sq, name=f"{prefix}.norm.rsqrt"),
+                             Scalar(float(np.sqrt(n)), name=f"{prefix}.norm.sqrt_d_in"), name=f"{prefix}.norm.scale")
+        inv = Einsum.from_spec(f"{lead},->{lead}", GeneralFunction("sqrt", sq, name=f"{prefix}.norm.length"),
+                               Scalar(float(1 / np.sqrt(n)), name=f"{prefix}.norm.inv_sqrt_d_in"),
+                               name=f"{prefix}.norm.inv_scale")
+        return _row_scale(x, c, f"{prefix}.norm.x"), lambda y: _row_scale(y, inv, f"{prefix}.norm.out")
+    # layer_norm: (x - mean) / (std_{n-1} + 1e-5), undone by y * std + mean
+    neg_mean = Einsum.from_spec(f"{lead}y,->{lead}", x, Scalar(-1.0 / n, name=f"{prefix}.norm.neg_inv_n"),
+                                name=f"{prefix}.norm.neg_mean")
+    ones = Scalar(1.0, (n,), name=f"{prefix}.norm.ones")
+    centred = Add(x, Einsum.from_spec(f"{lead},y->{lead}y", neg_mean, ones), name=f"{prefix}.norm.centred")
+    var = Einsum.from_spec(f"{lead}y,{lead}y,->{lead}", centred, centred,
+                           Scalar(1.0 / max(n - 1, 1), name=f"{prefix}.norm.inv_n_minus_1"), name=f"{prefix}.norm.var")
+    std = GeneralFunction("sqrt", var, name=f"{prefix}.norm.std")
+    recip = GeneralFunction("reciprocal", Add(std, Scalar(1e-5, name=f"{prefix}.norm.eps"), name=f"{prefix}.norm.std_eps"),
+                            name=f"{prefix}.norm.inv_std")
+    mean = Einsum.from_spec(f"{lead},->{lead}", neg_mean, Scalar(-1.0, name=f"{prefix}.norm.neg"), name=f"{prefix}.norm.mean")
+    return (_row_scale(centred, recip, f"{prefix}.norm.x"),
+            lambda y: Add(_row_scale(y, std, f"{prefix}.norm.out_scaled"), Einsum.from_spec(f"{lead},y->{lead}y", mean, ones), name=f"{prefix}.norm.out"))
+
+
+def sae_nodes(x: Circuit, sae: SAE, prefix: str, *, acts: Circuit | None = None, weights: str | None = None
+              ) -> dict[str, Circuit]:
+    """The SAE (or transcoder) applied to ``x`` ([..., d_in]) as circuit nodes:
+    ``{'pre', 'acts', 'recon'}`` named ``<prefix>.pre``, ``<prefix>.acts``, ``<prefix>.recon``
+    (``'gate'`` too for a gated SAE).  ``acts=`` decodes given latents instead of encoding ``x``
+    (``x`` is then read only by the normalisation and the skip connection).  The weight Arrays
+    are named ``<weights>.W_enc`` ... (``weights`` defaults to ``prefix``), so two copies of one
+    SAE with different prefixes share their tensors.
+
+    >>> import numpy as np
+    >>> from circuits import Array
+    >>> nodes = sae_nodes(Array(np.ones((2, 4), np.float32), name='x'), SAE.random(4, 8), 'x.sae')
+    >>> nodes['acts'].line(), nodes['acts'].shape
+    ("'x.sae.acts' GeneralFunction relu", (2, 8))
+    """
+    if x.shape[-1:] != (sae.d_in,):
+        raise ShapeError(f"the SAE reads [..., {sae.d_in}] but {x.line()} has shape {list(x.shape)}")
+    dt = "float64" if x.dtype == "float64" else "float32"
+    arch, p = sae.architecture, prefix
+    wp = prefix if weights is None else weights
+    xn, undo = _normalisation(x, sae, p)
+    z = xn
+    if sae.apply_b_dec_to_input and not sae.is_transcoder:
+        z = Add(xn, Einsum.from_spec("y,->y", _arr(sae.b_dec, f"{wp}.b_dec", dt), Scalar(-1.0, name=f"{p}.neg")),
+                name=f"{p}.input")
+    w_dec = sae.W_dec
+    out: dict[str, Circuit] = {}
+    if arch == "gated":
+        w_enc = _arr(sae.W_enc, f"{wp}.W_enc", dt)
+        gate = Add(_matmul(z, w_enc, f"{p}.gate.hidden"), _arr(sae.b_gate, f"{wp}.b_gate", dt), name=f"{p}.gate")
+        w_mag = _arr(sae.W_enc * np.exp(sae.r_mag)[None, :], f"{wp}.W_mag", dt)
+        pre = Add(_matmul(z, w_mag, f"{p}.hidden"), _arr(sae.b_mag, f"{wp}.b_mag", dt), name=f"{p}.pre")
+        out["gate"] = gate
+        make_acts = lambda: _mul(GeneralFunction("step", gate, name=f"{p}.gate.open"),  # noqa: E731
+                                 GeneralFunction("relu", pre, name=f"{p}.mag"), f"{p}.acts")
+    else:
+        w_enc = sae.W_enc
+        b_enc = sae.b_enc
+        if arch in ("topk", "abstopk") and sae.rescale_acts_by_decoder_norm:
+            norms = np.linalg.norm(sae.W_dec.astype(np.float64), axis=1)
+            w_enc, b_enc, w_dec = w_enc * norms[None, :], b_enc * norms, w_dec / norms[:, None]
+        pre = Add(_matmul(z, _arr(w_enc, f"{wp}.W_enc", dt), f"{p}.hidden"), _arr(b_enc, f"{wp}.b_enc", dt),
+                  name=f"{p}.pre")
+        if arch in ("standard", "transcoder", "skip_transcoder"):
+            make_acts = lambda: GeneralFunction("relu", pre, name=f"{p}.acts")  # noqa: E731
+        elif arch.startswith("jumprelu"):
+            def make_acts():
+                shifted = Add(pre, _arr(-sae.threshold, f"{wp}.neg_threshold", dt), name=f"{p}.above_threshold")
+                return _mul(GeneralFunction("relu", pre, name=f"{p}.relu"),
+                            GeneralFunction("step", shifted, name=f"{p}.open"), f"{p}.acts")
+        elif arch == "topk":
+            def make_acts():
+                mask = GeneralFunction(f"topk_mask_{sae.k}", pre, name=f"{p}.topk")
+                return _mul(GeneralFunction("relu", pre, name=f"{p}.relu"), mask, f"{p}.acts")
+        else:  # abstopk: the k largest |h|, signed
+            def make_acts():
+                mask = GeneralFunction(f"topk_mask_{sae.k}", GeneralFunction("abs", pre, name=f"{p}.abs"),
+                                       name=f"{p}.topk")
+                return _mul(pre, mask, f"{p}.acts")
+    out["pre"] = pre
+    if acts is None:
+        acts = make_acts()
+    elif acts.shape != pre.shape:
+        raise ShapeError(f"latents {acts.line()} have shape {list(acts.shape)}; the SAE's are {list(pre.shape)}")
+    out["acts"] = acts
+    decoded = Add(_matmul(acts, _arr(w_dec, f"{wp}.W_dec", dt), f"{p}.decoded"), _arr(sae.b_dec, f"{wp}.b_dec", dt),
+                  name=f"{p}.recon" if not sae.is_transcoder and sae.normalize_activations == "none" else f"{p}.dec")
+    if sae.is_transcoder:
+        recon = decoded.rename(f"{p}.recon")
+        if "skip" in arch:  # x @ W_skip.T stays in the reconstruction (live and linear), as circuit-tracer keeps it
+            lead = _lead(x)
+            skip = Einsum.from_spec(f"{lead}y,zy->{lead}z", x, _arr(sae.W_skip, f"{wp}.W_skip", dt), name=f"{p}.skip")
+            recon = Add(decoded, skip, name=f"{p}.recon")
+    else:
+        recon = undo(decoded) if sae.normalize_activations != "none" else decoded
+        if recon.name != f"{p}.recon":
+            recon = recon.rename(f"{p}.recon")
+    out["recon"] = recon
+    return out
+
+
+# ---------------------------------------------------------------------------- shipped SAEs
+INDUCTION_SAE_DIR = Path(__file__).parent / "data"
+
+
+def induction_saes() -> dict[str, SAE]:
+    """The SAEs shipped for ``circuits.models.induction_weights()``: ``{'b0': SAE, 'b1': SAE}``,
+    TopK (256 latents, k = 8) on each layer's residual stream output, trained by
+    ``examples/train_induction_saes.py``.
+
+    >>> saes = induction_saes()
+    >>> sorted(saes), saes['b1'].d_in, saes['b1'].d_sae, saes['b1'].k
+    (['b0', 'b1'], 64, 256, 8)
+    """
+    return {site: load_sae(INDUCTION_SAE_DIR / f"induction_sae_{site}") for site in ("b0", "b1")}
