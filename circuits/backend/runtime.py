@@ -41,6 +41,7 @@ import numpy as np
 from ..dtypes import FLOAT_DTYPES, is_float
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit, Scalar, Symbol
+from .head_batching import batch_heads as batch_heads_lowering, has_head_sums
 from .program import Program
 
 __all__ = [
@@ -502,12 +503,20 @@ def as_items(also) -> list:
     return [also] if isinstance(also, (str, Circuit)) else list(also)
 
 
-def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
-    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given."""
+def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
+    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given.
+
+    ``batch_heads=True`` lowers sums of per-head subcircuits to one computation over a head axis
+    (``circuits.backend.head_batching``); nodes named by ``also`` keep their values."""
     items = as_items(also)
     program = Program([circuit], fdt)
-    if items:
-        program = program.with_outputs([circuit, *resolve_nodes(program, items, "also")])
+    wanted = resolve_nodes(program, items, "also") if items else []
+    if batch_heads and has_head_sums(program.nodes):
+        (root,), kept = batch_heads_lowering([circuit], wanted)
+        if root is not circuit:
+            return Program([root, *(kept[n.hash] for n in wanted)], fdt), items
+    if wanted:
+        program = program.with_outputs([circuit, *wanted])
     return program, items
 
 
