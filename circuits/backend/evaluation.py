@@ -139,7 +139,7 @@ def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool =
     >>> w = Array(np.ones((4, 2), np.float32), name='w')
     >>> f = compile(Einsum.from_spec('ab->b', w), mesh=jax.devices()[:1], shard={'w': P('model')})
     >>> f(), f.arguments()[0].sharding.spec
-    (array([4., 4.], dtype=float32), PartitionSpec('model',))
+    (array([4., 4.], dtype=float32), P('model',))
     """
     return Compiled(circuit, dtype=dtype, also=also, batch_heads=batch_heads, mesh=mesh, shard=shard)
 

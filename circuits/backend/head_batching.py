@@ -38,7 +38,7 @@ node of the new circuit with its value.
 >>> total = Add(*heads, name='sum')
 >>> (batched,), found = batch_heads([total])
 >>> batched.line(), batched.children[1].name
-("'sum' Einsum sd,acd->sc", 'w')
+("'sum' Einsum sd,tcd->sc", 'w')
 >>> bool(np.allclose(evaluate(batched), evaluate(total)))
 True
 """

@@ -27,7 +27,7 @@ the mesh over ``jax.devices()`` (all hosts' devices); see the README.
 >>> program = Program([Einsum.from_spec('ab,bc->ac', x, w)], 'float32')
 >>> place = Placement(mesh_of(jax.devices()[:1]), program, {'w': P(None, 'model')})
 >>> place.specs()
-{'w': PartitionSpec(None, 'model')}
+{'w': P(None, 'model')}
 """
 
 from __future__ import annotations
