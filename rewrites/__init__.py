@@ -17,8 +17,8 @@ Step limits are ``max_steps`` everywhere (see ``rewrites.strategies`` for what a
 from circuits.check import check
 
 from . import rules
-from .heads import batch_heads
 from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of, when
+from .heads import batch_heads
 from .optimize import optimize
 from .simplify import default_rules, simp
 from .strategies import Strategy, apply, at_root, bottom_up, dynamic, fixpoint, normalize, once, seq, top_down

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits.check import check
 from circuits.backend.head_batching import batch_heads, has_head_sums
+from circuits.check import check
 from circuits.models import attn_only, random_weights
 from circuits.testing.strategies import CLOSED_TYPES, dags
 from tests.backend.numpy_oracle import numpy_evaluate

@@ -5,8 +5,8 @@ import numpy as np
 
 import circuits as C
 import rewrites
-from circuits.testing.roundtrip import store_of
 from circuits.models import attn_only, random_weights
+from circuits.testing.roundtrip import store_of
 from tests.backend.numpy_oracle import numpy_evaluate
 
 
