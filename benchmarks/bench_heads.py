@@ -3,7 +3,8 @@
 ``circuits.compile`` vs a hand-written heads-batched ``jax.jit`` in the same process.
 
 Two figures per size: the first call (trace + XLA compile + one run) and the steady-state median
-of interleaved runs, each as a ratio to the hand-written model.  ``circuits.compile`` batches the
+of interleaved runs, each as a ratio to the hand-written model, in process CPU time (all threads:
+robust to other load on a shared machine) and in wall time.  ``circuits.compile`` batches the
 per-head einsums of each layer (``circuits.backend.head_batching``) unless ``batch_heads=False``;
 the head-by-head row shows what it was before.
 
@@ -13,6 +14,7 @@ Run: ``.venv/bin/python -m benchmarks.bench_heads [layers ...]`` (default 2 6 12
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -23,16 +25,36 @@ import circuits as C
 from circuits.backend import clear_cache
 from circuits.models import attn_only, random_weights
 
-from .common import agreement_tolerance, interleaved_medians, report
+from .common import agreement_tolerance, report
 from .handwritten_attn_only import loss_naive
 
 
-def _first_call(fn):
-    t = time.perf_counter()
-    out = fn()
+def _block(out):
     if hasattr(out, "block_until_ready"):
         out.block_until_ready()
-    return time.perf_counter() - t, out
+    return out
+
+
+def _first_call(fn):
+    """``(wall seconds, process CPU seconds, result)`` of one call."""
+    t, c = time.perf_counter(), time.process_time()
+    out = _block(fn())
+    return time.perf_counter() - t, time.process_time() - c, out
+
+
+def _medians(fns: dict, runs: int):
+    """Interleaved medians of wall time and of process CPU time (all threads).  The CPU time is
+    what the ratios are read from on a shared machine: other processes' load stretches wall
+    time by up to 3x here (load average 12-16 while these ran) but barely moves the work done."""
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            _block(fn())
+            wall[k].append(time.perf_counter() - t)
+            cpu[k].append(time.process_time() - c)
+    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
 
 
 def one_size(n_layers: int, runs: int = 5, positions: int = 512, head_by_head: bool = True):
@@ -43,34 +65,37 @@ def one_size(n_layers: int, runs: int = 5, positions: int = 512, head_by_head: b
     tj = jax.device_put(toks.astype(np.int32))
     clear_cache()
     hand = jax.jit(lambda w, t: loss_naive(w, t, n_layers))
-    t_hand, ref = _first_call(lambda: hand(wj, tj))
+    first = {}
+    *first["hand"], ref = _first_call(lambda: hand(wj, tj))
     compiled = C.compile(circuit)
-    t_circ, got = _first_call(compiled)
+    *first["circuit"], got = _first_call(compiled)
     np.testing.assert_allclose(got, np.asarray(ref), rtol=agreement_tolerance(), atol=1e-3)
-    fns = {"circuit": compiled, "hand": lambda: hand(wj, tj).block_until_ready()}
-    out = {"first_circuit": t_circ, "first_hand": t_hand}
+    fns = {"circuit": compiled, "hand": lambda: hand(wj, tj)}
     if head_by_head:
         per_head = C.compile(circuit, batch_heads=False)
-        t_ph, got_ph = _first_call(per_head)
+        *first["per_head"], got_ph = _first_call(per_head)
         np.testing.assert_allclose(got_ph, np.asarray(ref), rtol=agreement_tolerance(), atol=1e-3)
         fns["per_head"] = per_head
-        out["first_per_head"] = t_ph
-    out.update(interleaved_medians(fns, runs=runs, warmup=1))
-    return out
+    for fn in fns.values():  # warm-up
+        _block(fn())
+    wall, cpu = _medians(fns, runs)
+    return {"first": first, "wall": wall, "cpu": cpu}
 
 
 def main(layers=(2, 6, 12, 24), runs: int = 5):
     rows = []
     for n in layers:
         r = one_size(n, runs)
-        rows.append((f"{n:2d} layers: steady circuit / hand",
-                     f"{r['circuit'] * 1e3:8.1f} ms / {r['hand'] * 1e3:8.1f} ms = {r['circuit'] / r['hand']:.3f}"
-                     + (f"   (head by head {r['per_head'] / r['hand']:.3f})" if "per_head" in r else "")))
-        rows.append((f"{n:2d} layers: first call circuit / hand",
-                     f"{r['first_circuit']:8.2f} s  / {r['first_hand']:8.2f} s  = "
-                     f"{r['first_circuit'] / r['first_hand']:.3f}"
-                     + (f"   (head by head {r['first_per_head'] / r['first_hand']:.3f})" if "per_head" in r else "")))
-        print(rows[-2][1], "|", rows[-1][1], flush=True)
+        for what, (label, pick) in {"steady": ("steady", lambda k: (r["wall"][k], r["cpu"][k])),
+                                    "first": ("first call", lambda k: tuple(r["first"][k]))}.items():
+            cw, cc = pick("circuit")
+            hw, hc = pick("hand")
+            text = (f"CPU {cc:7.2f} s / {hc:7.2f} s = {cc / hc:.3f}   wall {cw:7.2f} s / {hw:7.2f} s = {cw / hw:.3f}")
+            if "per_head" in r["wall"]:
+                pw, pc = pick("per_head")
+                text += f"   head by head: CPU {pc / hc:.3f}, wall {pw / hw:.3f}"
+            rows.append((f"{n:2d} layers, {label}: circuit / hand", text))
+            print(rows[-1][0], rows[-1][1], flush=True)
     report(f"seed architecture at GPT-2-small width, {jax.devices()[0].platform}", rows)
 
 
