@@ -154,7 +154,8 @@ def _batch_size_of(program: Program, args, axes) -> int:
 
 def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | None = None, dtype="float32",
                      also=None, devices=None, mode: str = "auto", return_jax: bool = False,
-                     memory_budget: int | None = None, verbose: bool = False):
+                     memory_budget: int | None = None, verbose: bool = False, batch_heads: bool = True,
+                     mesh=None, shard=None):
     """Evaluate ``circuit`` on every row of a dataset; the result has a leading batch axis.
 
     - A Symbol input of shape ``[batch, *symbol.shape]`` is batched; one of the Symbol's own
@@ -167,7 +168,11 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       printed with ``verbose=True``.
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
-    - ``also``, ``dtype``, ``mode`` as for ``evaluate``; ``return_jax=True`` leaves results on the
+    - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
+      inputs are split along the mesh axis named ``'batch'`` (if it has one), the matched Arrays
+      and Symbols as their specs say, the rest replicated (``circuits.backend.sharding``); not
+      with ``devices``.
+    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate``; ``return_jax=True`` leaves results on the
       device(s) as jax arrays instead of copying them to numpy.
 
     Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
@@ -183,8 +188,10 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     check_mode(mode)
     if batch_size is not None and int(batch_size) < 1:
         raise EvaluationError(f"batch_size={batch_size}: give a positive number of rows")
-    program, items = program_with_also(circuit, fdt, also)
+    program, items = program_with_also(circuit, fdt, also, batch_heads and mode != "eager")
     devs = _devices(devices)
+    if devs is not None and mesh is not None:
+        raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
     with precision(fdt):
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
@@ -196,38 +203,36 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         log.info("evaluate_batched: %s", plan.reason)
         if verbose:
             print(f"evaluate_batched: {plan.reason}")
-        place = None
-        if devs is not None:
-            chunk = -(-chunk // len(devs)) * len(devs)
-            place = _placer(devs)
-            args = [a if ax == 0 else place(a, False) for a, ax in zip(args, axes)]
+        placement = None
+        if devs is not None or mesh is not None:
+            from .sharding import BATCH_AXIS, Placement
+
+            if devs is not None:
+                from jax.sharding import Mesh
+
+                mesh = Mesh(np.array(devs), (BATCH_AXIS,))
+            batch_axis = BATCH_AXIS if BATCH_AXIS in mesh.axis_names else None
+            placement = Placement(mesh, program, shard, batch_axis)
+            ways = placement.batch_devices()
+            chunk = -(-chunk // ways) * ways
+            unbatched = placement.place(args)
+            args = [a if ax == 0 else u for a, u, ax in zip(args, unbatched, axes)]
+        elif shard:
+            raise EvaluationError("evaluate_batched: shard= needs mesh= (a jax.sharding.Mesh)")
         if total == 0:
             return _empty_outputs(fn, args, axes, items, return_jax)
         pieces = []
         for start in range(0, total, chunk):
             part = [a if ax is None else _rows(a, start, chunk) for a, ax in zip(args, axes)]
-            if place is not None:
-                part = [place(a, True) if ax == 0 else a for a, ax in zip(part, axes)]
+            if placement is not None:
+                placed = placement.place(part, axes)
+                part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
             outs = fn(part)
             real = min(chunk, total - start)
             outs = [o[:real] if real < chunk else o for o in outs]
             pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
         outs = [_concat([p[k] for p in pieces], return_jax) for k in range(len(pieces[0]))]
     return package_outputs(outs, items)
-
-
-def _placer(devs):
-    import jax
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    mesh = Mesh(np.array(devs), ("batch",))
-    split = NamedSharding(mesh, PartitionSpec("batch"))
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def place(value, batched: bool):
-        return jax.device_put(value, split if batched else replicated)
-
-    return place
 
 
 def _concat(parts, as_jax: bool):

@@ -100,6 +100,11 @@ def _pair_step(left: tuple, right: tuple, keep: set):
     if not left or not right:
         # a 0-d operand: a product with broadcasting, axes of the other operand unchanged
         return (left or right), lambda x, y: _mul(x, y)
+    if not contract and (set(left) <= set(right) or set(right) <= set(left)):
+        # nothing summed and one side's axes among the other's (a mask, a scale, a LayerNorm's
+        # per-row factor): a broadcast product in the larger side's layout.  A dot_general here
+        # would put the shared axes first and need a transpose of the whole result after it.
+        return _broadcast_product(left, right)
     dims = (
         (tuple(left.index(a) for a in contract), tuple(right.index(a) for a in contract)),
         (tuple(left.index(a) for a in batch), tuple(right.index(a) for a in batch)),
@@ -110,6 +115,27 @@ def _pair_step(left: tuple, right: tuple, keep: set):
         return _lax().dot_general(x, y, dims)
 
     return result, dot
+
+
+def _broadcast_product(left: tuple, right: tuple):
+    """(result axes, fn): ``x * y`` where one side's axes are all among the other's."""
+    big_is_left = set(right) <= set(left) and (len(left) >= len(right))
+    big, small = (left, right) if big_is_left else (right, left)
+    order = tuple(sorted(small, key=big.index))  # broadcast_in_dim wants increasing dimensions
+    perm = tuple(small.index(a) for a in order)
+    dims = tuple(big.index(a) for a in order)
+
+    def product(x, y):
+        x, y = common_dtype((x, y))
+        b, s = (x, y) if big_is_left else (y, x)
+        lax = _lax()
+        if perm != tuple(range(len(perm))):
+            s = lax.transpose(s, perm)
+        if s.shape != b.shape:
+            s = lax.broadcast_in_dim(s, b.shape, dims)
+        return lax.mul(x, s) if big_is_left else lax.mul(s, y)
+
+    return big, product
 
 
 def _mul(x, y):
@@ -127,7 +153,8 @@ def _mul(x, y):
 class EinsumStep(NamedTuple):
     """One step of an einsum plan, by axis ids: ``kind`` is ``'diagonal'``, ``'sum'``, ``'dot'``
     (a ``dot_general``: ``operands`` are the two sides, ``contract`` the summed shared axes),
-    ``'mul'`` (a product with a 0-d operand) or ``'transpose'``; ``result`` the axes after it."""
+    ``'mul'`` (a broadcast product: one side's axes among the other's, nothing summed) or
+    ``'transpose'``; ``result`` the axes after it."""
 
     kind: str
     operands: tuple
@@ -183,8 +210,9 @@ def _plan(in_axes, out_axes: tuple, shapes):
                     pre.append((side, None))
             left, right = axes_of[a], axes_of[b]
             result, fn = _pair_step(left, right, keep)
-            if left and right:
-                contract = tuple(x for x in left if x in right and x not in keep)
+            contract = tuple(x for x in left if x in right and x not in keep)
+            broadcast = not contract and (set(left) <= set(right) or set(right) <= set(left))
+            if left and right and not broadcast:
                 steps.append(EinsumStep("dot", (left, right), result, contract))
             else:
                 steps.append(EinsumStep("mul", (left, right), result))

@@ -23,6 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..errors import EvaluationError
 from ..nodes import Circuit
 from .program import Program
 from .runtime import (
@@ -50,7 +51,7 @@ def _numpy_outputs(outs, items):
 
 
 def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32", also=None,
-             mode: str = "auto"):
+             mode: str = "auto", batch_heads: bool = True):
     """Evaluate ``circuit`` and return a numpy array.
 
     - ``inputs`` binds Symbols: ``{symbol_or_name: value}``.
@@ -59,6 +60,9 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
       pass: the result is then ``(value, {item: value})`` keyed by the items as given.
     - ``mode``: ``'jit'`` (one compiled function, cached), ``'eager'`` (op by op, each value freed
       after its last use) or ``'auto'`` (jit up to ``JIT_MAX_OPS`` distinct nodes).
+    - ``batch_heads``: compute a sum of per-head subcircuits (the seed's attention heads) as one
+      computation over a head axis (``circuits.backend.head_batching``; the same value, fewer
+      and larger einsums); ``False`` runs the circuit node by node as printed.
 
     Every input is checked before anything runs; problems raise one ``EvaluationError``.
 
@@ -70,7 +74,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     check_mode(mode)
-    program, items = cached_program(circuit, fdt, also)
+    program, items = cached_program(circuit, fdt, also, batch_heads and mode != "eager")
     with precision(fdt):
         args = bind_arguments(program, inputs, fdt)
         return _numpy_outputs(program_function(program, mode)(args), items)
@@ -89,23 +93,56 @@ class Compiled:
     array([1., 1., 1.], dtype=float32)
     """
 
-    def __init__(self, circuit: Circuit, *, dtype="float32", also=None):
+    def __init__(self, circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,
+                 shard=None):
         self.circuit = circuit
         self.float_dtype = float_dtype(dtype)
-        self.program, self._items = program_with_also(circuit, self.float_dtype, also)
+        self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
+        self.placement = None
+        if mesh is not None:
+            from .sharding import Placement, mesh_of
 
-    def __call__(self, inputs: Mapping | None = None):
+            self.placement = Placement(mesh_of(mesh), self.program, shard)
+        elif shard:
+            raise EvaluationError("compile: shard= needs mesh= (a jax.sharding.Mesh or a list of devices)")
+
+    def arguments(self, inputs: Mapping | None = None) -> list:
+        """The argument values the compiled function gets (in ``program.arg_slots`` order): checked,
+        on the device, and placed on the mesh when there is one (``value.sharding`` shows how)."""
         with precision(self.float_dtype):
             args = bind_arguments(self.program, inputs, self.float_dtype)
-            return _numpy_outputs(program_function(self.program, "jit")(args), self._items)
+            return args if self.placement is None else self.placement.place(args)
+
+    def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
+        with precision(self.float_dtype):
+            args = self.arguments(inputs)
+            outs = program_function(self.program, "jit")(args)
+            if return_jax:
+                return package_outputs(outs, self._items)
+            return _numpy_outputs(outs, self._items)
 
     def __repr__(self):
         return f"<Compiled {len(self.program)} nodes, {self.float_dtype}: {self.circuit.line()}>"
 
 
-def compile(circuit: Circuit, *, dtype="float32", also=None) -> Compiled:  # noqa: A001 - public name
-    """Lower ``circuit`` to a jitted JAX function; ``compile(c)(inputs)`` evaluates it."""
-    return Compiled(circuit, dtype=dtype, also=also)
+def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,  # noqa: A001
+            shard=None) -> Compiled:
+    """Lower ``circuit`` to a jitted JAX function; ``compile(c)(inputs)`` evaluates it
+    (``batch_heads`` as for ``evaluate``; ``return_jax=True`` leaves the result on the device).
+
+    ``mesh`` (a ``jax.sharding.Mesh`` or a list of devices) and ``shard`` (``{matcher:
+    PartitionSpec}``) split the matched Arrays and Symbols over the devices, the rest replicated,
+    and XLA partitions the computation to match (``circuits.backend.sharding``):
+
+    >>> import jax
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from circuits import Array, Einsum
+    >>> w = Array(np.ones((4, 2), np.float32), name='w')
+    >>> f = compile(Einsum.from_spec('ab->b', w), mesh=jax.devices()[:1], shard={'w': P('model')})
+    >>> f(), f.arguments()[0].sharding.spec
+    (array([4., 4.], dtype=float32), P('model',))
+    """
+    return Compiled(circuit, dtype=dtype, also=also, batch_heads=batch_heads, mesh=mesh, shard=shard)
 
 
 def make_jaxpr(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"):

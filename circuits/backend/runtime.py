@@ -41,6 +41,8 @@ import numpy as np
 from ..dtypes import FLOAT_DTYPES, is_float
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit, Scalar, Symbol
+from .head_batching import batch_heads as batch_heads_lowering
+from .head_batching import has_head_sums
 from .program import Program
 
 __all__ = [
@@ -502,12 +504,20 @@ def as_items(also) -> list:
     return [also] if isinstance(also, (str, Circuit)) else list(also)
 
 
-def program_with_also(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
-    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given."""
+def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
+    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given.
+
+    ``batch_heads=True`` lowers sums of per-head subcircuits to one computation over a head axis
+    (``circuits.backend.head_batching``); nodes named by ``also`` keep their values."""
     items = as_items(also)
     program = Program([circuit], fdt)
-    if items:
-        program = program.with_outputs([circuit, *resolve_nodes(program, items, "also")])
+    wanted = resolve_nodes(program, items, "also") if items else []
+    if batch_heads and has_head_sums(program.nodes):
+        (root,), kept = batch_heads_lowering([circuit], wanted)
+        if root is not circuit:
+            return Program([root, *(kept[n.hash] for n in wanted)], fdt), items
+    if wanted:
+        program = program.with_outputs([circuit, *wanted])
     return program, items
 
 
@@ -546,7 +556,7 @@ def _drop_program(key, ref):
             del _programs[key]
 
 
-def cached_program(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
+def cached_program(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
     """``program_with_also`` for evaluation, from the cache of live circuits' programs (the
     program comes back detached: ready to bind and run, without its interior nodes).
 
@@ -559,8 +569,8 @@ def cached_program(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
     items = as_items(also)
     ikey = _items_key(items)
     if not circuit.children or ikey is None:  # a leaf would keep itself alive in its own entry
-        return program_with_also(circuit, fdt, also)
-    rkey, pkey = id(circuit), (fdt, ikey)
+        return program_with_also(circuit, fdt, also, batch_heads)
+    rkey, pkey = id(circuit), (fdt, ikey, bool(batch_heads))
     found = _programs.get(rkey)
     if found is not None and found[0]() is circuit:
         entry = found[1].get(pkey)
@@ -569,7 +579,7 @@ def cached_program(circuit: Circuit, fdt: str, also) -> tuple[Program, list]:
                 if rkey in _programs:
                     _programs.move_to_end(rkey)
             return entry, items
-    program, items = program_with_also(circuit, fdt, also)
+    program, items = program_with_also(circuit, fdt, also, batch_heads)
     detached = program.detached()
     with _programs_lock:
         found = _programs.get(rkey)

@@ -1,0 +1,32 @@
+"""``batch_heads``: the rewrite form of the backend's per-head batching lowering
+(``circuits.backend.head_batching``, which ``evaluate``, ``compile`` and ``evaluate_batched``
+apply by default).  A sum of per-head subcircuits (the same computation on ``Index`` slices of
+one weight, as the seed prints its attention heads) becomes one computation over a head axis and
+one Einsum that sums it; the value is unchanged.  Use it to print, save or analyse (``cost``) the
+batched circuit.
+
+>>> import numpy as np
+>>> from circuits.models import attn_only, random_weights
+>>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+>>> c = attn_only(w, np.arange(6))
+>>> b = batch_heads(c)
+>>> b.get_unique('b0.a').line()
+"'b0.a' Einsum WsV,WdV->sd"
+>>> import circuits as C
+>>> bool(np.allclose(C.evaluate(b), C.evaluate(c, batch_heads=False), atol=1e-5))
+True
+"""
+
+from __future__ import annotations
+
+from circuits.backend.head_batching import batch_heads as _lower
+from circuits.nodes import Circuit
+
+__all__ = ["batch_heads"]
+
+
+def batch_heads(circuit: Circuit) -> Circuit:
+    """``circuit`` with every sum of per-head subcircuits batched over a head axis (value-preserving;
+    the circuit itself when there is none)."""
+    (out,), _ = _lower([circuit])
+    return out
