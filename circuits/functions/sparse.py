@@ -1,7 +1,7 @@
-"""Functions sparse autoencoders need: ``step`` and the ``topk_mask_<k>`` family.
+"""Functions sparse autoencoders need: the ``topk_mask_<k>`` family (and ``step``, a built-in).
 
-- ``step(x)``: 1 where ``x > 0`` (strictly), else 0: the gate of a JumpReLU (``relu(h) * step(h - θ)``)
-  and of a gated SAE (``step(gate) * relu(magnitude)``).  Its derivative is 0 everywhere it exists.
+- ``step(x)`` (``builtins``, also rust_circuit's): 1 where ``x > 0`` (strictly), else 0: the gate of a
+  JumpReLU (``relu(h) * step(h - θ)``) and of a gated SAE (``step(gate) * relu(magnitude)``).
 - ``topk_mask_<k>(x)``: 1 at the ``k`` largest entries of the last axis, 0 elsewhere (ties go to
   the lower index, as ``jax.lax.top_k``); a TopK SAE's activations are ``relu(h) * topk_mask_k(h)``.
 
@@ -16,21 +16,12 @@ from __future__ import annotations
 
 from .registry import (
     FunctionSpec,
+    family_grammars,
     float_dtype,
-    lookup,
     needs_rank,
-    per_element,
     per_row,
-    register,
     register_family,
-    registered_names,
 )
-
-
-def _step(x):
-    import jax.numpy as jnp
-
-    return jnp.where(x > 0, jnp.ones_like(x), jnp.zeros_like(x))
 
 
 def _topk_mask(k: int):
@@ -57,12 +48,6 @@ def _topk_spec(match) -> FunctionSpec:
     )
 
 
-_STEP = FunctionSpec(
-    name="step", shape_rule=lambda shapes: shapes[0], jax=_step, core_ndim=0, elementwise=True,
-    dtype_rule=float_dtype, propagates_nan=False, description="1 where x > 0, else 0",
-    cost=per_element(cmp=1),
-)
 # Loading this file a second time (pytest's doctest collection does) registers nothing new.
-if "step" not in registered_names() or lookup("step").jax.__module__ != _step.__module__:
-    register(_STEP, replace=True)
+if "topk_mask_<k>" not in family_grammars():
     register_family(r"topk_mask_([1-9][0-9]*)", _topk_spec, "topk_mask_<k>")
