@@ -139,7 +139,7 @@ _elementwise("square", lambda x: x * x, lambda x: x**2,
 # rust_circuit's elementwise functions that torch names otherwise.
 _elementwise("step", lambda x: (x > 0).astype(x.dtype), lambda x: _sympy().Piecewise((1, x > 0), (0, True)),
              Bounds(_constant(0.0, 1.0)), description="1 where x > 0, else 0 (rust_circuit's step)",
-             cost=per_element(cmp=1))
+             propagates_nan=False, cost=per_element(cmp=1))
 _elementwise("log_exp_p_1", lambda x: _jax().nn.softplus(x), lambda x: _sympy().log(_sympy().exp(x) + 1),
              Bounds(_monotone(lambda v: math.log1p(math.exp(min(v, 700.0)))), positive=True),
              description="log(exp(x) + 1), softplus", cost=per_element(exp=1, log=1, add=1))
@@ -152,6 +152,7 @@ _elementwise("gaussian_cdf", lambda x: 0.5 * (1 + _jax().scipy.special.erf(x / m
              Bounds(_constant(0.0, 1.0)), description="the standard normal distribution function",
              cost=per_element(erf=1, add=1, mul=2))
 _elementwise("logit", lambda x: _jnp().log(x / (1 - x)), lambda x: _sympy().log(x / (1 - x)),
+             Bounds(_monotone(lambda v: math.log(v / (1 - v))), arg_max=0.99, arg_positive=True),
              description="log(x / (1 - x)), the inverse of sigmoid", cost=per_element(log=1, div=1, add=1))
 # nan ** 0 = 1: pow does not propagate NaN.
 _elementwise("pow", lambda x, y: _jnp().power(x, y), lambda x, y: x**y,

@@ -158,7 +158,7 @@ def test_builtin_nan_propagation_is_what_they_compute():
         if spec.elementwise:
             nan_row = got[0, :1]
         assert np.isnan(nan_row).all() == spec.propagates_nan, spec.name
-    assert {s.name for s in _builtins() if not s.propagates_nan} == {"pow", "last_dim_size"}
+    assert {s.name for s in _builtins() if not s.propagates_nan} == {"pow", "last_dim_size", "step"}
 
 
 def test_builtin_bounds_hold_on_values_inside_their_argument_bounds():
