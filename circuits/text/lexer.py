@@ -6,9 +6,9 @@ is wrong, walks it to say where and what was expected.  Payloads are read by the
 (``parse_payload``); shapes are cached by their text, since a circuit repeats the same few.
 
 >>> read_line("    20 'ln.mean_subbed' Add", 1)
-(2, False, 20, 'ln.mean_subbed', None, 'Add', None, 0)
+(2, False, 20, 'ln.mean_subbed', None, 'Add', None, 0, None)
 >>> read_line("'a0.w.q.head0' [32,256] Index [0,:,:]  # a comment", 1)
-(0, False, None, 'a0.w.q.head0', (32, 256), 'Index', '[0,:,:]', 30)
+(0, False, None, 'a0.w.q.head0', (32, 256), 'Index', '[0,:,:]', 30, None)
 """
 
 from __future__ import annotations

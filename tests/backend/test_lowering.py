@@ -117,6 +117,8 @@ for _name in sorted(NUMPY_FUNCTIONS):
         CASES["fn_pow"] = GeneralFunction("pow", POS, Array(np.array([0.5, 2.0, -1.0, 3.0], np.float32)))
     elif _name in ("log", "sqrt", "rsqrt", "reciprocal"):
         CASES[f"fn_{_name}"] = GeneralFunction(_name, POS)
+    elif _name == "logit":  # (its domain is (0, 1))
+        CASES["fn_logit"] = GeneralFunction("logit", Array(np.array([0.05, 0.3, 0.5, 0.9], np.float32)))
     else:
         CASES[f"fn_{_name}"] = GeneralFunction(_name, T4)
 
