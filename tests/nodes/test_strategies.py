@@ -11,6 +11,7 @@ from hypothesis.errors import NoSuchExample
 import circuits as C
 from circuits.nodes import NODE_TYPES
 from circuits.testing import (
+    ALL_TYPES,
     CLOSED_TYPES,
     MAGNITUDE_CAP,
     POSITIVE_MIN,
@@ -62,7 +63,7 @@ def test_depth_bound(c):
     assert height(c) <= 3
 
 
-@given(st.lists(st.sampled_from([t for t in NODE_TYPES if t not in (C.Array, C.Scalar, C.Symbol)]),
+@given(st.lists(st.sampled_from([t for t in ALL_TYPES if t not in (C.Array, C.Scalar, C.Symbol)]),
                 min_size=1, max_size=3, unique=True), st.data())
 def test_types_and_root_types_are_respected(composites, data):
     types = [C.Scalar, *composites]
@@ -87,7 +88,9 @@ def test_circuits_share_nodes_and_repeat_names():
 
 @pytest.mark.parametrize("node_type", NODE_TYPES, ids=lambda t: t.__name__)
 def test_every_node_type_is_drawn_below_the_root(node_type):
-    find(dags(max_nodes=15), lambda c: any(type(n) is node_type for n in toposort(c)[:-1]))
+    # rust_circuit's node types are drawn when asked for (strategies.RUST_TYPES)
+    types = ALL_TYPES if node_type in ALL_TYPES else (*ALL_TYPES, node_type)
+    find(dags(types=types, max_nodes=15), lambda c: any(type(n) is node_type for n in toposort(c)[:-1]))
 
 
 @pytest.mark.parametrize("kind", ["diagonal", "summed", "zero_operands", "scalar_operand", "greek"])
