@@ -95,7 +95,7 @@ def test_the_cache_keeps_no_circuit_alive():
     del c, program
     gc.collect()
     assert ref() is None
-    assert program_cache_info()["roots"] == before - 1
+    assert program_cache_info()["roots"] <= before - 1  # its entry went (others may have, too)
 
 
 def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():

@@ -42,8 +42,6 @@ FUNCTION = "GeneralFunction not registered yet"
 EXPECTED_FAILURES = {
     'basic_scope_manager:9': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
     'modules_and_symbols:674': MODULE,
-    'modules_and_symbols:720': MODULE,
-    'modules_and_symbols:735': MODULE,
     'printing_parsing:21': DIAGONAL,
     'printing_parsing:118': CUMULANT,
     'push_down_index:24': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
@@ -53,14 +51,7 @@ EXPECTED_FAILURES = {
     'test_expand_symbolic:98': SYMBOLIC,
     'test_expand_symbolic:106': SYMBOLIC,
     'test_flags:7': DISCRETE_VAR,
-    'test_module:928': MODULE,
-    'test_module:940': MODULE,
-    'test_module:953': MODULE,
-    'test_module:1285': MODULE,
-    'test_module:1411': MODULE,
-    'test_module:1427': MODULE,
     'test_module:1466': MODULE,
-    'test_module:1531': MODULE,
     'test_rust_batching:120': MODULE,
     'test_rust_get_update:1069': PRINT_MODE,  # line 1, column 17: '80114e' is not a number (expected a numb
     'test_rust_printing:77': RUST_REFUSES,
