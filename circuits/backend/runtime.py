@@ -550,6 +550,8 @@ def _items_key(items: list):
 
 
 def _drop_program(key, ref):
+    if _programs is None:  # interpreter shutdown: the module's globals are already gone
+        return
     with _programs_lock:
         found = _programs.get(key)
         if found is not None and found[0] is ref:
