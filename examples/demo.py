@@ -43,14 +43,9 @@ def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
     circuit = attn_only(w, tokens_symbol(toks.shape[1]), unique_names=True)
     data = {"toks_int_var": toks}
     rep = lambda loss: float(np.asarray(loss)[:, REPEATED_HALF].mean())  # noqa: E731
-    probs = [f"b{l}.a.head{h}.a.attn_probs" for l in range(2) for h in range(4)]
-    loss, extra = C.evaluate_batched(circuit, data, also=probs)
+    loss = C.evaluate_batched(circuit, data)
     out["first_half"], out["repeated_half"] = float(loss[:, FIRST_HALF].mean()), rep(loss)
-    i = np.arange(1, toks.shape[1] - 2)
-    prev = [float(extra[f"b0.a.head{h}.a.attn_probs"][:, i, i - 1].mean()) for h in range(4)]
-    r = np.arange(REPEATED_HALF.start, REPEATED_HALF.stop)
-    span = REPEATED_HALF.start - 2  # a repeated token's next token sits span positions back
-    ind = [float(extra[f"b1.a.head{h}.a.attn_probs"][:, r, r - span].mean()) for h in range(4)]
+    prev, ind = interp.head_scores(circuit, toks)
     out["prev_head"] = prev_head = int(np.argmax(prev))
     out["prev_scores"], out["induction_scores"] = prev, ind
     out["induction_heads"] = heads = [h for h in range(4) if ind[h] > 0.4]

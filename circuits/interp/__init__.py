@@ -35,6 +35,7 @@ from .attribution_graph import AttributionGraph, attribution_graph
 from .expansion import expand_residual, layer_norm_parts, residual_terms
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
+from .induction import head_scores, induction_hypothesis
 from .interventions import ablate, patch, path_patch
 from .sae import SAE, induction_saes, load_sae, save_sae
 from .scrubbing import ScrubResult, scrub
@@ -50,6 +51,6 @@ __all__ = [
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",
     "train_sae", "induction_saes",
     # causal scrubbing
-    "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
+    "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM", "induction_hypothesis", "head_scores",
 ]
 

@@ -6,7 +6,8 @@ directly and whose attention pattern depends only on the token-equality pattern 
 (which tokens repeat where), through its queries (token embeddings) and its keys (the
 previous-token head ``prev_head`` of layer 0).  Everything else (the other heads, the other paths
 into the claimed heads) is resampled.  Heads are numbers within their layer; pick them by
-measurement (attention to the previous token, induction score), not by index.
+measurement (attention to the previous token, induction score), not by index:
+``head_scores(circuit, tokens)`` measures both.
 
 >>> print(induction_hypothesis(2, [0]))
 Claim 't.loss' [exact] other=random
@@ -25,10 +26,77 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..select import Name
+import numpy as np
+
+from ..errors import CircuitError
+from ..select import Depth, Name, Regex
 from .hypothesis import Claim, Feature
 
-__all__ = ["induction_hypothesis"]
+__all__ = ["induction_hypothesis", "head_scores"]
+
+
+def _previous_occurrence(row: np.ndarray, ignore) -> np.ndarray:
+    """For each position, the latest earlier position holding the same token (-1 if none, or if
+    the token is in ``ignore``)."""
+    last: dict = {}
+    out = np.full(len(row), -1)
+    for q, tok in enumerate(row.tolist()):
+        if tok not in ignore and tok in last:
+            out[q] = last[tok]
+        last[tok] = q
+    return out
+
+
+def head_scores(circuit, tokens, *, input: str = "toks_int_var", ignore=(0,)) -> tuple[list, list]:
+    """``(previous_token, induction)``: for each head of layer 0, its mean attention to the
+    previous position; for each head of layer 1, its induction score — the mean attention, over
+    positions whose token occurred before, to the position just after that token's latest earlier
+    occurrence (tokens in ``ignore``, by default the BOS token 0, are not counted as repeats).
+
+    ``circuit`` is a two-layer ``attn_only`` circuit (seed names or ``unique_names=True``) whose
+    token input is the Symbol ``input``; ``tokens`` is an int array ``[rows, tokens]`` bound to it.
+    The model's positions are the first ``n`` tokens of a row, ``n`` the attention pattern's size.
+
+    >>> from circuits.models import attn_only, induction_weights, induction_tokens, tokens_symbol
+    >>> toks = induction_tokens(16, seed=0)
+    >>> prev, ind = head_scores(attn_only(induction_weights(), tokens_symbol(toks.shape[1])), toks)
+    >>> int(np.argmax(prev)), [h for h in range(4) if ind[h] > 0.4]
+    (2, [0, 1, 2, 3])
+    """
+    from ..backend import evaluate_batched
+
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise CircuitError(f"head_scores: tokens must be [rows, tokens], got shape {list(tokens.shape)}")
+    probs = {}
+    for layer in (0, 1):
+        h = 0
+        while True:
+            found = circuit.get(f"b{layer}.a.head{h}", require=False)
+            if not found:
+                break
+            head = next(iter(found))
+            probs[(layer, h)] = head.get_unique(Regex(r"(^|\.)a\.attn_probs$") & Depth(2))
+            h += 1
+        if h == 0:
+            raise CircuitError(f"head_scores: the circuit has no head b{layer}.a.head0; give a two-layer "
+                               "attn_only circuit")
+    _, extra = evaluate_batched(circuit, {input: tokens}, also=list(probs.values()))
+    n = next(iter(probs.values())).shape[-1]
+    i = np.arange(1, n)
+    prev = [float(extra[p][:, i, i - 1].mean()) for (layer, _), p in probs.items() if layer == 0]
+    rows, qs, ks = [], [], []
+    for r, row in enumerate(tokens[:, :n]):
+        before = _previous_occurrence(row, set(ignore))
+        q = np.nonzero(before >= 0)[0]
+        rows += [r] * len(q)
+        qs += q.tolist()
+        ks += (before[q] + 1).tolist()
+    if not qs:
+        raise CircuitError("head_scores: no token repeats within the model's positions; give sequences "
+                           "with repeated tokens (e.g. models.induction_tokens)")
+    ind = [float(extra[p][rows, qs, ks].mean()) for (layer, _), p in probs.items() if layer == 1]
+    return prev, ind
 
 
 def induction_hypothesis(prev_head: int, induction_heads: Sequence[int], *, output: str = "t.loss") -> Claim:

@@ -19,7 +19,9 @@ paying for what the variants share:
 3. **One compiled program per group.**  Variants with the same key form a group evaluated by one
    program ``vmap``-ed over the arguments that differ between them (stacked along a new axis),
    in chunks whose size bounds memory (a short last chunk is padded, so one compiled function
-   serves every chunk); arguments that every variant of the group shares are passed once.
+   serves every chunk); arguments that every variant of the group shares are passed once.  A
+   variant with big own values (``LOOP_FROM_BYTES``) is called alone through the same compiled
+   program instead: on the CPU vmap only adds work there.
 
 The 16 single-head zero-ablations of the seed model are one group; exact path patching of every
 layer-0 head into every layer-1 head's queries, keys and values and of every head into the logits
@@ -65,11 +67,17 @@ from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Scalar, Symbol
 from ..traversal import replace, toposort
 
-__all__ = ["sweep", "SweepResult", "SWEEP_MEMORY"]
+__all__ = ["sweep", "SweepResult", "SWEEP_MEMORY", "LOOP_FROM_BYTES"]
 
 # Default bound on the bytes of the values one chunk of a group computes (the sum of the sizes of
 # a variant's own nodes, times the chunk): it decides how many variants run in one vmap.
 SWEEP_MEMORY = 1 << 30
+# A variant whose own values take at least this many bytes runs alone, through the group's one
+# compiled program without ``vmap``: on the CPU, vmap-ing big programs only adds work (a variant of
+# the seed model's path patching, ~180 MB of its own values, took 2.6x longer vmapped in a chunk
+# of one, and 1.2-1.5x longer in chunks of 2 to 8, than called alone), while small programs gain
+# from sharing one call.
+LOOP_FROM_BYTES = 16 << 20
 # A progress bar (tqdm) is shown by default from this many variants on.
 PROGRESS_FROM = 32
 
@@ -270,6 +278,8 @@ def _chunk_size(own: _Own, n: int, batch_size, fdt) -> int:
     program = own.program
     given = set(program.arg_slots)
     per_variant = sum(node.numel * item for i, node in enumerate(program.nodes) if i not in given)
+    if per_variant >= LOOP_FROM_BYTES:
+        return 1
     most = max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
     chunks = -(-n // most)
     return -(-n // chunks)  # as even as possible: little padding in the last chunk
@@ -318,12 +328,14 @@ def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) 
     constants = {id(w): leaf_value(w, values.fdt, problems) for w in where if not isinstance(w, int)}
     raise_problems(problems, "sweep cannot evaluate")
     out = {}
-    if len(members) == 1:
+    if len(members) == 1 or chunk == 1:
+        # one variant per call: the plain program (vmap over one would only add work)
         run = maybe_jit((program.key, "run"), len(program), "auto", lambda: program.skeleton().run)
-        args = [values.of(first[w]) if isinstance(w, int) else constants[id(w)] for w in where]
-        out[members[0].name] = np.asarray(run(args)[0])
-        if bar is not None:
-            bar.update(1)
+        for m in members:
+            args = [values.of(m.args[w]) if isinstance(w, int) else constants[id(w)] for w in where]
+            out[m.name] = np.asarray(run(args)[0])
+            if bar is not None:
+                bar.update(1)
         return out
     in_axes = [axes[w] if isinstance(w, int) else None for w in where]
 
@@ -353,7 +365,8 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``.
     - ``dtype``: ``'float32'`` (default) or ``'float64'``, as for ``evaluate``.
     - ``batch_size``: how many variants of one group run in one vmapped call (default: as many as
-      fit ``SWEEP_MEMORY`` bytes of their own values).
+      fit ``SWEEP_MEMORY`` bytes of their own values; one, called without vmap, when a variant's
+      own values take ``LOOP_FROM_BYTES`` or more).
     - ``progress``: a tqdm progress bar (``tqdm.auto``: the notebook widget in Jupyter); by
       default shown from ``PROGRESS_FROM`` variants on when tqdm is installed.
     - ``optimize=True`` rewrites each group's program with ``rewrites.optimize`` before compiling

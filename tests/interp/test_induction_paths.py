@@ -18,10 +18,8 @@ def model():
     w = induction_weights()
     toks = induction_tokens(64, seed=3)
     c = attn_only(w, tokens_symbol(toks.shape[1]), unique_names=True)
-    probs = [f"b0.a.head{h}.a.attn_probs" for h in range(4)]
-    loss, extra = C.evaluate_batched(c, {"toks_int_var": toks}, also=probs)
-    i = np.arange(1, toks.shape[1] - 2)
-    prev_head = int(np.argmax([extra[p][:, i, i - 1].mean() for p in probs]))
+    loss = C.evaluate_batched(c, {"toks_int_var": toks})
+    prev_head = int(np.argmax(interp.head_scores(c, toks)[0]))
     return c, toks, prev_head, float(loss[:, REPEATED_HALF].mean())
 
 

@@ -8,11 +8,9 @@ repeated-half loss 0.04 -> 8.0 fully scrubbed)."""
 import numpy as np
 import pytest
 
-import circuits as C
 from circuits.interp import Claim, scrub
-from circuits.interp.induction import induction_hypothesis
+from circuits.interp.induction import head_scores, induction_hypothesis
 from circuits.models import attn_only, random_weights, tokens_symbol
-from circuits.select import Depth, Name
 
 SEQ, REPEAT = 34, 16
 REPEATED = np.arange(REPEAT + 1, 2 * REPEAT)  # positions predicting A's repeat
@@ -36,17 +34,6 @@ def repeated_tokens(n: int, seed: int = 0) -> np.ndarray:
 
 def repeated_half(values):
     return values[:, REPEATED].mean(axis=1)
-
-
-def head_scores(circuit, tokens):
-    """(previous-token score per layer-0 head, induction score per layer-1 head)."""
-    probs = {(l, h): circuit.get_unique(f"b{l}.a.head{h}").get_unique(Name("a.attn_probs") & Depth(2))
-             for l in range(2) for h in range(4)}
-    _, extra = C.evaluate_batched(circuit, {"toks_int_var": tokens}, also=list(probs.values()))
-    i = np.arange(1, 2 * REPEAT)
-    prev = [float(extra[probs[(0, h)]][:, i, i - 1].mean()) for h in range(4)]
-    ind = [float(extra[probs[(1, h)]][:, REPEATED, REPEATED - REPEAT + 1].mean()) for h in range(4)]
-    return prev, ind
 
 
 @pytest.fixture(scope="module")

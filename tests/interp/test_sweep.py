@@ -100,6 +100,21 @@ def test_chunks_are_padded_and_give_the_same_values(model):
             np.testing.assert_allclose(chunked[name], whole[name], rtol=1e-6, atol=1e-7)
 
 
+def test_big_variants_run_one_at_a_time_without_vmap(model, monkeypatch):
+    import importlib
+
+    sweep_module = importlib.import_module("circuits.interp.sweep")
+    w, toks, _ = model
+    clean = attn_only(w, toks)
+    variants = zero_ablation_variants(clean, N_LAYERS, N_HEADS)
+    assert sweep(clean, variants).info["chunks"] == N_LAYERS  # small model: one vmapped chunk per layer
+    monkeypatch.setattr(sweep_module, "LOOP_FROM_BYTES", 1)
+    looped = sweep(clean, variants)
+    assert looped.info["chunks"] == N_LAYERS * N_HEADS
+    for name, v in variants.items():
+        np.testing.assert_allclose(looped[name], C.evaluate(v), rtol=1e-5, atol=1e-6)
+
+
 def test_variants_that_are_common_nodes_come_from_the_common_program():
     x = C.Symbol((3,), name="x")
     y = C.GeneralFunction("exp", x, name="y")
