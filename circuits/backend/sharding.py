@@ -16,7 +16,8 @@ collectives.
 Matched nodes must be arguments (Arrays or Symbols); a spec must fit the node's rank, name axes
 of the mesh and split sizes divisible by them; otherwise ``EvaluationError`` names the node and
 the fix.  Multi-host: call ``jax.distributed.initialize()`` in every process first, then build
-the mesh over ``jax.devices()`` (all hosts' devices); see the README.
+the mesh over ``jax.devices()`` (all hosts' devices); see the README (tested as two processes on one
+machine: ``tests/backend/test_multihost.py``).
 
 >>> import numpy as np, jax
 >>> from jax.sharding import PartitionSpec as P

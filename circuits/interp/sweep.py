@@ -85,7 +85,8 @@ PROGRESS_FROM = 32
 class SweepResult(Mapping):
     """The values of a sweep: a mapping variant name -> numpy array (in the order given), with
     ``base`` (the base circuit's value) and ``info`` (how the sweep ran: ``variants``,
-    ``programs`` — distinct programs run for the variants —, ``common_nodes``, ``chunks``).
+    ``programs`` — distinct programs run for the variants —, ``common_nodes``, ``chunks``,
+    ``optimized`` — programs rewritten by ``rewrites.optimize``).
 
     ``reduce(fn)`` maps each value through ``fn`` (default ``np.mean``); ``effects(fn)`` gives
     ``fn(value) - fn(base)``; ``table(fn)`` prints both (``_repr_html_`` is the notebook view);
@@ -271,13 +272,17 @@ class _Values:
         return self.values[node.hash]
 
 
+def _own_bytes(own: _Own, fdt) -> int:
+    """Bytes of the values one variant computes itself (its own part, arguments excluded)."""
+    item = np.dtype(fdt).itemsize
+    given = set(own.program.arg_slots)
+    return sum(node.numel * item for i, node in enumerate(own.program.nodes) if i not in given)
+
+
 def _chunk_size(own: _Own, n: int, batch_size, fdt) -> int:
     if batch_size is not None:
         return max(1, min(int(batch_size), n))
-    item = np.dtype(fdt).itemsize
-    program = own.program
-    given = set(program.arg_slots)
-    per_variant = sum(node.numel * item for i, node in enumerate(program.nodes) if i not in given)
+    per_variant = _own_bytes(own, fdt)
     if per_variant >= LOOP_FROM_BYTES:
         return 1
     most = max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
@@ -358,7 +363,7 @@ def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) 
 
 
 def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *, dtype="float32",
-          batch_size: int | None = None, progress: bool | None = None, optimize: bool = False) -> SweepResult:
+          batch_size: int | None = None, progress: bool | None = None, optimize: bool | str = "auto") -> SweepResult:
     """Evaluate every variant in ``variants`` (name -> circuit), sharing the work they have in
     common with ``circuit`` and with each other; see the module docstring for how.
 
@@ -369,10 +374,12 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
       own values take ``LOOP_FROM_BYTES`` or more).
     - ``progress``: a tqdm progress bar (``tqdm.auto``: the notebook widget in Jupyter); by
       default shown from ``PROGRESS_FROM`` variants on when tqdm is installed.
-    - ``optimize=True`` rewrites each group's program with ``rewrites.optimize`` before compiling
-      it (once per group): e.g. a loss's gathered ``log_softmax`` becomes a gathered logit minus
-      a chunked ``logsumexp``, which halves the cost of each variant of the seed model.  The
-      values are the same up to float rounding.
+    - ``optimize``: ``True`` rewrites each group's program with ``rewrites.optimize`` before
+      compiling it (once per group): e.g. a loss's gathered ``log_softmax`` becomes a gathered
+      logit minus a chunked ``logsumexp``, which saves about a third of each path-patching
+      variant of the seed model.  ``'auto'`` (the default) does so for the groups whose variants
+      are big (``LOOP_FROM_BYTES`` of their own values), where the work saved outweighs the
+      rewrite's cost; ``False`` never.  The values are the same up to float rounding.
 
     Each value equals ``evaluate(variant, inputs)`` (summed in another order where an Add's
     terms were reordered, see the module docstring).
@@ -395,11 +402,13 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
             needed.setdefault(a.hash, a)
     for v in direct.values():
         needed.setdefault(v.hash, v)
+    if optimize not in (True, False, "auto"):
+        raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     groups: dict[bytes, list[_Own]] = {}
     for part in own.values():
         groups.setdefault(part.program.key, []).append(part)
     results: dict = {}
-    chunks = 0
+    chunks = optimized = 0
     with precision(fdt):
         values = _Values(circuit, list(needed.values()), inputs, fdt)
         for name, v in direct.items():
@@ -409,10 +418,13 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
             for members in groups.values():
                 chunk = _chunk_size(members[0], len(members), batch_size, fdt)
                 chunks += -(-len(members) // chunk)
-                results.update(_run_group(members, values, chunk, bar, optimize))
+                opt = optimize is True or (optimize == "auto" and _own_bytes(members[0], fdt) >= LOOP_FROM_BYTES)
+                optimized += opt
+                results.update(_run_group(members, values, chunk, bar, opt))
         finally:
             if bar is not None:
                 bar.close()
         base = np.asarray(values.base)
-    info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks}
+    info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks,
+            "optimized": optimized}
     return SweepResult({name: results[name] for name in variants}, base, info)

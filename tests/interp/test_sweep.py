@@ -111,6 +111,7 @@ def test_big_variants_run_one_at_a_time_without_vmap(model, monkeypatch):
     monkeypatch.setattr(sweep_module, "LOOP_FROM_BYTES", 1)
     looped = sweep(clean, variants)
     assert looped.info["chunks"] == N_LAYERS * N_HEADS
+    assert looped.info["optimized"] == looped.info["programs"] == N_LAYERS  # 'auto' rewrites big variants
     for name, v in variants.items():
         np.testing.assert_allclose(looped[name], C.evaluate(v), rtol=1e-5, atol=1e-6)
 
@@ -191,6 +192,8 @@ def test_bad_input_is_refused_by_name(model):
         sweep("t.loss", {"a": clean})
     with pytest.raises(CircuitError, match="batch_size=0"):
         sweep(clean, {"a": clean}, batch_size=0)
+    with pytest.raises(CircuitError, match="optimize='yes'"):
+        sweep(clean, {"a": clean}, optimize="yes")
     extra = C.Symbol(clean.shape, name="offset")
     with pytest.raises(EvaluationError, match="unbound Symbol.*offset"):
         sweep(clean, {"shifted": C.Add(clean, extra)})
