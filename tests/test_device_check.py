@@ -14,4 +14,4 @@ def test_device_check_quick_passes_on_cpu():
     out = subprocess.run([sys.executable, "-m", "benchmarks.device_check", "--quick"], cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count("  ok ") == 5 and "BAD" not in out.stdout
+    assert out.stdout.count("  ok ") == 13 and "BAD" not in out.stdout and "card: " in out.stdout
