@@ -163,9 +163,18 @@ def _stages(d: dict) -> str:
     return " ".join(f"{k} {v:.2f}" for k, v in d.items())
 
 
+def _warm_up():
+    """Compile and run one small circuit and one small ``jax.jit`` first: the process's first
+    compilation pays one-time costs (XLA's and JAX's initialisation) that belong to neither side."""
+    small = attn_only(*model(1, positions=8, d_model=16, n_heads=2, head_size=8, vocab=32))
+    C.compile(small)()
+    _block(jax.jit(lambda x: (x @ x).sum())(np.ones((8, 8), np.float32)))
+
+
 def main(layers=(2, 6, 12, 24), runs: int = 5, **sizes):
     """``sizes`` (``positions``, ``d_model``, ``n_heads``, ``head_size``, ``vocab``) shrink the model
     for a smoke test; the defaults are GPT-2 small's."""
+    _warm_up()
     rows = []
     for n in layers:
         r = one_size(n, runs, **sizes)
