@@ -198,7 +198,8 @@ def main(layers=(2, 6, 12, 24), runs: int = 5, **sizes):
                          f"circuit: {_stages(b['circuit'])} | hand: {_stages(b['hand'])}"
                          f"   (load average {r['load'][0]:.1f} -> {r['load'][1]:.1f})"))
             print(rows[-1][0], rows[-1][1], flush=True)
-    report(f"seed architecture at GPT-2-small width, {jax.devices()[0].platform} "
+    what = f"small model {sizes} (a smoke test)" if sizes else "seed architecture at GPT-2-small width"
+    report(f"{what}, {jax.devices()[0].platform} "
            f"({os.cpu_count()} CPUs), CPU-time ratios read on a shared machine", rows)
 
 
