@@ -117,6 +117,42 @@ def _pair_step(left: tuple, right: tuple, keep: set):
     return result, dot
 
 
+def _pair_result(left: tuple, right: tuple, keep: set) -> tuple:
+    """The axes ``_pair_step`` leaves, in its order: batch axes (in ``left``'s order), then
+    ``left``'s free axes, then ``right``'s."""
+    batch = tuple(a for a in left if a in right and a in keep)
+    return batch + tuple(a for a in left if a not in right) + tuple(a for a in right if a not in left)
+
+
+def _order_score(axes: tuple, out_axes: tuple) -> int:
+    """How many leading axes of ``axes`` are already where the output wants them: the length of
+    the common prefix of ``axes`` and ``axes`` sorted by output position (axes the output does
+    not keep go last)."""
+    rank = {a: i for i, a in enumerate(out_axes)}
+    target = sorted(axes, key=lambda a: rank.get(a, len(out_axes)))
+    n = 0
+    for x, y in zip(axes, target):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _swap_better(left: tuple, right: tuple, keep: set, out_axes: tuple) -> bool:
+    """Contract ``right`` with ``left`` rather than ``left`` with ``right``?  ``dot_general`` puts
+    batch axes first, then the left side's free axes, then the right side's: the order whose
+    result starts with more axes in the output's order leaves XLA a cheaper (or no) transpose.
+    A head projection ``'qd,Hcd->Hqc'`` in the given order gives ``[q, H, c]``, whose head axis
+    must move to the front through a copy of the whole result; swapped it gives ``[H, c, q]``,
+    whose last two axes XLA folds into the next contraction (how a hand-written
+    ``einsum('sd,hcd->hsc')`` lowers).  Ties keep the given order."""
+    if not left or not right or set(left) <= set(right) or set(right) <= set(left):
+        return False  # a product with a 0-d side or a broadcast product: layout of the larger side
+    given = _order_score(_pair_result(left, right, keep), out_axes)
+    swapped = _order_score(_pair_result(right, left, keep), out_axes)
+    return swapped > given
+
+
 def _broadcast_product(left: tuple, right: tuple):
     """(result axes, fn): ``x * y`` where one side's axes are all among the other's."""
     big_is_left = set(right) <= set(left) and (len(left) >= len(right))
@@ -208,6 +244,9 @@ def _plan(in_axes, out_axes: tuple, shapes):
                     pre.append((side, fn))
                 else:
                     pre.append((side, None))
+            if _swap_better(axes_of[a], axes_of[b], keep, out_axes):
+                a, b = b, a
+                pre.reverse()
             left, right = axes_of[a], axes_of[b]
             result, fn = _pair_step(left, right, keep)
             contract = tuple(x for x in left if x in right and x not in keep)
@@ -234,8 +273,10 @@ def einsum_steps(in_axes: tuple, out_axes: tuple, shapes: tuple) -> tuple[tuple,
     these steps, in this order).
 
     >>> steps, sizes = einsum_steps(((0, 1), (1, 2)), (2, 0), ((2, 3), (3, 4)))
-    >>> [(s.kind, s.result) for s in steps], sizes
-    ([('dot', (0, 2)), ('transpose', (2, 0))], {0: 2, 1: 3, 2: 4})
+    >>> [(s.kind, s.operands, s.result) for s in steps], sizes
+    ([('dot', ((1, 2), (0, 1)), (2, 0))], {0: 2, 1: 3, 2: 4})
+
+    (The operands swapped so that the product comes out in the output's order: no transpose.)
     """
     *_, steps, sizes = _plan([tuple(t) for t in in_axes], tuple(out_axes), shapes)
     return steps, sizes
