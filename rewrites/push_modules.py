@@ -18,7 +18,8 @@ Walking a Module's body from the top, with the module's arguments bound to its S
 - any other node is rebuilt over its pushed children (shapes re-derived where an argument has
   batch axes or other sizes: ``circuits.expand``).
 
-Pushed all the way (``traversal=None``), this is ``substitute_all_modules`` up to names.  Names
+Pushed all the way (``traversal=None``), this is ``circuits.substitute_all_modules`` (rust's
+``substitute_all``) up to names.  Names
 follow rust's default namer: a node rebuilt inside modules ``m1`` (innermost) ... ``mk`` is named
 ``'<its name> bind:m1,...,mk'`` (no name when it or a module has none); the node that replaces a
 Module takes the module's name (``'<module> bind:...'`` when it sits in other modules), unless it
@@ -58,13 +59,13 @@ from typing import Callable
 import attrs
 
 from circuits.errors import CircuitError
-from circuits.expand import expand, substitute_all_modules
+from circuits.expand import expand
 from circuits.nodes import Circuit, Module, ModuleSpec, Rearrange, Symbol
 from circuits.nodes.module import map_sizes
 from circuits.select import as_matcher
 from circuits.traversal import toposort
 
-__all__ = ["push_down_modules", "default_namer", "substitute_all_modules", "PushDownModuleError"]
+__all__ = ["push_down_modules", "default_namer", "PushDownModuleError"]
 
 
 class PushDownModuleError(CircuitError):
