@@ -260,9 +260,8 @@ class _Layout:
                         name_count[sym.name] = name_count.get(sym.name, 0) + 1
             h = node.hash
             again = False
-            if first:
+            if first:  # a root, or a lifted node written out for the first time
                 first = False
-                again = h in defined
                 defined.add(h)
             elif h in defined:
                 if not as_tree:
