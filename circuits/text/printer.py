@@ -268,6 +268,11 @@ class _Layout:
                     emit((_REF, node, level, glyphs if tree else None, info))
                     continue
                 again = True  # number_leaves prints a tree: written again in full
+                if len(entries) > opts.max_chars // 4:  # a shared DAG's tree can be exponential
+                    raise CircuitError(
+                        f"number_leaves prints {root.line()} as a tree, which is over "
+                        f"{opts.max_chars // 4} lines (its shared nodes are written once per path); "
+                        "print less with traversal=... or depth=..., or allow more with max_chars=...")
             else:
                 defined.add(h)
                 if level == max_indent and node.children:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from circuits import Add, Einsum, Scalar, Symbol
-from circuits.errors import ParseError
+from circuits.errors import CircuitError, ParseError
 from circuits.testing import dags
 from circuits.testing.roundtrip import store_of
 from circuits.text import parse
@@ -104,6 +104,15 @@ def test_number_leaves_repeated_inner_node_is_written_in_full():
     # rust cannot parse this mode at all; ours reads it unless a node with children repeats
     with pytest.raises(ParseError, match="children"):
         parse(text)
+
+
+def test_number_leaves_refuses_an_exponential_tree():
+    node = Symbol((2,), name="x")
+    for i in range(40):  # 2**40 paths
+        node = Add(node, node, name=f"n{i}")
+    with pytest.raises(CircuitError, match="as a tree"):
+        to_text(node, number_leaves=True)
+    assert to_text(node, number_leaves=True, traversal=3).count(" # ") == 4
 
 
 def test_unnamed_repeats_keep_their_serial_under_number_leaves():
