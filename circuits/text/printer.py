@@ -32,7 +32,8 @@ Options (all keyword):
 - ``number_leaves``: rust's numbered leaves: the circuit printed as a tree (a node met again is
   written again in full, under the same identifier) and every leaf line — a node without
   children, or one whose children ``traversal`` leaves out — ends ``# 0``, ``# 1``, ...
-  in text order.  The text parses back to the same circuit.
+  in text order.  It parses back to the same circuit unless a node with children is met twice
+  (our parser refuses a restated node with children; rust's parser reads none of this mode).
 - ``commenters``: functions ``node -> str``; each non-empty result is appended to the node's
   line (definitions and references alike) as `` # text``, as rust's ``commenters``.  Comments
   parse away.
