@@ -20,11 +20,12 @@ from . import rules
 from .engine import Rule, RuleSet, Trace, TraceEntry, name_result, rule, rules_of, when
 from .heads import batch_heads
 from .optimize import optimize
+from .push_modules import push_down_modules
 from .simplify import default_rules, simp
 from .strategies import Strategy, apply, at_root, bottom_up, dynamic, fixpoint, normalize, once, seq, top_down
 
 __all__ = [
     "Rule", "RuleSet", "rule", "rules_of", "when", "Trace", "TraceEntry", "name_result",
     "Strategy", "apply", "bottom_up", "top_down", "once", "at_root", "fixpoint", "normalize", "seq", "dynamic",
-    "simp", "default_rules", "optimize", "check", "rules", "batch_heads",
+    "simp", "default_rules", "optimize", "check", "rules", "batch_heads", "push_down_modules",
 ]

@@ -19,7 +19,7 @@ PUBLIC = {
     "toposort", "unregister_function", "value_and_grad",
     # rust_circuit's node types and expansion
     "Module", "ModuleSpec", "ModuleArgSpec", "Scatter", "SetSymbolicShape", "DiscreteVar",
-    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size",
+    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size", "diff_circuits",
 }
 # Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in
 # circuits.select: there are no top-level aliases.  filter_nodes is c.get(predicate).

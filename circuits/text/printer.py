@@ -24,6 +24,21 @@ Options (all keyword):
   Rearrange specs with sizes inside (``(h:2 d) s -> h:2 s d``, ``()`` for a unit axis), Symbols
   with their uuid only (rust has no dtype there), and no ``~`` definition blocks (every level
   indented).  Our parser reads this output back too.
+- ``traversal``: rust_circuit's traversal limit on printing: an int ``k`` prints ``k`` levels
+  (rust's ``new_traversal(end_depth=k)``), a matcher (anything ``circuits.select`` takes: a name,
+  a type, a predicate...) prints a matching node's line but not its children (rust's
+  ``term_early_at``).  A node whose children are left out ends its line with `` ...``, as rust
+  writes it (for reading; it does not parse).
+- ``number_leaves``: rust's numbered leaves: the circuit printed as a tree (a node met again is
+  written again in full, under the same identifier) and every leaf line — a node without
+  children, or one whose children ``traversal`` leaves out — ends ``# 0``, ``# 1``, ...
+  in text order.  It parses back to the same circuit unless a node with children is met twice
+  (our parser refuses a restated node with children; rust's parser reads none of this mode).
+- ``commenters``: functions ``node -> str``; each non-empty result is appended to the node's
+  line (definitions and references alike) as `` # text``, as rust's ``commenters``.  Comments
+  parse away.
+- ``leaves_on_top``: the lines in reverse order (leaves first, the root last; ``└─`` becomes
+  ``┌─``), as rust's ``leaves_on_top``; for reading (neither parser reads it).
 - ``max_indent``: the deepest indentation level written (default 64).  A node with children that
   would start deeper is printed as a reference and its subtree goes, as a definition block (a root
   line marked ``~``), before the roots; definition blocks are ordered deepest first.  This keeps a
@@ -71,8 +86,8 @@ def max_text_chars() -> int:
         raise CircuitError(f"{MAX_TEXT_ENV}={text!r} is not an int number of characters") from None
 DEFINITION_MARK = "~ "
 
-# Line kinds.
-_DEF, _REF, _CUT = 0, 1, 2
+# Line kinds (_DEF_CUT: a definition whose children a ``traversal`` leaves out).
+_DEF, _REF, _CUT, _DEF_CUT = 0, 1, 2, 3
 
 # ANSI colour per node type (the type word and payload); serials are dim, names bold.
 _COLORS = {
@@ -112,9 +127,23 @@ class PrintOptions(NamedTuple):
     max_lines: "int | None" = None
     max_chars: "int | None" = None
     rust: bool = False
+    traversal: object = None
+    number_leaves: bool = False
+    commenters: tuple = ()
+    leaves_on_top: bool = False
 
     def checked(self) -> "PrintOptions":
         """These options with ``max_chars`` filled in; ValueError for an impossible one."""
+        if self.traversal is not None and isinstance(self.traversal, int) and not isinstance(
+                self.traversal, bool) and self.traversal < 0:
+            raise ValueError(f"traversal as a depth must be >= 0, got {self.traversal}")
+        commenters = (self.commenters,) if callable(self.commenters) else tuple(self.commenters or ())
+        for f in commenters:
+            if not callable(f):
+                raise ValueError(f"commenters are functions node -> str, got {f!r}")
+        self = self._replace(commenters=commenters)
+        if self.number_leaves:
+            self = self._replace(max_indent=None)  # a tree has no definition blocks
         if self.depth is not None and self.depth < 0:
             raise ValueError(f"depth must be >= 0 or None, got {self.depth}")
         if self.max_indent is not None and self.max_indent < 1:
@@ -196,6 +225,9 @@ class _Layout:
     def _walk(self, root, is_lifted):
         opts = self.opts
         depth, max_indent, tree = opts.depth, opts.max_indent, opts.tree
+        depth = _traversal_depth(opts.traversal, depth)
+        stop_at = _traversal_matches(opts.traversal, root)
+        as_tree = opts.number_leaves
         name_count = self.name_count if opts.names else None
         defined, lifted = self.defined, self.lifted
         budget = self.budget
@@ -228,23 +260,38 @@ class _Layout:
                     if name_count is not None and sym.name is not None:
                         name_count[sym.name] = name_count.get(sym.name, 0) + 1
             h = node.hash
-            if first:
+            again = False
+            if first:  # a root, or a lifted node written out for the first time
                 first = False
                 defined.add(h)
             elif h in defined:
-                emit((_REF, node, level, glyphs if tree else None, info))
-                continue
+                if not as_tree:
+                    emit((_REF, node, level, glyphs if tree else None, info))
+                    continue
+                again = True  # number_leaves prints a tree: written again in full
+                if len(entries) > opts.max_chars // 4:  # a shared DAG's tree can be exponential
+                    raise CircuitError(
+                        f"number_leaves prints {root.line()} as a tree, which is over "
+                        f"{opts.max_chars // 4} lines (its shared nodes are written once per path); "
+                        "print less with traversal=... or depth=..., or allow more with max_chars=...")
             else:
                 defined.add(h)
                 if level == max_indent and node.children:
                     lifted.append(node)
                     emit((_REF, node, level, glyphs if tree else None, info))
                     continue
-            emit((_DEF, node, level, glyphs if tree else None, info))
-            if name_count is not None and node.name is not None:
-                name_count[node.name] = name_count.get(node.name, 0) + 1
             kids = node.children
+            if kids and stop_at is not None and h in stop_at:
+                emit((_DEF_CUT, node, level, glyphs if tree else None, info))
+                kids = ()
+            else:
+                emit((_DEF, node, level, glyphs if tree else None, info))
+            if name_count is not None and node.name is not None and not again:
+                name_count[node.name] = name_count.get(node.name, 0) + 1
             if not kids:
+                continue
+            if opts.traversal is not None and depth is not None and level >= depth:
+                entries[-1] = (_DEF_CUT,) + entries[-1][1:]  # rust's ' ...' on the line itself
                 continue
             if tree:
                 inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
@@ -268,6 +315,23 @@ class _Layout:
         return entries
 
 
+def _traversal_depth(traversal, depth):
+    """The ``depth`` limit a traversal given as an int sets (rust's end_depth k: k levels)."""
+    if isinstance(traversal, int) and not isinstance(traversal, bool):
+        k = max(traversal - 1, 0)
+        return k if depth is None else min(depth, k)
+    return depth
+
+
+def _traversal_matches(traversal, root):
+    """The hashes of the nodes under ``root`` whose children a matcher traversal leaves out."""
+    if traversal is None or (isinstance(traversal, int) and not isinstance(traversal, bool)):
+        return None
+    from ..select import as_matcher
+
+    return as_matcher(traversal).matches(root)
+
+
 def _child_infos(node):
     """Per child, what its line says after ``!`` (a Module's argument Symbols), else None."""
     if not node.takes_child_info:
@@ -284,6 +348,8 @@ def _render(blocks, name_count, opts: PrintOptions):
     written = 0
     indents = ["  " * i for i in range(64)]
     plain = not (opts.shapes or opts.comments or color or not names or opts.rust)
+    commenters, number_leaves = opts.commenters, opts.number_leaves
+    leaves = 0
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
     serials = 0
     for is_definition, entries in blocks:
@@ -313,7 +379,7 @@ def _render(blocks, name_count, opts: PrintOptions):
                     known = (quote_name(name), "")
                 seen[h] = known
             if plain:
-                text = known[1] + node.line() if kind == _DEF else known[0]
+                text = known[1] + node.line() if kind != _REF else known[0]
             else:
                 text = _styled(node, kind, known[1], known[0], opts)
             if info is not None:
@@ -327,7 +393,16 @@ def _render(blocks, name_count, opts: PrintOptions):
                 text += " ! " + (sk[1] + sym.line() if len(info) == 3 else sk[0])
                 if flags != "ttt":
                     text += " " + flags
-            if level == 0 and is_definition and kind == _DEF:
+            if kind == _DEF_CUT:
+                text += " ..."
+            if number_leaves and kind != _REF and (kind == _DEF_CUT or not node.children):
+                text += _paint(f" # {leaves}", "35", color)
+                leaves += 1
+            for commenter in commenters:
+                comment = commenter(node)
+                if comment:
+                    text += _paint(" # " + _one_line(str(comment)), "2", color)
+            if level == 0 and is_definition and kind != _REF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
             emit(indent + text)
             written += len(indent) + len(text) + 1
@@ -337,7 +412,18 @@ def _render(blocks, name_count, opts: PrintOptions):
                     "print less with max_lines=... or depth=..., or allow more with max_chars=... "
                     f"(default: the environment variable {MAX_TEXT_ENV} or {DEFAULT_MAX_TEXT_CHARS})"
                 )
+    if opts.leaves_on_top:
+        lines.reverse()
+        if tree:
+            lines = [line.replace("└─", "┌─") for line in lines]
     return "\n".join(lines)
+
+
+def _one_line(comment: str) -> str:
+    """A comment as one printable line: control characters escaped (``\\n``)."""
+    if comment.isprintable():
+        return comment
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in comment)
 
 
 def _identify(node, names, name_count, serials):
@@ -352,7 +438,7 @@ def _identify(node, names, name_count, serials):
 
 def _styled(node, kind, serial, identifier, opts: PrintOptions):
     color = opts.color
-    if kind == _DEF:
+    if kind != _REF:
         body_code = _COLORS.get(node.type_name, "0")
         text = format_line(
             node.type_name, node.name if opts.names else None,

@@ -1,0 +1,316 @@
+"""Pushing modules down (rust_circuit's ``ModulePusher``): a Module is moved from above its body
+towards the leaves, so it wraps less.
+
+Walking a Module's body from the top, with the module's arguments bound to its Symbols:
+
+- a bound Symbol becomes its argument;
+- a node that uses none of the bound Symbols stays as it is, outside any module (rust's
+  "eliminate modules with no inputs" and "remove unused inputs");
+- a node where the ``traversal`` stops is wrapped in a Module binding just the Symbols it uses
+  (``flatten_modules=True``: one Module for all the enclosing modules' arguments; ``False``: one
+  per enclosing module, the outermost outside);
+- a Module met in the body is pushed too, its arguments bound on top of the enclosing ones
+  (unless ``skip_module`` matches it: then it is walked like any node, and refused when it
+  rebinds a Symbol that is bound already).  Where both it and an enclosing module batch their
+  arguments (extra leading axes), or a skipped module's body would gain batch axes, the module
+  stays whole, wrapped in the enclosing modules — rust pushes these too, rearranging the batch
+  axes; this library does not yet;
+- any other node is rebuilt over its pushed children (shapes re-derived where an argument has
+  batch axes or other sizes: ``circuits.expand``).
+
+Pushed all the way (``traversal=None``), this is ``circuits.substitute_all_modules`` (rust's
+``substitute_all``) up to names.  Names
+follow rust's default namer: a node rebuilt inside modules ``m1`` (innermost) ... ``mk`` is named
+``'<its name> bind:m1,...,mk'`` (no name when it or a module has none); the node that replaces a
+Module takes the module's name (``'<module> bind:...'`` when it sits in other modules), unless it
+is an argument or a node of the body passed through unchanged, which keep theirs.
+
+>>> from circuits import parse
+>>> c = parse('''
+... 'b' Module
+...   'outer' Add
+...     'add' Add
+...       'x' [] Symbol
+...       'x'
+...     'w' [] Scalar 2
+...   'my_arg' [] Scalar 3 ! 'x'
+... ''')
+>>> print(push_down_modules(c).to_text())
+'b' Add
+  'add bind:b' Add
+    'my_arg' [] Scalar 3
+    'my_arg'
+  'w' [] Scalar 2
+>>> print(push_down_modules(c, traversal='add').to_text())
+'b' Add
+  'add bind:b' Module
+    'add' Add
+      'x' [] Symbol
+      'x'
+    'my_arg' [] Scalar 3 ! 'x'
+  'w' [] Scalar 2
+"""
+
+from __future__ import annotations
+
+import uuid as _uuid
+from typing import Callable
+
+import attrs
+
+from circuits.errors import CircuitError
+from circuits.expand import expand
+from circuits.nodes import Circuit, Module, ModuleSpec, Rearrange, Symbol
+from circuits.nodes.module import map_sizes
+from circuits.select import as_matcher
+from circuits.traversal import toposort
+
+__all__ = ["push_down_modules", "default_namer", "PushDownModuleError"]
+
+
+class PushDownModuleError(CircuitError):
+    """A module cannot be pushed further (a skipped module rebinds a Symbol bound outside it)."""
+
+
+def default_namer(bind_name: str = "bind") -> Callable:
+    """rust's ``default_nested_module_namer``: ``namer(node, modules)`` (modules innermost
+    first) -> ``'<name> bind:m1,m2'``; the node's own name when there are no modules; None
+    when the node or a module has no name.
+
+    >>> from circuits import Scalar
+    >>> default_namer()(Scalar(1.0, name='w'), [Module(ModuleSpec(Scalar(1.0), []), name='m')])
+    'w bind:m'
+    """
+
+    def namer(node, modules):
+        if not modules:
+            return node.name
+        if node.name is None or any(m.name is None for m in modules):
+            return None
+        return f"{node.name} {bind_name}:{','.join(m.name for m in modules)}"
+
+    return namer
+
+
+class _Frame:
+    """One enclosing module: the Module, its argument specs, and its arguments pushed (``flat``:
+    with every enclosing module applied; ``base``: pushed with no module bound, for nesting)."""
+
+    __slots__ = ("module", "specs", "flat", "base", "key", "batched")
+
+    def __init__(self, module, specs, flat, base, outer_key):
+        self.module, self.specs, self.flat, self.base = module, specs, flat, base
+        # batched by its own arguments (not by batch axes that enclosing modules gave them)
+        self.batched = bool(module.batch_shape)
+        self.key = (outer_key, module.hash, tuple(a.hash for a in flat))
+
+
+def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, flatten_modules: bool = True,
+                      namer: "Callable | None" = None) -> Circuit:
+    """``circuit`` with its Modules pushed down (see the module docstring).  Value-preserving.
+
+    ``traversal``: where pushing stops — None (all the way down: every module inlined), an int
+    ``k`` (rust's ``new_traversal(end_depth=k)``: nodes ``k`` levels below the root are wrapped),
+    or a matcher (anything ``circuits.select`` takes; rust's ``term_early_at``: matching nodes
+    are wrapped, not entered).  ``skip_module``: a matcher of Modules left in place.
+    ``namer(node, modules)``: the name of a rebuilt node (``default_namer()``).
+
+    >>> from circuits import parse
+    >>> c = parse("'m' Module\\n  'y' Add\\n    'x' [2] Symbol\\n    'c' [2] Scalar 1\\n  'a' [2] Scalar 5 ! 'x'")
+    >>> print(push_down_modules(c).to_text())
+    'm' Add
+      'a' [2] Scalar 5
+      'c' [2] Scalar 1
+    """
+    if not isinstance(circuit, Circuit):
+        raise TypeError(f"push_down_modules takes a circuit node, got {type(circuit).__name__}")
+    namer = default_namer() if namer is None else namer
+    order = toposort(circuit)
+    symbols = _symbols_below(order)
+    end_depth = traversal if isinstance(traversal, int) and not isinstance(traversal, bool) else None
+    stop = set() if traversal is None or end_depth is not None else as_matcher(traversal).matches(circuit, order)
+    skip = set() if skip_module is None else as_matcher(skip_module).matches(circuit, order)
+
+    def syms_of(node):
+        s = symbols.get(node.hash)
+        if s is None:  # a node built here (nested wrapping): walk it
+            s = frozenset(n.hash for n in toposort(node) if type(n) is Symbol)
+        return s
+
+    def bound_in(frames):
+        out = {}
+        for f in frames:  # outermost first: an inner binding overrides
+            for spec, arg in zip(f.specs, f.flat):
+                out[spec.symbol.hash] = (spec, arg)
+        return out
+
+    def finalize(node, frames):
+        """``node`` where pushing stops: wrapped in the modules whose Symbols it uses."""
+        if not frames:
+            return node, False
+        modules = [f.module for f in reversed(frames)]
+        if flatten_modules:
+            used = syms_of(node)
+            pairs = [(s, a) for h, (s, a) in bound_in(frames).items() if h in used]
+            if not pairs:
+                return node, False
+            spec = ModuleSpec(node, [s for s, _ in pairs])
+            return Module(spec, *(a for _, a in pairs), name=namer(node, modules)), True
+        out, created = node, False
+        for i in range(len(frames) - 1, -1, -1):  # innermost module first; the outer ones wrap it
+            f = frames[i]
+            used = syms_of(out)
+            pairs = [(s, a) for s, a in zip(f.specs, f.base) if s.symbol.hash in used]
+            if pairs:
+                out = Module(ModuleSpec(out, [s for s, _ in pairs]), *(a for _, a in pairs),
+                             name=namer(node, [g.module for g in reversed(frames[i:])]))
+                created = True
+        return out, created
+
+    memo: dict = {}
+
+    def visit(node, frames, depth):
+        """A generator: yields ``(child, frames, depth)`` requests, receives ``(result,
+        created)``, returns its own ``(result, created)``."""
+        h = node.hash
+        if frames:
+            bound = bound_in(frames)
+            used = syms_of(node)
+            if not any(k in used for k in bound):
+                frames = ()  # nothing here depends on the enclosing modules
+        if end_depth is not None and depth >= end_depth or h in stop:
+            return finalize(node, frames)
+        if type(node) is Symbol and frames:
+            hit = bound_in(frames).get(h)
+            if hit is not None:
+                return hit[1], False
+        if type(node) is Module and h not in skip:
+            outer_key = frames[-1].key if frames else None
+            flat = []
+            for a in node.args:
+                flat.append((yield (a, frames, depth + 1))[0])
+            base = flat
+            if frames and not flatten_modules:
+                base = []
+                for a in node.args:
+                    base.append((yield (a, (), depth + 1))[0])
+            specs, body = _concrete_spec(node)
+            frame = _Frame(node, specs, flat, base, outer_key)
+            if frame.batched and any(f.batched for f in frames):
+                # Batch axes from two levels of modules: the outer ones must sit outside the
+                # inner ones, which right-aligned expansion cannot say; this module stays whole.
+                return finalize(node, frames)
+            out, created = yield (body, tuple(frames) + (frame,), depth + 1)
+            n = len(node.shape)
+            if out.shape[len(out.shape) - n:] != node.shape:  # batch axes of arguments it does not use
+                out, created = _broadcast_front(out, node.shape), True
+            if created:
+                out = out.rename(namer(node, [f.module for f in reversed(frames)]))
+            return out, created
+        if type(node) is Module and frames:
+            bound = bound_in(frames)
+            for a in node.spec.arg_specs:
+                if a.symbol.hash in bound:
+                    raise PushDownModuleError(
+                        f"cannot push a module past the skipped module {node.line()}: it binds "
+                        f"{a.symbol.line()}, which an enclosing module binds too; do not skip it, or stop "
+                        "the traversal above it")
+        kids = []
+        for c in node.children:
+            kids.append((yield (c, frames, depth + 1))[0])
+        if all(k is c for k, c in zip(kids, node.children)):
+            return node, False
+        if type(node) is Module and any(k.shape != c.shape for k, c in zip(kids, node.children)):
+            # A skipped module whose body and arguments would both gain the enclosing batch
+            # axes: it stays whole, wrapped in the enclosing modules.
+            return finalize(node, frames)
+        out = _rebuild(node, kids)
+        return out.rename(namer(node, [f.module for f in reversed(frames)])), True
+
+    def key(node, frames, depth):
+        return (node.hash, frames[-1].key if frames else None, depth if end_depth is not None else None)
+
+    root_key = key(circuit, (), 0)
+    stack = [(root_key, visit(circuit, (), 0))]
+    send = None
+    while stack:
+        k, gen = stack[-1]
+        try:
+            request = gen.send(send)
+        except StopIteration as done:
+            memo[k] = done.value
+            stack.pop()
+            send = done.value
+            continue
+        rk = key(*request)
+        if rk in memo:
+            send = memo[rk]
+        else:
+            stack.append((rk, visit(*request)))
+            send = None
+    return memo[root_key][0]
+
+
+def _symbols_below(order) -> dict:
+    """node hash -> frozenset of the Symbol hashes under it (one bottom-up pass)."""
+    out: dict = {}
+    empty = frozenset()
+    for n in order:
+        if type(n) is Symbol:
+            out[n.hash] = frozenset((n.hash,))
+            continue
+        kids = n.children
+        if not kids:
+            out[n.hash] = empty
+        elif len(kids) == 1:
+            out[n.hash] = out[kids[0].hash]
+        else:
+            s = set()
+            for c in kids:
+                s |= out[c.hash]
+            out[n.hash] = frozenset(s)
+    return out
+
+
+def _concrete_spec(module):
+    """The module's argument specs and body with its symbolic sizes made the sizes its
+    arguments give them (so that pushing never meets a symbolic size its arguments fixed)."""
+    if not module.size_map:
+        return module.spec.arg_specs, module.body
+    specs, table = [], {}
+    for a in module.spec.arg_specs:
+        shape = map_sizes(a.symbol.shape, module.size_map)
+        if shape != a.symbol.shape:
+            sym = Symbol(shape, name=a.symbol.name, dtype=a.symbol.dtype, uuid=a.symbol.uuid)
+            table[a.symbol] = sym
+            a = attrs.evolve(a, symbol=sym)
+        specs.append(a)
+    return tuple(specs), expand(module.body, table, module.size_map)
+
+
+def _broadcast_front(node, shape):
+    """``node`` repeated along the leading axes ``shape`` has and it lacks."""
+    extra = len(shape) - len(node.shape)
+    if extra < 0 or shape[extra:] != node.shape:
+        raise CircuitError(f"push_down_modules: {node.line()} has shape {node.shape}, the module {shape}")
+    inner = " ".join(f"a{i}" for i in range(len(node.shape)))
+    outer = " ".join(f"b{i}" for i in range(extra))
+    return Rearrange(node, f"{inner} -> {outer} {inner}", **{f"b{i}": n for i, n in enumerate(shape[:extra])})
+
+
+def _rebuild(node, kids):
+    """``node`` over new children, its shape re-derived where a child's shape changed (batch
+    axes or other sizes, as ``circuits.expand``)."""
+    if type(node) is Module or all(k.shape == c.shape for k, c in zip(kids, node.children)):
+        return node.with_children(kids)
+    holders, table = [], {}
+    for c in node.children:
+        ph = table.get(c.hash)
+        if ph is None:
+            ph = Symbol(c.shape, dtype=c.dtype, uuid=_uuid.uuid4())
+            table[c.hash] = ph
+        holders.append(ph)
+    replacements = {}
+    for c, k in zip(node.children, kids):
+        replacements[table[c.hash]] = k
+    return expand(node.with_children(holders), replacements)
