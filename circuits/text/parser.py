@@ -141,6 +141,7 @@ def _read(text):
     base, base_line = _first_indent(lines) if text[:1] in (" ", "\n", "\r", "#") else (0, 0)
     tree_width = 2 if ("‣" in text or "▼" in text or "|/" in text) else 3
     tree = _Tree()
+    tree.tree_width = tree_width
     add = tree.add
     fast = FAST_LINE.match
     shapes: dict = {}
@@ -222,9 +223,27 @@ def split_child_info(line):
         elif ch == "#" and not quoted:
             return line, None
         elif ch == "!" and not quoted:
-            return line[:i].rstrip(" "), line[i + 1:].strip()
+            return line[:i].rstrip(" "), _strip_comment(line[i + 1:]).strip()
         i += 1
     return line, None
+
+
+def _strip_comment(info):
+    """Child info without a trailing comment (``'sym' ftt # a comment``: rust's printer's
+    commenters write them there)."""
+    quoted = False
+    i, n = 0, len(info)
+    while i < n:
+        ch = info[i]
+        if ch == "\\" and quoted:
+            i += 2
+            continue
+        if ch == "'":
+            quoted = not quoted
+        elif ch == "#" and not quoted:
+            return info[:i]
+        i += 1
+    return info
 
 
 _FLAGS = re.compile(r"^(.*?)\s+([tf]{3})\s*$")
@@ -262,6 +281,7 @@ class _Tree:
         self.order: list = []
         self.open_items: list = []  # the item at each depth on the path to the current line
         self.only_child = None  # (number, line) of a '▼' line: the next line is an only child
+        self.tree_width = 3  # glyph columns a level of tree arrows takes (rust's '├‣': 2)
         self.hidden: dict = {}  # id(only child) -> the parent whose place it took in open_items
         self.serials: dict = {}  # serial -> its first record
         self.idents: dict = {}  # a record's identifier without serial (alias or name) -> first record
@@ -335,7 +355,7 @@ class _Tree:
 
     def add_line(self, number, line, fast, shapes):
         """Read one line that the fast path may not see (the line part of a child-info line)."""
-        parsed = read_line(line, number)
+        parsed = read_line(line, number, self.tree_width)
         if parsed is None:
             raise fail("child info ('!') after no node", number, line, 1, "a node line before '!'")
         self.add(number, line, *parsed)
