@@ -439,8 +439,13 @@ def _repeat(r):
         return
     if (r.serial is None and not r.children and r.cls.child_count[1] == 0 and r.shape is not None
             and r.payload is not _NOT_GIVEN):
-        r.repeat_of = None  # a complete leaf line: the same node when it says the same
-        return
+        # A complete leaf line: the node it says.  When it says what the first line says, it is
+        # that node (rust_circuit's identifier is the name: two 'my_arg' [] Scalar 3874 lines are
+        # one node, and one random 'Array rand'), so a reference by the name is not ambiguous.
+        if (r.cls, r.name, r.shape, r.payload) != (first.cls, first.name, first.shape, first.payload) \
+                or first.children or first.position < 0:
+            r.repeat_of = None
+            return
     if r.children:
         raise r.error(f"line {first.line_number} already defined this node, so it cannot have "
                       "children here", "no children under a repeated node")

@@ -49,7 +49,6 @@ REFERENCES = {
 
 EXPECTED_FAILURES = {
     'basic_scope_manager:9': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
-    'modules_and_symbols:674': MODULE,
     'printing_parsing:21': DIAGONAL,
     'printing_parsing:118': CUMULANT,
     'push_down_index:24': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
@@ -59,8 +58,6 @@ EXPECTED_FAILURES = {
     'test_expand_symbolic:98': SYMBOLIC,
     'test_expand_symbolic:106': SYMBOLIC,
     'test_flags:7': CUMULANT,  # its DiscreteVars parse; 'cum_var' Cumulant does not
-    'test_module:1466': MODULE,
-    'test_rust_batching:120': MODULE,
     'test_rust_get_update:1069': PRINT_MODE,  # line 1, column 17: '80114e' is not a number (expected a numb
     'test_rust_printing:77': RUST_REFUSES,
     'test_rust_printing:98': CUMULANT,
@@ -79,10 +76,7 @@ EXPECTED_FAILURES = {
     'test_rust_printing:617': PRINT_MODE,  # 'Concat 0 ...': a traversal-limited print (end_depth=3)
     'test_rust_printing:628': PRINT_MODE,  # 'yoyo  [2,3,3] Scalar 1': bijection=False prints names unquoted
     'test_rust_printing:655': PRINT_MODE,  # 'Scatter [0:2,0:1] ...': PrintOptions.repr_depth output
-    'test_rust_printing:2043': MODULE,
-    'test_rust_printing:2092': MODULE,
     'test_rust_printing:2116': CUMULANT,
-    'test_rust_printing:2133': MODULE,
     'test_rust_printing:2209': PRINT_MODE,  # line 7: line 3 already defined this node, so it cannot have
     'test_rust_printing:2228': PRINT_MODE,  # line 3, column 9: Add takes no payload, got '...' (expected
     'test_rust_printing:2328': RUST_REFUSES,

@@ -134,3 +134,58 @@ def test_rust_print_option_writes_rust_grammar():
     for i in range(80):
         deep = C.GeneralFunction("exp", deep)
     assert "~" not in to_text(deep, rust=True) and parse(to_text(deep, rust=True)) == deep
+
+
+RUST_COMMENTED = [  # rust_circuit's test_rust_printing_comments: rust parses all to one circuit
+    """
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 '# my name' [5, 3, 3] Concat 0
+      5 '#\\\\'\\\\' [2, 3, 3] Scalar 1.2
+      6 '\\' hi\\\\' [3, 3, 3] Scalar 1.2""",
+    """
+        # comment before
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1] # comment
+# comment mid
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]###
+    4 '# my name' [5, 3, 3] Concat 0#dfj
+      5 '#\\\\'\\\\' [2, 3, 3] Scalar 1.2      #  sldkj#*$&fstuf
+      6 '\\' hi\\\\' [3, 3, 3] Scalar 1.2""",
+]
+
+
+def test_quoted_names_read_as_rusts_pattern_reads_them():
+    # rust's name pattern keeps a quote that follows a backslash inside the name, then replaces
+    # \' by ' and \\ by \: its test's '#\\'\\' is the name #\'\ (a plain Python reference below)
+    first, second = (parse(t) for t in RUST_COMMENTED)
+    assert first == second
+    concat = first.children[1].children[0]
+    raw = "#\\\\'\\\\"
+    assert [k.name for k in concat.children] == [raw.replace("\\'", "'").replace("\\\\", "\\"), "' hi\\"]
+    assert concat.children[0].name == "#\\'\\"
+    assert parse(first.to_text()) == first  # and this format's escapes write it back
+    with pytest.raises(ParseError):  # a name whose quote is never closed is still an error
+        parse("5 '\\\\'\\\\ [2] Scalar 1")
+
+
+def test_a_repeated_complete_leaf_line_is_the_same_node():
+    # rust's test_module_pusher_naming_edge_cases: two "'my_arg' [] Scalar 3874" lines are one node
+    # (one random draw for 'Array rand'), so the later reference by name is not ambiguous
+    b, c = parse_many("'b' Add\n  'x' [2] Array rand\n  'x' [2] Array rand\n'c' Add\n  'x'")
+    assert b.children[0] is b.children[1] is c.children[0]
+    with pytest.raises(ParseError, match="2 nodes are named 'x'"):  # two different nodes: ambiguous
+        parse_many("'b' Add\n  'x' [2] Scalar 1\n  'x' [2] Scalar 2\n'c' Add\n  'x'")
+
+
+def test_child_info_may_carry_a_comment():
+    m = parse("""
+'m' Module
+  'body' Add
+    'x' [0s] Symbol
+  'arg' [3] Scalar 2 ! 'x' ftt # a commenter's comment
+""")
+    assert m.spec.arg_specs[0].flags == "ftt" and m.shape == (3,)
