@@ -35,7 +35,7 @@ import functools
 from typing import Callable, Iterable, Iterator
 
 from circuits.errors import RewriteError
-from circuits.nodes import Array, Circuit, Symbol
+from circuits.nodes import Array, Circuit, Einsum, Symbol
 
 __all__ = ["Rule", "RuleSet", "rule", "rules_of", "when", "Run", "Trace", "TraceEntry", "name_result",
            "check_result"]
@@ -284,6 +284,8 @@ class Run:
         if self.allow is not None and not self.allow(node):
             return None
         cls = type(node)
+        if _near_diagonal_write(node):
+            return None
         candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
         if candidates is None:
             candidates = rules.for_type(cls)
@@ -302,6 +304,18 @@ class Run:
                 self.trace.record(r.name, node, out)
             return out
         return None
+
+
+def _near_diagonal_write(node) -> bool:
+    """An Einsum with a repeated output axis (``ab->abaa``, writing a diagonal), or a node with
+    one as a child: the rules read an einsum's ``out_axes`` as one axis per id, so no rule fires
+    there (the einsum keeps its value; rules fire everywhere else)."""
+    if type(node) is Einsum and node.writes_diagonal:
+        return True
+    for k in node.children:
+        if type(k) is Einsum and k.writes_diagonal:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------- trace

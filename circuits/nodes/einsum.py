@@ -120,8 +120,6 @@ def _analyse(in_axes, out_axes, shapes):
         raise mismatch(f"negative axis id {min(sizes)}")
     if any(ax > INT64_MAX for ax in sizes):
         raise mismatch(f"axis id {max(sizes)} is over 2**63 - 1; use small ids (they print as letters)")
-    if len(set(out_axes)) != len(out_axes):
-        raise mismatch("an output axis is repeated")
     try:
         shape = tuple([sizes[a] for a in out_axes])
     except KeyError:
@@ -130,9 +128,32 @@ def _analyse(in_axes, out_axes, shapes):
     return in_axes, out_axes, shape
 
 
+def write_diagonal(y, unique, out_axes, zeros):
+    """``y`` (axes ``unique``, each id once) written on the diagonals of an array with axes
+    ``out_axes`` (ids repeated: ``ab -> abaa``), zero elsewhere: what an einsum with a repeated
+    output axis means (rust_circuit's).  ``zeros(shape)`` makes the array (numpy, object
+    arrays...).
+
+    >>> import numpy as np
+    >>> write_diagonal(np.array([1, 2]), (0,), (0, 0), lambda s: np.zeros(s, int)).tolist()
+    [[1, 0], [0, 2]]
+    """
+    import numpy as np
+
+    shape = tuple(y.shape[unique.index(a)] for a in out_axes)
+    out = zeros(shape)
+    grids = np.indices(y.shape, sparse=True) if y.ndim else ()
+    if y.ndim:
+        out[tuple(grids[unique.index(a)] for a in out_axes)] = y
+    else:
+        out[()] = y
+    return out
+
+
 class Einsum(Circuit):
     """Generalised einsum.  Axis ids are ints stored as given; repeated ids in one input read a
-    diagonal; ids absent from the output are summed; zero operands give the scalar 1.
+    diagonal; ids absent from the output are summed; zero operands give the scalar 1; an id
+    repeated in the output writes a diagonal (``ab->abaa``: zero off it, as rust_circuit means it).
 
     >>> import numpy as np
     >>> from circuits import Array
@@ -196,6 +217,20 @@ class Einsum(Circuit):
     @property
     def spec(self) -> str:
         return format_spec(self.in_axes, self.out_axes)
+
+    @property
+    def writes_diagonal(self) -> bool:
+        """Whether an output axis id is repeated (``ab->abaa``): the result is zero off the
+        diagonals of those axes.  Rewrite rules that read ``out_axes`` as one axis per id leave
+        such an einsum alone (``rewrites.engine``).
+
+        >>> import numpy as np
+        >>> from circuits import Array
+        >>> Einsum.from_spec('a->aa', Array(np.ones(3, np.float32))).writes_diagonal
+        True
+        """
+        out = self.out_axes
+        return len(set(out)) != len(out)
 
     def axis_sizes(self) -> dict[int, int]:
         """Size of every axis id."""

@@ -49,7 +49,6 @@ REFERENCES = {
 
 EXPECTED_FAILURES = {
     'basic_scope_manager:9': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
-    'printing_parsing:21': DIAGONAL,
     'printing_parsing:118': CUMULANT,
     'push_down_index:24': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
     'module_library:601': NEEDS_CONTEXT,  # 'p.norm_call' is built earlier in module_library (add_new_circs)
@@ -80,8 +79,6 @@ EXPECTED_FAILURES = {
     'test_rust_printing:2209': PRINT_MODE,  # line 7: line 3 already defined this node, so it cannot have
     'test_rust_printing:2228': PRINT_MODE,  # line 3, column 9: Add takes no payload, got '...' (expected
     'test_rust_printing:2328': RUST_REFUSES,
-    'test_rust_rewrite:1006': DIAGONAL,
-    'test_rust_rewrite:1174': DIAGONAL,
     'test_sample_transform:649': TENSOR_INDEX,
     'test_sample_transform:655': FUNCTION,
 }
