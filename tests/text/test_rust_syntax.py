@@ -189,3 +189,36 @@ def test_child_info_may_carry_a_comment():
   'arg' [3] Scalar 2 ! 'x' ftt # a commenter's comment
 """)
     assert m.spec.arg_specs[0].flags == "ftt" and m.shape == (3,)
+
+
+class _Tensors:
+    """A store of tensors by hash (the parser's store protocol: find a prefix, get the value)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def find(self, prefix):
+        found = [h for h in self.tensors if h.startswith(prefix)]
+        return found[0] if len(found) == 1 else None
+
+    def get(self, full):
+        return self.tensors[full]
+
+
+def test_index_tensor_literals_read_from_the_store():
+    # rust_circuit's test_print_tensor_index: Index(Scalar(1.0, (10, 10)), (tensor, 0)) prints so
+    text = "0 [6] Index [t292d9fdb22 [6],0]\n  1 [10,10] Scalar 1"
+    idx = np.array([1, 2, 3, 3, 2, 1])
+    c = parse(text, store=_Tensors({"292d9fdb22aa": idx}))
+    assert c.shape == (6,)
+    np.testing.assert_array_equal(c.index[0], idx)
+    x = np.arange(100.0).reshape(10, 10)
+    patched = C.Index(C.Array(x, name="x"), c.index)
+    np.testing.assert_allclose(C.evaluate(patched, dtype="float64"), x[idx, 0])
+    assert parse(c.to_text()) == c  # printed back with its ints inline
+    with pytest.raises(ParseError, match=r"index tensor t292d9fdb22 \[6\] is not in the store \(no store="):
+        parse(text)
+    with pytest.raises(ParseError, match="not 6 ints"):
+        parse(text, store=_Tensors({"292d9fdb22": np.arange(5)}))
+    with pytest.raises(ParseError, match="is not an index tensor"):
+        parse("0 [6] Index [tzz [6],0]\n  1 [10,10] Scalar 1")
