@@ -9,7 +9,7 @@ import pytest
 
 import circuits as C
 import rewrites
-from circuits import Array, GeneralFunction, Scalar, parse
+from circuits import Array, GeneralFunction, parse
 
 CAST_INT = "cast_from_{device:None,dtype:None}_to_{device:None,dtype:int64}"
 
