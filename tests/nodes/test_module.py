@@ -247,3 +247,37 @@ def test_a_symbol_bound_twice_is_bound_by_the_later_argument():
     with pytest.raises(C.errors.CircuitError, match="does not occur in the body"):
         ModuleSpec(m.body, m.spec.arg_specs)  # rust's parser refuses it unless told not to check
     assert parse_many(print_many([b_arg, m])) == [b_arg, m]
+
+
+def test_symbolic_sizes_in_rust_rearrange_specs_and_their_expansion():
+    # rust_circuit's test_symbolic_rearrange_expand: the spec's sizes conform to the new shapes
+    from circuits.expand import expand
+
+    scl0, scl1, scl2, sym, root = parse_many("""
+    'scl0' [3*1s] Scalar 1.3
+    'scl1' [24] Scalar 1.3
+    'scl2' [17] Scalar 1.3
+    'sym' [3*0s] Symbol rand
+    2 Add
+      3 Rearrange (a:1s b:3) -> b a
+        'scl0'
+      4 Rearrange (b:3 a:8) -> a b 1
+        'scl1'
+      8 Einsum i->
+        7 Add
+          5 Rearrange a:17 -> a
+            'scl2'
+          6 Rearrange a -> a
+            'scl2'
+    """)
+    assert root.shape == (8, 3, S1)  # [3,1s] + [8,3,1] + []
+    first = root.children[0]
+    assert first.payload_text() == "(a b) -> b a a=1s b=3"  # a symbolic size prints as one
+    assert parse(first.to_text()) == first
+    expanded = expand(root, {scl0: sym, scl1: sym, scl2: sym})
+    assert expanded.shape == (S0, 3, S0)
+    # a concrete expansion conforms the same way: (b:3 a:8) over 30 makes a 10
+    r = parse("'r' Rearrange (b:3 a:8) -> a b\n  'x' [24] Scalar 1")
+    assert expand(r, {r.children[0]: Scalar(1.0, (30,))}).shape == (10, 3)
+    with pytest.raises(C.errors.CircuitError, match="cannot follow"):  # 3 does not divide 31
+        expand(r, {r.children[0]: Scalar(1.0, (31,))})
