@@ -58,14 +58,16 @@ def fail(message, line_number, line, column=None, expected=None):
     return ParseError(message, line_number=line_number, line=line, column=column, expected=expected)
 
 
-def read_line(line: str, line_number: int, tree_width: int = 3):
+def read_line(line: str, line_number: int, tree_width: int = 3, loose_serials=None):
     """``(depth, is_definition_block, serial, name, shape, type_name, payload, payload_column,
     alias)`` for a node line (the column is 0-based, 0 without payload), or None for a blank or
     comment line.  Raises ParseError for anything else.
 
     rust_circuit's forms read too: two quoted names (``'ident' 'name'``: the first is what other
     lines refer to, ``alias``), its ``AD`` mark (autonaming off: nothing to keep here), and its
-    tree arrows (``├‣``, two columns a level: ``tree_width=2``)."""
+    tree arrows (``├‣``, two columns a level: ``tree_width=2``).  ``loose_serials`` (the serials
+    defined so far, when repeats are not checked): a line with one of them followed by anything
+    is a reference to that node, as rust reads ``8 tok_embeds`` without checking repeats."""
     content = line.lstrip(_INDENT_CHARS)
     if not content:
         return None
@@ -99,6 +101,10 @@ def read_line(line: str, line_number: int, tree_width: int = 3):
                 "children left out ('...') cannot be parsed", line_number, line, width + 1,
                 "the full text: print with depth=None",
             )
+    if loose_serials:
+        serial = re.match(r"([0-9]+)(?: |$)", content)
+        if serial is not None and int(serial.group(1)) in loose_serials:
+            return depth, False, int(serial.group(1)), None, None, None, None, 0, None
     m = _CONTENT.match(content)
     if m is None and "\\'" in content:
         content = _rust_names(content)

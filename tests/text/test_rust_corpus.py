@@ -11,7 +11,7 @@ xfail, so a text that starts to parse fails until it is taken off the list:
 - CUMULANT: Cumulant and StoredCumulantVar, which this library leaves out;
 - RUST_REFUSES: texts rust_circuit's own tests expect its parser to refuse;
 - PRINT_MODE: outputs of print modes rust itself cannot parse back (unquoted names, '...',
-  repeated children, matcher reprs), or only with ``on_repeat_check_info_same=False``;
+  repeated children, matcher reprs);
 - SYMBOLIC_PRODUCT: a product of four symbolic sizes, more than this library's encoding holds;
 - NEEDS_CONTEXT: a fragment of a larger text built in Python.
 """
@@ -34,6 +34,13 @@ SYMBOLIC_PRODUCT = ("a product of four symbolic sizes (0s*0s*1s*3s): this librar
                     "the i-th prime above 2**20, so only three factors fit in an int64 size")
 NEEDS_CONTEXT = "a fragment: it refers to circuits its Python code passes to rust's parser, not in the corpus"
 
+# What rust's demos pass to its parser: on_repeat_check_info_same=False, so that '8 tok_embeds' (a
+# repeat printed with bijection=False, the name unquoted) is node 8 whatever else it says.
+PARSE_OPTIONS = {
+    "basic_scope_manager:9": {"check_repeats": False},
+    "push_down_index:24": {"check_repeats": False},
+}
+
 # What rust's tests pass to its parser as reference circuits (``reference_circuits=``), by text.
 REFERENCES = {
     "test_rust_printing:528": lambda: {"asdfadsf": C.Scalar(1.0, (2, 1), name="asdfadsf_the_referred")},
@@ -42,11 +49,7 @@ REFERENCES = {
 }
 
 EXPECTED_FAILURES = {
-    # '8 tok_embeds': a repeat with its name unquoted (a bijection=False print); rust reads it only
-    # with Parser(on_repeat_check_info_same=False), which ignores what a repeat line says
-    'basic_scope_manager:9': PRINT_MODE,
     'printing_parsing:118': CUMULANT,
-    'push_down_index:24': PRINT_MODE,  # as basic_scope_manager:9
     'module_library:601': NEEDS_CONTEXT,  # 'p.norm_call' is built earlier in module_library (add_new_circs)
     'test_expand_symbolic:98': SYMBOLIC_PRODUCT,
     'test_expand_symbolic:106': SYMBOLIC_PRODUCT,
@@ -128,7 +131,8 @@ def test_corpus_is_complete():
 @pytest.mark.parametrize("key", list(_params()))
 def test_rust_text(key):
     references = REFERENCES[key]() if key in REFERENCES else None
-    roots = parse_many(TEXTS[key]["text"], references=references, store=_Store(tensors=TENSORS.get(key)))
+    roots = parse_many(TEXTS[key]["text"], references=references, store=_Store(tensors=TENSORS.get(key)),
+                       **PARSE_OPTIONS.get(key, {}))
     again = parse_many(print_many(roots), store=_Store(roots))
     assert again == roots
     root = roots[-1]

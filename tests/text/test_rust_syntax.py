@@ -222,3 +222,15 @@ def test_index_tensor_literals_read_from_the_store():
         parse(text, store=_Tensors({"292d9fdb22": np.arange(5)}))
     with pytest.raises(ParseError, match="is not an index tensor"):
         parse("0 [6] Index [tzz [6],0]\n  1 [10,10] Scalar 1")
+
+
+def test_unchecked_repeats_read_rusts_bijection_false_prints():
+    # rust's demos parse their printed GPT-2 with on_repeat_check_info_same=False: '8 tok_embeds'
+    text = "0 Add\n  8 'tok_embeds' [2] Scalar 1\n  1 Add\n    8 tok_embeds\n    8 [3] Scalar 9"
+    with pytest.raises(ParseError):
+        parse(text)  # checked (the default): 'tok_embeds' is no node type, and [3] is not [2]
+    c = parse(text, check_repeats=False)
+    emb = c.children[0]
+    assert c.children[1].children[0] is emb and c.children[1].children[1] is emb
+    with pytest.raises(ParseError, match="unknown node type 'tok_embeds'"):  # 9 is no earlier node
+        parse("0 Add\n  9 tok_embeds", check_repeats=False)
