@@ -6,6 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import circuits as C
 import rewrites
@@ -126,3 +128,31 @@ def test_rusts_printing_demo_prints_as_rust_asserts():
     c = parse(text)
     assert c.to_text() == text and c.shape == (2, 2)
     np.testing.assert_allclose(C.evaluate(c), reference("ab,bc->aa", np.ones((2, 3)), np.full((3, 4), 2.0)))
+
+
+PARENTS = [
+    lambda d, y: Einsum.from_spec("ab,b->a", d, y),
+    lambda d, y: Einsum.from_spec("ab,a->ba", d, y),
+    lambda d, y: C.Add(d, y),
+    lambda d, y: C.Index(d, (slice(1, None), 0)),
+    lambda d, y: C.Rearrange(d, "a b -> b a"),
+    lambda d, y: C.GeneralFunction("tanh", Einsum.from_spec("ab->a", d)),
+    lambda d, y: C.Concat(d, Einsum.from_spec("a,b->ab", y, y), axis=0),
+]
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_rewrites_keep_the_value_of_random_circuits_around_a_diagonal(data):
+    """Oracle: the circuit's own value; the diagonal einsum sits between two random circuits."""
+    from circuits.testing import CLOSED_TYPES, dags
+
+    inner = data.draw(dags(shape=(3,), types=CLOSED_TYPES, max_nodes=8, max_depth=3))
+    other = data.draw(dags(shape=(3,), types=CLOSED_TYPES, max_nodes=8, max_depth=3))
+    spec = data.draw(st.sampled_from(["a->aa", "a->aa", "b->bb"]))
+    parent = data.draw(st.sampled_from(PARENTS))
+    root = parent(Einsum.from_spec(spec, inner), other)
+    want = C.evaluate(root, dtype="float64")
+    for rewrite in (rewrites.simp, rewrites.optimize):
+        got = C.evaluate(rewrite(root), dtype="float64")
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9, equal_nan=True)
