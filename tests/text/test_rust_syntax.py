@@ -234,3 +234,30 @@ def test_unchecked_repeats_read_rusts_bijection_false_prints():
     assert c.children[1].children[0] is emb and c.children[1].children[1] is emb
     with pytest.raises(ParseError, match="unknown node type 'tok_embeds'"):  # 9 is no earlier node
         parse("0 Add\n  9 tok_embeds", check_repeats=False)
+
+
+def test_reference_circuits_as_rusts_tests_pass_them():
+    # rust's test_rust_printing_bijection_ref: 'asdfadsf' names a circuit given to the parser
+    referred = C.Scalar(1.0, (2, 1), name="asdfadsf_the_referred")
+    c = parse("""
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    'asdfadsf'
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 [5, 3, 3] Concat 0
+      5 'sc1' [2, 3, 3] Scalar 1.0
+      6 'sc2' [3, 3, 3] Scalar 1.0""", references={"asdfadsf": referred})
+    assert c.children[0].children[0] is referred
+    want = np.zeros((5, 3, 6))
+    want[:, :2, :] += 1  # the [3,1] Scatter (ones in rows 0-1) broadcast against [5,3,6]
+    want[:5, :3, :3] += 1
+    np.testing.assert_allclose(C.evaluate(c, dtype="float64"), want)
+    # rust's test_probs_dtype: a DiscreteVar over int values is an int variable
+    int_vals = C.Array(np.arange(100), name="int_vals")
+    v = parse("""
+    'int_var' DiscreteVar
+      'int_vals'
+      'group' Tag 2ef9f1ac-28bb-4bed-ab7b-09b9050483ac
+        'uniform_probs' [100] Scalar 0.01
+    """, references=[int_vals])
+    assert v.dtype == "int64" and v.shape == ()
