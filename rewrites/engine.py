@@ -284,8 +284,13 @@ class Run:
         if self.allow is not None and not self.allow(node):
             return None
         cls = type(node)
-        if _near_diagonal_write(node):
+        # No rule fires at an Einsum with a repeated output axis (``ab->abaa``, writing a
+        # diagonal) or just above one: the rules read ``out_axes`` as one axis per id.
+        if cls is Einsum and node.writes_diagonal:
             return None
+        for k in node.children:
+            if type(k) is Einsum and k.writes_diagonal:
+                return None
         candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
         if candidates is None:
             candidates = rules.for_type(cls)
@@ -304,18 +309,6 @@ class Run:
                 self.trace.record(r.name, node, out)
             return out
         return None
-
-
-def _near_diagonal_write(node) -> bool:
-    """An Einsum with a repeated output axis (``ab->abaa``, writing a diagonal), or a node with
-    one as a child: the rules read an einsum's ``out_axes`` as one axis per id, so no rule fires
-    there (the einsum keeps its value; rules fire everywhere else)."""
-    if type(node) is Einsum and node.writes_diagonal:
-        return True
-    for k in node.children:
-        if type(k) is Einsum and k.writes_diagonal:
-            return True
-    return False
 
 
 # ---------------------------------------------------------------------------- trace

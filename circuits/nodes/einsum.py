@@ -162,11 +162,15 @@ class Einsum(Circuit):
     (2, 4)
     """
 
-    __slots__ = ("in_axes", "out_axes")
+    __slots__ = ("in_axes", "out_axes", "writes_diagonal")
     type_name = "Einsum"
 
     in_axes: tuple[tuple[int, ...], ...]
     out_axes: tuple[int, ...]
+    # Whether an output axis id is repeated (``ab->abaa``): the result is zero off the diagonals
+    # of those axes.  Rewrite rules that read ``out_axes`` as one axis per id leave such an einsum
+    # alone (``rewrites.engine``).
+    writes_diagonal: bool
 
     def _setup(self, *children, in_axes, out_axes, name=None):
         children = check_children("Einsum", name, children)
@@ -186,6 +190,7 @@ class Einsum(Circuit):
         except _SpecMismatch as e:
             raise _fail(e.args[0], e.args[1], e.args[2], name, children) from None
         self.in_axes, self.out_axes = in_axes, out_axes
+        self.writes_diagonal = len(shape) > 1 and len(set(out_axes)) != len(out_axes)
         return self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     @classmethod
@@ -217,20 +222,6 @@ class Einsum(Circuit):
     @property
     def spec(self) -> str:
         return format_spec(self.in_axes, self.out_axes)
-
-    @property
-    def writes_diagonal(self) -> bool:
-        """Whether an output axis id is repeated (``ab->abaa``): the result is zero off the
-        diagonals of those axes.  Rewrite rules that read ``out_axes`` as one axis per id leave
-        such an einsum alone (``rewrites.engine``).
-
-        >>> import numpy as np
-        >>> from circuits import Array
-        >>> Einsum.from_spec('a->aa', Array(np.ones(3, np.float32))).writes_diagonal
-        True
-        """
-        out = self.out_axes
-        return len(set(out)) != len(out)
 
     def axis_sizes(self) -> dict[int, int]:
         """Size of every axis id."""
