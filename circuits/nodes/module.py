@@ -142,7 +142,7 @@ class ModuleSpec:
         unused.  (Whether the body contains the Symbol at all is not looked at.)
 
         >>> x = Symbol((), name='x')
-        >>> ModuleSpec(x, [ModuleArgSpec(x), ModuleArgSpec(x)]).are_args_used()
+        >>> ModuleSpec(x, [ModuleArgSpec(x), ModuleArgSpec(x)], check_all_inputs_used=False).are_args_used()
         [False, True]
         """
         later: set = set()
