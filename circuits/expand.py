@@ -223,7 +223,37 @@ def _expand_rearrange(n, kids, nbs, size_map):
     (kid,), (nb,) = kids, nbs
     taken = {a for g in n.in_groups + n.out_groups for a in g}
     names = tuple((a,) for a in _fresh_names(taken, nb))
-    return Rearrange(kid, (names + n.in_groups, names + n.out_groups), name=n.name, **dict(n.given_sizes))
+    groups = (names + n.in_groups, names + n.out_groups)
+    given = dict(n.given_sizes)
+    try:
+        return Rearrange(kid, groups, name=n.name, **given)
+    except CircuitError:
+        conformed = _conform_sizes(n.in_groups, kid.shape[nb:], given)
+        if conformed is None or conformed == given:
+            raise
+        return Rearrange(kid, groups, name=n.name, **conformed)
+
+
+def _conform_sizes(in_groups, shape, given):
+    """The sizes a Rearrange's spec gives, conformed to a new input shape as rust_circuit's
+    expander does: in each input group, the given sizes whose product still divides the new axis
+    are kept (in order) and the others left to be inferred (so ``(a:1s b:3)`` over ``3*0s`` makes
+    ``a`` 0s).  None when the ranks differ or a group would have two sizes to infer."""
+    if len(in_groups) != len(shape):
+        return None
+    out = dict(given)
+    for g, size in zip(in_groups, shape):
+        kept, unknown = 1, 0
+        for a in g:
+            v = out.get(a)
+            if v is not None and size % (kept * v) == 0:
+                kept *= v
+            else:
+                out.pop(a, None)
+                unknown += 1
+        if unknown > 1:
+            return None
+    return out
 
 
 def _expand_concat(n, kids, nbs, size_map):

@@ -35,7 +35,7 @@ import functools
 from typing import Callable, Iterable, Iterator
 
 from circuits.errors import RewriteError
-from circuits.nodes import Array, Circuit, Symbol
+from circuits.nodes import Array, Circuit, Einsum, Symbol
 
 __all__ = ["Rule", "RuleSet", "rule", "rules_of", "when", "Run", "Trace", "TraceEntry", "name_result",
            "check_result"]
@@ -284,6 +284,13 @@ class Run:
         if self.allow is not None and not self.allow(node):
             return None
         cls = type(node)
+        # No rule fires at an Einsum with a repeated output axis (``ab->abaa``, writing a
+        # diagonal) or just above one: the rules read ``out_axes`` as one axis per id.
+        if cls is Einsum and node.writes_diagonal:
+            return None
+        for k in node.children:
+            if type(k) is Einsum and k.writes_diagonal:
+                return None
         candidates = rules._dispatch.get(cls)  # the hot path of every driver: no method call
         if candidates is None:
             candidates = rules.for_type(cls)

@@ -69,6 +69,37 @@ def _sum_step(axes: tuple, keep: set):
     return rest, total
 
 
+def _write_diagonal_step(unique: tuple, out_axes: tuple, sizes: dict):
+    """fn writing a result with axes ``unique`` onto the diagonals of ``out_axes`` (an output id
+    repeated: ``ab->abaa``), or None: an einsum with one identity matrix per repeat, so it
+    differentiates like any einsum."""
+    if len(unique) == len(out_axes):
+        return None
+    letters = {a: chr(ord("a") + i) for i, a in enumerate(unique)}
+    fresh = len(unique)
+    seen: set = set()
+    out, eyes = [], []
+    for a in out_axes:
+        if a in seen:
+            f = chr(ord("a") + fresh) if fresh < 26 else chr(ord("A") + fresh - 26)
+            fresh += 1
+            out.append(f)
+            eyes.append((letters[a] + f, sizes[a]))
+        else:
+            seen.add(a)
+            out.append(letters[a])
+    if fresh > 52:
+        raise EvaluationError(f"an einsum writing a diagonal over {fresh} axes (at most 52)")
+    spec = ",".join(["".join(letters[a] for a in unique)] + [e for e, _ in eyes]) + "->" + "".join(out)
+
+    def write(x):
+        import jax.numpy as jnp
+
+        return jnp.einsum(spec, x, *[jnp.eye(n, dtype=x.dtype) for _, n in eyes])
+
+    return write
+
+
 def _transpose_step(axes: tuple, order: tuple):
     if axes == order:
         return None
@@ -189,8 +220,9 @@ def _mul(x, y):
 class EinsumStep(NamedTuple):
     """One step of an einsum plan, by axis ids: ``kind`` is ``'diagonal'``, ``'sum'``, ``'dot'``
     (a ``dot_general``: ``operands`` are the two sides, ``contract`` the summed shared axes),
-    ``'mul'`` (a broadcast product: one side's axes among the other's, nothing summed) or
-    ``'transpose'``; ``result`` the axes after it."""
+    ``'mul'`` (a broadcast product: one side's axes among the other's, nothing summed),
+    ``'transpose'`` or ``'write_diagonal'`` (an output id repeated: the result placed on the
+    diagonal, zero elsewhere); ``result`` the axes after it."""
 
     kind: str
     operands: tuple
@@ -206,6 +238,8 @@ def _plan(in_axes, out_axes: tuple, shapes):
         sizes.update(zip(t, shape))
     if not in_axes:
         raise EvaluationError("einsum_op needs at least one operand (zero operands is the scalar 1)")
+    written = out_axes
+    out_axes = tuple(dict.fromkeys(out_axes))  # an id repeated in the output: its diagonal, last
     steps: list[EinsumStep] = []
     # Per operand: diagonals, then sums of axes no one else needs.
     prep: list[list[Callable]] = []
@@ -263,6 +297,10 @@ def _plan(in_axes, out_axes: tuple, shapes):
     last = _transpose_step(final, out_axes)
     if last is not None:
         steps.append(EinsumStep("transpose", (final,), tuple(out_axes)))
+    write = _write_diagonal_step(out_axes, written, sizes)
+    if write is not None:
+        steps.append(EinsumStep("write_diagonal", (out_axes,), written))
+        last = write if last is None else (lambda x, t=last: write(t(x)))
     return prep, pairs, last, live[0], tuple(steps), sizes
 
 

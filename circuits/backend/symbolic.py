@@ -54,7 +54,7 @@ from ..nodes import (
     Symbol,
     Tag,
 )
-from ..nodes.einsum import AXIS_LETTERS
+from ..nodes.einsum import AXIS_LETTERS, write_diagonal
 from ..nodes.leaves import format_scalar
 from ..traversal import toposort
 
@@ -185,13 +185,20 @@ def _einsum(node: Einsum, args, env):
     for axes in node.in_axes:
         for a in axes:
             ids.setdefault(a, AXIS_LETTERS[len(ids)])
+    unique = tuple(dict.fromkeys(node.out_axes))  # an id repeated in the output writes a diagonal
     spec = ",".join("".join(ids[a] for a in axes) for axes in node.in_axes)
-    spec += "->" + "".join(ids[a] for a in node.out_axes)
-    if any(0 in np.shape(a) for a in args):
-        out = np.empty(node.shape, dtype=object)
+    spec += "->" + "".join(ids[a] for a in unique)
+
+    def zeros(shape):
+        out = np.empty(shape, dtype=object)
         out[...] = sp.Integer(0)
         return out
-    return np.asarray(np.einsum(spec, *args), dtype=object).reshape(node.shape)
+
+    if any(0 in np.shape(a) for a in args):
+        return zeros(node.shape)
+    shape = tuple(node.shape[node.out_axes.index(a)] for a in unique)
+    out = np.asarray(np.einsum(spec, *args), dtype=object).reshape(shape)
+    return write_diagonal(out, unique, node.out_axes, zeros) if len(unique) != len(node.out_axes) else out
 
 
 def _add(node: Add, args, env):

@@ -23,6 +23,7 @@ Register your own:
 """
 
 from . import builtins as _builtins  # noqa: F401  (registers the built-in functions)
+from . import rust as _rust  # noqa: F401  (registers cast_from_…_to_… and multinomial_[…])
 from . import sparse as _sparse  # noqa: F401  (registers step and topk_mask_<k>)
 from . import where as _where  # noqa: F401  (registers where(condition, x, y))
 from .gather import GEN_INDEX_GRAMMAR, GEN_INDEX_PATTERN, GenIndex, gen_index_name

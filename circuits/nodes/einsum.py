@@ -120,8 +120,6 @@ def _analyse(in_axes, out_axes, shapes):
         raise mismatch(f"negative axis id {min(sizes)}")
     if any(ax > INT64_MAX for ax in sizes):
         raise mismatch(f"axis id {max(sizes)} is over 2**63 - 1; use small ids (they print as letters)")
-    if len(set(out_axes)) != len(out_axes):
-        raise mismatch("an output axis is repeated")
     try:
         shape = tuple([sizes[a] for a in out_axes])
     except KeyError:
@@ -130,9 +128,32 @@ def _analyse(in_axes, out_axes, shapes):
     return in_axes, out_axes, shape
 
 
+def write_diagonal(y, unique, out_axes, zeros):
+    """``y`` (axes ``unique``, each id once) written on the diagonals of an array with axes
+    ``out_axes`` (ids repeated: ``ab -> abaa``), zero elsewhere: what an einsum with a repeated
+    output axis means (rust_circuit's).  ``zeros(shape)`` makes the array (numpy, object
+    arrays...).
+
+    >>> import numpy as np
+    >>> write_diagonal(np.array([1, 2]), (0,), (0, 0), lambda s: np.zeros(s, int)).tolist()
+    [[1, 0], [0, 2]]
+    """
+    import numpy as np
+
+    shape = tuple(y.shape[unique.index(a)] for a in out_axes)
+    out = zeros(shape)
+    grids = np.indices(y.shape, sparse=True) if y.ndim else ()
+    if y.ndim:
+        out[tuple(grids[unique.index(a)] for a in out_axes)] = y
+    else:
+        out[()] = y
+    return out
+
+
 class Einsum(Circuit):
     """Generalised einsum.  Axis ids are ints stored as given; repeated ids in one input read a
-    diagonal; ids absent from the output are summed; zero operands give the scalar 1.
+    diagonal; ids absent from the output are summed; zero operands give the scalar 1; an id
+    repeated in the output writes a diagonal (``ab->abaa``: zero off it, as rust_circuit means it).
 
     >>> import numpy as np
     >>> from circuits import Array
@@ -141,11 +162,15 @@ class Einsum(Circuit):
     (2, 4)
     """
 
-    __slots__ = ("in_axes", "out_axes")
+    __slots__ = ("in_axes", "out_axes", "writes_diagonal")
     type_name = "Einsum"
 
     in_axes: tuple[tuple[int, ...], ...]
     out_axes: tuple[int, ...]
+    # Whether an output axis id is repeated (``ab->abaa``): the result is zero off the diagonals
+    # of those axes.  Rewrite rules that read ``out_axes`` as one axis per id leave such an einsum
+    # alone (``rewrites.engine``).
+    writes_diagonal: bool
 
     def _setup(self, *children, in_axes, out_axes, name=None):
         children = check_children("Einsum", name, children)
@@ -165,6 +190,7 @@ class Einsum(Circuit):
         except _SpecMismatch as e:
             raise _fail(e.args[0], e.args[1], e.args[2], name, children) from None
         self.in_axes, self.out_axes = in_axes, out_axes
+        self.writes_diagonal = len(shape) > 1 and len(set(out_axes)) != len(out_axes)
         return self._set_common(children, shape, promote(tuple(map(dtype_of, children))), name)
 
     @classmethod

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,16 +37,30 @@ def index_text(index) -> str:
     return "[" + ",".join(index_entry_text(e) for e in index) + "]"
 
 
+class TensorRef(NamedTuple):
+    """rust_circuit's index tensor literal ``t<hash prefix> [n]`` (how it prints an Index by a
+    tensor): the 1-d int tensor of length ``n`` whose hash starts with ``prefix``, looked up in
+    the parser's store when the Index is built."""
+
+    prefix: str
+    length: int
+
+
+_TENSOR_REF = re.compile(r"t([0-9a-fA-F]+)\s*\[\s*([0-9]+)\s*\]")
+
+
 def read_index(text: str) -> tuple:
     """An Index payload as printed -> the index, slices as written (ParseError otherwise, its
-    column counted within ``text``).
+    column counted within ``text``).  rust_circuit's index tensors ``t<hash> [n]`` read as
+    ``TensorRef``s (``Index.from_payload`` looks them up in the store).
 
     >>> read_index("[[1,3],:-2,::2]")
     (array([1, 3]), slice(None, -2, None), slice(None, None, 2))
+    >>> read_index("[t292d9fdb22 [6],0]")
+    (TensorRef(prefix='292d9fdb22', length=6), 0)
     """
-    def bad(what, offset=0):
-        return ParseError(f"cannot read the index {text}: {what}", column=offset + 1,
-                          expected="an index like [0,:,:], [1:-1], [::2] or [[1,3,5],:]")
+    def bad(what, offset=0, expected="an index like [0,:,:], [1:-1], [::2] or [[1,3,5],:]"):
+        return ParseError(f"cannot read the index {text}: {what}", column=offset + 1, expected=expected)
 
     if text is None:
         raise ParseError("Index needs its index", expected="an index like [0,:,:]")
@@ -70,6 +86,16 @@ def read_index(text: str) -> tuple:
                 pos = close + 1
                 if inner[pos:].strip()[:1] not in ("", ","):
                     raise bad("expected ',' after an int list", pos + 1)
+                pos = inner.find(",", pos)
+            elif inner[pos:].lstrip(" ")[:1] == "t":
+                m = _TENSOR_REF.match(inner, len(inner) - len(inner[pos:].lstrip(" ")))
+                if m is None:
+                    raise bad(f"{inner[pos:].split(',')[0].strip()!r} is not an index tensor", pos + 1,
+                              "rust's index tensor t<hash> [n], like t292d9fdb22 [6]")
+                entries.append(TensorRef(m.group(1).lower(), int(m.group(2))))
+                pos = m.end()
+                if inner[pos:].strip()[:1] not in ("", ","):
+                    raise bad("expected ',' after an index tensor", pos + 1)
                 pos = inner.find(",", pos)
             else:
                 comma = inner.find(",", pos)
@@ -145,6 +171,29 @@ def _normalize_entry(entry, what):
     arr = arr.astype(np.int64)
     arr.flags.writeable = False
     return arr
+
+
+def _tensor(ref: TensorRef, context):
+    """The int tensor an index tensor literal names, from the parser's store."""
+    store = getattr(context, "store", None)
+    full = None
+    if store is not None:
+        try:
+            full = store.find(ref.prefix)
+        except CircuitError as e:
+            raise ParseError(str(e), column=1, expected="a longer hash prefix, unique in the store") from None
+    if full is None:
+        raise ParseError(
+            f"the index tensor t{ref.prefix} [{ref.length}] is not in the store"
+            + ("" if store is not None else " (no store= was given)"), column=1,
+            expected=f"parse(..., store=) with the tensor t{ref.prefix}, or its {ref.length} ints written "
+                     "inline: [[i0,i1,...],...]")
+    value = np.asarray(store.get(full))
+    if value.shape != (ref.length,) or (value.dtype.kind not in "iu" and value.size):
+        raise ParseError(
+            f"the tensor t{ref.prefix} is {value.dtype} of shape {list(value.shape)}, not {ref.length} ints",
+            column=1, expected=f"a 1-d int tensor of length {ref.length}")
+    return value
 
 
 _pack_slice = struct.Struct("<3q").pack
@@ -223,6 +272,8 @@ class Index(Circuit):
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
+        if any(type(e) is TensorRef for e in payload):
+            payload = tuple(_tensor(e, context) if type(e) is TensorRef else e for e in payload)
         return cls(children[0], payload, name=name)
 
     def _payload_bytes(self):

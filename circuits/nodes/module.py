@@ -38,7 +38,7 @@ from __future__ import annotations
 import attrs
 
 from ..errors import CircuitError
-from ..shapes import SYMBOLIC_BASE, is_symbolic, shape_text, symbolic_factors
+from ..shapes import SYMBOLIC_BASE, SYMBOLIC_SIZES, is_symbolic, shape_text, symbolic_factors
 from .base import Circuit, check_children, quote_name, shape_error
 from .leaves import Symbol
 
@@ -102,12 +102,11 @@ class ModuleSpec:
         for a in self.arg_specs:
             if not isinstance(a, ModuleArgSpec):
                 raise CircuitError(f"arg_specs holds ModuleArgSpec values, got {a!r}")
-            if a.symbol.hash in seen:
-                raise CircuitError(f"module spec binds Symbol {a.symbol.line()} twice")
             seen.add(a.symbol.hash)
         if self.check_all_inputs_used and seen:
             present = _hashes_in(self.body, seen)
-            missing = [a.symbol for a in self.arg_specs if a.symbol.hash not in present]
+            missing = [a.symbol for a, used in zip(self.arg_specs, self.are_args_used())
+                       if a.symbol.hash not in present or not used]
             if missing:
                 raise CircuitError(
                     f"module spec: argument Symbol {missing[0].line()} does not occur in the body "
@@ -136,6 +135,22 @@ class ModuleSpec:
     @property
     def symbols(self) -> tuple:
         return tuple(a.symbol for a in self.arg_specs)
+
+    def are_args_used(self) -> list:
+        """Which arguments the body can see: a Symbol bound twice is bound by its later argument
+        (rust_circuit: later children are "more inner", substituted first), so the earlier one is
+        unused.  (Whether the body contains the Symbol at all is not looked at.)
+
+        >>> x = Symbol((), name='x')
+        >>> ModuleSpec(x, [ModuleArgSpec(x), ModuleArgSpec(x)], check_all_inputs_used=False).are_args_used()
+        [False, True]
+        """
+        later: set = set()
+        used = []
+        for a in reversed(self.arg_specs):
+            used.append(a.symbol.hash not in later)
+            later.add(a.symbol.hash)
+        return used[::-1]
 
 
 def _follow_symbols(arg_specs, body) -> list:
@@ -193,7 +208,9 @@ def module_shape(spec: ModuleSpec, args, fail) -> "tuple[tuple, dict, tuple, boo
     batch: list = []
     candidates: dict = {}
     needs_expansion = False
-    for i, (a, arg) in enumerate(zip(spec.arg_specs, args)):
+    for i, (a, arg, used) in enumerate(zip(spec.arg_specs, args, spec.are_args_used())):
+        if not used:  # bound again by a later argument: it never reaches the body
+            continue
         sym = a.symbol
         extra = len(arg.shape) - len(sym.shape)
         if extra < 0:
@@ -212,8 +229,8 @@ def module_shape(spec: ModuleSpec, args, fail) -> "tuple[tuple, dict, tuple, boo
                 raise fail(f"argument {i} has shape {shape_text(arg.shape)} but its Symbol has "
                            f"{shape_text(sym.shape)} and is not expandable (flags {a.flags})")
             factor, syms = symbolic_factors(s)
-            if len(syms) == 1 and factor == 1:
-                candidates.setdefault(s, []).append(n)
+            if len(syms) == 1 and n % factor == 0:  # 2*1s given 22: 1s is 11 (as rust solves it)
+                candidates.setdefault(SYMBOLIC_SIZES[syms[0]], []).append(n // factor)
             elif syms or a.ban_non_symbolic_size_expand:
                 raise fail(f"argument {i} has size {n} where its Symbol {quote_name(sym.name or '')} "
                            f"has {shape_text((s,))[1:-1]}; give an argument of the Symbol's shape "
@@ -256,8 +273,6 @@ def map_sizes(shape: tuple, size_map: dict) -> tuple:
             out.append(size_map[s])
         elif s >= SYMBOLIC_BASE and is_symbolic(s):
             factor, syms = symbolic_factors(s)
-            from ..shapes import SYMBOLIC_SIZES
-
             for j in syms:
                 p = SYMBOLIC_SIZES[j]
                 factor *= size_map.get(p, p)

@@ -6,7 +6,7 @@ import functools
 import re
 
 from ..errors import CircuitError, ParseError
-from ..shapes import INT64_MAX
+from ..shapes import INT64_MAX, read_size, size_text
 from .base import Circuit, check_children, shape_error
 
 _TOKEN = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*|1|->)")
@@ -63,7 +63,8 @@ def parse_rearrange_spec(spec: str):
 
 
 _RUST_TOKEN = re.compile(r"\(|\)|->|[^\s()]+")
-_RUST_AXIS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([0-9]+))?$")
+_RUST_AXIS = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(?::([0-9][0-9*s]*))?$")
+_RUST_SIZE = re.compile(r"[0-9][0-9*s]*$")  # 4, and symbolic sizes: 1s, 2*1s
 
 
 def from_rust_spec(text: str):
@@ -84,13 +85,13 @@ def from_rust_spec(text: str):
             else:
                 out.append(tok)
             continue
-        if tok.isdigit():
+        if _RUST_SIZE.match(tok):
             if tok == "1":
                 out.append("1")
                 continue
             while f"_{fresh}" in text:
                 fresh += 1
-            name, size = f"_{fresh}", int(tok)
+            name, size = f"_{fresh}", _rust_size(tok, text)
             fresh += 1
         else:
             m = _RUST_AXIS.match(tok)
@@ -101,13 +102,23 @@ def from_rust_spec(text: str):
             if size is None:
                 out.append(name)
                 continue
-            size = int(size)
+            size = _rust_size(size, text)
             if sizes.get(name, size) != size:
                 raise CircuitError(f"rearrange spec {text!r}: axis {name} has sizes {sizes[name]} and {size}")
         sizes[name] = size
         out.append(name)
     spec = " ".join(out).replace("( ", "(").replace(" )", ")")
     return spec, sizes
+
+
+def _rust_size(tok: str, text: str) -> int:
+    """A size inside a rust spec: ``4``, or a symbolic size (``1s``, ``2*1s``)."""
+    if tok.isdigit():
+        return int(tok)
+    try:
+        return read_size(tok)
+    except ValueError:
+        raise CircuitError(f"rearrange spec {text!r}: cannot read the size {tok!r} (like 4, 1s or 2*1s)") from None
 
 
 def is_rust_spec(text: str) -> bool:
@@ -253,7 +264,7 @@ class Rearrange(Circuit):
     def _payload_from(ins, outs, given):
         text = format_rearrange_spec(ins, outs)
         if given:
-            text += " " + " ".join(f"{k}={v}" for k, v in given)
+            text += " " + " ".join(f"{k}={size_text(v)}" for k, v in given)  # 2, or symbolic: 1s
         return text
 
     @property
@@ -290,9 +301,10 @@ class Rearrange(Circuit):
         while words and "=" in words[-1]:
             k, _, v = words.pop().partition("=")
             try:
-                sizes[k] = int(v)
+                sizes[k] = read_size(v) if v[-1:] == "s" else int(v)
             except ValueError:
-                raise ParseError(f"size {k}={v!r} is not an int", column=1, expected="sizes like h=2") from None
+                raise ParseError(f"size {k}={v!r} is not an int", column=1,
+                                 expected="sizes like h=2 (or symbolic: h=1s)") from None
         try:
             return parse_rearrange_spec(" ".join(words)), sizes
         except CircuitError as e:

@@ -58,14 +58,16 @@ def fail(message, line_number, line, column=None, expected=None):
     return ParseError(message, line_number=line_number, line=line, column=column, expected=expected)
 
 
-def read_line(line: str, line_number: int, tree_width: int = 3):
+def read_line(line: str, line_number: int, tree_width: int = 3, loose_serials=None):
     """``(depth, is_definition_block, serial, name, shape, type_name, payload, payload_column,
     alias)`` for a node line (the column is 0-based, 0 without payload), or None for a blank or
     comment line.  Raises ParseError for anything else.
 
     rust_circuit's forms read too: two quoted names (``'ident' 'name'``: the first is what other
     lines refer to, ``alias``), its ``AD`` mark (autonaming off: nothing to keep here), and its
-    tree arrows (``├‣``, two columns a level: ``tree_width=2``)."""
+    tree arrows (``├‣``, two columns a level: ``tree_width=2``).  ``loose_serials`` (the serials
+    defined so far, when repeats are not checked): a line with one of them followed by anything
+    is a reference to that node, as rust reads ``8 tok_embeds`` without checking repeats."""
     content = line.lstrip(_INDENT_CHARS)
     if not content:
         return None
@@ -99,7 +101,14 @@ def read_line(line: str, line_number: int, tree_width: int = 3):
                 "children left out ('...') cannot be parsed", line_number, line, width + 1,
                 "the full text: print with depth=None",
             )
+    if loose_serials:
+        serial = re.match(r"([0-9]+)(?: |$)", content)
+        if serial is not None and int(serial.group(1)) in loose_serials:
+            return depth, False, int(serial.group(1)), None, None, None, None, 0, None
     m = _CONTENT.match(content)
+    if m is None and "\\'" in content:
+        content = _rust_names(content)
+        m = _CONTENT.match(content)
     if m is None:
         raise _diagnose(content, width, line, line_number)
     define, serial, name, alias, shape, type_name, payload = m.groups()
@@ -167,6 +176,45 @@ def strip_colors(line: str) -> str:
         out.append(c)
         i += 1
     return "".join(out)
+
+
+_SEPARATES = frozenset(" #")
+
+
+def _rust_names(content):
+    r"""The line with its quoted names read as rust_circuit's parser reads them, rewritten in
+    this format's escapes.  Rust's name pattern ``'((?:(?:\\')?[^']*)*)'`` keeps inside a name
+    every quote that follows a backslash, and unescapes by replacing ``\'`` then ``\\``, so its
+    tests' ``'\\'\\'`` is one name (``\'\``) where this format's escapes end the name after
+    ``'\\'``.  Called only for a line the format's own reading refuses; the closing quote is the
+    first that follows no backslash or that a space, ``#`` or the end of the line follows.
+
+    >>> print(_rust_names(r"5 '\\'\\' [2] Scalar 1.2"))
+    5 '\\\'\\' [2] Scalar 1.2
+    """
+    from ..nodes.base import quote_name
+
+    pos, n = 0, len(content)
+    while pos < n and content[pos].isdigit():
+        pos += 1
+    for _ in range(2):  # an identifier and a name
+        while pos < n and content[pos] == " ":
+            pos += 1
+        if pos >= n or content[pos] != "'":
+            break
+        close = pos + 1
+        while close < n:
+            if content[close] == "'" and (content[close - 1] != "\\" or close + 1 == n
+                                          or content[close + 1] in _SEPARATES):
+                break
+            close += 1
+        if close >= n:
+            break
+        raw = content[pos + 1:close]
+        name = raw.replace("\\'", "'").replace("\\\\", "\\")
+        content = content[:pos] + quote_name(name) + content[close + 1:]
+        pos += len(quote_name(name))
+    return content
 
 
 def _unescape(raw, line, line_number, column):

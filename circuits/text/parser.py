@@ -90,7 +90,7 @@ class _Reference:
         self.name = name
 
 
-def parse(text: str, store=None, references=None, seed=0) -> Circuit:
+def parse(text: str, store=None, references=None, seed=0, check_repeats=True) -> Circuit:
     """The circuit a text describes: its last root (earlier roots and ``~`` blocks define nodes
     it may refer to).
 
@@ -99,15 +99,21 @@ def parse(text: str, store=None, references=None, seed=0) -> Circuit:
       'one' [] Scalar 1
       'one'
     """
-    return parse_many(text, store=store, references=references, seed=seed)[-1]
+    return parse_many(text, store=store, references=references, seed=seed, check_repeats=check_repeats)[-1]
 
 
-def parse_many(text: str, store=None, references=None, seed=0) -> list:
+def parse_many(text: str, store=None, references=None, seed=0, check_repeats=True) -> list:
     """Every root of a text, in order; roots share the nodes they refer to.
 
     ``references`` (a dict name -> node, or an iterable of named nodes) supplies nodes the text
     refers to by name without defining them.  ``seed`` seeds the values of rust_circuit's
     random tensors (``Array rand``, or an Array line without a hash), in text order.
+    ``check_repeats=False`` is rust_circuit's ``on_repeat_check_info_same=False``: a line whose
+    serial number an earlier line defined is that node whatever else it says (a print with
+    ``bijection=False`` writes ``8 tok_embeds``, the name unquoted).
+
+    >>> parse_many("0 Add\\n  8 'e' [2] Scalar 1\\n  8 e", check_repeats=False)[0].children[1].name
+    'e'
 
     >>> from circuits import Scalar
     >>> a, b = parse_many("'a' Add\\n  'one'\\n'b' Add\\n  'one'\\n  'one'", references=[Scalar(1.0, name='one')])
@@ -117,7 +123,7 @@ def parse_many(text: str, store=None, references=None, seed=0) -> list:
     if not isinstance(text, str):
         raise TypeError(f"parse takes a str, got {type(text).__name__}")
     with gc_paused():
-        records, roots, references_found, order = _read(text)
+        records, roots, references_found, order = _read(text, check_repeats)
         externals = _external_table(references)
         _resolve(records, roots, references_found, externals)
         _mark_int_indices(records)
@@ -131,7 +137,7 @@ def parse_many(text: str, store=None, references=None, seed=0) -> list:
 
 
 # ---------------------------------------------------------------------------- pass 1: lines
-def _read(text):
+def _read(text, check_repeats=True):
     """Records (definition lines) in text order, the roots, the reference lines as
     ``(parent or None, child position, reference)``, and the records in the order their subtrees
     end (children before parents for every indented child)."""
@@ -141,6 +147,8 @@ def _read(text):
     base, base_line = _first_indent(lines) if text[:1] in (" ", "\n", "\r", "#") else (0, 0)
     tree_width = 2 if ("‣" in text or "▼" in text or "|/" in text) else 3
     tree = _Tree()
+    tree.tree_width = tree_width
+    tree.check_repeats = check_repeats
     add = tree.add
     fast = FAST_LINE.match
     shapes: dict = {}
@@ -188,7 +196,7 @@ def _read(text):
                 column = 0
             add(number, line, len(indent) >> 1, False, serial, name, shape, type_name, payload, column)
         else:
-            parsed = read_line(line, number, tree_width)
+            parsed = read_line(line, number, tree_width, tree.serials if not check_repeats else None)
             if parsed is not None:
                 add(number, line, *parsed)
     return tree.finish()
@@ -222,9 +230,27 @@ def split_child_info(line):
         elif ch == "#" and not quoted:
             return line, None
         elif ch == "!" and not quoted:
-            return line[:i].rstrip(" "), line[i + 1:].strip()
+            return line[:i].rstrip(" "), _strip_comment(line[i + 1:]).strip()
         i += 1
     return line, None
+
+
+def _strip_comment(info):
+    """Child info without a trailing comment (``'sym' ftt # a comment``: rust's printer's
+    commenters write them there)."""
+    quoted = False
+    i, n = 0, len(info)
+    while i < n:
+        ch = info[i]
+        if ch == "\\" and quoted:
+            i += 2
+            continue
+        if ch == "'":
+            quoted = not quoted
+        elif ch == "#" and not quoted:
+            return info[:i]
+        i += 1
+    return info
 
 
 _FLAGS = re.compile(r"^(.*?)\s+([tf]{3})\s*$")
@@ -262,6 +288,8 @@ class _Tree:
         self.order: list = []
         self.open_items: list = []  # the item at each depth on the path to the current line
         self.only_child = None  # (number, line) of a '▼' line: the next line is an only child
+        self.tree_width = 3  # glyph columns a level of tree arrows takes (rust's '├‣': 2)
+        self.check_repeats = True  # a repeat line must agree with the line it repeats
         self.hidden: dict = {}  # id(only child) -> the parent whose place it took in open_items
         self.serials: dict = {}  # serial -> its first record
         self.idents: dict = {}  # a record's identifier without serial (alias or name) -> first record
@@ -335,7 +363,7 @@ class _Tree:
 
     def add_line(self, number, line, fast, shapes):
         """Read one line that the fast path may not see (the line part of a child-info line)."""
-        parsed = read_line(line, number)
+        parsed = read_line(line, number, self.tree_width)
         if parsed is None:
             raise fail("child info ('!') after no node", number, line, 1, "a node line before '!'")
         self.add(number, line, *parsed)
@@ -391,7 +419,7 @@ class _Tree:
             while item is not None:
                 if type(item) is _Record:
                     if item.repeat_of is not None:
-                        _repeat(item)
+                        _repeat(item, self.check_repeats)
                     item.position = len(order)
                     order.append(item)
                 item = hidden.pop(id(item), None) if hidden else None
@@ -405,7 +433,7 @@ _UNREAD = object()
 _NOT_GIVEN = object()
 
 
-def _repeat(r):
+def _repeat(r, check=True):
     """A line whose identifier an earlier line defined (rust_circuit restates repeated nodes:
     ``1 Scalar``, ``2 [] Scalar 1``).  A repeated serial is always that node; a repeated name
     is when the line could not be a node of its own (no children where its type takes some, or a
@@ -419,13 +447,18 @@ def _repeat(r):
         return
     if (r.serial is None and not r.children and r.cls.child_count[1] == 0 and r.shape is not None
             and r.payload is not _NOT_GIVEN):
-        r.repeat_of = None  # a complete leaf line: the same node when it says the same
-        return
+        # A complete leaf line: the node it says.  When it says what the first line says, it is
+        # that node (rust_circuit's identifier is the name: two 'my_arg' [] Scalar 3874 lines are
+        # one node, and one random 'Array rand'), so a reference by the name is not ambiguous.
+        if (r.cls, r.name, r.shape, r.payload) != (first.cls, first.name, first.shape, first.payload) \
+                or first.children or first.position < 0:
+            r.repeat_of = None
+            return
     if r.children:
         raise r.error(f"line {first.line_number} already defined this node, so it cannot have "
                       "children here", "no children under a repeated node")
     for what, mine, theirs in (("type", r.cls, first.cls), ("name", r.name, first.name),
-                               ("shape", r.shape, first.shape), ("payload", r.payload, first.payload)):
+                               ("shape", r.shape, first.shape), ("payload", r.payload, first.payload)) * check:
         if mine is not None and mine is not _NOT_GIVEN and mine != theirs:
             shown = (lambda v: v.type_name) if what == "type" else repr
             raise r.error(f"this line repeats line {first.line_number} with another {what}: "

@@ -199,3 +199,85 @@ def test_strip_names_keeps_a_module_bound_to_its_symbols():
     assert s.spec.arg_specs[0].symbol.name is None
     y = np.arange(6.0).reshape(3, 2)
     np.testing.assert_array_equal(C.evaluate(s, {s.children[1]: y}), 2 * y)
+
+
+BILINEAR_MLP = """
+'outer_b.bilinear_mlp' Module
+  'bilinear_mlp' Einsum h,h,oh->o
+    'bilinear_mlp.pre0' Index [0,:]
+      'bilinear_mlp.fold_pre' Rearrange (a:2 b) -> a:2 b
+        'bilinear_mlp.pre' Einsum i,hi->h
+          'bilinear_mlp.input' [0s] Symbol 873a937e-2bb9-4f7f-b55e-a100db3dde52
+          'bilinear_mlp.w.proj_in' [2*1s,0s] Symbol c171d519-8793-4a8b-ac5e-d550347f30a6
+    'bilinear_mlp.pre1' Index [1,:]
+      'bilinear_mlp.fold_pre'
+    'bilinear_mlp.w.proj_out' [2s,1s] Symbol e61637eb-9f17-4325-b2c2-5eb2518026cf
+  0 [64,17] Array rand ! 'bilinear_mlp.input'
+  'b.proj_in' [22,17] Array rand ! 'bilinear_mlp.w.proj_in' ftt
+  'b.proj_out' [13,11] Array rand ! 'bilinear_mlp.w.proj_out' ftt
+"""
+
+
+def test_a_symbolic_product_takes_its_size_from_the_argument_as_rust_solves_it():
+    # rust_circuit's test_batching_top: 2*1s given 22 makes 1s 11, which proj_out's [13,11] agrees with
+    m = parse(BILINEAR_MLP)
+    assert m.shape == (64, 13)
+    x, w_in, w_out = (np.asarray(a.value, np.float64) for a in m.args)
+    pre = np.einsum("ni,hi->nh", x, w_in).reshape(64, 2, 11)
+    want = np.einsum("nh,nh,oh->no", pre[:, 0], pre[:, 1], w_out)
+    np.testing.assert_allclose(C.evaluate(m, dtype="float64"), want, rtol=1e-9)
+    np.testing.assert_allclose(C.evaluate(m.substitute(), dtype="float64"), want, rtol=1e-9)
+    # a size the factor does not divide is refused, naming the argument
+    with pytest.raises(C.errors.ParseError, match="argument 1 has size 21"):
+        parse(BILINEAR_MLP.replace("[22,17] Array rand", "[21,17] Array rand"))
+
+
+def test_a_symbol_bound_twice_is_bound_by_the_later_argument():
+    # rust_circuit's modules_and_symbols demo: "later children are considered 'more inner'"
+    b_arg, m = parse_many("""
+'b.arg' [] Scalar 1.2
+'a' Module
+  'sym' [] Symbol c9517c8e-0b5a-4ebf-94c8-6da413c9f5d1
+  'a.arg' [] Scalar 1.3 ! 'sym'
+  'b.arg' ! 'sym'
+""")
+    assert m.spec.are_args_used() == [False, True]
+    assert substitute_all_modules(m) == b_arg.rename("a")
+    assert float(C.evaluate(m)) == pytest.approx(1.2)
+    with pytest.raises(C.errors.CircuitError, match="does not occur in the body"):
+        ModuleSpec(m.body, m.spec.arg_specs)  # rust's parser refuses it unless told not to check
+    assert parse_many(print_many([b_arg, m])) == [b_arg, m]
+
+
+def test_symbolic_sizes_in_rust_rearrange_specs_and_their_expansion():
+    # rust_circuit's test_symbolic_rearrange_expand: the spec's sizes conform to the new shapes
+    from circuits.expand import expand
+
+    scl0, scl1, scl2, sym, root = parse_many("""
+    'scl0' [3*1s] Scalar 1.3
+    'scl1' [24] Scalar 1.3
+    'scl2' [17] Scalar 1.3
+    'sym' [3*0s] Symbol rand
+    2 Add
+      3 Rearrange (a:1s b:3) -> b a
+        'scl0'
+      4 Rearrange (b:3 a:8) -> a b 1
+        'scl1'
+      8 Einsum i->
+        7 Add
+          5 Rearrange a:17 -> a
+            'scl2'
+          6 Rearrange a -> a
+            'scl2'
+    """)
+    assert root.shape == (8, 3, S1)  # [3,1s] + [8,3,1] + []
+    first = root.children[0]
+    assert first.payload_text() == "(a b) -> b a a=1s b=3"  # a symbolic size prints as one
+    assert parse(first.to_text()) == first
+    expanded = expand(root, {scl0: sym, scl1: sym, scl2: sym})
+    assert expanded.shape == (S0, 3, S0)
+    # a concrete expansion conforms the same way: (b:3 a:8) over 30 makes a 10
+    r = parse("'r' Rearrange (b:3 a:8) -> a b\n  'x' [24] Scalar 1")
+    assert expand(r, {r.children[0]: Scalar(1.0, (30,))}).shape == (10, 3)
+    with pytest.raises(C.errors.CircuitError, match="cannot follow"):  # 3 does not divide 31
+        expand(r, {r.children[0]: Scalar(1.0, (31,))})

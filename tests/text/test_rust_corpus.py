@@ -1,21 +1,18 @@
 """rust_circuit's own circuit texts (``rust_corpus/texts.json``, extracted from its python tests,
 demos and module library by ``rust_corpus/extract.py``; MIT licence, attribution in the file):
 every text parses, prints and parses back to the same circuits, and where it evaluates (no Symbol,
-no placeholder) keeps its value under ``rewrites.simp`` and ``rewrites.optimize``.
+no placeholder, no DiscreteVar) keeps its value under ``rewrites.simp`` and ``rewrites.optimize``.
+Texts that need what rust's tests pass its parser get it here: reference circuits
+(``REFERENCES``) and the index tensors its tensor cache holds (``TENSORS``).
 
-``EXPECTED_FAILURES`` lists, with the reason, every text that does not parse on this branch; each
-is a strict xfail, so a text that starts to parse (the node types of another branch merged) fails
-until it is taken off the list:
+``EXPECTED_FAILURES`` lists, with the reason, every text that does not parse; each is a strict
+xfail, so a text that starts to parse fails until it is taken off the list:
 
-- MODULE, SCATTER, SYMBOLIC (SetSymbolicShape, sizes like ``0s``), DISCRETE_VAR: node types added
-  on another branch (rust-nodes);
 - CUMULANT: Cumulant and StoredCumulantVar, which this library leaves out;
 - RUST_REFUSES: texts rust_circuit's own tests expect its parser to refuse;
 - PRINT_MODE: outputs of print modes rust itself cannot parse back (unquoted names, '...',
   repeated children, matcher reprs);
-- DIAGONAL: einsums with a repeated output axis (``ab->abaa``), not done yet;
-- TENSOR_INDEX: index tensor literals (``t<hash> [n]``), not done yet;
-- FUNCTION: GeneralFunction names not registered yet (``cast_from_…``, ``multinomial_…``).
+- SYMBOLIC_PRODUCT: a product of four symbolic sizes, more than this library's encoding holds.
 """
 
 import json
@@ -29,87 +26,77 @@ import rewrites
 from circuits.text import parse_many, print_many
 from circuits.traversal import toposort
 
-MODULE, SCATTER, SYMBOLIC, DISCRETE_VAR, CUMULANT = (
-    "Module (rust-nodes branch)", "Scatter (rust-nodes branch)",
-    "symbolic sizes / SetSymbolicShape (rust-nodes branch)", "DiscreteVar (rust-nodes branch)",
-    "cumulant nodes (left out)")
+CUMULANT = "cumulant nodes (left out)"
 RUST_REFUSES = "rust_circuit's tests expect its parser to refuse this text"
 PRINT_MODE = "output of a print mode rust_circuit cannot parse back"
-DIAGONAL = "einsum with a repeated output axis (not done yet)"
-TENSOR_INDEX = "index tensor literal t<hash> [n] (not done yet)"
-FUNCTION = "GeneralFunction not registered yet"
+SYMBOLIC_PRODUCT = ("a product of four symbolic sizes (0s*0s*1s*3s): this library writes symbolic size i as "
+                    "the i-th prime above 2**20, so only three factors fit in an int64 size")
+
+# What rust's demos pass to its parser: on_repeat_check_info_same=False, so that '8 tok_embeds' (a
+# repeat printed with bijection=False, the name unquoted) is node 8 whatever else it says.
+PARSE_OPTIONS = {
+    "basic_scope_manager:9": {"check_repeats": False},
+    "push_down_index:24": {"check_repeats": False},
+}
+
+# What rust's tests pass to its parser as reference circuits (``reference_circuits=``), by text.
+REFERENCES = {
+    "test_rust_printing:528": lambda: {"asdfadsf": C.Scalar(1.0, (2, 1), name="asdfadsf_the_referred")},
+    # module_library builds 'p.norm_call' (a layer norm over Symbol 'p.norm.input') before this
+    # fragment, and passes it with 'b.input': stand-ins of the same kind here
+    "module_library:601": lambda: [C.GeneralFunction("tanh", C.Symbol((5, 4), name="p.norm.input"), name="p.norm_call"),
+                                   C.Symbol((5, 4), name="p.norm.input"), C.Symbol((5, 4), name="b.input")],
+    "test_sample_transform:780": lambda: [C.Array(np.random.default_rng(0).integers(0, 800, (100,)),
+                                                  name="int_vals")],
+}
 
 EXPECTED_FAILURES = {
-    'basic_scope_manager:9': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
-    'modules_and_symbols:674': MODULE,
-    'printing_parsing:21': DIAGONAL,
     'printing_parsing:118': CUMULANT,
-    'push_down_index:24': PRINT_MODE,  # line 25, column 41: unknown node type 'tok_embeds' (expected
-    'module_library:601': MODULE,
-    'module_library:1041': FUNCTION,
-    'test_expand_symbolic:73': SYMBOLIC,
-    'test_expand_symbolic:98': SYMBOLIC,
-    'test_expand_symbolic:106': SYMBOLIC,
-    'test_flags:7': DISCRETE_VAR,
-    'test_module:1466': MODULE,
-    'test_rust_batching:120': MODULE,
-    'test_rust_get_update:1069': PRINT_MODE,  # line 1, column 17: '80114e' is not a number (expected a numb
+    'test_expand_symbolic:98': SYMBOLIC_PRODUCT,
+    'test_expand_symbolic:106': SYMBOLIC_PRODUCT,
+    'test_flags:7': CUMULANT,  # its DiscreteVars parse; 'cum_var' Cumulant does not
+    'test_rust_get_update:1069': PRINT_MODE,  # a Matcher's repr: 'a_name' Scalar <hash prefix>
     'test_rust_printing:77': RUST_REFUSES,
-    'test_rust_printing:87': SCATTER,
     'test_rust_printing:98': CUMULANT,
-    'test_rust_printing:103': DISCRETE_VAR,
     'test_rust_printing:108': CUMULANT,
-    'test_rust_printing:121': SCATTER,
-    'test_rust_printing:129': SCATTER,
-    'test_rust_printing:138': SCATTER,
-    'test_rust_printing:147': SCATTER,
-    'test_rust_printing:156': SCATTER,
-    'test_rust_printing:164': SCATTER,
-    'test_rust_printing:172': SCATTER,
-    'test_rust_printing:180': SCATTER,
-    'test_rust_printing:196': SCATTER,
-    'test_rust_printing:204': SCATTER,
-    'test_rust_printing:213': SCATTER,
-    'test_rust_printing:222': SCATTER,
-    'test_rust_printing:231': SCATTER,
     'test_rust_printing:420': RUST_REFUSES,
-    'test_rust_printing:444': TENSOR_INDEX,
     'test_rust_printing:452': RUST_REFUSES,
-    'test_rust_printing:468': SCATTER,
-    'test_rust_printing:528': SCATTER,
+    'test_rust_printing:468': RUST_REFUSES,  # '4 ! bye' under an Einsum: pytest.raises(UnexpectedChildInfo)
     'test_rust_printing:559': RUST_REFUSES,
     'test_rust_printing:560': RUST_REFUSES,
     'test_rust_printing:562': RUST_REFUSES,
     'test_rust_printing:564': RUST_REFUSES,
     'test_rust_printing:565': RUST_REFUSES,
     'test_rust_printing:566': RUST_REFUSES,
-    'test_rust_printing:594': SCATTER,
-    'test_rust_printing:617': SCATTER,
-    'test_rust_printing:628': SCATTER,
-    'test_rust_printing:655': SCATTER,
-    'test_rust_printing:2043': MODULE,
-    'test_rust_printing:2092': MODULE,
+    'test_rust_printing:594': PRINT_MODE,  # 'Concat 0 ...': a traversal-limited print (end_depth=3)
+    'test_rust_printing:617': PRINT_MODE,  # 'Concat 0 ...': a traversal-limited print (end_depth=3)
+    'test_rust_printing:628': PRINT_MODE,  # 'yoyo  [2,3,3] Scalar 1': bijection=False prints names unquoted
+    'test_rust_printing:655': PRINT_MODE,  # 'Scatter [0:2,0:1] ...': PrintOptions.repr_depth output
     'test_rust_printing:2116': CUMULANT,
-    'test_rust_printing:2133': MODULE,
-    'test_rust_printing:2209': PRINT_MODE,  # line 7: line 3 already defined this node, so it cannot have
-    'test_rust_printing:2228': PRINT_MODE,  # line 3, column 9: Add takes no payload, got '...' (expected
-    'test_rust_printing:2328': RUST_REFUSES,
-    'test_rust_rewrite:1006': DIAGONAL,
-    'test_rust_rewrite:1174': DIAGONAL,
-    'test_sample_transform:649': TENSOR_INDEX,
-    'test_sample_transform:655': FUNCTION,
-    'test_sample_transform:780': DISCRETE_VAR,
+    'test_rust_printing:2209': PRINT_MODE,  # number_leaves=True, bijection=False: repeats print children
+    'test_rust_printing:2228': PRINT_MODE,  # number_leaves with end_depth=2: 'Add ...'
+    'test_rust_printing:2328': RUST_REFUSES,  # a cycle: pytest.raises(ParseCircuitCycleError)
 }
 
 CORPUS = json.loads((Path(__file__).parent / "rust_corpus" / "texts.json").read_text())
 TEXTS = {e["id"]: e for e in CORPUS["texts"]}
 
 
-class _Store:
-    """The valued Arrays of the parsed circuits, by content hash (what a tensor store does)."""
+# Index tensors rust's texts name by rust's hash (``t<hash> [n]``), as rust's tensor cache holds
+# them: test_print_tensor_index's tensor is written in the test; test_simplify_sampled's 100
+# indices below 12 are its sampler's draws, which the text does not hold (seeded stand-ins).
+TENSORS = {
+    "test_rust_printing:444": {"292d9fdb22": np.array([1, 2, 3, 3, 2, 1])},
+    "test_sample_transform:649": {"df3c928b0b": np.random.default_rng(11).integers(0, 12, 100)},
+}
 
-    def __init__(self, roots):
-        self.values = {}
+
+class _Store:
+    """The valued Arrays of the parsed circuits, by content hash (what a tensor store does),
+    and ``tensors`` by their hashes."""
+
+    def __init__(self, roots=(), tensors=None):
+        self.values = dict(tensors or {})
         for node in toposort(*roots):
             if node.type_name == "Array" and node.value is not None:
                 self.values[node.content_hash] = node.value
@@ -123,8 +110,9 @@ class _Store:
 
 
 def _evaluates(root):
-    """No Symbol, no placeholder, and small enough (some texts hold [1000000000] Scalars)."""
-    return all(not (n.type_name == "Symbol" or (n.type_name == "Array" and n.value is None))
+    """No Symbol, no placeholder, no DiscreteVar (no single value: it evaluates through
+    ``circuits.expand.sample``), and small enough (some texts hold [1000000000] Scalars)."""
+    return all(not (n.type_name in ("Symbol", "DiscreteVar") or (n.type_name == "Array" and n.value is None))
                and int(np.prod(n.shape)) <= 1 << 20 for n in toposort(root))
 
 
@@ -143,7 +131,9 @@ def test_corpus_is_complete():
 
 @pytest.mark.parametrize("key", list(_params()))
 def test_rust_text(key):
-    roots = parse_many(TEXTS[key]["text"])
+    references = REFERENCES[key]() if key in REFERENCES else None
+    roots = parse_many(TEXTS[key]["text"], references=references, store=_Store(tensors=TENSORS.get(key)),
+                       **PARSE_OPTIONS.get(key, {}))
     again = parse_many(print_many(roots), store=_Store(roots))
     assert again == roots
     root = roots[-1]

@@ -134,3 +134,130 @@ def test_rust_print_option_writes_rust_grammar():
     for i in range(80):
         deep = C.GeneralFunction("exp", deep)
     assert "~" not in to_text(deep, rust=True) and parse(to_text(deep, rust=True)) == deep
+
+
+RUST_COMMENTED = [  # rust_circuit's test_rust_printing_comments: rust parses all to one circuit
+    """
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 '# my name' [5, 3, 3] Concat 0
+      5 '#\\\\'\\\\' [2, 3, 3] Scalar 1.2
+      6 '\\' hi\\\\' [3, 3, 3] Scalar 1.2""",
+    """
+        # comment before
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1] # comment
+# comment mid
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]###
+    4 '# my name' [5, 3, 3] Concat 0#dfj
+      5 '#\\\\'\\\\' [2, 3, 3] Scalar 1.2      #  sldkj#*$&fstuf
+      6 '\\' hi\\\\' [3, 3, 3] Scalar 1.2""",
+]
+
+
+def test_quoted_names_read_as_rusts_pattern_reads_them():
+    # rust's name pattern keeps a quote that follows a backslash inside the name, then replaces
+    # \' by ' and \\ by \: its test's '#\\'\\' is the name #\'\ (a plain Python reference below)
+    first, second = (parse(t) for t in RUST_COMMENTED)
+    assert first == second
+    concat = first.children[1].children[0]
+    raw = "#\\\\'\\\\"
+    assert [k.name for k in concat.children] == [raw.replace("\\'", "'").replace("\\\\", "\\"), "' hi\\"]
+    assert concat.children[0].name == "#\\'\\"
+    assert parse(first.to_text()) == first  # and this format's escapes write it back
+    with pytest.raises(ParseError):  # a name whose quote is never closed is still an error
+        parse("5 '\\\\'\\\\ [2] Scalar 1")
+
+
+def test_a_repeated_complete_leaf_line_is_the_same_node():
+    # rust's test_module_pusher_naming_edge_cases: two "'my_arg' [] Scalar 3874" lines are one node
+    # (one random draw for 'Array rand'), so the later reference by name is not ambiguous
+    b, c = parse_many("'b' Add\n  'x' [2] Array rand\n  'x' [2] Array rand\n'c' Add\n  'x'")
+    assert b.children[0] is b.children[1] is c.children[0]
+    with pytest.raises(ParseError, match="2 nodes are named 'x'"):  # two different nodes: ambiguous
+        parse_many("'b' Add\n  'x' [2] Scalar 1\n  'x' [2] Scalar 2\n'c' Add\n  'x'")
+
+
+def test_child_info_may_carry_a_comment():
+    m = parse("""
+'m' Module
+  'body' Add
+    'x' [0s] Symbol
+  'arg' [3] Scalar 2 ! 'x' ftt # a commenter's comment
+""")
+    assert m.spec.arg_specs[0].flags == "ftt" and m.shape == (3,)
+
+
+class _Tensors:
+    """A store of tensors by hash (the parser's store protocol: find a prefix, get the value)."""
+
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+    def find(self, prefix):
+        found = [h for h in self.tensors if h.startswith(prefix)]
+        return found[0] if len(found) == 1 else None
+
+    def get(self, full):
+        return self.tensors[full]
+
+
+def test_index_tensor_literals_read_from_the_store():
+    # rust_circuit's test_print_tensor_index: Index(Scalar(1.0, (10, 10)), (tensor, 0)) prints so
+    text = "0 [6] Index [t292d9fdb22 [6],0]\n  1 [10,10] Scalar 1"
+    idx = np.array([1, 2, 3, 3, 2, 1])
+    c = parse(text, store=_Tensors({"292d9fdb22aa": idx}))
+    assert c.shape == (6,)
+    np.testing.assert_array_equal(c.index[0], idx)
+    x = np.arange(100.0).reshape(10, 10)
+    patched = C.Index(C.Array(x, name="x"), c.index)
+    np.testing.assert_allclose(C.evaluate(patched, dtype="float64"), x[idx, 0])
+    assert parse(c.to_text()) == c  # printed back with its ints inline
+    with pytest.raises(ParseError, match=r"index tensor t292d9fdb22 \[6\] is not in the store \(no store="):
+        parse(text)
+    with pytest.raises(ParseError, match="not 6 ints"):
+        parse(text, store=_Tensors({"292d9fdb22": np.arange(5)}))
+    with pytest.raises(ParseError, match="is not an index tensor"):
+        parse("0 [6] Index [tzz [6],0]\n  1 [10,10] Scalar 1")
+
+
+def test_unchecked_repeats_read_rusts_bijection_false_prints():
+    # rust's demos parse their printed GPT-2 with on_repeat_check_info_same=False: '8 tok_embeds'
+    text = "0 Add\n  8 'tok_embeds' [2] Scalar 1\n  1 Add\n    8 tok_embeds\n    8 [3] Scalar 9"
+    with pytest.raises(ParseError):
+        parse(text)  # checked (the default): 'tok_embeds' is no node type, and [3] is not [2]
+    c = parse(text, check_repeats=False)
+    emb = c.children[0]
+    assert c.children[1].children[0] is emb and c.children[1].children[1] is emb
+    with pytest.raises(ParseError, match="unknown node type 'tok_embeds'"):  # 9 is no earlier node
+        parse("0 Add\n  9 tok_embeds", check_repeats=False)
+
+
+def test_reference_circuits_as_rusts_tests_pass_them():
+    # rust's test_rust_printing_bijection_ref: 'asdfadsf' names a circuit given to the parser
+    referred = C.Scalar(1.0, (2, 1), name="asdfadsf_the_referred")
+    c = parse("""
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    'asdfadsf'
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 [5, 3, 3] Concat 0
+      5 'sc1' [2, 3, 3] Scalar 1.0
+      6 'sc2' [3, 3, 3] Scalar 1.0""", references={"asdfadsf": referred})
+    assert c.children[0].children[0] is referred
+    want = np.zeros((5, 3, 6))
+    want[:, :2, :] += 1  # the [3,1] Scatter (ones in rows 0-1) broadcast against [5,3,6]
+    want[:5, :3, :3] += 1
+    np.testing.assert_allclose(C.evaluate(c, dtype="float64"), want)
+    # rust's test_probs_dtype: a DiscreteVar over int values is an int variable
+    int_vals = C.Array(np.arange(100), name="int_vals")
+    v = parse("""
+    'int_var' DiscreteVar
+      'int_vals'
+      'group' Tag 2ef9f1ac-28bb-4bed-ab7b-09b9050483ac
+        'uniform_probs' [100] Scalar 0.01
+    """, references=[int_vals])
+    assert v.dtype == "int64" and v.shape == ()
