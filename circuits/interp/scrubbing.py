@@ -194,7 +194,7 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
         if kind == "feature":
             same[plan.claims[claim].name] = float(np.mean(idx[slot] == idx[parent_slot]))
     return ScrubResult(hypothesis, losses[0], losses[1], losses[2], seed=seed, same_as_parent=same,
-                       circuit=scrubbed.circuit, n_slots=len(scrubbed.slots))
+                       circuit=scrubbed.circuit, n_slots=len(scrubbed.slots), plan=plan, indices=idx)
 
 
 def _with_child(claim: Claim, child: Claim) -> Claim:
@@ -234,7 +234,7 @@ class ScrubResult:
     test anything); ``circuit`` the treeified circuit that was evaluated (print it, save it)."""
 
     def __init__(self, hypothesis, original_rows, scrubbed_rows, random_rows, *, seed, same_as_parent, circuit,
-                 n_slots):
+                 n_slots, plan=None, indices=None):
         self.hypothesis = hypothesis
         self.rows = {"original": original_rows, "scrubbed": scrubbed_rows, "random": random_rows}
         self.samples = int(original_rows.shape[0])
@@ -253,6 +253,7 @@ class ScrubResult:
         self.same_as_parent = dict(same_as_parent)
         self.circuit = circuit
         self.n_slots = n_slots
+        self.plan, self.indices = plan, indices
 
     def table(self) -> list[tuple[str, str]]:
         rows = [
