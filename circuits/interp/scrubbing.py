@@ -110,6 +110,10 @@ def _check_data(circuit: Circuit, data: Mapping) -> tuple[dict[str, np.ndarray],
     return arrays, rows, symbols
 
 
+def _rows_of(arrays) -> int:
+    return int(next(iter(arrays.values())).shape[0])
+
+
 def _default_score(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], -1).mean(axis=1)
 
@@ -267,7 +271,7 @@ def _evaluate(out: Circuit, arrays, slot_rows, symbols, *, batch_size, dtype, re
 
     plan = None
     if frontier and reuse_rows is not False:
-        plan = _reuse_plan(frontier, slot_rows, symbols, samples, dtype, force=bool(reuse_rows))
+        plan = _reuse_plan(frontier, slot_rows, symbols, samples, _rows_of(arrays), dtype, force=bool(reuse_rows))
     main, inputs = out, {}
     if plan is not None:
         groups, unslotted = plan
@@ -282,7 +286,7 @@ def _evaluate(out: Circuit, arrays, slot_rows, symbols, *, batch_size, dtype, re
                 for s in slots:
                     pos = Symbol((), name=f"scrub.row{g}@{s}", dtype="int64")
                     inputs[pos.name] = np.searchsorted(rows, slot_rows[s])
-                    for h in unslotted[(u.hash, s)]:
+                    for h in unslotted.get((u.hash, s), ()):
                         swap[frontier[h][0]] = GeneralFunction("gen_index_at_0_c", table, pos,
                                                                name=frontier[h][0].name)
         main = replace(out, swap)
@@ -315,7 +319,45 @@ def _evaluate_rows(nodes: list[Circuit], inputs, *, batch_size, dtype) -> list:
     return out
 
 
-def _reuse_plan(frontier, slot_rows, symbols, samples: int, dtype: str, force: bool):
+def _work(nodes) -> int:
+    """A rough cost of evaluating ``nodes`` once: the elements every computed node produces (an
+    einsum: the product of all its axes' sizes, the multiply-adds)."""
+    total = 0
+    for n in toposort(*nodes):
+        if not n.children:
+            continue
+        if isinstance(n, Einsum):
+            sizes = {a: d for c, axes in zip(n.children, n.in_axes) for a, d in zip(axes, c.shape)}
+            total += int(np.prod(list(sizes.values()), dtype=np.int64))
+        else:
+            total += int(np.prod(n.shape, dtype=np.int64))
+    return total
+
+
+def _merge_groups(groups: list) -> list:
+    """Groups ``(slots, nodes, rows)`` merged while one program over the union of two groups'
+    rows costs less than the two (their nodes share subcircuits: layer 0 under each head)."""
+    groups = [(slots, nodes, rows, _work(nodes) * len(rows)) for slots, nodes, rows in groups]
+    merged = True
+    while merged and len(groups) > 1:
+        merged, best = False, None
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                a, b = groups[i], groups[j]
+                nodes = a[1] + [n for n in b[1] if n not in a[1]]
+                rows = np.union1d(a[2], b[2])
+                cost = _work(nodes) * len(rows)
+                gain = a[3] + b[3] - cost
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, i, j, (a[0] | b[0], nodes, rows, cost))
+        if best is not None:
+            _, i, j, new = best
+            groups = [g for k, g in enumerate(groups) if k not in (i, j)] + [new]
+            merged = True
+    return [(slots, nodes, rows) for slots, nodes, rows, _ in groups]
+
+
+def _reuse_plan(frontier, slot_rows, symbols, samples: int, rows_total: int, dtype: str, force: bool):
     """``(groups, unslotted)`` for row reuse, or None when it would not save work or its tables
     would not fit ``REUSE_BUDGET``.  ``groups``: ``(slots, nodes over the original inputs, rows)``
     per set of slots; ``unslotted``: (node hash, slot) -> the frontier nodes it stands for."""
@@ -341,14 +383,18 @@ def _reuse_plan(frontier, slot_rows, symbols, samples: int, dtype: str, force: b
     by_slots: dict[frozenset, list[Circuit]] = {}
     for uh, slots in slots_of.items():
         by_slots.setdefault(frozenset(slots), []).append(node_of[uh])
-    groups, reused, direct, size = [], 0, 0, 0
-    for slots, nodes in by_slots.items():
-        rows = np.unique(np.concatenate([slot_rows[s] for s in sorted(slots)]))
-        rows = np.concatenate([rows, np.repeat(rows[-1:], _bucket(len(rows)) - len(rows))])
-        groups.append((sorted(slots), nodes, rows))
+    groups = [(set(slots), nodes, np.unique(np.concatenate([slot_rows[s] for s in sorted(slots)])))
+              for slots, nodes in by_slots.items()]
+    groups = _merge_groups(groups)
+    out, reused, direct, size = [], 0, 0, 0
+    for slots, nodes, rows in groups:
+        padded = max(len(rows), min(_bucket(len(rows)), rows_total))
+        rows = np.concatenate([rows, np.repeat(rows[-1:], padded - len(rows))])
+        out.append((sorted(slots), nodes, rows))
         reused += len(rows) * len(nodes)
         direct += samples * len(slots) * len(nodes)
         size += sum(len(rows) * int(np.prod(u.shape, dtype=np.int64)) * np.dtype(dtype).itemsize for u in nodes)
+    groups = out
     if size > REUSE_BUDGET or (not force and reused >= 0.75 * direct):
         return None
     return groups, unslotted
