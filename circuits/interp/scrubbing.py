@@ -6,7 +6,7 @@ claim (depth first) a datum among the rows that agree with its parent's datum on
 feature, and for each unclaimed path a random datum; treeifies the circuit along the hypothesis
 (``treeify``), so each input occurrence reads its owner's datum; and evaluates the original, the
 scrubbed and the fully scrubbed circuit (every input resampled except the ``labels`` paths) on the
-same reference rows, batched over the samples in one compiled program.  The result reports the
+same reference rows, batched over the samples (no Python loop over samples).  The result reports the
 three losses, their standard errors and the fraction of the loss reduction the hypothesis
 recovers, ``(random - scrubbed) / (random - original)``.
 
@@ -14,6 +14,12 @@ Sampling within a feature class is O(rows): rows sorted by class once, then one 
 sample inside the parent's class.  Each draw has its own generator seeded by ``seed`` and the
 claim's name, so adding a claim does not move the others' samples.  Unclaimed paths below one
 claim share one random datum (as in Redwood's rust_circuit).
+
+Evaluation does each (subcircuit, datum) pair once: slots that received the same draw read one
+input Symbol, so the subcircuits above them are one interned node; and a subcircuit that reads
+one slot only (layer 0 under a random draw, the original run) is computed once per distinct
+dataset row its slots drew, in one batched program over those rows, and gathered per sample by
+the samples' program (``reuse_rows``).
 
 >>> import numpy as np
 >>> from circuits import Symbol, Add, Einsum, Scalar, Index
@@ -134,7 +140,8 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
     - ``reuse_rows``: a subcircuit that reads one slot's datum (layer 0 on a resampled input) is
       computed once per distinct dataset row its slots draw, then gathered per sample, when
       that is less work and its values fit ``REUSE_BUDGET`` bytes (``None``, the default);
-      ``False`` computes every sample's subcircuits anew; ``True`` reuses whenever possible.
+      ``False`` computes every sample's subcircuits anew; ``True`` reuses whenever the values
+      fit ``REUSE_BUDGET``.
       The losses are the same either way (up to float rounding).
 
     Returns a ``ScrubResult`` (prints as a table; ``_repr_html_`` in notebooks).
@@ -241,7 +248,7 @@ def _evaluate(out: Circuit, arrays, slot_rows, symbols, *, batch_size, dtype, re
 
     With row reuse, each maximal subcircuit that reads one slot only (a *frontier* node: a
     parent reads several slots) is evaluated on the original inputs, once per distinct dataset
-    row any slot reading it draws (one batched call per set of slots), and the program of
+    row any slot reading it draws (one batched call per group of slots), and the program of
     ``out`` gathers its rows per sample instead of computing it: a resampled row drawn by many
     samples and slots costs one evaluation."""
     from ..backend import evaluate_batched
@@ -290,12 +297,12 @@ def _evaluate(out: Circuit, arrays, slot_rows, symbols, *, batch_size, dtype, re
                         swap[frontier[h][0]] = GeneralFunction("gen_index_at_0_c", table, pos,
                                                                name=frontier[h][0].name)
         main = replace(out, swap)
+    feed = {}
     for n in toposort(main):
         if isinstance(n, Symbol):
             found = _slot_of(n, symbols)
-            if found is not None:
-                inputs[n.name] = arrays[found[0]][slot_rows[found[1]]]
-    return np.asarray(evaluate_batched(main, inputs, batch_size=batch_size, dtype=dtype, mode="jit"))
+            feed[n.name] = inputs[n.name] if found is None else arrays[found[0]][slot_rows[found[1]]]
+    return np.asarray(evaluate_batched(main, feed, batch_size=batch_size, dtype=dtype, mode="jit"))
 
 
 def _evaluate_rows(nodes: list[Circuit], inputs, *, batch_size, dtype) -> list:
