@@ -6,7 +6,7 @@ claim (depth first) a datum among the rows that agree with its parent's datum on
 feature, and for each unclaimed path a random datum; treeifies the circuit along the hypothesis
 (``treeify``), so each input occurrence reads its owner's datum; and evaluates the original, the
 scrubbed and the fully scrubbed circuit (every input resampled except the ``labels`` paths) on the
-same reference rows, batched over the samples in one compiled program.  The result reports the
+same reference rows, batched over the samples (no Python loop over samples).  The result reports the
 three losses, their standard errors and the fraction of the loss reduction the hypothesis
 recovers, ``(random - scrubbed) / (random - original)``.
 
@@ -14,6 +14,12 @@ Sampling within a feature class is O(rows): rows sorted by class once, then one 
 sample inside the parent's class.  Each draw has its own generator seeded by ``seed`` and the
 claim's name, so adding a claim does not move the others' samples.  Unclaimed paths below one
 claim share one random datum (as in Redwood's rust_circuit).
+
+Evaluation does each (subcircuit, datum) pair once: slots that received the same draw read one
+input Symbol, so the subcircuits above them are one interned node; and a subcircuit that reads
+one slot only (layer 0 under a random draw, the original run) is computed once per distinct
+dataset row its slots drew, in one batched program over those rows, and gathered per sample by
+the samples' program (``reuse_rows``).
 
 >>> import numpy as np
 >>> from circuits import Symbol, Add, Einsum, Scalar, Index
@@ -33,6 +39,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..dtypes import is_float
 from ..errors import CircuitError
 from ..nodes import Circuit, Concat, Einsum, Scalar, Symbol
 from ..traversal import toposort
@@ -109,13 +116,17 @@ def _check_data(circuit: Circuit, data: Mapping) -> tuple[dict[str, np.ndarray],
     return arrays, rows, symbols
 
 
+def _rows_of(arrays) -> int:
+    return int(next(iter(arrays.values())).shape[0])
+
+
 def _default_score(values: np.ndarray) -> np.ndarray:
     return values.reshape(values.shape[0], -1).mean(axis=1)
 
 
 def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *, samples: int = 1000,
           seed: int = 0, labels=None, score: Callable[[np.ndarray], np.ndarray] | None = None,
-          batch_size: int | None = None, dtype: str = "float32") -> "ScrubResult":
+          batch_size: int | None = None, dtype: str = "float32", reuse_rows: bool | None = None) -> "ScrubResult":
     """Causal scrubbing of ``hypothesis`` (a ``Claim`` tree rooted at ``circuit``'s output) on
     ``data`` (``{input Symbol name: array [rows, *shape]}``).
 
@@ -126,6 +137,12 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
       ``attn_only``: ``'true_toks_int'``).  Paths through them always read the reference datum,
       in every run: the loss is scored against the reference labels.
     - ``samples`` reference rows are drawn with replacement (seeded by ``seed``).
+    - ``reuse_rows``: a subcircuit that reads one slot's datum (layer 0 on a resampled input) is
+      computed once per distinct dataset row its slots draw, then gathered per sample, when
+      that is less work and its values fit ``REUSE_BUDGET`` bytes (``None``, the default);
+      ``False`` computes every sample's subcircuits anew; ``True`` reuses whenever the values
+      fit ``REUSE_BUDGET``.
+      The losses are the same either way (up to float rounding).
 
     Returns a ``ScrubResult`` (prints as a table; ``_repr_html_`` in notebooks).
 
@@ -166,18 +183,12 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
         rand_idx = {s + first - 1: empty_idx[s] for s in range(1, empty_plan.n_slots)}
     original = _rename_slots(circuit, {}, symbols, whole=0)
     out = Concat(_as_rows(original), _as_rows(scrubbed.circuit), _as_rows(random_c), axis=0)
-
-    inputs = {}
-    for name in symbols:
-        for slot in range(plan.n_slots):
-            inputs[slot_name(name, slot)] = arrays[name][idx[slot]]
-        for slot, rows_of_slot in rand_idx.items():
-            inputs[slot_name(name, slot)] = arrays[name][rows_of_slot]
-    needed = {n.name for n in toposort(out) if isinstance(n, Symbol)}
-    inputs = {k: v for k, v in inputs.items() if k in needed}
-    from ..backend import evaluate_batched
-
-    values = np.asarray(evaluate_batched(out, inputs, batch_size=batch_size, dtype=dtype, mode="jit"))
+    slot_rows = {slot: idx[slot] for slot in range(plan.n_slots)}
+    slot_rows.update(rand_idx)
+    # Slots fed the same draw (the fully scrubbed run's draw is the root claim's random draw) read
+    # one Symbol, so the subcircuits above them are one interned node, computed once.
+    out = _rename_slots(out, _equal_slots(slot_rows), symbols)
+    values = _evaluate(out, arrays, slot_rows, symbols, batch_size=batch_size, dtype=dtype, reuse_rows=reuse_rows)
     width = values.shape[1] // 3
     shape = circuit.shape
     parts = [values[:, k * width:(k + 1) * width].reshape((samples, *shape)) for k in range(3)]
@@ -194,7 +205,206 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
         if kind == "feature":
             same[plan.claims[claim].name] = float(np.mean(idx[slot] == idx[parent_slot]))
     return ScrubResult(hypothesis, losses[0], losses[1], losses[2], seed=seed, same_as_parent=same,
-                       circuit=scrubbed.circuit, n_slots=len(scrubbed.slots))
+                       circuit=scrubbed.circuit, n_slots=len(scrubbed.slots), plan=plan, indices=idx)
+
+
+REUSE_BUDGET = 1 << 30  # bytes of per-row subcircuit values ``scrub`` keeps to gather from
+
+
+def _equal_slots(slot_rows: Mapping[int, np.ndarray]) -> dict[int, int]:
+    """Slot -> the first slot with the very same rows, for every slot that repeats one."""
+    first: dict[bytes, int] = {}
+    out = {}
+    for slot in sorted(slot_rows):
+        key = np.ascontiguousarray(slot_rows[slot], dtype=np.int64).tobytes()
+        if key in first:
+            out[slot] = first[key]
+        else:
+            first[key] = slot
+    return out
+
+
+def _slot_of(node: Symbol, symbols) -> tuple[str, int] | None:
+    base, _, slot = node.name.rpartition("@")
+    if base in symbols and slot.isdigit():
+        return base, int(slot)
+    return None
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to ``m * 2**k`` with ``8 <= m < 16`` (at most 1/8 more): table sizes
+    that stay the same across seeds, so the compiled programs are reused."""
+    if n <= 16:
+        return n
+    k = n.bit_length() - 4
+    return -(-n // (1 << k)) * (1 << k)
+
+
+_MIXED = -1
+
+
+def _evaluate(out: Circuit, arrays, slot_rows, symbols, *, batch_size, dtype, reuse_rows) -> np.ndarray:
+    """``out`` (over slot Symbols ``x@s``) on every sample: ``[samples, *out.shape]``.
+
+    With row reuse, each maximal subcircuit that reads one slot only (a *frontier* node: a
+    parent reads several slots) is evaluated on the original inputs, once per distinct dataset
+    row any slot reading it draws (one batched call per group of slots), and the program of
+    ``out`` gathers its rows per sample instead of computing it: a resampled row drawn by many
+    samples and slots costs one evaluation."""
+    from ..backend import evaluate_batched
+    from ..nodes import GeneralFunction
+    from ..traversal import replace
+
+    samples = int(next(iter(slot_rows.values())).shape[0])
+    order = toposort(out)
+    slot: dict[bytes, int | None] = {}  # None: no slot below; _MIXED: several
+    frontier: dict[bytes, tuple[Circuit, int]] = {}
+    for node in order:
+        if isinstance(node, Symbol):
+            found = _slot_of(node, symbols)
+            slot[node.hash] = None if found is None else found[1]
+            continue
+        below = {slot[c.hash] for c in node.children} - {None}
+        s = below.pop() if len(below) == 1 else (_MIXED if below else None)
+        slot[node.hash] = s
+        if s == _MIXED:
+            for c in node.children:
+                cs = slot[c.hash]
+                if cs not in (None, _MIXED) and not isinstance(c, Symbol) and is_float(c.dtype):
+                    frontier[c.hash] = (c, cs)
+    s_out = slot[out.hash]
+    if s_out not in (None, _MIXED) and not isinstance(out, Symbol):
+        frontier[out.hash] = (out, s_out)
+
+    plan = None
+    if frontier and reuse_rows is not False:
+        plan = _reuse_plan(frontier, slot_rows, symbols, samples, _rows_of(arrays), dtype, force=bool(reuse_rows))
+    main, inputs = out, {}
+    if plan is not None:
+        groups, unslotted = plan
+        swap = {}
+        for g, (slots, nodes, rows) in enumerate(groups):
+            present = {n.name for n in toposort(*nodes) if isinstance(n, Symbol)}
+            values = _evaluate_rows(nodes, {k: v[rows] for k, v in arrays.items() if k in present},
+                                    batch_size=batch_size, dtype=dtype)
+            for k, (u, v) in enumerate(zip(nodes, values)):
+                table = Symbol(tuple(v.shape), name=f"scrub.rows{g}.{k}", dtype=u.dtype)
+                inputs[table.name] = v
+                for s in slots:
+                    pos = Symbol((), name=f"scrub.row{g}@{s}", dtype="int64")
+                    inputs[pos.name] = np.searchsorted(rows, slot_rows[s])
+                    for h in unslotted.get((u.hash, s), ()):
+                        swap[frontier[h][0]] = GeneralFunction("gen_index_at_0_c", table, pos,
+                                                               name=frontier[h][0].name)
+        main = replace(out, swap)
+    feed = {}
+    for n in toposort(main):
+        if isinstance(n, Symbol):
+            found = _slot_of(n, symbols)
+            feed[n.name] = inputs[n.name] if found is None else arrays[found[0]][slot_rows[found[1]]]
+    return np.asarray(evaluate_batched(main, feed, batch_size=batch_size, dtype=dtype, mode="jit"))
+
+
+def _evaluate_rows(nodes: list[Circuit], inputs, *, batch_size, dtype) -> list:
+    """Each of ``nodes`` on every row of ``inputs`` (jax arrays ``[rows, *node.shape]``), in one
+    program: the nodes flattened and concatenated, so their shared subcircuits run once."""
+    from ..backend import evaluate_batched
+    from ..nodes import Rearrange
+
+    if len(nodes) == 1:
+        return [evaluate_batched(nodes[0], inputs, batch_size=batch_size, dtype=dtype, mode="jit", return_jax=True)]
+    flat = []
+    for u in nodes:
+        axes = " ".join(f"a{i}" for i in range(len(u.shape)))
+        flat.append(Rearrange(_as_rows(u), f"{axes} -> ({axes})") if len(u.shape) > 1 else _as_rows(u))
+    both = evaluate_batched(Concat(*flat, axis=0), inputs, batch_size=batch_size, dtype=dtype, mode="jit",
+                            return_jax=True)
+    out, start = [], 0
+    for u, f in zip(nodes, flat):
+        out.append(both[:, start:start + f.shape[0]].reshape((both.shape[0], *u.shape)))
+        start += f.shape[0]
+    return out
+
+
+def _work(nodes) -> int:
+    """A rough cost of evaluating ``nodes`` once: the elements every computed node produces (an
+    einsum: the product of all its axes' sizes, the multiply-adds)."""
+    total = 0
+    for n in toposort(*nodes):
+        if not n.children:
+            continue
+        if isinstance(n, Einsum):
+            sizes = {a: d for c, axes in zip(n.children, n.in_axes) for a, d in zip(axes, c.shape)}
+            total += int(np.prod(list(sizes.values()), dtype=np.int64))
+        else:
+            total += int(np.prod(n.shape, dtype=np.int64))
+    return total
+
+
+def _merge_groups(groups: list) -> list:
+    """Groups ``(slots, nodes, rows)`` merged while one program over the union of two groups'
+    rows costs less than the two (their nodes share subcircuits: layer 0 under each head)."""
+    groups = [(slots, nodes, rows, _work(nodes) * len(rows)) for slots, nodes, rows in groups]
+    merged = True
+    while merged and len(groups) > 1:
+        merged, best = False, None
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                a, b = groups[i], groups[j]
+                nodes = a[1] + [n for n in b[1] if n not in a[1]]
+                rows = np.union1d(a[2], b[2])
+                cost = _work(nodes) * len(rows)
+                gain = a[3] + b[3] - cost
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, i, j, (a[0] | b[0], nodes, rows, cost))
+        if best is not None:
+            _, i, j, new = best
+            groups = [g for k, g in enumerate(groups) if k not in (i, j)] + [new]
+            merged = True
+    return [(slots, nodes, rows) for slots, nodes, rows, _ in groups]
+
+
+def _reuse_plan(frontier, slot_rows, symbols, samples: int, rows_total: int, dtype: str, force: bool):
+    """``(groups, unslotted)`` for row reuse, or None when it would not save work or its tables
+    would not fit ``REUSE_BUDGET``.  ``groups``: ``(slots, nodes over the original inputs, rows)``
+    per set of slots; ``unslotted``: (node hash, slot) -> the frontier nodes it stands for."""
+    from ..traversal import deep_map_many
+
+    items = list(frontier.items())
+
+    def fn(node):
+        if isinstance(node, Symbol):
+            found = _slot_of(node, symbols)
+            if found is not None:
+                return Symbol(node.shape, name=found[0], dtype=node.dtype)
+        return None
+
+    plain = deep_map_many([node for _, (node, _) in items], fn)
+    slots_of: dict[bytes, set[int]] = {}
+    node_of: dict[bytes, Circuit] = {}
+    unslotted: dict[tuple[bytes, int], list[bytes]] = {}
+    for (h, (_, s)), u in zip(items, plain):
+        slots_of.setdefault(u.hash, set()).add(s)
+        node_of[u.hash] = u
+        unslotted.setdefault((u.hash, s), []).append(h)
+    by_slots: dict[frozenset, list[Circuit]] = {}
+    for uh, slots in slots_of.items():
+        by_slots.setdefault(frozenset(slots), []).append(node_of[uh])
+    groups = [(set(slots), nodes, np.unique(np.concatenate([slot_rows[s] for s in sorted(slots)])))
+              for slots, nodes in by_slots.items()]
+    groups = _merge_groups(groups)
+    out, reused, direct, size = [], 0, 0, 0
+    for slots, nodes, rows in groups:
+        padded = max(len(rows), min(_bucket(len(rows)), rows_total))
+        rows = np.concatenate([rows, np.repeat(rows[-1:], padded - len(rows))])
+        out.append((sorted(slots), nodes, rows))
+        reused += len(rows) * len(nodes)
+        direct += samples * len(slots) * len(nodes)
+        size += sum(len(rows) * int(np.prod(u.shape, dtype=np.int64)) * np.dtype(dtype).itemsize for u in nodes)
+    groups = out
+    if size > REUSE_BUDGET or (not force and reused >= 0.75 * direct):
+        return None
+    return groups, unslotted
 
 
 def _with_child(claim: Claim, child: Claim) -> Claim:
@@ -234,7 +444,7 @@ class ScrubResult:
     test anything); ``circuit`` the treeified circuit that was evaluated (print it, save it)."""
 
     def __init__(self, hypothesis, original_rows, scrubbed_rows, random_rows, *, seed, same_as_parent, circuit,
-                 n_slots):
+                 n_slots, plan=None, indices=None):
         self.hypothesis = hypothesis
         self.rows = {"original": original_rows, "scrubbed": scrubbed_rows, "random": random_rows}
         self.samples = int(original_rows.shape[0])
@@ -253,6 +463,7 @@ class ScrubResult:
         self.same_as_parent = dict(same_as_parent)
         self.circuit = circuit
         self.n_slots = n_slots
+        self.plan, self.indices = plan, indices
 
     def table(self) -> list[tuple[str, str]]:
         rows = [

@@ -143,8 +143,62 @@ def test_samples_run_in_one_batched_program(monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(backend, "evaluate_batched", counting)
-    scrub(toy(), right_hypothesis(), data(), samples=100, labels="label")
+    scrub(toy(), right_hypothesis(), data(), samples=100, labels="label", reuse_rows=False)
     assert calls == ["jit"]
+    # reusing rows: a program per group of slots for the per-row subcircuits (bounded by the
+    # slots, not the samples), one for the samples
+    for samples in (100, 10_000):
+        calls.clear()
+        r = scrub(toy(), right_hypothesis(), data(), samples=samples, labels="label", reuse_rows=True)
+        assert set(calls) == {"jit"} and 2 <= len(calls) <= r.n_slots + 2
+
+
+def _hypotheses():
+    return [right_hypothesis(), Claim("loss"), Claim("loss", children=[Claim("A", feature=X0)]),
+            Claim("loss", children=[Claim("A", feature=X1, children=[Claim("x0", feature=RANDOM)]),
+                                    Claim("B", feature=X0)]),
+            Claim("loss", other="exact", children=[Claim("A", feature=RANDOM)])]
+
+
+@pytest.mark.parametrize("labels", [None, "label"])
+def test_reusing_rows_gives_the_same_losses(labels):
+    d = data(rows=30, seed=3)
+    for hyp in _hypotheses():
+        fresh = scrub(toy(), hyp, d, samples=200, seed=4, labels=labels, reuse_rows=False)
+        reused = scrub(toy(), hyp, d, samples=200, seed=4, labels=labels, reuse_rows=True)
+        auto = scrub(toy(), hyp, d, samples=200, seed=4, labels=labels)
+        for k in ("original", "scrubbed", "random"):
+            np.testing.assert_allclose(reused.rows[k], fresh.rows[k], rtol=1e-6, err_msg=f"{hyp.name} {k}")
+            np.testing.assert_array_equal(auto.rows[k], reused.rows[k])
+
+
+def test_reused_rows_are_computed_once_per_dataset_row(monkeypatch):
+    import circuits.backend as backend
+
+    sizes = []
+    real = backend.evaluate_batched
+
+    def recording(circuit, inputs, **kw):
+        sizes.append(max(int(np.asarray(v).shape[0]) for v in inputs.values()))
+        return real(circuit, inputs, **kw)
+
+    monkeypatch.setattr(backend, "evaluate_batched", recording)
+    d = data(rows=30, seed=3)
+    scrub(toy(), right_hypothesis(), d, samples=500, seed=4, labels="label")
+    # 500 samples read 3 slots; the per-row program sees each of the 30 dataset rows at most once
+    assert sizes[0] <= 30 and sizes[-1] == 500
+
+
+def test_the_fully_scrubbed_run_reads_the_root_claims_random_draw():
+    d = data(rows=60, seed=5)
+    hyp = Claim("loss", children=[Claim("A", feature=X0)])
+    r = scrub(toy(), hyp, d, samples=300, seed=2, labels="label")
+    x, plan, idx = d["x"], r.plan, r.indices
+    ref, other, a_rows = idx[0], idx[plan.o[0]], idx[plan.d[1]]
+    # numpy oracles: B (unclaimed) reads the root's random draw, the labels the reference
+    np.testing.assert_allclose(r.rows["scrubbed"], (2 * x[a_rows, 0] + 3 * x[other, 1] - x[ref, 2]) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(r.rows["random"], (2 * x[other, 0] + 3 * x[other, 1] - x[ref, 2]) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(r.rows["original"], (2 * x[ref, 0] + 3 * x[ref, 1] - x[ref, 2]) ** 2, rtol=1e-6)
 
 
 def test_seeded():

@@ -76,3 +76,41 @@ def test_identity_hypothesis_on_random_weights():
     np.testing.assert_array_equal(r.rows["scrubbed"], r.rows["original"])
     direct_only = scrub(c, induction_hypothesis(0, [1]), data, samples=64, labels="true_toks_int")
     assert direct_only.n_slots > 5 and np.isfinite(direct_only.scrubbed)
+
+
+def _hand_written_scrubbed(w, r, data, prev_head, heads):
+    """Per-sample scrubbed losses of the hand-written JAX forward (``benchmarks.handwritten_scrub``:
+    plain jax.numpy on the weights) on the rows ``scrub`` drew for each slot."""
+    from benchmarks.handwritten_scrub import scrubbed_losses, slot_rows
+
+    toks = np.stack([data["toks_int_var"][rows] for rows in slot_rows(r, heads)], axis=1)
+    return np.asarray(scrubbed_losses(prev_head, heads)(w, toks))
+
+
+def test_scrubbed_losses_equal_a_hand_written_forward(model):
+    c, prev_head, heads, data = model
+    r = scrub(c, induction_hypothesis(prev_head, heads), data, samples=200, labels="true_toks_int",
+              score=repeated_half, seed=5)
+    hand = _hand_written_scrubbed(_weights(), r, data, prev_head, heads)
+    np.testing.assert_allclose(r.rows["scrubbed"], repeated_half(hand), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_scrubbed_losses_equal_a_hand_written_forward_more_cases(model):
+    c, prev_head, heads, data = model
+    w = _weights()
+    for hyp_heads, reuse in [(heads, False), ([0, 1, 2, 3], None), ([0, 1, 2, 3], True)]:
+        r = scrub(c, induction_hypothesis(prev_head, hyp_heads), data, samples=100, labels="true_toks_int", seed=6,
+                  reuse_rows=reuse)
+        hand = _hand_written_scrubbed(w, r, data, prev_head, hyp_heads)
+        np.testing.assert_allclose(r.rows["scrubbed"], hand.mean(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_scrubbed_losses_equal_a_hand_written_forward_on_random_weights():
+    w = random_weights(0, vocab=64, d_model=64, n_heads=4, head_size=16, max_positions=32)
+    c = attn_only(w, tokens_symbol(SEQ))
+    data = {"toks_int_var": np.random.default_rng(1).integers(0, 64, (40, SEQ))}
+    r = scrub(c, induction_hypothesis(3, [0, 1]), data, samples=64, labels="true_toks_int", seed=2)
+    hand = _hand_written_scrubbed(w, r, data, 3, [0, 1])
+    np.testing.assert_allclose(r.rows["scrubbed"], hand.mean(axis=1), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(r.rows["scrubbed"], r.rows["original"])  # the oracle sees the resampling
