@@ -111,7 +111,12 @@ def test_big_variants_run_one_at_a_time_without_vmap(model, monkeypatch):
     monkeypatch.setattr(sweep_module, "LOOP_FROM_BYTES", 1)
     looped = sweep(clean, variants)
     assert looped.info["chunks"] == N_LAYERS * N_HEADS
-    assert looped.info["optimized"] == looped.info["programs"] == N_LAYERS  # 'auto' rewrites big variants
+    assert looped.info["optimized"] == 0  # groups of N_HEADS < OPTIMIZE_FROM variants: not worth a rewrite
+    monkeypatch.setattr(sweep_module, "OPTIMIZE_FROM", N_HEADS)
+    optimized = sweep(clean, variants)
+    assert optimized.info["optimized"] == optimized.info["programs"] == N_LAYERS  # 'auto' rewrites big groups
+    for name in variants:
+        np.testing.assert_allclose(optimized[name], looped[name], rtol=1e-5, atol=1e-6)
     for name, v in variants.items():
         np.testing.assert_allclose(looped[name], C.evaluate(v), rtol=1e-5, atol=1e-6)
 
