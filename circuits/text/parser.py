@@ -215,42 +215,37 @@ def _first_indent(lines):
     return 0, 0
 
 
-def split_child_info(line):
-    """``(line, info)``: a line with rust_circuit's child info (``'fst' [2] Symbol ! 'arg0'``,
-    what a Module's argument binds) split at its ``!`` outside quotes; info None without one."""
+def _first_unquoted(text: str, chars: str):
+    """``(i, ch)``: the first character of ``chars`` outside quotes (backslash escapes inside
+    quotes skipped), or ``(len(text), None)``."""
     quoted = False
-    i, n = 0, len(line)
+    i, n = 0, len(text)
     while i < n:
-        ch = line[i]
+        ch = text[i]
         if ch == "\\" and quoted:
             i += 2
             continue
         if ch == "'":
             quoted = not quoted
-        elif ch == "#" and not quoted:
-            return line, None
-        elif ch == "!" and not quoted:
-            return line[:i].rstrip(" "), _strip_comment(line[i + 1:]).strip()
+        elif ch in chars and not quoted:
+            return i, ch
         i += 1
-    return line, None
+    return n, None
+
+
+def split_child_info(line):
+    """``(line, info)``: a line with rust_circuit's child info (``'fst' [2] Symbol ! 'arg0'``,
+    what a Module's argument binds) split at its ``!`` outside quotes; info None without one."""
+    i, ch = _first_unquoted(line, "#!")
+    if ch != "!":
+        return line, None
+    return line[:i].rstrip(" "), _strip_comment(line[i + 1:]).strip()
 
 
 def _strip_comment(info):
     """Child info without a trailing comment (``'sym' ftt # a comment``: rust's printer's
     commenters write them there)."""
-    quoted = False
-    i, n = 0, len(info)
-    while i < n:
-        ch = info[i]
-        if ch == "\\" and quoted:
-            i += 2
-            continue
-        if ch == "'":
-            quoted = not quoted
-        elif ch == "#" and not quoted:
-            return info[:i]
-        i += 1
-    return info
+    return info[:_first_unquoted(info, "#")[0]]
 
 
 _FLAGS = re.compile(r"^(.*?)\s+([tf]{3})\s*$")
