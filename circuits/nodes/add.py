@@ -5,9 +5,8 @@ from __future__ import annotations
 import functools
 
 from ..dtypes import promote
-from ..errors import ParseError
 from ..shapes import broadcast_shapes
-from .base import Circuit, check_children, dtype_of, shape_error, shape_of
+from .base import Circuit, check_children, dtype_of, no_payload, shape_error, shape_of
 
 
 @functools.lru_cache(maxsize=4096)
@@ -41,8 +40,7 @@ class Add(Circuit):
 
     @classmethod
     def parse_payload(cls, text):
-        if text is not None:
-            raise ParseError(f"Add takes no payload, got {text!r}", column=1, expected="nothing after 'Add'")
+        return no_payload(cls, text, "nothing after 'Add'")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):

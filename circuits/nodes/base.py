@@ -395,6 +395,13 @@ class Circuit:
         return paths(self, matcher, require=require, limit=limit)
 
 
+def no_payload(cls, text, expected: str) -> None:
+    """``parse_payload`` of a type whose lines carry nothing after the type word: None, or the
+    ``ParseError`` naming the stray text."""
+    if text is not None:
+        raise ParseError(f"{cls.type_name} takes no payload, got {text!r}", column=1, expected=expected)
+
+
 def convert_payload(cls, text, convert, missing: str, wrong: str, expected: str):
     """``convert(text)`` for a payload that is one value (a number, an axis, a uuid), else the
     ``ParseError`` saying that it is missing or what it is not."""

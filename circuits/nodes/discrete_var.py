@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Circuit, check_children, shape_error
+from .base import Circuit, check_children, no_payload, shape_error
 
 
 class DiscreteVar(Circuit):
@@ -31,12 +31,7 @@ class DiscreteVar(Circuit):
 
     @classmethod
     def parse_payload(cls, text):
-        if text is not None:
-            from ..errors import ParseError
-
-            raise ParseError(f"a DiscreteVar line has no payload, got {text!r}", column=1,
-                             expected="'DiscreteVar' with the values and probs lines under it")
-        return None
+        return no_payload(cls, text, "'DiscreteVar' with the values and probs lines under it")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):

@@ -39,7 +39,7 @@ import attrs
 
 from ..errors import CircuitError
 from ..shapes import SYMBOLIC_BASE, SYMBOLIC_SIZES, is_symbolic, shape_text, symbolic_factors
-from .base import Circuit, check_children, quote_name, shape_error
+from .base import Circuit, check_children, no_payload, quote_name, shape_error
 from .leaves import Symbol
 
 
@@ -121,15 +121,7 @@ class ModuleSpec:
         >>> [a.symbol.name for a in spec.arg_specs]
         ['a', 'b']
         """
-        symbols, seen, stack = [], set(), [body]
-        while stack:
-            n = stack.pop()
-            if n.hash in seen:
-                continue
-            seen.add(n.hash)
-            if type(n) is Symbol:
-                symbols.append(n)
-            stack.extend(reversed(n.children))
+        symbols = [n for n in _walk(body) if type(n) is Symbol]
         return cls(body, [ModuleArgSpec(s, **flags) for s in symbols])
 
     @property
@@ -161,15 +153,7 @@ def _follow_symbols(arg_specs, body) -> list:
     present = _hashes_in(body, wanted)
     if len(present) == len(wanted):
         return list(arg_specs)
-    symbols, seen, stack = [], set(), [body]
-    while stack:
-        n = stack.pop()
-        if n.hash in seen:
-            continue
-        seen.add(n.hash)
-        if type(n) is Symbol and n.hash not in wanted:
-            symbols.append(n)
-        stack.extend(n.children)
+    symbols = [n for n in _walk(body) if type(n) is Symbol and n.hash not in wanted]
     out = []
     for a in arg_specs:
         sym = a.symbol
@@ -181,18 +165,28 @@ def _follow_symbols(arg_specs, body) -> list:
     return out
 
 
-def _hashes_in(root, wanted) -> set:
-    """Which of the ``wanted`` node hashes occur under ``root`` (iterative walk)."""
-    found, seen, stack = set(), set(), [root]
-    while stack and len(found) < len(wanted):
+def _walk(root):
+    """Each distinct node under ``root`` once, in the order a depth-first walk from the root
+    meets them (children left to right), with an explicit stack (``circuits.traversal`` sits
+    above the nodes package)."""
+    seen, stack = set(), [root]
+    while stack:
         n = stack.pop()
-        h = n.hash
-        if h in seen:
+        if n.hash in seen:
             continue
-        seen.add(h)
-        if h in wanted:
-            found.add(h)
-        stack.extend(n.children)
+        seen.add(n.hash)
+        yield n
+        stack.extend(reversed(n.children))
+
+
+def _hashes_in(root, wanted) -> set:
+    """Which of the ``wanted`` node hashes occur under ``root`` (stops once all are found)."""
+    found = set()
+    for n in _walk(root):
+        if len(found) == len(wanted):
+            break
+        if n.hash in wanted:
+            found.add(n.hash)
     return found
 
 
@@ -364,12 +358,7 @@ class Module(Circuit):
 
     @classmethod
     def parse_payload(cls, text):
-        if text is not None:
-            from ..errors import ParseError
-
-            raise ParseError(f"a Module line has no payload, got {text!r}", column=1,
-                             expected="'name' Module, then the body line and argument lines with ! 'symbol'")
-        return None
+        return no_payload(cls, text, "'name' Module, then the body line and argument lines with ! 'symbol'")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):

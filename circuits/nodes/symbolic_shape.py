@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..hashing import pack_ints as _pack_ints
 from ..shapes import SYMBOLIC_BASE, is_symbolic, shape_text
-from .base import Circuit, check_children, shape_error
+from .base import Circuit, check_children, no_payload, shape_error
 
 
 class SetSymbolicShape(Circuit):
@@ -41,12 +41,7 @@ class SetSymbolicShape(Circuit):
 
     @classmethod
     def parse_payload(cls, text):
-        if text is not None:
-            from ..errors import ParseError
-
-            raise ParseError(f"a SetSymbolicShape line has no payload, got {text!r}", column=1,
-                             expected="'[0s,4] SetSymbolicShape'")
-        return None
+        return no_payload(cls, text, "'[0s,4] SetSymbolicShape'")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
