@@ -283,10 +283,10 @@ def _own_bytes(own: _Own, fdt) -> int:
     return sum(node.numel * item for i, node in enumerate(own.program.nodes) if i not in given)
 
 
-def _chunk_size(own: _Own, n: int, batch_size, fdt) -> int:
+def _chunk_size(per_variant: int, n: int, batch_size) -> int:
+    """Variants per call for a group of ``n`` whose own values take ``per_variant`` bytes each."""
     if batch_size is not None:
         return max(1, min(int(batch_size), n))
-    per_variant = _own_bytes(own, fdt)
     if per_variant >= LOOP_FROM_BYTES:
         return 1
     most = max(1, min(n, SWEEP_MEMORY // max(1, per_variant)))
@@ -420,10 +420,11 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         bar = _progress(len(own), progress)
         try:
             for members in groups.values():
-                chunk = _chunk_size(members[0], len(members), batch_size, fdt)
+                per_variant = _own_bytes(members[0], fdt)
+                chunk = _chunk_size(per_variant, len(members), batch_size)
                 chunks += -(-len(members) // chunk)
                 opt = optimize is True or (optimize == "auto" and len(members) >= OPTIMIZE_FROM
-                                           and _own_bytes(members[0], fdt) >= LOOP_FROM_BYTES)
+                                           and per_variant >= LOOP_FROM_BYTES)
                 optimized += opt
                 results.update(_run_group(members, values, chunk, bar, opt))
         finally:
