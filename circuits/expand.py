@@ -55,6 +55,11 @@ def expand(root: Circuit, replacements: Mapping, size_map: "Mapping | None" = No
     >>> expand(Add(x, Scalar(1.0)), {x: Symbol((4, 5), name='x')}).shape
     (4, 5)
     """
+    return expand_with_map(root, replacements, size_map)[0]
+
+
+def expand_with_map(root: Circuit, replacements: Mapping, size_map: "Mapping | None" = None):
+    """``expand``, and the map it built: old node hash -> (new node, batch axes it gained)."""
     size_map = dict(size_map or {})
     table = {}
     for old, new in replacements.items():
@@ -90,7 +95,7 @@ def expand(root: Circuit, replacements: Mapping, size_map: "Mapping | None" = No
             raise ExpandError(f"expand: {n.line()} cannot follow its children's new shapes "
                               f"{', '.join(shape_text(k.shape) for k in kids)}: {e}") from None
         done[h] = (new, len(new.shape) - len(n.shape))
-    return done[root.hash][0]
+    return done[root.hash][0], done
 
 
 # ---------------------------------------------------------------------------- per node type
@@ -103,7 +108,9 @@ def _leaf(n, size_map):
     if type(n) is Scalar:
         return Scalar(n.value, shape, name=n.name)
     if type(n) is Symbol:
-        return Symbol(shape, name=n.name, dtype=n.dtype, uuid=n.uuid)
+        # The Symbol itself stays (an enclosing module may bind it by identity); the sizes it
+        # takes here are stated above it, as rust_circuit states them where sizes meet.
+        return SetSymbolicShape(n, shape)
     return n
 
 
@@ -280,7 +287,10 @@ def _expand_module(n, kids, nbs, size_map):
 
 def _expand_set_symbolic(n, kids, nbs, size_map):
     (kid,), (nb,) = kids, nbs
-    return SetSymbolicShape(kid, kid.shape[:nb] + map_sizes(n.shape, size_map), name=n.name)
+    shape = kid.shape[:nb] + map_sizes(n.shape, size_map)
+    if shape == kid.shape and n.name is None:
+        return kid  # it states nothing now (rust drops it too)
+    return SetSymbolicShape(kid, shape, name=n.name)
 
 
 def _expand_discrete(n, kids, nbs, size_map):

@@ -59,7 +59,7 @@ from typing import Callable
 import attrs
 
 from circuits.errors import CircuitError
-from circuits.expand import expand
+from circuits.expand import expand, expand_with_map
 from circuits.nodes import Circuit, Module, ModuleSpec, Rearrange, Symbol
 from circuits.nodes.module import map_sizes
 from circuits.select import as_matcher
@@ -130,6 +130,14 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
     end_depth = traversal if isinstance(traversal, int) and not isinstance(traversal, bool) else None
     stop = set() if traversal is None or end_depth is not None else as_matcher(traversal).matches(circuit, order)
     skip = set() if skip_module is None else as_matcher(skip_module).matches(circuit, order)
+    origin: dict = {}  # a body node rebuilt with its module's sizes -> the node it was (for stop and skip)
+
+    def concrete_spec(module):
+        specs, body, done = _concrete_spec(module)
+        for old, (new, _) in done.items():
+            if new.hash != old:
+                origin[new.hash] = origin.get(old, old)
+        return specs, body
 
     def syms_of(node):
         s = symbols.get(node.hash)
@@ -178,13 +186,14 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
             used = syms_of(node)
             if not any(k in used for k in bound):
                 frames = ()  # nothing here depends on the enclosing modules
-        if end_depth is not None and depth >= end_depth or h in stop:
+        if end_depth is not None and depth >= end_depth or h in stop or origin.get(h) in stop:
             return finalize(node, frames)
         if type(node) is Symbol and frames:
             hit = bound_in(frames).get(h)
             if hit is not None:
                 return hit[1], False
-        if type(node) is Module and h not in skip:
+        skipped = h in skip or origin.get(h) in skip
+        if type(node) is Module and not skipped:
             outer_key = frames[-1].key if frames else None
             flat = []
             for a in node.args:
@@ -194,7 +203,7 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
                 base = []
                 for a in node.args:
                     base.append((yield (a, (), depth + 1))[0])
-            specs, body = _concrete_spec(node)
+            specs, body = concrete_spec(node)
             frame = _Frame(node, specs, flat, base, outer_key)
             if frame.batched and any(f.batched for f in frames):
                 # Batch axes from two levels of modules: the outer ones must sit outside the
@@ -274,9 +283,10 @@ def _symbols_below(order) -> dict:
 
 def _concrete_spec(module):
     """The module's argument specs and body with its symbolic sizes made the sizes its
-    arguments give them (so that pushing never meets a symbolic size its arguments fixed)."""
+    arguments give them (so that pushing never meets a symbolic size its arguments fixed), and
+    ``expand``'s map from the body's nodes to their rebuilt forms."""
     if not module.size_map:
-        return module.spec.arg_specs, module.body
+        return module.spec.arg_specs, module.body, {}
     specs, table = [], {}
     for a in module.spec.arg_specs:
         shape = map_sizes(a.symbol.shape, module.size_map)
@@ -285,7 +295,8 @@ def _concrete_spec(module):
             table[a.symbol] = sym
             a = attrs.evolve(a, symbol=sym)
         specs.append(a)
-    return tuple(specs), expand(module.body, table, module.size_map)
+    body, done = expand_with_map(module.body, table, module.size_map)
+    return tuple(specs), body, done
 
 
 def _broadcast_front(node, shape):

@@ -81,21 +81,23 @@ def test_rust_term_early_at_keeps_the_module_it_stops_at():
 
 
 # ---------------------------------------------------------------------------- rust's complex case
-def complex_case(batch_inner_0=(), batch_inner_1=(), batch_outer_0=(), batch_outer_1=(), separate_mod=False):
-    """rust's get_complex_module_test with its symbolic sizes made concrete (0s=7, 4s=5, 3s=9,
-    5s=12): an inner module whose body uses a Symbol the outer module binds."""
+def complex_case(batch_inner_0=(), batch_inner_1=(), batch_outer_0=(), batch_outer_1=(), separate_mod=False,
+                 symbolic=True):
+    """rust's get_complex_module_test: an inner module whose body uses a Symbol the outer module
+    binds.  With ``symbolic=False`` its symbolic sizes are made concrete (0s=7, 4s=5, 3s=9, 5s=12)."""
     b = "".join(chr(ord("f") + i) for i in range(len(batch_inner_0)))
 
     def j(t):
         return ",".join(map(str, t))
 
+    s0, s3, s4, s5 = ("0s", "3s", "4s", "5s") if symbolic else (7, 9, 5, 12)
     text = f"""
     'inner' Einsum az,bz,cl->bac
-      'inner.sym_arg0' [7, 5] Symbol a409cdc3-d962-4df1-8d1b-c5c8d8b50639
+      'inner.sym_arg0' [{s0}, {s4}] Symbol a409cdc3-d962-4df1-8d1b-c5c8d8b50639
       'inner.concat' Concat 0
-        'inner.sym_arg1' [3, 5] Symbol 02927290-fc4f-45b7-9822-267918e897d6
-        'outer.sym_arg0' [7, 5] Symbol 6dcfaf1e-5e35-418a-ad88-3d79ae32096c
-      'outer.sym_arg1' [9, 12] Symbol ecf273f5-82c5-4fbf-8097-d9b1a250e035
+        'inner.sym_arg1' [3, {s4}] Symbol 02927290-fc4f-45b7-9822-267918e897d6
+        'outer.sym_arg0' [7, {s4}] Symbol 6dcfaf1e-5e35-418a-ad88-3d79ae32096c
+      'outer.sym_arg1' [{s3}, {s5}] Symbol ecf273f5-82c5-4fbf-8097-d9b1a250e035
 
     'inner.call' Module
       'inner'
@@ -113,7 +115,13 @@ def complex_case(batch_inner_0=(), batch_inner_1=(), batch_outer_0=(), batch_out
       'outer.rand0' [{j(batch_outer_0 + (7, 5))}] Array rand ! 'outer.sym_arg0'
       'outer.rand1' [{j(batch_outer_1 + (9, 12))}] Array rand ! 'outer.sym_arg1'
     """
-    _, inner_call, _, outer = parse_many(text)
+    inner, inner_call, _, outer = parse_many(text)
+    inner_batch = np.broadcast_shapes(batch_inner_0, batch_inner_1)
+    outer_batch = np.broadcast_shapes(batch_outer_0, batch_outer_1)
+    if symbolic:  # rust's asserts on the parsed shapes
+        assert inner.shape == (10, C.symbolic_size(0), C.symbolic_size(3))
+        assert inner_call.shape == inner_batch + (10, 7, C.symbolic_size(3))
+    assert outer.shape == outer_batch + inner_batch + (10, 7, 9)
     outer = C.fill_random(outer, seed=3)
     return inner_call, outer
 
@@ -131,6 +139,10 @@ def value(c):
 def test_rust_complex_push_down(batches, separate_mod):
     inner_call, outer = complex_case(**batches, separate_mod=separate_mod)
     want = value(outer)
+    # the same circuit with its symbolic sizes written out has the same value (the same leaves)
+    np.testing.assert_allclose(value(complex_case(**batches, separate_mod=separate_mod, symbolic=False)[1]),
+                               want, rtol=1e-12)
+    np.testing.assert_allclose(value(C.substitute_all_modules(outer)), want, rtol=1e-9)
     both_batched = any(k.startswith("batch_inner") for k in batches) and any(
         k.startswith("batch_outer") for k in batches)
 
