@@ -13,6 +13,7 @@ A leaf module: it imports only ``errors`` and ``dtypes``.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .dtypes import ITEMSIZE
@@ -58,12 +59,14 @@ def shape_text(shape) -> str:
 # ---------------------------------------------------------------------------- symbolic sizes
 # rust_circuit's symbolic sizes (``0s``, ``2*1s``: "some size, to be fixed later") are kept as
 # plain ints, as rust keeps them, so every shape stays a tuple of ints and every shape rule works
-# unchanged: symbolic size i is the i-th prime above ``SYMBOLIC_BASE`` (2**20, far above any
-# vocabulary or width a model uses), and a product such as ``2*0s*1s`` is the product of its
-# factors.  An int of at least ``SYMBOLIC_BASE`` divisible by one of these primes reads back as a
-# symbolic product; a concrete axis never is that large in practice.  Three symbolic factors fit
-# in an int64 (2**60).
-SYMBOLIC_BASE = 1 << 20
+# unchanged: symbolic size i is the i-th prime above ``SYMBOLIC_BASE`` (10_000: 10007 to 12437,
+# the very ints rust_circuit's ``symbolic_sizes()`` gives), and a product such as ``2*0s*1s`` is
+# the product of its factors.  Four symbolic factors fit in an int64 (rust writes
+# ``0s*0s*1s*3s``); five do not, and ``read_size`` refuses them.  As in rust, a concrete size of
+# at least 10007 divisible by one of these primes (10007 itself, 20014...) reads as symbolic:
+# it prints as ``0s``, ``2*0s`` and parses back to the same int, so nothing is lost, and a Module
+# lets an argument fix it as it fixes any symbolic size.
+SYMBOLIC_BASE = 10_000
 SYMBOLIC_COUNT = 256
 
 
@@ -91,6 +94,7 @@ def symbolic_size(i: int, factor: int = 1) -> int:
     return SYMBOLIC_SIZES[i] * factor
 
 
+@functools.lru_cache(maxsize=4096)
 def symbolic_factors(size: int) -> tuple:
     """``(factor, (i, j, ...))``: a size as its integer factor times symbolic sizes ``is``,
     ``js`` (sorted, repeated for powers); ``(size, ())`` for a concrete size."""
@@ -129,7 +133,7 @@ def read_size(text: str) -> int:
     >>> read_size('2*1s') == symbolic_size(1, 2), read_size(' 7 ')
     (True, 7)
     """
-    total = 1
+    total, symbolic = 1, False
     for part in text.split("*"):
         part = part.strip()
         if part.endswith("s"):
@@ -137,11 +141,15 @@ def read_size(text: str) -> int:
             if not 0 <= i < SYMBOLIC_COUNT:
                 raise ValueError(part)
             total *= SYMBOLIC_SIZES[i]
+            symbolic = True
         else:
             n = decimal_int(part)
             if n < 0:
                 raise ValueError(part)
             total *= n
+    if symbolic and total > INT64_MAX:
+        raise ValueError(f"{text.strip()} is larger than a size can be (2**63 - 1); at most four "
+                         "symbolic factors fit")
     return total
 
 

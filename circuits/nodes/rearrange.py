@@ -136,7 +136,7 @@ def to_rust_spec(ins, outs, sizes) -> str:
     def side(groups):
         words = []
         for g in groups:
-            names = [f"{a}:{sizes[a]}" if a in sizes else a for a in g]
+            names = [f"{a}:{size_text(sizes[a])}" if a in sizes else a for a in g]
             words.append(names[0] if len(g) == 1 else "(" + " ".join(names) + ")")  # () for a unit
         return " ".join(words)
 

@@ -341,8 +341,9 @@ def read_shape(text, line_number, line, column):
         if len(entries) > 1 and not entries[-1].strip():  # rust allows a trailing comma
             entries.pop()
         shape = tuple(decimal_int(s) if s.isdigit() else _size(s) for s in entries)
-    except ValueError:
-        raise fail(f"cannot read the shape [{text}]", line_number, line, column + 1,
+    except ValueError as e:
+        why = f": {e}" if "larger than" in str(e) else ""
+        raise fail(f"cannot read the shape [{text}]{why}", line_number, line, column + 1,
                    "a shape like [300,256], [0s,2*1s] or [] (non-negative sizes)") from None
     if any(s < 0 for s in shape):
         raise fail(f"the shape [{text}] has a negative size", line_number, line, column + 1,

@@ -12,7 +12,6 @@ xfail, so a text that starts to parse fails until it is taken off the list:
 - RUST_REFUSES: texts rust_circuit's own tests expect its parser to refuse;
 - PRINT_MODE: outputs of print modes rust itself cannot parse back (unquoted names, '...',
   repeated children, matcher reprs);
-- SYMBOLIC_PRODUCT: a product of four symbolic sizes, more than this library's encoding holds.
 """
 
 import json
@@ -29,9 +28,6 @@ from circuits.traversal import toposort
 CUMULANT = "cumulant nodes (left out)"
 RUST_REFUSES = "rust_circuit's tests expect its parser to refuse this text"
 PRINT_MODE = "output of a print mode rust_circuit cannot parse back"
-SYMBOLIC_PRODUCT = ("a product of four symbolic sizes (0s*0s*1s*3s): this library writes symbolic size i as "
-                    "the i-th prime above 2**20, so only three factors fit in an int64 size")
-
 # What rust's demos pass to its parser: on_repeat_check_info_same=False, so that '8 tok_embeds' (a
 # repeat printed with bijection=False, the name unquoted) is node 8 whatever else it says.
 PARSE_OPTIONS = {
@@ -52,8 +48,6 @@ REFERENCES = {
 
 EXPECTED_FAILURES = {
     'printing_parsing:118': CUMULANT,
-    'test_expand_symbolic:98': SYMBOLIC_PRODUCT,
-    'test_expand_symbolic:106': SYMBOLIC_PRODUCT,
     'test_flags:7': CUMULANT,  # its DiscreteVars parse; 'cum_var' Cumulant does not
     'test_rust_get_update:1069': PRINT_MODE,  # a Matcher's repr: 'a_name' Scalar <hash prefix>
     'test_rust_printing:77': RUST_REFUSES,

@@ -191,6 +191,32 @@ def test_child_info_may_carry_a_comment():
     assert m.spec.arg_specs[0].flags == "ftt" and m.shape == (3,)
 
 
+def test_rust_symbolic_sizes_are_rusts_ints_and_four_factors_fit():
+    # rust's test_expand_symbolic / test_multiple_symbolic_product: the printed forms it asserts
+    a, b, d = parse_many("""
+    'a' [0s*0s*1s*3s] Symbol 07a8025a-d8ba-4c57-946d-cd7cc7e78a66
+    'b' Rearrange a b c -> (a b c)
+      'c' [1s, 3s, 1s] Symbol 0b108f80-b37f-4e2c-821f-45cbedcbde75
+    'd' Rearrange a c -> (a c)
+      'e' [1s, 1s] Symbol 3f8aaf28-58f8-44fc-8dbc-497844a5a837
+    """)
+    assert C.symbolic_size(0) == 10007 and C.symbolic_size(255) == 12437  # rust's symbolic_sizes()
+    assert a.to_text(rust=True) == "'a' [0s*0s*1s*3s] Symbol 07a8025a-d8ba-4c57-946d-cd7cc7e78a66"
+    assert b.to_text(rust=True, shapes=True) == (
+        "'b' [1s*1s*3s] Rearrange a b c -> (a b c)\n  'c' [1s,3s,1s] Symbol 0b108f80-b37f-4e2c-821f-45cbedcbde75")
+    # rust prints 'd' as 'a b -> (a b)' (its specs hold axis numbers, lettered on printing); ours
+    # keeps the text's axis names, so only the shape is rust's here
+    assert d.to_text(rust=True, shapes=True).startswith("'d' [1s*1s] Rearrange a c -> (a c)")
+    for c in (a, b, d):
+        assert parse_many(c.to_text(rust=True)) == [c] and parse_many(c.to_text()) == [c]
+    with pytest.raises(ParseError, match="at most four symbolic factors"):
+        parse("'x' [0s*0s*1s*3s*4s] Symbol")
+    # a symbolic size inside a rust Rearrange spec prints symbolic
+    x = C.Rearrange(C.Symbol((C.symbolic_size(1),), name="x"), "a -> a b", b=C.symbolic_size(2))
+    assert "a -> a b:2s" in x.to_text(rust=True)
+    assert parse(x.to_text(rust=True)) == x
+
+
 class _Tensors:
     """A store of tensors by hash (the parser's store protocol: find a prefix, get the value)."""
 
