@@ -5,7 +5,9 @@ A replacement may have **extra leading axes** (a batch: every node above gains t
 the right where several meet, equal where they overlap) and **other sizes** on its own axes (a
 symbolic size ``0s`` becoming concrete, or any size where the nodes above allow it: an Index
 that takes a fixed slice of a changed axis refuses).  Each node type says how it is rebuilt
-over expanded children (``_RULES``); the walk is one toposort, never recursive.
+over expanded children (``_RULES``); the walk is one toposort, never recursive (a Module's
+body is expanded again per module nesting level, no deeper).  A Module stays a Module, its
+gained axes outside its own batch axes: an argument's gained axes move into its Symbol.
 
 This is how modules are inlined (``substitute_module``, ``substitute_all_modules``) and how a
 ``DiscreteVar`` is evaluated: replaced by a batch of its samples (``sample``).
@@ -88,7 +90,10 @@ def expand_with_map(root: Circuit, replacements: Mapping, size_map: "Mapping | N
         if rule is None:
             raise ExpandError(f"expand: no expansion rule for {type(n).__name__}: {n.line()}")
         try:
-            new = rule(n, kids, [p[1] for p in pairs], size_map)
+            if rule is _expand_module:
+                new = _expand_module(n, kids, [p[1] for p in pairs], size_map, replacements)
+            else:
+                new = rule(n, kids, [p[1] for p in pairs], size_map)
         except ExpandError:
             raise
         except CircuitError as e:
@@ -274,15 +279,43 @@ def _expand_tag(n, kids, nbs, size_map):
     return Tag(kids[0], n.uuid, name=n.name)
 
 
-def _expand_module(n, kids, nbs, size_map):
-    # Batch axes new to a module's arguments sit outside the module's own batching (rust's
-    # semantics): inline it, then expand the inlined body with the new arguments.
-    if kids[0] is not n.children[0]:
-        n = n._rebuild((kids[0], *n.children[1:]), n.name)
-    if not any(nbs[1:]):
-        return n._rebuild(tuple(kids), n.name)
-    inlined = substitute_module(n)
-    return expand(inlined, {old: new for old, new in zip(n.children[1:], kids[1:]) if old is not new}, size_map)
+def _expand_module(n, kids, nbs, size_map, replacements=None):
+    # The module stays (rust's expand of a Module).  Axes an argument gains move behind its own
+    # batch axes into its Symbol, which gains them too; the body is expanded again from the
+    # original, with those Symbols and the same replacements, so that its gained axes line up
+    # with theirs; the module's own batch axes then go back behind the gained ones.
+    body = kids[0]
+    if any(nbs[1:]):
+        import attrs
+
+        specs, args, renames = [], [], {}
+        for a, old, new, g in zip(n.spec.arg_specs, n.args, kids[1:], nbs[1:]):
+            if g:
+                own = len(old.shape) - len(a.symbol.shape)
+                new = _move_axes_behind(new, g, own)
+                sym = Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name, dtype=a.symbol.dtype,
+                             uuid=a.symbol.uuid)
+                renames[a.symbol] = sym
+                a = attrs.evolve(a, symbol=sym)
+            specs.append(a)
+            args.append(new)
+        table = {k: v for k, v in (replacements or {}).items() if k not in renames}
+        table.update(renames)
+        body = expand(n.body, table, size_map)
+        out = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=n.name)
+    else:
+        out = n._rebuild(tuple(kids), n.name)
+    gained = len(body.shape) - len(n.body.shape)
+    return _move_axes_behind(out, len(out.shape) - len(body.shape), gained)
+
+
+def _move_axes_behind(node, first: int, then: int):
+    """``node`` with its first ``first`` axes moved behind the ``then`` axes after them."""
+    if not first or not then:
+        return node
+    names = _fresh_names(set(), len(node.shape))
+    moved = names[first:first + then] + names[:first] + names[first + then:]
+    return Rearrange(node, (tuple((a,) for a in names), tuple((a,) for a in moved)))
 
 
 def _expand_set_symbolic(n, kids, nbs, size_map):
@@ -373,7 +406,7 @@ def substitute_module(module: Module) -> Circuit:
     if out.shape != module.shape:  # a bug in a rule or in Module's shape rule, never the user's
         raise CircuitError(f"substituting {module.line()} gave shape {shape_text(out.shape)}, "
                            f"but the module has {shape_text(module.shape)}")
-    if module.name is not None:
+    if module.name is not None and type(out) is not Symbol:  # a renamed Symbol is another Symbol
         out = out.rename(module.name)
     return out
 

@@ -9,12 +9,13 @@ Walking a Module's body from the top, with the module's arguments bound to its S
 - a node where the ``traversal`` stops is wrapped in a Module binding just the Symbols it uses
   (``flatten_modules=True``: one Module for all the enclosing modules' arguments; ``False``: one
   per enclosing module, the outermost outside);
-- a Module met in the body is pushed too, its arguments bound on top of the enclosing ones
-  (unless ``skip_module`` matches it: then it is walked like any node, and refused when it
-  rebinds a Symbol that is bound already).  Where both it and an enclosing module batch their
-  arguments (extra leading axes), or a skipped module's body would gain batch axes, the module
-  stays whole, wrapped in the enclosing modules — rust pushes these too, rearranging the batch
-  axes; this library does not yet;
+- a Module met in the body is pushed too, its arguments bound on top of the enclosing ones.
+  Where both it and an enclosing module batch their arguments (extra leading axes), the batch
+  axes are laid out as nesting means them, outer ones first: its batch axes are repeated into
+  the enclosing arguments between their batch axes and their own (rust's ``fuse_modules``);
+- a Module that ``skip_module`` matches is walked like any node (and refused when it rebinds a
+  Symbol that is bound already).  Where its arguments gain enclosing batch axes, those move
+  into its Symbols (behind the arguments' own batch axes) and the module stays one Module;
 - any other node is rebuilt over its pushed children (shapes re-derived where an argument has
   batch axes or other sizes: ``circuits.expand``).
 
@@ -96,13 +97,20 @@ class _Frame:
     """One enclosing module: the Module, its argument specs, and its arguments pushed (``flat``:
     with every enclosing module applied; ``base``: pushed with no module bound, for nesting)."""
 
-    __slots__ = ("module", "specs", "flat", "base", "key", "batched")
+    __slots__ = ("module", "specs", "flat", "base", "key", "batched", "rename")
 
-    def __init__(self, module, specs, flat, base, outer_key):
+    def __init__(self, module, specs, flat, base, outer_key, rename=False):
         self.module, self.specs, self.flat, self.base = module, specs, flat, base
         # batched by its own arguments (not by batch axes that enclosing modules gave them)
-        self.batched = bool(module.batch_shape)
-        self.key = (outer_key, module.hash, tuple(a.hash for a in flat))
+        self.batched = bool(module.batch_shape) and not rename
+        # ``rename``: not a module being pushed but a skipped one whose Symbols stand for their
+        # forms with the enclosing batch axes in front (``flat``: those Symbols); a node where
+        # pushing stops takes them by substitution, not by a module of its own
+        self.rename = rename
+        self.key = (outer_key, module.hash, rename, tuple(a.hash for a in flat))
+
+    def with_flat(self, flat, outer_key):
+        return _Frame(self.module, self.specs, flat, self.base, outer_key, self.rename)
 
 
 def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, flatten_modules: bool = True,
@@ -154,10 +162,18 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
 
     def finalize(node, frames):
         """``node`` where pushing stops: wrapped in the modules whose Symbols it uses."""
-        if not frames:
-            return node, False
+        flat = flatten_modules
+        if any(f.rename for f in frames):
+            # inside a skipped module whose arguments took enclosing batch axes: one flat Module
+            # (nested ones could not place those axes)
+            used = syms_of(node)
+            renames = {s.symbol: a for f in frames if f.rename for s, a in zip(f.specs, f.flat)
+                       if s.symbol.hash in used}
+            frames, flat = tuple(f for f in frames if not f.rename), True
+            if renames:
+                return _finalize_renamed(node, renames, frames, bound_in(frames), used, namer)
         modules = [f.module for f in reversed(frames)]
-        if flatten_modules:
+        if flat:
             used = syms_of(node)
             pairs = [(s, a) for h, (s, a) in bound_in(frames).items() if h in used]
             if not pairs:
@@ -169,10 +185,16 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
             f = frames[i]
             used = syms_of(out)
             pairs = [(s, a) for s, a in zip(f.specs, f.base) if s.symbol.hash in used]
+            have = 0
             if pairs:
                 out = Module(ModuleSpec(out, [s for s, _ in pairs]), *(a for _, a in pairs),
                              name=namer(node, [g.module for g in reversed(frames[i:])]))
-                created = True
+                created, have = True, len(out.batch_shape)
+            batch = f.module.batch_shape
+            if f.batched and have < len(batch) and any(g.batched for g in frames[:i]):
+                # an enclosing module batches too: all of this one's batch axes must be there,
+                # behind the enclosing ones (the layout ``_fuse_batch`` gives the flat arguments)
+                out, created = _insert_axes(out, 0, batch[:len(batch) - have]), True
         return out, created
 
     memo: dict = {}
@@ -204,11 +226,13 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
                 for a in node.args:
                     base.append((yield (a, (), depth + 1))[0])
             specs, body = concrete_spec(node)
+            if node.batch_shape and any(f.batched for f in frames):
+                # Batch axes from two levels of modules (rust's fuse_modules): this module's
+                # batch axes go between an enclosing argument's batch axes and its own, and this
+                # module's arguments that gained enclosing batch axes get all of its own.
+                frames, flat = _fuse_batch(frames, specs, node.args, flat, node.batch_shape)
+                outer_key = frames[-1].key
             frame = _Frame(node, specs, flat, base, outer_key)
-            if frame.batched and any(f.batched for f in frames):
-                # Batch axes from two levels of modules: the outer ones must sit outside the
-                # inner ones, which right-aligned expansion cannot say; this module stays whole.
-                return finalize(node, frames)
             out, created = yield (body, tuple(frames) + (frame,), depth + 1)
             n = len(node.shape)
             if out.shape[len(out.shape) - n:] != node.shape:  # batch axes of arguments it does not use
@@ -230,9 +254,28 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
         if all(k is c for k, c in zip(kids, node.children)):
             return node, False
         if type(node) is Module and any(k.shape != c.shape for k, c in zip(kids, node.children)):
-            # A skipped module whose body and arguments would both gain the enclosing batch
-            # axes: it stays whole, wrapped in the enclosing modules.
-            return finalize(node, frames)
+            # A skipped module whose arguments or body gain the enclosing batch axes (rust's
+            # expand of a Module): each argument's gained axes move behind its own batch axes
+            # into its Symbol, the body is pushed again with those Symbols, and the module's own
+            # batch axes go back behind the gained ones.
+            specs, args = [], []
+            for a, old, new in zip(node.spec.arg_specs, node.args, kids[1:]):
+                g = len(new.shape) - len(old.shape)
+                if g:
+                    own = len(old.shape) - len(a.symbol.shape)
+                    new = _move_front_axes(new, g, own)
+                    a = attrs.evolve(a, symbol=Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name,
+                                                      dtype=a.symbol.dtype, uuid=a.symbol.uuid))
+                specs.append(a)
+                args.append(new)
+            renamed = [a.symbol for a, old in zip(specs, node.spec.arg_specs) if a.symbol is not old.symbol]
+            rename = _Frame(node, [o for o, a in zip(node.spec.arg_specs, specs) if a.symbol is not o.symbol],
+                            renamed, renamed, frames[-1].key if frames else None, rename=True)
+            body = (yield (node.body, tuple(frames) + (rename,), depth + 1))[0]
+            mod = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=node.name)
+            gained = len(body.shape) - len(node.body.shape)
+            out = _move_front_axes(mod, len(mod.batch_shape), gained) if gained and mod.batch_shape else mod
+            return out.rename(namer(node, [f.module for f in reversed(frames)])), True
         out = _rebuild(node, kids)
         return out.rename(namer(node, [f.module for f in reversed(frames)])), True
 
@@ -297,6 +340,74 @@ def _concrete_spec(module):
         specs.append(a)
     body, done = expand_with_map(module.body, table, module.size_map)
     return tuple(specs), body, done
+
+
+def _finalize_renamed(node, renames, frames, bound, used, namer):
+    """``finalize`` for a node inside a skipped module whose Symbols it uses took the enclosing
+    batch axes (``renames``: Symbol -> the Symbol with those axes in front; as rust's
+    ``extra_replacements``).  Those axes are now the node's own, so each enclosing argument
+    gives up as many of its trailing batch axes to its Symbol, and one Module binds them all
+    (whatever ``flatten_modules`` says: nested modules could not place the axes)."""
+    extra = max(len(v.shape) - len(k.shape) for k, v in renames.items())
+    table, specs, args = dict(renames), [], []
+    for h, (s, a) in bound.items():
+        if h not in used:
+            continue
+        nb = len(a.shape) - len(s.symbol.shape)
+        k = min(nb, extra)
+        if k:
+            sym = Symbol(a.shape[nb - k:nb] + s.symbol.shape, name=s.symbol.name, dtype=s.symbol.dtype,
+                         uuid=s.symbol.uuid)
+            table[s.symbol] = sym
+            s = attrs.evolve(s, symbol=sym)
+        specs.append(s)
+        args.append(a)
+    out = expand(node, table)
+    if not specs:
+        return out, True
+    return Module(ModuleSpec(out, specs), *args, name=namer(node, [f.module for f in reversed(frames)])), True
+
+
+def _fuse_batch(frames, specs, args, flat, batch):
+    """Enclosing frames and this module's pushed arguments made to agree on where its batch
+    axes ``batch`` go (see rust's ``fuse_modules``): an enclosing argument with leading axes
+    gets ``batch`` repeated in front of its Symbol's axes; an argument of this module that
+    gained enclosing axes gets the batch axes it lacks repeated behind them."""
+    new_frames, outer_key = [], None
+    for f in frames:
+        new_flat = [a if len(a.shape) == len(s.symbol.shape) else
+                    _insert_axes(a, len(a.shape) - len(s.symbol.shape), batch)
+                    for s, a in zip(f.specs, f.flat)]
+        g = f.with_flat(new_flat, outer_key)
+        new_frames.append(g)
+        outer_key = g.key
+    out = []
+    for s, old, a in zip(specs, args, flat):
+        own = len(old.shape) - len(s.symbol.shape)  # this argument's own batch axes
+        gained = len(a.shape) - len(old.shape)
+        if gained and own < len(batch):
+            a = _insert_axes(a, gained, batch[:len(batch) - own])
+        out.append(a)
+    return tuple(new_frames), out
+
+
+def _insert_axes(node, at: int, sizes):
+    """``node`` repeated along new axes of ``sizes`` inserted after its first ``at`` axes."""
+    if not sizes:
+        return node
+    names = [f"a{i}" for i in range(len(node.shape))]
+    new = [f"n{i}" for i in range(len(sizes))]
+    spec = f"{' '.join(names)} -> {' '.join(names[:at] + new + names[at:])}"
+    return Rearrange(node, spec, **dict(zip(new, sizes)))
+
+
+def _move_front_axes(node, first: int, then: int):
+    """``node`` with its first ``first`` axes moved behind the ``then`` axes after them."""
+    if not first or not then:
+        return node
+    names = [f"a{i}" for i in range(len(node.shape))]
+    moved = names[first:first + then] + names[:first] + names[first + then:]
+    return Rearrange(node, f"{' '.join(names)} -> {' '.join(moved)}")
 
 
 def _broadcast_front(node, shape):

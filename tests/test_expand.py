@@ -149,9 +149,12 @@ def test_expanding_a_symbol_into_a_batch_is_the_circuit_per_batch_entry(data):
     """Oracle: the expanded circuit at batch entry i = the original evaluated at input i."""
     from circuits.testing import dags
 
-    circuit = data.draw(dags(shape=(2,), types=[Symbol, Scalar, Add, Einsum, GeneralFunction, Rearrange, Index, Tag],
+    circuit = data.draw(dags(shape=(2,), types=[Symbol, Scalar, Add, Einsum, GeneralFunction, Rearrange, Index, Tag,
+                                                      C.Module],
                              functions=["exp", "tanh", "softmax", "log_softmax"], max_nodes=8, max_depth=4))
-    symbols = [n for n in C.toposort(circuit) if type(n) is Symbol]
+    order = C.toposort(circuit)
+    bound = {a.symbol for n in order if type(n) is C.Module for a in n.spec.arg_specs}
+    symbols = [n for n in order if type(n) is Symbol and n not in bound]  # the free ones: inputs
     if not symbols:
         return
     target = symbols[0]
@@ -204,3 +207,29 @@ def test_a_discrete_var_alone_does_not_evaluate():
         C.evaluate(v)
     with pytest.raises(C.ShapeError, match="one probability per sample"):
         DiscreteVar(Array(np.zeros((2, 3))), Array(np.full(3, 0.5)))
+
+
+@pytest.mark.parametrize("arg_uses_x", [True, False])
+def test_expanding_a_module_keeps_it_and_puts_the_new_batch_outside_its_own(arg_uses_x):
+    # a Symbol free in a module's body (and maybe in its argument) becomes a batch of 5: the
+    # value is [5 (new), 3 (the module's own batch), 2]; the module is kept (rust's expand)
+    m = C.fill_random(C.parse(f"""
+'m' Module
+  'body' Einsum i,i->i
+    'x' [2] Symbol
+    's' [2] Symbol
+  'arg' Add ! 's'
+    'r' [3,2] Array rand
+    {"'x'" if arg_uses_x else "'y' [2] Scalar 0.5"}
+"""), seed=2)
+    x = m.get_unique("x")
+    xs = Array(np.random.default_rng(0).standard_normal((5, 2)), name="xs")
+    out = expand(m, {x: xs})
+    xv, r = np.asarray(xs.value), np.asarray(m.get_unique("r").value, np.float64)
+    arg = r[None] + (xv[:, None] if arg_uses_x else 0.5)
+    want = xv[:, None] * arg
+    assert out.shape == (5, 3, 2)
+    np.testing.assert_allclose(C.evaluate(out, dtype="float64"), want, rtol=1e-12)
+    assert any(type(n) is C.Module for n in C.traversal.toposort(out))
+    np.testing.assert_allclose(C.evaluate(expand(C.substitute_all_modules(m), {x: xs}), dtype="float64"), want,
+                               rtol=1e-12)

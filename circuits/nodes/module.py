@@ -379,7 +379,8 @@ class Module(Circuit):
     def substitute(self) -> Circuit:
         """The body with the arguments in place of their Symbols, every shape re-derived
         (batch axes and symbolic sizes followed); named like this module when it has a name
-        and the body none.  Value-preserving: it evaluates to this module's value."""
+        (unless the result is a Symbol passed through: renamed, it would be another Symbol).
+        Value-preserving: it evaluates to this module's value."""
         from ..expand import substitute_module
 
         return substitute_module(self)

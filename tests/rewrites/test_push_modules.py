@@ -130,12 +130,28 @@ def value(c):
     return C.evaluate(c, dtype="float64")
 
 
+# rust's test_complex_push_down: every batching of the inner and the outer module's arguments
+RUST_BATCHES = [
+    {}, {"batch_inner_0": (3,)}, {"batch_inner_0": (3, 7)}, {"batch_inner_1": (3,)}, {"batch_inner_1": (3, 7)},
+    {"batch_inner_0": (3,), "batch_inner_1": (3,)}, {"batch_inner_0": (7,), "batch_inner_1": (7,)},
+    {"batch_inner_0": (3,), "batch_inner_1": (7, 3)}, {"batch_inner_0": (7, 3), "batch_inner_1": (7, 3)},
+    {"batch_inner_0": (7, 3), "batch_inner_1": (3,)}, {"batch_inner_0": (1, 7, 3), "batch_inner_1": (3,)},
+    {"batch_outer_0": (3,)}, {"batch_outer_0": (3, 7)}, {"batch_outer_1": (3,)}, {"batch_outer_1": (3, 7)},
+    {"batch_outer_0": (3,), "batch_outer_1": (3,)}, {"batch_outer_0": (7,), "batch_outer_1": (7,)},
+    {"batch_outer_0": (3,), "batch_outer_1": (7, 3)}, {"batch_outer_0": (7, 3), "batch_outer_1": (7, 3)},
+    {"batch_outer_0": (7, 3), "batch_outer_1": (3,)}, {"batch_outer_0": (1, 7, 3), "batch_outer_1": (3,)},
+    {"batch_inner_0": (3,), "batch_outer_0": (3,)}, {"batch_inner_0": (3,), "batch_outer_0": (4,)},
+    {"batch_inner_0": (3, 1), "batch_outer_0": (4,), "batch_outer_1": (6, 4)},
+    {"batch_inner_0": (3, 2), "batch_inner_1": (2,), "batch_outer_0": (4,), "batch_outer_1": (6, 4)},
+    {"batch_inner_1": (7,), "batch_outer_0": (4,), "batch_outer_1": (6, 4)},
+    {"batch_inner_1": (3,), "batch_outer_0": (4,)}, {"batch_inner_1": (3,), "batch_outer_1": (4,)},
+    {"batch_inner_0": (3,), "batch_outer_1": (4,)}, {"batch_inner_0": (3,), "batch_outer_1": (6, 4)},
+]
+
+
 @pytest.mark.parametrize("separate_mod", [False, True])
-@pytest.mark.parametrize("batches", [
-    {}, {"batch_inner_0": (3,)}, {"batch_inner_1": (3, 7)}, {"batch_outer_0": (3,)},
-    {"batch_outer_1": (6, 4)}, {"batch_inner_0": (3, 2), "batch_inner_1": (2,), "batch_outer_0": (4,),
-                                "batch_outer_1": (6, 4)},
-])
+@pytest.mark.parametrize("batches", RUST_BATCHES, ids=lambda b: "-".join(
+    f"{k[6:]}{''.join(map(str, v))}" for k, v in b.items()) or "none")
 def test_rust_complex_push_down(batches, separate_mod):
     inner_call, outer = complex_case(**batches, separate_mod=separate_mod)
     want = value(outer)
@@ -143,24 +159,20 @@ def test_rust_complex_push_down(batches, separate_mod):
     np.testing.assert_allclose(value(complex_case(**batches, separate_mod=separate_mod, symbolic=False)[1]),
                                want, rtol=1e-12)
     np.testing.assert_allclose(value(C.substitute_all_modules(outer)), want, rtol=1e-9)
-    both_batched = any(k.startswith("batch_inner") for k in batches) and any(
-        k.startswith("batch_outer") for k in batches)
-
     push = push_down_modules(outer)
     np.testing.assert_allclose(value(push), want, rtol=1e-9)
     check(push)
-    if not both_batched:  # rust: push.get(Symbol) == set() (pushed all the way = substituted)
-        assert distinct(push, Symbol) == [] and distinct(push, Module) == []
-        assert push == push_down_modules(outer, flatten_modules=False)
+    # rust: push.get(Symbol) == set() (pushed all the way = substituted)
+    assert distinct(push, Symbol) == [] and distinct(push, Module) == []
+    assert push == push_down_modules(outer, flatten_modules=False)
 
     # rust: term_early_at="inner.concat": 2 Symbols, one flat Module (2 arguments), or two nested
     for flatten, n_modules in [(True, 1), (False, 2)]:
         push = push_down_modules(outer, traversal="inner.concat", flatten_modules=flatten)
         np.testing.assert_allclose(value(push), want, rtol=1e-9)
-        if not both_batched:
-            mods = distinct(push, Module)
-            assert len(distinct(push, Symbol)) == 2 and len(mods) == n_modules
-            assert sum(len(m.spec.arg_specs) for m in mods) == 2
+        mods = distinct(push, Module)
+        assert len(distinct(push, Symbol)) == 2 and len(mods) == n_modules
+        assert sum(len(m.spec.arg_specs) for m in mods) == 2
 
     # rust: skipping every module changes nothing; skipping 'outer' leaves it with its arguments
     assert push_down_modules(outer, skip_module={"outer", "inner.call"}) is outer
@@ -171,10 +183,10 @@ def test_rust_complex_push_down(batches, separate_mod):
 
     push = push_down_modules(outer, skip_module="inner.call")
     np.testing.assert_allclose(value(push), want, rtol=1e-9)
-    if not batches:  # rust: one Module left, binding the inner module's Symbols
-        (mod,) = distinct(push, Module)
-        assert {a.symbol.name for a in mod.spec.arg_specs} == {a.symbol.name for a in inner_call.spec.arg_specs}
-        assert len(distinct(push, Symbol)) == 2
+    # rust: one Module left, binding the inner module's Symbols
+    (mod,) = distinct(push, Module)
+    assert {a.symbol.name for a in mod.spec.arg_specs} == {a.symbol.name for a in inner_call.spec.arg_specs}
+    assert len(distinct(push, Symbol)) == 2
 
     for end_depth in range(8):  # rust's demo: every depth keeps the value
         for flatten in (True, False):
@@ -259,3 +271,48 @@ def test_push_down_keeps_the_value_of_generated_modules(data):
     assert_same(circuit, out, {s: v for s, v in inputs.items() if s.hash in free} or None)
     if stop is None:
         assert distinct(out, Module) == []
+
+
+def test_three_levels_of_batched_modules_push_down_and_keep_their_layout():
+    # each module batches its argument, and each inner argument uses the enclosing Symbols: the
+    # value is [5 (m1), 4 (m2), 6 (m3), 2], outer batch axes outermost
+    circ = C.fill_random(parse("""
+'m1' Module
+  'm2' Module
+    'm3' Module
+      'body3' Einsum i,i,i->i
+        'a' [2] Symbol
+        'b' [2] Symbol
+        'c' [2] Symbol
+      'c_arg' Add ! 'c'
+        'rc' [6,2] Array rand
+        'b'
+    'b_arg' Add ! 'b'
+      'rb' [4,2] Array rand
+      'a'
+  'ra' [5,2] Array rand ! 'a'
+"""), seed=5)
+    ra, rb, rc = (np.asarray(circ.get_unique(n).value, np.float64) for n in ("ra", "rb", "rc"))
+    a = ra[:, None, None, :]
+    b = rb[None, :, None, :] + a
+    want = a * b * (rc[None, None, :, :] + b)
+    assert circ.shape == (5, 4, 6, 2)
+    np.testing.assert_allclose(value(circ), want, rtol=1e-12)
+    for flatten in (True, False):
+        for traversal in [None, "body3", "c_arg", "b_arg", *range(7)]:
+            for skip in (None, "m2", "m3", {"m2", "m3"}):
+                push = push_down_modules(circ, traversal=traversal, skip_module=skip, flatten_modules=flatten)
+                assert push.shape == circ.shape
+                np.testing.assert_allclose(value(push), want, rtol=1e-12,
+                                           err_msg=f"traversal={traversal} skip={skip} flatten={flatten}")
+    assert distinct(push_down_modules(circ), Module) == []
+
+
+def test_a_module_whose_body_is_its_symbol_substitutes_to_the_argument_unrenamed():
+    # found by the property test above: 'arg bind:x' Module over its own Symbol, bound to a free
+    # Symbol; renaming that Symbol after the module made it another, unbound Symbol
+    free = Symbol((), name=None)
+    arg = Symbol((), name="arg")
+    m = Module(C.ModuleSpec(arg, [C.ModuleArgSpec(arg)]), free, name="arg bind:x")
+    assert m.substitute() is free
+    np.testing.assert_allclose(C.evaluate(Add(m, C.Scalar(1.0)), inputs={free: 2.0}), 3.0)
