@@ -55,6 +55,6 @@ True
 """
 
 from .parser import parse, parse_many
-from .printer import print_many, to_text
+from .printer import dtype_commenter, print_many, size_threshold_commenter, to_text
 
-__all__ = ["to_text", "print_many", "parse", "parse_many"]
+__all__ = ["to_text", "print_many", "parse", "parse_many", "size_threshold_commenter", "dtype_commenter"]

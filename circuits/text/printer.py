@@ -15,7 +15,8 @@ Options (all keyword):
 - ``shapes``: print the shape on every line, not only for Array/Scalar/Symbol/Index.
 - ``comments``: append ``# [shape] dtype`` to every node line.
 - ``color``: ANSI colours by node type (the parser strips them again).
-- ``tree``: draw the tree with ``├─ └─ │`` glyphs instead of plain indentation (parses too).
+- ``tree``: draw the tree with ``├─ └─ │`` glyphs instead of plain indentation (parses too);
+  with ``rust`` rust_circuit's arrows ``├‣ └‣``, two columns a level, as its ``arrows=True``.
 - ``names``: ``False`` leaves names out (every node then gets a serial number).
 - ``max_chars``: refuse (``CircuitError``) to write more than this many characters (default
   ``CIRCUITS_MAX_TEXT_CHARS`` or 2**28): a shared node is never expanded twice, but every
@@ -85,6 +86,11 @@ def max_text_chars() -> int:
     except ValueError:
         raise CircuitError(f"{MAX_TEXT_ENV}={text!r} is not an int number of characters") from None
 DEFINITION_MARK = "~ "
+
+# Tree glyphs (a child, the last child, a line past a level, a blank level): ours, three columns
+# a level; rust_circuit's arrows (``rust=True``), two columns, which its parser reads.
+TREE_GLYPHS = ("├─ ", "└─ ", "│  ", "   ")
+RUST_ARROWS = ("├‣", "└‣", "│ ", "  ")
 
 # Line kinds (_DEF_CUT: a definition whose children a ``traversal`` leaves out).
 _DEF, _REF, _CUT, _DEF_CUT = 0, 1, 2, 3
@@ -225,6 +231,7 @@ class _Layout:
     def _walk(self, root, is_lifted):
         opts = self.opts
         depth, max_indent, tree = opts.depth, opts.max_indent, opts.tree
+        arrows = RUST_ARROWS if opts.rust else TREE_GLYPHS
         depth = _traversal_depth(opts.traversal, depth)
         stop_at = _traversal_matches(opts.traversal, root)
         as_tree = opts.number_leaves
@@ -294,14 +301,15 @@ class _Layout:
                 entries[-1] = (_DEF_CUT,) + entries[-1][1:]  # rust's ' ...' on the line itself
                 continue
             if tree:
-                inner = glyphs[:-3] + ("   " if last else "│  ") if level else ""
+                mid, end, bar, blank = arrows
+                inner = glyphs[:-len(end)] + (blank if last else bar) if level else ""
                 if depth is not None and level >= depth:
-                    emit((_CUT, None, level + 1, inner + "└─ ", None))
+                    emit((_CUT, None, level + 1, inner + end, None))
                     continue
                 n = len(kids)
                 infos = _child_infos(node)
                 for i in range(n - 1, -1, -1):
-                    push((kids[i], level + 1, inner + ("└─ " if i == n - 1 else "├─ "), i == n - 1,
+                    push((kids[i], level + 1, inner + (end if i == n - 1 else mid), i == n - 1,
                           infos and infos[i]))
             else:
                 if depth is not None and level >= depth:
@@ -415,8 +423,44 @@ def _render(blocks, name_count, opts: PrintOptions):
     if opts.leaves_on_top:
         lines.reverse()
         if tree:
-            lines = [line.replace("└─", "┌─") for line in lines]
+            lines = [line.replace("└─", "┌─").replace("└‣", "┌‣") for line in lines]
     return "\n".join(lines)
+
+
+def size_threshold_commenter(threshold: int):
+    """rust_circuit's ``PrintOptions.size_threshold_commenter``: a commenter writing a node's
+    element count where it is at least ``threshold`` (rust paints it red; comments here are
+    plain text).
+
+    >>> from circuits import Scalar, Add
+    >>> print(to_text(Add(Scalar(1.0, (4, 5), name='big'), Scalar(2.0, (5,), name='small')),
+    ...               commenters=[size_threshold_commenter(16)]))
+    0 Add # 20
+      'big' [4,5] Scalar 1 # 20
+      'small' [5] Scalar 2
+    """
+    def comment(node):
+        return str(node.numel) if node.numel >= threshold else ""
+
+    return comment
+
+
+def dtype_commenter(only_arrays: bool = False):
+    """rust_circuit's ``PrintOptions.dtype_commenter``: a commenter writing each node's dtype
+    (``only_arrays``: Arrays' only).
+
+    >>> import numpy as np
+    >>> from circuits import Array, Add
+    >>> a = Array(np.zeros(5, np.int8), name='a')
+    >>> print(to_text(Add(a, a), commenters=[dtype_commenter(only_arrays=True)]))
+    0 Add
+      'a' [5] Array b5054f3491c209f2403a6170 # int8
+      'a' # int8
+    """
+    def comment(node):
+        return node.dtype if not only_arrays or node.type_name == "Array" else ""
+
+    return comment
 
 
 def _one_line(comment: str) -> str:

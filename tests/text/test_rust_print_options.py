@@ -178,3 +178,62 @@ def test_leaves_on_top_reverses_the_lines():
     tree = to_text(SHARED, leaves_on_top=True, tree=True)
     assert tree.split("\n")[0] == "   ┌─ 'sym2'" and tree.split("\n")[-1] == "'a0' Add"
     assert "└" not in tree
+
+
+# ---------------------------------------------------------------------------- rust's arrows, commenters
+# rust's test_print_options circuit.  Its expected texts there differ from ours in two ways that are
+# not layout: bijection=False (names unquoted) and Scatter slices as written ([0:2,0:1]; ours
+# are normalised, [0:2]).
+RUST_OPTIONS_CIRCUIT = """
+0 [5, 3, 6] Add
+  1 [3, 1] Scatter [0:2,0:1]
+    2 [2, 1] Scalar 1.0
+  10 [5, 3, 6] Scatter [0:5,0:3,0:3]
+    4 [5, 3, 3] Concat 0
+      5 'yoyo ' [2, 3, 3] Scalar 1.0
+      6 'hihi' [3, 3, 3] Scalar 1.0"""
+
+
+def test_rust_tree_arrows_two_columns_a_level_and_they_parse_back():
+    c = parse(RUST_OPTIONS_CIRCUIT)
+    text = to_text(c, rust=True, tree=True)
+    assert text == """0 Add
+├‣1 [3,1] Scatter [0:2]
+│ └‣2 [2,1] Scalar 1
+└‣3 [5,3,6] Scatter [:,:,0:3]
+  └‣4 Concat 0
+    ├‣'yoyo ' [2,3,3] Scalar 1
+    └‣'hihi' [3,3,3] Scalar 1"""
+    assert parse(text) == c
+    assert to_text(c, rust=True, tree=True, leaves_on_top=True) == """    ┌‣'hihi' [3,3,3] Scalar 1
+    ├‣'yoyo ' [2,3,3] Scalar 1
+  ┌‣4 Concat 0
+┌‣3 [5,3,6] Scatter [:,:,0:3]
+│ ┌‣2 [2,1] Scalar 1
+├‣1 [3,1] Scatter [0:2]
+0 Add"""
+    assert to_text(c, rust=True, tree=True, traversal=3).endswith("\n  └‣4 Concat 0 ...")
+    assert "├─ " in to_text(c, tree=True)  # our own glyphs without rust=True
+
+
+def test_rusts_size_threshold_and_dtype_commenters():
+    import numpy as np
+
+    from circuits import Array
+    from circuits.text import dtype_commenter, size_threshold_commenter
+
+    c = parse(RUST_OPTIONS_CIRCUIT)
+    # rust: '0 Add # 90', the Scatters 3 and 90, 'yoyo ' 18, 'hihi' 27 (it paints them red)
+    assert to_text(c, commenters=[size_threshold_commenter(16)]) == """0 Add # 90
+  1 [3,1] Scatter [0:2]
+    2 [2,1] Scalar 1
+  3 [5,3,6] Scatter [:,:,0:3] # 90
+    4 Concat 0 # 45
+      'yoyo ' [2,3,3] Scalar 1 # 18
+      'hihi' [3,3,3] Scalar 1 # 27"""
+    a = Array(np.zeros(5, np.int8))
+    text = to_text(Add(a, a), commenters=[dtype_commenter()])
+    assert re.fullmatch(r"0 Add # int8\n  1 \[5\] Array [0-9a-f]{24} # int8\n  1 # int8", text)
+    only = to_text(Add(a, a), commenters=[dtype_commenter(only_arrays=True)])
+    assert only.startswith("0 Add\n") and only.endswith("# int8")
+    assert parse(only, store=store_of(Add(a, a))) == Add(a, a)
