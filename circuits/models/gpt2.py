@@ -21,19 +21,27 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
+from ..nodes import Add, Array, Circuit, Einsum, Index, Module, ModuleArgSpec, ModuleSpec, Rearrange, Symbol
 from .blocks import ALL, attention, causal_mask, layer_norm, mlp, neg_inf_bias
 from .common import Config, Weights, activation, embed, loss_head, tokens_node
 
 IGNORED = (r"(^|\.)attn\.bias$", r"(^|\.)attn\.masked_bias$")
 
 
-def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = False) -> Circuit:
+def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = False,
+         modules: bool = False) -> Circuit:
     """GPT-2 logits ``'logits'`` [len(tokens), vocab] (``loss=True``: the per-token next-token
     loss ``'loss'`` [len(tokens) - 1]).  ``tokens``: an int array or a 1-d int Symbol (see
     ``tokens_symbol``); ``weights=None`` builds with placeholder Arrays.  Unsupported config
     values (``scale_attn_by_inverse_layer_idx``, cross-attention, an unknown
-    ``activation_function``) and weights the config does not account for are errors."""
+    ``activation_function``) and weights the config does not account for are errors.
+
+    ``modules=True`` writes the block once, as rust_circuit's module library does: a
+    ``ModuleSpec`` over Symbols ``'h.resid'``, ``'h.ln_1.weight'``... whose nodes are named
+    ``h.ln1``, ``h.attn.probs``..., and layer ``l`` is the Module ``'h{l}'`` applying it to the
+    residual and that layer's weights (the same value; the text prints the block once).  Tools
+    that select heads by layer name (``h3.attn...``) want the plain form:
+    ``circuits.substitute_all_modules`` gives the block's nodes, named as in the spec."""
     cfg = Config(config, "gpt2")
     cfg.reject_alibi()
     d, n_heads, n_layers = cfg("n_embd"), cfg("n_head"), cfg("n_layer")
@@ -59,31 +67,46 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
     resid = Add(tok, pos, name="embeds")
     mask = Array(causal_mask(n), name="causal_mask")
     bias = neg_inf_bias(mask)
-    for l in range(n_layers):
-        p = f"h.{l}."
-        x = layer_norm(resid, w.take(p + "ln_1.weight", (d,)), w.take(p + "ln_1.bias", (d,)), f"h{l}.ln1",
-                       eps=eps, prefix=f"h{l}.ln1")
-        w_qkv = Rearrange(w.take(p + "attn.c_attn.weight", (d, 3 * d)), "d (e n g c) -> d e n g c", e=3,
-                          n=n_heads, g=1, name=f"h{l}.attn.c_attn.w_heads")
-        b_qkv = Rearrange(w.take(p + "attn.c_attn.bias", (3 * d,)), "(e n g c) -> e n g 1 c", e=3, n=n_heads,
-                          g=1, name=f"h{l}.attn.c_attn.b_heads")
-        qkv = Add(Einsum.from_spec("sd,dengc->engsc", x, w_qkv, name=f"h{l}.attn.qkv.matmul"), b_qkv,
-                  name=f"h{l}.attn.qkv")
-        q = Index(qkv, (0,), name=f"h{l}.attn.q")
-        k = Index(qkv, (1, ALL, 0), name=f"h{l}.attn.k")
-        v = Index(qkv, (2, ALL, 0), name=f"h{l}.attn.v")
-        wo = Rearrange(w.take(p + "attn.c_proj.weight", (d, d)), "(n g c) d -> n g c d", n=n_heads, g=1,
-                       name=f"h{l}.attn.c_proj.w_heads")
-        attn = attention(x, q, k, v, wo, w.take(p + "attn.c_proj.bias", (d,)), mask=mask, mask_bias=bias,
-                         scale=c ** -0.5 if scale_attn else 1.0, name=f"h{l}.attn", split_heads=split_heads,
+    layer_keys = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (d, 3 * d),
+                  "attn.c_attn.bias": (3 * d,), "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+                  "ln_2.weight": (d,), "ln_2.bias": (d,), "mlp.c_fc.weight": (d, inner),
+                  "mlp.c_fc.bias": (inner,), "mlp.c_proj.weight": (inner, d), "mlp.c_proj.bias": (d,)}
+
+    def layer(resid, ws, h):
+        """One block over the residual ``resid``; ``ws``: the layer's weights by key; names ``h.*``."""
+        x = layer_norm(resid, ws["ln_1.weight"], ws["ln_1.bias"], f"{h}.ln1", eps=eps, prefix=f"{h}.ln1")
+        w_qkv = Rearrange(ws["attn.c_attn.weight"], "d (e n g c) -> d e n g c", e=3,
+                          n=n_heads, g=1, name=f"{h}.attn.c_attn.w_heads")
+        b_qkv = Rearrange(ws["attn.c_attn.bias"], "(e n g c) -> e n g 1 c", e=3, n=n_heads,
+                          g=1, name=f"{h}.attn.c_attn.b_heads")
+        qkv = Add(Einsum.from_spec("sd,dengc->engsc", x, w_qkv, name=f"{h}.attn.qkv.matmul"), b_qkv,
+                  name=f"{h}.attn.qkv")
+        q = Index(qkv, (0,), name=f"{h}.attn.q")
+        k = Index(qkv, (1, ALL, 0), name=f"{h}.attn.k")
+        v = Index(qkv, (2, ALL, 0), name=f"{h}.attn.v")
+        wo = Rearrange(ws["attn.c_proj.weight"], "(n g c) d -> n g c d", n=n_heads, g=1,
+                       name=f"{h}.attn.c_proj.w_heads")
+        attn = attention(x, q, k, v, wo, ws["attn.c_proj.bias"], mask=mask, mask_bias=bias,
+                         scale=c ** -0.5 if scale_attn else 1.0, name=f"{h}.attn", split_heads=split_heads,
                          wo_spec="ngsc,ngcd->sd")
-        mid = Add(attn, resid, name=f"h{l}.mid")
-        x2 = layer_norm(mid, w.take(p + "ln_2.weight", (d,)), w.take(p + "ln_2.bias", (d,)), f"h{l}.ln2",
-                        eps=eps, prefix=f"h{l}.ln2")
-        m = mlp(x2, w.take(p + "mlp.c_fc.weight", (d, inner)), w.take(p + "mlp.c_fc.bias", (inner,)),
-                w.take(p + "mlp.c_proj.weight", (inner, d)), w.take(p + "mlp.c_proj.bias", (d,)), act,
-                f"h{l}.mlp", w_in_out=True)
-        resid = Add(m, mid, name=f"h{l}")
+        mid = Add(attn, resid, name=f"{h}.mid")
+        x2 = layer_norm(mid, ws["ln_2.weight"], ws["ln_2.bias"], f"{h}.ln2", eps=eps, prefix=f"{h}.ln2")
+        m = mlp(x2, ws["mlp.c_fc.weight"], ws["mlp.c_fc.bias"], ws["mlp.c_proj.weight"], ws["mlp.c_proj.bias"],
+                act, f"{h}.mlp", w_in_out=True)
+        return Add(m, mid, name=h)
+
+    spec = None
+    if modules:  # the block written once, over Symbols: each layer is a Module applying it
+        syms = {key: Symbol(shape, name=f"h.{key}") for key, shape in layer_keys.items()}
+        resid_sym = Symbol((n, d), name="h.resid")
+        spec = ModuleSpec(layer(resid_sym, syms, "h"), [ModuleArgSpec(resid_sym)]
+                          + [ModuleArgSpec(sym) for sym in syms.values()])
+    for l in range(n_layers):
+        ws = {key: w.take(f"h.{l}.{key}", shape) for key, shape in layer_keys.items()}
+        if spec is None:
+            resid = layer(resid, ws, f"h{l}")
+        else:
+            resid = Module(spec, resid, *ws.values(), name=f"h{l}")
     final = layer_norm(resid, w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,)), "final.ln", eps=eps,
                        prefix="final.ln")
     unembed = tied_unembed(w, wte, tie, (vocab, d))

@@ -53,12 +53,13 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     return config, weights
 
 
-def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = False) -> Circuit:
+def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = False, **options) -> Circuit:
     """The logits ``'logits'`` [len(tokens), vocab] of a ``transformers`` causal LM: ``model`` is
     the model object (its ``config`` and ``state_dict()`` are read) or the path of a checkpoint
     directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
     ``config.model_type`` picks the builder
-    (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss`` and ``split_heads`` are passed on.
+    (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss``, ``split_heads`` and any other option
+    of that builder (``modules=True`` for ``gpt2``) are passed on.
     ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
 
     >>> from_huggingface({'model_type': 'bert'}, [1])
@@ -81,4 +82,4 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     if builder is None:
         raise CircuitError(f"config model_type={kind!r} has no builder (supported: "
                            f"{', '.join(map(repr, BUILDERS))})")
-    return builder(config, weights, tokens, loss=loss, split_heads=split_heads)
+    return builder(config, weights, tokens, loss=loss, split_heads=split_heads, **options)

@@ -71,6 +71,7 @@ def _mistral(**kw):
 VARIANTS = {
     "gpt2": (_gpt2, {}, {}),
     "gpt2-split-heads": (_gpt2, {}, {"split_heads": True}),
+    "gpt2-modules": (_gpt2, {"n_layer": 3}, {"modules": True}),
     "gpt2-relu-untied": (_gpt2, {"activation_function": "relu", "tie_word_embeddings": False}, {}),
     "opt-pre-ln": (_opt, {}, {}),
     "opt-post-ln": (_opt, {"do_layer_norm_before": False}, {}),
@@ -272,3 +273,26 @@ def test_tokens_out_of_vocabulary():
 def test_unsupported_model_type():
     with pytest.raises(C.CircuitError, match="model_type='bert'"):
         from_huggingface({"model_type": "bert"}, [1])
+
+
+def test_gpt2_with_modules_writes_the_block_once():
+    # the same logits as the plain builder (and so as torch, above), the block's nodes printed once,
+    # and the text parses back; pushed down or substituted, the modules leave the same value
+    from circuits.testing.roundtrip import store_of
+    from rewrites import push_down_modules
+
+    cfg, w = _state(_gpt2(n_layer=3))
+    toks = np.array([1, 5, 2, 7, 3])
+    plain, mod = gpt2(cfg, w, toks), gpt2(cfg, w, toks, modules=True)
+    want = C.evaluate(plain, dtype="float64")
+    np.testing.assert_allclose(C.evaluate(mod, dtype="float64"), want, rtol=1e-9, atol=1e-9)
+    text = mod.to_text()
+    assert sum(" Module" in line for line in text.splitlines()) == 3
+    assert sum("'h.attn.probs'" in line for line in text.splitlines()) == 1  # the body, once
+    assert len(text.splitlines()) < len(plain.to_text().splitlines())
+    assert C.parse(text, store=store_of(mod)) == mod
+    for flat in (C.substitute_all_modules(mod), push_down_modules(mod)):
+        assert not any(type(n) is C.Module for n in C.toposort(flat))
+        np.testing.assert_allclose(C.evaluate(flat, dtype="float64"), want, rtol=1e-9, atol=1e-9)
+    with pytest.raises(TypeError):
+        from_huggingface(_opt(), toks, modules=True)  # only gpt2 has the option
