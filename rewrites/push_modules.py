@@ -114,7 +114,8 @@ class _Frame:
 
 
 def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, flatten_modules: bool = True,
-                      namer: "Callable | None" = None) -> Circuit:
+                      namer: "Callable | None" = None, remove_unused_inputs: bool = True,
+                      elim_no_input_modules: bool = True) -> Circuit:
     """``circuit`` with its Modules pushed down (see the module docstring).  Value-preserving.
 
     ``traversal``: where pushing stops — None (all the way down: every module inlined), an int
@@ -122,6 +123,9 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
     or a matcher (anything ``circuits.select`` takes; rust's ``term_early_at``: matching nodes
     are wrapped, not entered).  ``skip_module``: a matcher of Modules left in place.
     ``namer(node, modules)``: the name of a rebuilt node (``default_namer()``).
+    Where pushing stops, a module keeps only the arguments the node uses
+    (``remove_unused_inputs``) and none is made when it uses none (``elim_no_input_modules``);
+    both ``False`` is rust's ``ModulePusher.noop_callback()``: each module keeps every argument.
 
     >>> from circuits import parse
     >>> c = parse("'m' Module\\n  'y' Add\\n    'x' [2] Symbol\\n    'c' [2] Scalar 1\\n  'a' [2] Scalar 5 ! 'x'")
@@ -138,6 +142,12 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
     end_depth = traversal if isinstance(traversal, int) and not isinstance(traversal, bool) else None
     stop = set() if traversal is None or end_depth is not None else as_matcher(traversal).matches(circuit, order)
     skip = set() if skip_module is None else as_matcher(skip_module).matches(circuit, order)
+    trim = remove_unused_inputs and elim_no_input_modules
+
+    def keep(pairs, used):
+        """The (spec, argument) pairs a module made where pushing stops keeps."""
+        return [(sp, a) for sp, a in pairs if sp.symbol.hash in used] if remove_unused_inputs else list(pairs)
+
     origin: dict = {}  # a body node rebuilt with its module's sizes -> the node it was (for stop and skip)
 
     def concrete_spec(module):
@@ -172,22 +182,25 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
             frames, flat = tuple(f for f in frames if not f.rename), True
             if renames:
                 return _finalize_renamed(node, renames, frames, bound_in(frames), used, namer)
+        if not frames:
+            return node, False
         modules = [f.module for f in reversed(frames)]
         if flat:
             used = syms_of(node)
-            pairs = [(s, a) for h, (s, a) in bound_in(frames).items() if h in used]
-            if not pairs:
+            pairs = keep(bound_in(frames).values(), used)
+            if not any(sp.symbol.hash in used for sp, _ in pairs) and elim_no_input_modules:
                 return node, False
-            spec = ModuleSpec(node, [s for s, _ in pairs])
+            spec = ModuleSpec(node, [s for s, _ in pairs], check_all_inputs_used=False)
             return Module(spec, *(a for _, a in pairs), name=namer(node, modules)), True
         out, created = node, False
         for i in range(len(frames) - 1, -1, -1):  # innermost module first; the outer ones wrap it
             f = frames[i]
             used = syms_of(out)
-            pairs = [(s, a) for s, a in zip(f.specs, f.base) if s.symbol.hash in used]
+            pairs = keep(zip(f.specs, f.base), used)
             have = 0
-            if pairs:
-                out = Module(ModuleSpec(out, [s for s, _ in pairs]), *(a for _, a in pairs),
+            if any(sp.symbol.hash in used for sp, _ in pairs) or not elim_no_input_modules:
+                out = Module(ModuleSpec(out, [s for s, _ in pairs], check_all_inputs_used=False),
+                             *(a for _, a in pairs),
                              name=namer(node, [g.module for g in reversed(frames[i:])]))
                 created, have = True, len(out.batch_shape)
             batch = f.module.batch_shape
@@ -206,7 +219,7 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
         if frames:
             bound = bound_in(frames)
             used = syms_of(node)
-            if not any(k in used for k in bound):
+            if trim and not any(k in used for k in bound):
                 frames = ()  # nothing here depends on the enclosing modules
         if end_depth is not None and depth >= end_depth or h in stop or origin.get(h) in stop:
             return finalize(node, frames)

@@ -145,15 +145,17 @@ class ModuleSpec:
         return used[::-1]
 
 
-def _follow_symbols(arg_specs, body) -> list:
+def _follow_symbols(arg_specs, body, old_body=None) -> list:
     """The argument specs for a new body: a bound Symbol the body no longer holds is followed to
     the one Symbol of the body that differs from it only in name (what ``strip_names`` or a
-    renaming does to it); otherwise it is kept."""
+    renaming does to it) and that the old body did not hold (a free Symbol that was there all
+    along is another Symbol, however alike); otherwise it is kept."""
     wanted = {a.symbol.hash for a in arg_specs}
     present = _hashes_in(body, wanted)
     if len(present) == len(wanted):
         return list(arg_specs)
-    symbols = [n for n in _walk(body) if type(n) is Symbol and n.hash not in wanted]
+    before = set() if old_body is None else {n.hash for n in _walk(old_body) if type(n) is Symbol}
+    symbols = [n for n in _walk(body) if type(n) is Symbol and n.hash not in wanted and n.hash not in before]
     out = []
     for a in arg_specs:
         sym = a.symbol
@@ -373,7 +375,8 @@ class Module(Circuit):
         if body is self.spec.body:
             spec = self.spec
         else:
-            spec = ModuleSpec(body, _follow_symbols(self.spec.arg_specs, body), check_all_inputs_used=False)
+            spec = ModuleSpec(body, _follow_symbols(self.spec.arg_specs, body, self.spec.body),
+                              check_all_inputs_used=False)
         return Module(spec, *args, name=name)
 
     def substitute(self) -> Circuit:

@@ -174,6 +174,18 @@ def test_rust_complex_push_down(batches, separate_mod):
         assert len(distinct(push, Symbol)) == 2 and len(mods) == n_modules
         assert sum(len(m.spec.arg_specs) for m in mods) == 2
 
+    # rust: none of remove_unused_inputs / elim_no_input_modules changes pushing all the way;
+    # the noop callback (both False) keeps every argument: 4 between the two nested modules
+    for remove, elim in [(False, False), (False, True), (True, False)]:
+        for flatten in (True, False):
+            assert push_down_modules(outer, flatten_modules=flatten, remove_unused_inputs=remove,
+                                     elim_no_input_modules=elim) == push_down_modules(outer)
+    push = push_down_modules(outer, traversal="inner.concat", flatten_modules=False, remove_unused_inputs=False,
+                             elim_no_input_modules=False)
+    mods = distinct(push, Module)
+    assert len(mods) == 2 and sum(len(m.spec.arg_specs) for m in mods) == 4
+    np.testing.assert_allclose(value(push), want, rtol=1e-9)
+
     # rust: skipping every module changes nothing; skipping 'outer' leaves it with its arguments
     assert push_down_modules(outer, skip_module={"outer", "inner.call"}) is outer
     push = push_down_modules(outer, skip_module="outer")
@@ -264,8 +276,9 @@ def test_push_down_keeps_the_value_of_generated_modules(data):
     order = circuit.toposort()
     names = sorted({n.name for n in order if n.name})
     stop = data.draw(st.none() | st.integers(0, 5) | st.sampled_from(names or [None]))
-    flatten = data.draw(st.booleans())
-    out = push_down_modules(circuit, traversal=stop, flatten_modules=flatten)
+    flatten, remove, elim = data.draw(st.booleans()), data.draw(st.booleans()), data.draw(st.booleans())
+    out = push_down_modules(circuit, traversal=stop, flatten_modules=flatten, remove_unused_inputs=remove,
+                            elim_no_input_modules=elim)
     check(out)
     free = {n.hash for n in out.toposort() if type(n) is Symbol}
     assert_same(circuit, out, {s: v for s, v in inputs.items() if s.hash in free} or None)
@@ -300,8 +313,10 @@ def test_three_levels_of_batched_modules_push_down_and_keep_their_layout():
     np.testing.assert_allclose(value(circ), want, rtol=1e-12)
     for flatten in (True, False):
         for traversal in [None, "body3", "c_arg", "b_arg", *range(7)]:
-            for skip in (None, "m2", "m3", {"m2", "m3"}):
-                push = push_down_modules(circ, traversal=traversal, skip_module=skip, flatten_modules=flatten)
+            for skip, remove in [(None, True), ("m2", True), ("m3", True), ({"m2", "m3"}, True), (None, False),
+                                 ("m3", False)]:
+                push = push_down_modules(circ, traversal=traversal, skip_module=skip, flatten_modules=flatten,
+                                         remove_unused_inputs=remove, elim_no_input_modules=remove)
                 assert push.shape == circ.shape
                 np.testing.assert_allclose(value(push), want, rtol=1e-12,
                                            err_msg=f"traversal={traversal} skip={skip} flatten={flatten}")
@@ -316,3 +331,24 @@ def test_a_module_whose_body_is_its_symbol_substitutes_to_the_argument_unrenamed
     m = Module(C.ModuleSpec(arg, [C.ModuleArgSpec(arg)]), free, name="arg bind:x")
     assert m.substitute() is free
     np.testing.assert_allclose(C.evaluate(Add(m, C.Scalar(1.0)), inputs={free: 2.0}), 3.0)
+
+
+def test_substituting_keeps_a_bound_symbol_apart_from_a_free_one_alike():
+    # found by the three-level test: when 'b' (bound by the outer module) is left only in the inner
+    # module's unused argument, substituting the inner module first must not rebind the outer
+    # module to the free Symbol 'a', alike in all but name
+    m = parse("""
+'outer' Module
+  'inner' Module
+    'a' [2] Symbol
+    'c_arg' Add ! 'c' [2] Symbol
+      'rc' [6,2] Scalar 1
+      'b' [2] Symbol
+  'b_arg' Add ! 'b'
+    'rb' [4,2] Scalar 2
+    'a'
+""")
+    a = np.array([3.0, 5.0])
+    want = np.broadcast_to(a, (4, 6, 2))
+    np.testing.assert_allclose(C.evaluate(m, inputs={"a": a}), want)
+    np.testing.assert_allclose(C.evaluate(C.substitute_all_modules(m), inputs={"a": a}), want)
