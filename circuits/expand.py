@@ -286,19 +286,7 @@ def _expand_module(n, kids, nbs, size_map, replacements=None):
     # with theirs; the module's own batch axes then go back behind the gained ones.
     body = kids[0]
     if any(nbs[1:]):
-        import attrs
-
-        specs, args, renames = [], [], {}
-        for a, old, new, g in zip(n.spec.arg_specs, n.args, kids[1:], nbs[1:]):
-            if g:
-                own = len(old.shape) - len(a.symbol.shape)
-                new = _move_axes_behind(new, g, own)
-                sym = Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name, dtype=a.symbol.dtype,
-                             uuid=a.symbol.uuid)
-                renames[a.symbol] = sym
-                a = attrs.evolve(a, symbol=sym)
-            specs.append(a)
-            args.append(new)
+        specs, args, renames = gains_into_symbols(n, kids[1:])
         table = {k: v for k, v in (replacements or {}).items() if k not in renames}
         table.update(renames)
         body = expand(n.body, table, size_map)
@@ -306,10 +294,31 @@ def _expand_module(n, kids, nbs, size_map, replacements=None):
     else:
         out = n._rebuild(tuple(kids), n.name)
     gained = len(body.shape) - len(n.body.shape)
-    return _move_axes_behind(out, len(out.shape) - len(body.shape), gained)
+    return move_axes_behind(out, len(out.shape) - len(body.shape), gained)
 
 
-def _move_axes_behind(node, first: int, then: int):
+def gains_into_symbols(module, new_args):
+    """For a Module whose arguments gained leading axes (``new_args``): the argument specs,
+    arguments and ``{old Symbol: new Symbol}`` with each argument's gained axes moved behind its
+    own batch axes and into its Symbol (which gains them in front), as rust expands a Module."""
+    import attrs
+
+    specs, args, renames = [], [], {}
+    for a, old, new in zip(module.spec.arg_specs, module.args, new_args):
+        g = len(new.shape) - len(old.shape)
+        if g:
+            own = len(old.shape) - len(a.symbol.shape)
+            new = move_axes_behind(new, g, own)
+            sym = Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name, dtype=a.symbol.dtype,
+                         uuid=a.symbol.uuid)
+            renames[a.symbol] = sym
+            a = attrs.evolve(a, symbol=sym)
+        specs.append(a)
+        args.append(new)
+    return specs, args, renames
+
+
+def move_axes_behind(node, first: int, then: int):
     """``node`` with its first ``first`` axes moved behind the ``then`` axes after them."""
     if not first or not then:
         return node

@@ -60,7 +60,7 @@ from typing import Callable
 import attrs
 
 from circuits.errors import CircuitError
-from circuits.expand import expand, expand_with_map
+from circuits.expand import expand, expand_with_map, gains_into_symbols, move_axes_behind
 from circuits.nodes import Circuit, Module, ModuleSpec, Rearrange, Symbol
 from circuits.nodes.module import map_sizes
 from circuits.select import as_matcher
@@ -271,23 +271,13 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
             # expand of a Module): each argument's gained axes move behind its own batch axes
             # into its Symbol, the body is pushed again with those Symbols, and the module's own
             # batch axes go back behind the gained ones.
-            specs, args = [], []
-            for a, old, new in zip(node.spec.arg_specs, node.args, kids[1:]):
-                g = len(new.shape) - len(old.shape)
-                if g:
-                    own = len(old.shape) - len(a.symbol.shape)
-                    new = _move_front_axes(new, g, own)
-                    a = attrs.evolve(a, symbol=Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name,
-                                                      dtype=a.symbol.dtype, uuid=a.symbol.uuid))
-                specs.append(a)
-                args.append(new)
-            renamed = [a.symbol for a, old in zip(specs, node.spec.arg_specs) if a.symbol is not old.symbol]
-            rename = _Frame(node, [o for o, a in zip(node.spec.arg_specs, specs) if a.symbol is not o.symbol],
-                            renamed, renamed, frames[-1].key if frames else None, rename=True)
+            specs, args, renames = gains_into_symbols(node, kids[1:])
+            rename = _Frame(node, [a for a in node.spec.arg_specs if a.symbol in renames], list(renames.values()),
+                            list(renames.values()), frames[-1].key if frames else None, rename=True)
             body = (yield (node.body, tuple(frames) + (rename,), depth + 1))[0]
             mod = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=node.name)
             gained = len(body.shape) - len(node.body.shape)
-            out = _move_front_axes(mod, len(mod.batch_shape), gained) if gained and mod.batch_shape else mod
+            out = move_axes_behind(mod, len(mod.batch_shape), gained) if gained and mod.batch_shape else mod
             return out.rename(namer(node, [f.module for f in reversed(frames)])), True
         out = _rebuild(node, kids)
         return out.rename(namer(node, [f.module for f in reversed(frames)])), True
@@ -412,15 +402,6 @@ def _insert_axes(node, at: int, sizes):
     new = [f"n{i}" for i in range(len(sizes))]
     spec = f"{' '.join(names)} -> {' '.join(names[:at] + new + names[at:])}"
     return Rearrange(node, spec, **dict(zip(new, sizes)))
-
-
-def _move_front_axes(node, first: int, then: int):
-    """``node`` with its first ``first`` axes moved behind the ``then`` axes after them."""
-    if not first or not then:
-        return node
-    names = [f"a{i}" for i in range(len(node.shape))]
-    moved = names[first:first + then] + names[:first] + names[first + then:]
-    return Rearrange(node, f"{' '.join(names)} -> {' '.join(moved)}")
 
 
 def _broadcast_front(node, shape):
