@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import CircuitError, ShapeError
 from ..hashing import content_hash
-from ..nodes import Array, Circuit, Einsum, GeneralFunction, Index, Scalar, Symbol
+from ..nodes import Array, Circuit, Einsum, GeneralFunction, Index, Module, ModuleArgSpec, ModuleSpec, Scalar, Symbol
 
 REQUIRED = object()
 
@@ -232,3 +232,25 @@ def loss_head(logits: Circuit, toks: Circuit) -> Circuit:
     true = Index(toks, (slice(1, None),), name="true_tokens")
     ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true, name="ll")
     return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")
+
+
+def stack_layers(resid: Circuit, layer_inputs, layer, *, modules: bool = False) -> Circuit:
+    """The residual after each layer in turn: ``layer(resid, inputs, h)`` builds one block whose
+    node names start with ``h``; ``layer_inputs``: per layer, its inputs by key (weights, a KV
+    cache Symbol; the same keys and shapes each layer).  Plain, layer ``l`` is built with
+    ``h = 'h{l}'``.  With ``modules=True`` the block is built once, ``h = 'h'``, over Symbols
+    ``'h.resid'`` and ``'h.<key>'`` (rust_circuit's module library writes layers this way), and
+    layer ``l`` is the Module ``'h{l}'`` applying it to the residual and that layer's inputs."""
+    if not modules:
+        for l, inputs in enumerate(layer_inputs):
+            resid = layer(resid, inputs, f"h{l}")
+        return resid
+    spec = None
+    for l, inputs in enumerate(layer_inputs):
+        if spec is None:
+            syms = {key: Symbol(node.shape, name=f"h.{key}", dtype=node.dtype) for key, node in inputs.items()}
+            resid_sym = Symbol(resid.shape, name="h.resid", dtype=resid.dtype)
+            spec = ModuleSpec(layer(resid_sym, syms, "h"),
+                              [ModuleArgSpec(resid_sym)] + [ModuleArgSpec(sym) for sym in syms.values()])
+        resid = Module(spec, resid, *inputs.values(), name=f"h{l}")
+    return resid

@@ -21,9 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Array, Circuit, Einsum, Index, Module, ModuleArgSpec, ModuleSpec, Rearrange, Symbol
+from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
 from .blocks import ALL, attention, causal_mask, layer_norm, mlp, neg_inf_bias
-from .common import Config, Weights, activation, embed, loss_head, tokens_node
+from .common import Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
 
 IGNORED = (r"(^|\.)attn\.bias$", r"(^|\.)attn\.masked_bias$")
 
@@ -95,18 +95,8 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
                 act, f"{h}.mlp", w_in_out=True)
         return Add(m, mid, name=h)
 
-    spec = None
-    if modules:  # the block written once, over Symbols: each layer is a Module applying it
-        syms = {key: Symbol(shape, name=f"h.{key}") for key, shape in layer_keys.items()}
-        resid_sym = Symbol((n, d), name="h.resid")
-        spec = ModuleSpec(layer(resid_sym, syms, "h"), [ModuleArgSpec(resid_sym)]
-                          + [ModuleArgSpec(sym) for sym in syms.values()])
-    for l in range(n_layers):
-        ws = {key: w.take(f"h.{l}.{key}", shape) for key, shape in layer_keys.items()}
-        if spec is None:
-            resid = layer(resid, ws, f"h{l}")
-        else:
-            resid = Module(spec, resid, *ws.values(), name=f"h{l}")
+    resid = stack_layers(resid, ({key: w.take(f"h.{l}.{key}", shape) for key, shape in layer_keys.items()}
+                                 for l in range(n_layers)), layer, modules=modules)
     final = layer_norm(resid, w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,)), "final.ln", eps=eps,
                        prefix="final.ln")
     unembed = tied_unembed(w, wte, tie, (vocab, d))

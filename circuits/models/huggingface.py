@@ -59,7 +59,7 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
     ``config.model_type`` picks the builder
     (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss``, ``split_heads`` and any other option
-    of that builder (``modules=True`` for ``gpt2``) are passed on.
+    of that builder (``modules=True`` for ``gpt2``, ``llama``, ``mistral``) are passed on.
     ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
 
     >>> from_huggingface({'model_type': 'bert'}, [1])

@@ -34,7 +34,7 @@ from .blocks import (
     rotary_tables,
     sliding_causal_mask,
 )
-from .common import Config, Weights, activation, embed, loss_head, tokens_node
+from .common import Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
 from .gpt2 import tied_unembed
 
 IGNORED = (r"rotary_emb\.inv_freq$",)
@@ -60,11 +60,13 @@ def _rope_theta(cfg: Config) -> float:
 
 
 def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = False, past_len: int = 0,
-          dtype: str = "float32") -> Circuit:
+          dtype: str = "float32", modules: bool = False) -> Circuit:
     """Llama / Mistral logits ``'logits'`` [len(tokens), vocab] (``loss=True``: ``'loss'``).
     ``weights=None``: placeholder Arrays of ``dtype``; ``past_len``: one decode step against a KV
     cache of Symbols (see the module docstring).  Unsupported config values (rotary scaling,
-    ``pretraining_tp`` > 1, an unknown ``hidden_act``, alibi) are errors naming the key."""
+    ``pretraining_tp`` > 1, an unknown ``hidden_act``, alibi) are errors naming the key.
+    ``modules=True``: the block written once and applied per layer as the Module ``'h{l}'``
+    (see ``circuits.models.common.stack_layers``)."""
     family = Config(config, "llama").d.get("model_type", "llama") or "llama"
     cfg = Config(config, family)
     cfg.reject_alibi()
@@ -100,37 +102,48 @@ def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
     table = w.take("embed_tokens.weight", (vocab, d))
     resid = embed(table, toks, "embeds")
     q_size, kv_size = n_heads * head_dim, n_kv * head_dim
-    for l in range(n_layers):
-        p = f"layers.{l}."
-        a = f"h{l}.attn"
+    keys = {"input_layernorm.weight": (d,), "self_attn.q_proj.weight": (q_size, d),
+            "self_attn.k_proj.weight": (kv_size, d), "self_attn.v_proj.weight": (kv_size, d),
+            "self_attn.o_proj.weight": (d, q_size), "post_attention_layernorm.weight": (d,),
+            "mlp.up_proj.weight": (ffn, d), "mlp.down_proj.weight": (d, ffn), "mlp.gate_proj.weight": (ffn, d)}
+    if attn_bias:
+        keys.update({"self_attn.q_proj.bias": (q_size,), "self_attn.k_proj.bias": (kv_size,),
+                     "self_attn.v_proj.bias": (kv_size,), "self_attn.o_proj.bias": (d,)})
+    if mlp_bias:
+        keys.update({"mlp.up_proj.bias": (ffn,), "mlp.down_proj.bias": (d,), "mlp.gate_proj.bias": (ffn,)})
 
-        def b(key, size, on):
-            return w.take(key, (size,)) if on else None
+    def inputs(l):
+        out = {key: w.take(f"layers.{l}.{key}", shape) for key, shape in keys.items()}
+        if past_len:  # the KV cache: Symbols per layer, bound by name when evaluating
+            for kv in ("k", "v"):
+                out[f"attn.past_{kv}"] = Symbol((n_kv, past_len, head_dim), name=f"h{l}.attn.past_{kv}", dtype=dtype)
+        return out
 
-        x = rms_norm(resid, w.take(p + "input_layernorm.weight", (d,)), f"h{l}.ln1", eps=eps)
+    def layer(resid, ws, h):
+        """One block over ``resid``; ``ws``: the layer's inputs by key; node names ``h.*``."""
+        a = f"{h}.attn"
+        x = rms_norm(resid, ws["input_layernorm.weight"], f"{h}.ln1", eps=eps)
         q, k, v = head_projections(
-            x, w.take(p + "self_attn.q_proj.weight", (q_size, d)), b(p + "self_attn.q_proj.bias", q_size, attn_bias),
-            w.take(p + "self_attn.k_proj.weight", (kv_size, d)), b(p + "self_attn.k_proj.bias", kv_size, attn_bias),
-            w.take(p + "self_attn.v_proj.weight", (kv_size, d)), b(p + "self_attn.v_proj.bias", kv_size, attn_bias),
+            x, ws["self_attn.q_proj.weight"], ws.get("self_attn.q_proj.bias"),
+            ws["self_attn.k_proj.weight"], ws.get("self_attn.k_proj.bias"),
+            ws["self_attn.v_proj.weight"], ws.get("self_attn.v_proj.bias"),
             n_kv=n_kv, group=group, name=f"{a}.proj")
         q = apply_rotary(q, "ngsc", cos_n, sin_n, f"{a}.q")
         k = apply_rotary(k, "nsc", cos_n, sin_n, f"{a}.k")
         if past_len:
-            past_k = Symbol((n_kv, past_len, head_dim), name=f"{a}.past_k", dtype=dtype)
-            past_v = Symbol((n_kv, past_len, head_dim), name=f"{a}.past_v", dtype=dtype)
-            k = Concat(past_k, k, axis=1, name=f"{a}.k_all")
-            v = Concat(past_v, v, axis=1, name=f"{a}.v_all")
-        wo = Rearrange(w.take(p + "self_attn.o_proj.weight", (d, q_size)), "d (n g c) -> d n g c", n=n_kv, g=group,
-                       name=f"{a}.w_o")
-        attn = attention(x, q, k, v, wo, b(p + "self_attn.o_proj.bias", d, attn_bias), mask=mask, mask_bias=mbias,
+            k = Concat(ws["attn.past_k"], k, axis=1, name=f"{a}.k_all")
+            v = Concat(ws["attn.past_v"], v, axis=1, name=f"{a}.v_all")
+        wo = Rearrange(ws["self_attn.o_proj.weight"], "d (n g c) -> d n g c", n=n_kv, g=group, name=f"{a}.w_o")
+        attn = attention(x, q, k, v, wo, ws.get("self_attn.o_proj.bias"), mask=mask, mask_bias=mbias,
                          scale=head_dim ** -0.5, name=a, split_heads=split_heads)
-        mid = Add(attn, resid, name=f"h{l}.mid")
-        x2 = rms_norm(mid, w.take(p + "post_attention_layernorm.weight", (d,)), f"h{l}.ln2", eps=eps)
-        m = mlp(x2, w.take(p + "mlp.up_proj.weight", (ffn, d)), b(p + "mlp.up_proj.bias", ffn, mlp_bias),
-                w.take(p + "mlp.down_proj.weight", (d, ffn)), b(p + "mlp.down_proj.bias", d, mlp_bias), act,
-                f"h{l}.mlp", w_gate=w.take(p + "mlp.gate_proj.weight", (ffn, d)),
-                b_gate=b(p + "mlp.gate_proj.bias", ffn, mlp_bias))
-        resid = Add(m, mid, name=f"h{l}")
+        mid = Add(attn, resid, name=f"{h}.mid")
+        x2 = rms_norm(mid, ws["post_attention_layernorm.weight"], f"{h}.ln2", eps=eps)
+        m = mlp(x2, ws["mlp.up_proj.weight"], ws.get("mlp.up_proj.bias"), ws["mlp.down_proj.weight"],
+                ws.get("mlp.down_proj.bias"), act, f"{h}.mlp", w_gate=ws["mlp.gate_proj.weight"],
+                b_gate=ws.get("mlp.gate_proj.bias"))
+        return Add(m, mid, name=h)
+
+    resid = stack_layers(resid, (inputs(l) for l in range(n_layers)), layer, modules=modules)
     final = rms_norm(resid, w.take("norm.weight", (d,)), "final.ln", eps=eps)
     unembed = tied_unembed(w, table, tie, (vocab, d))
     out = Einsum.from_spec("sd,vd->sv", final, unembed, name="logits")

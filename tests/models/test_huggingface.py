@@ -80,6 +80,8 @@ VARIANTS = {
     "llama-gqa": (_llama, {"num_key_value_heads": 2}, {}),
     "llama-gqa-split-heads-theta": (_llama, {"num_key_value_heads": 1, "rope_theta": 500.0}, {"split_heads": True}),
     "llama-biases-head-dim": (_llama, {"attention_bias": True, "mlp_bias": True, "head_dim": 16}, {}),
+    "llama-gqa-biases-modules": (_llama, {"num_key_value_heads": 2, "attention_bias": True, "mlp_bias": True},
+                                 {"modules": True}),
     "mistral-sliding-window": (_mistral, {}, {}),
 }
 
@@ -170,8 +172,10 @@ def _cache_tensors(cache, layer):
 
 
 @pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")
-@pytest.mark.parametrize("cfg,split", [({"num_key_value_heads": 2}, False), ({"num_key_value_heads": 1}, True)])
-def test_decode_step_against_kv_cache(cfg, split):
+@pytest.mark.parametrize("cfg,split,modules", [({"num_key_value_heads": 2}, False, False),
+                                               ({"num_key_value_heads": 1}, True, False),
+                                               ({"num_key_value_heads": 2}, False, True)])
+def test_decode_step_against_kv_cache(cfg, split, modules):
     model = _randomize(_llama(**cfg), seed=17)
     toks = _inputs(17, n=1, length=9)[0]
     prefix, step = toks[:7], toks[7:]
@@ -180,7 +184,7 @@ def test_decode_step_against_kv_cache(cfg, split):
         want = model(torch.tensor(step[None]), past_key_values=first.past_key_values, use_cache=True).logits[0]
     config = model.config.to_dict()
     weights = {k: v.numpy() for k, v in model.state_dict().items()}
-    c = llama(config, weights, step, past_len=len(prefix), split_heads=split)
+    c = llama(config, weights, step, past_len=len(prefix), split_heads=split, modules=modules)
     inputs = {}
     for l in range(config["num_hidden_layers"]):
         k, v = _cache_tensors(first.past_key_values, l)
@@ -275,15 +279,17 @@ def test_unsupported_model_type():
         from_huggingface({"model_type": "bert"}, [1])
 
 
-def test_gpt2_with_modules_writes_the_block_once():
+@pytest.mark.parametrize("make,build", [(_gpt2, gpt2), (_llama, llama)])
+def test_builders_with_modules_write_the_block_once(make, build):
     # the same logits as the plain builder (and so as torch, above), the block's nodes printed once,
     # and the text parses back; pushed down or substituted, the modules leave the same value
     from circuits.testing.roundtrip import store_of
     from rewrites import push_down_modules
 
-    cfg, w = _state(_gpt2(n_layer=3))
+    model = make(**({"n_layer": 3} if make is _gpt2 else {"num_hidden_layers": 3}))
+    cfg, w = _state(model)
     toks = np.array([1, 5, 2, 7, 3])
-    plain, mod = gpt2(cfg, w, toks), gpt2(cfg, w, toks, modules=True)
+    plain, mod = build(cfg, w, toks), build(cfg, w, toks, modules=True)
     want = C.evaluate(plain, dtype="float64")
     np.testing.assert_allclose(C.evaluate(mod, dtype="float64"), want, rtol=1e-9, atol=1e-9)
     text = mod.to_text()
@@ -295,4 +301,4 @@ def test_gpt2_with_modules_writes_the_block_once():
         assert not any(type(n) is C.Module for n in C.toposort(flat))
         np.testing.assert_allclose(C.evaluate(flat, dtype="float64"), want, rtol=1e-9, atol=1e-9)
     with pytest.raises(TypeError):
-        from_huggingface(_opt(), toks, modules=True)  # only gpt2 has the option
+        from_huggingface(_opt(), toks, modules=True)  # OPT's builder has no such option
