@@ -40,6 +40,9 @@ Options (all keyword):
   parse away.
 - ``leaves_on_top``: the lines in reverse order (leaves first, the root last; ``└─`` becomes
   ``┌─``), as rust's ``leaves_on_top``; for reading (neither parser reads it).
+- ``bijection``: ``False`` is rust's reading mode: names written bare (unquoted, never with a
+  serial, however many nodes share them), serials only for unnamed nodes.  Names no longer
+  identify nodes, so neither parser reads it back.
 - ``max_indent``: the deepest indentation level written (default 64).  A node with children that
   would start deeper is printed as a reference and its subtree goes, as a definition block (a root
   line marked ``~``), before the roots; definition blocks are ordered deepest first.  This keeps a
@@ -137,6 +140,7 @@ class PrintOptions(NamedTuple):
     number_leaves: bool = False
     commenters: tuple = ()
     leaves_on_top: bool = False
+    bijection: bool = True
 
     def checked(self) -> "PrintOptions":
         """These options with ``max_chars`` filled in; ValueError for an impossible one."""
@@ -355,7 +359,7 @@ def _render(blocks, name_count, opts: PrintOptions):
     emit = lines.append
     written = 0
     indents = ["  " * i for i in range(64)]
-    plain = not (opts.shapes or opts.comments or color or not names or opts.rust)
+    plain = not (opts.shapes or opts.comments or color or not names or opts.rust or not opts.bijection)
     commenters, number_leaves = opts.commenters, opts.number_leaves
     leaves = 0
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
@@ -380,6 +384,8 @@ def _render(blocks, name_count, opts: PrintOptions):
                 if name is None:
                     known = (str(serials), f"{serials} ")
                     serials += 1
+                elif not opts.bijection:
+                    known = (name, "")  # rust's bijection=False: the bare name, for reading
                 elif name_count[name] > 1:
                     known = (f"{serials} {quote_name(name)}", f"{serials} ")
                     serials += 1
@@ -395,7 +401,7 @@ def _render(blocks, name_count, opts: PrintOptions):
                 sym, flags = info[0], info[1]
                 sk = seen.get(sym.hash)
                 if sk is None:
-                    sk = _identify(sym, names, name_count, serials)
+                    sk = _identify(sym, names, name_count, serials, opts.bijection)
                     serials += sk[1] != ""
                     seen[sym.hash] = sk
                 text += " ! " + (sk[1] + sym.line() if len(info) == 3 else sk[0])
@@ -470,11 +476,13 @@ def _one_line(comment: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in comment)
 
 
-def _identify(node, names, name_count, serials):
+def _identify(node, names, name_count, serials, bijection=True):
     """``(identifier, serial text)`` of a node printed for the first time."""
     name = node.name if names else None
     if name is None:
         return (str(serials), f"{serials} ")
+    if not bijection:
+        return (name, "")
     if name_count[name] > 1:
         return (f"{serials} {quote_name(name)}", f"{serials} ")
     return (quote_name(name), "")
@@ -484,12 +492,15 @@ def _styled(node, kind, serial, identifier, opts: PrintOptions):
     color = opts.color
     if kind != _REF:
         body_code = _COLORS.get(node.type_name, "0")
+        name = node.name if opts.names else None
         text = format_line(
-            node.type_name, node.name if opts.names else None,
+            node.type_name, name if opts.bijection else None,
             rust_payload(node) if opts.rust else node.payload_text(),
             node.shape if opts.shapes or node.prints_shape else None,
             lambda part, t: _paint(t, "1" if part == "name" else body_code, color),
         )
+        if name is not None and not opts.bijection:
+            text = _paint(name, "1", color) + " " + text
         if serial:
             text = _paint(serial[:-1], "2", color) + " " + text
     else:

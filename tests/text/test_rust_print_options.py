@@ -237,3 +237,27 @@ def test_rusts_size_threshold_and_dtype_commenters():
     only = to_text(Add(a, a), commenters=[dtype_commenter(only_arrays=True)])
     assert only.startswith("0 Add\n") and only.endswith("# int8")
     assert parse(only, store=store_of(Add(a, a))) == Add(a, a)
+
+
+def test_bijection_false_writes_bare_names_as_rust():
+    # rust's test_print_options, but for its Scatter slices (see RUST_OPTIONS_CIRCUIT)
+    c = parse(RUST_OPTIONS_CIRCUIT)
+    assert to_text(c, bijection=False, traversal=3) == """0 Add
+  1 [3,1] Scatter [0:2]
+    2 [2,1] Scalar 1
+  3 [5,3,6] Scatter [:,:,0:3]
+    4 Concat 0 ..."""
+    assert to_text(c, bijection=False, rust=True, tree=True) == """0 Add
+├‣1 [3,1] Scatter [0:2]
+│ └‣2 [2,1] Scalar 1
+└‣3 [5,3,6] Scatter [:,:,0:3]
+  └‣4 Concat 0
+    ├‣yoyo  [2,3,3] Scalar 1
+    └‣hihi [3,3,3] Scalar 1"""
+    # names shared by several nodes get no serial: the text is for reading and does not parse
+    x = Symbol((2,), name="x")
+    shared = Add(Add(x, Scalar(1.0, name="x")), Add(x, x), name="x")
+    text = to_text(shared, bijection=False)
+    assert text == "x Add\n  0 Add\n    x [2] Symbol\n    x [] Scalar 1\n  1 Add\n    x\n    x"
+    with pytest.raises(ParseError):
+        parse(text)
