@@ -155,14 +155,15 @@ def _insert_units(node, after: int, count: int):
     return Rearrange(node, (tuple(ins), tuple(outs)))
 
 
-def _repeat_front(node, sizes):
-    """``node`` repeated along new leading axes of ``sizes``."""
+def insert_axes(node, at: int, sizes):
+    """``node`` repeated along new axes of ``sizes`` inserted after its first ``at`` axes (``at=0``:
+    new leading axes)."""
     if not sizes:
         return node
     names = _fresh_names(set(), len(node.shape) + len(sizes))
     new, old = names[:len(sizes)], names[len(sizes):]
     ins = tuple((a,) for a in old)
-    outs = tuple((a,) for a in new) + ins
+    outs = ins[:at] + tuple((a,) for a in new) + ins[at:]
     return Rearrange(node, (ins, outs), **dict(zip(new, sizes)))
 
 
@@ -271,7 +272,7 @@ def _conform_sizes(in_groups, shape, given):
 def _expand_concat(n, kids, nbs, size_map):
     batch = _batch_of(n, kids, nbs)
     b = len(batch)
-    kids = [_repeat_front(k, batch[: b - nb]) for k, nb in zip(kids, nbs)]
+    kids = [insert_axes(k, 0, batch[: b - nb]) for k, nb in zip(kids, nbs)]
     return Concat(*kids, axis=n.axis + b, name=n.name)
 
 
@@ -301,18 +302,14 @@ def gains_into_symbols(module, new_args):
     """For a Module whose arguments gained leading axes (``new_args``): the argument specs,
     arguments and ``{old Symbol: new Symbol}`` with each argument's gained axes moved behind its
     own batch axes and into its Symbol (which gains them in front), as rust expands a Module."""
-    import attrs
-
     specs, args, renames = [], [], {}
     for a, old, new in zip(module.spec.arg_specs, module.args, new_args):
         g = len(new.shape) - len(old.shape)
         if g:
             own = len(old.shape) - len(a.symbol.shape)
             new = move_axes_behind(new, g, own)
-            sym = Symbol(new.shape[own:own + g] + a.symbol.shape, name=a.symbol.name, dtype=a.symbol.dtype,
-                         uuid=a.symbol.uuid)
-            renames[a.symbol] = sym
-            a = attrs.evolve(a, symbol=sym)
+            was, a = a.symbol, a.reshaped(new.shape[own:own + g] + a.symbol.shape)
+            renames[was] = a.symbol
         specs.append(a)
         args.append(new)
     return specs, args, renames
@@ -411,7 +408,7 @@ def substitute_module(module: Module) -> Circuit:
     if out.shape != module.shape and len(out.shape) < len(module.shape) \
             and module.shape[len(module.shape) - len(out.shape):] == out.shape:
         # batch axes of arguments the body does not use: the value repeats along them
-        out = _repeat_front(out, module.shape[:len(module.shape) - len(out.shape)])
+        out = insert_axes(out, 0, module.shape[:len(module.shape) - len(out.shape)])
     if out.shape != module.shape:  # a bug in a rule or in Module's shape rule, never the user's
         raise CircuitError(f"substituting {module.line()} gave shape {shape_text(out.shape)}, "
                            f"but the module has {shape_text(module.shape)}")

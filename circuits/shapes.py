@@ -126,6 +126,10 @@ def size_text(size: int) -> str:
     return "*".join(([str(factor)] if factor != 1 else []) + parts)
 
 
+class SizeOverflow(ValueError):
+    """A printed size whose product is larger than a size can be (``read_size``)."""
+
+
 def read_size(text: str) -> int:
     """One printed size, symbolic sizes included: ``'2*1s'`` -> ``symbolic_size(1, 2)``;
     ValueError when it is none.
@@ -148,7 +152,7 @@ def read_size(text: str) -> int:
                 raise ValueError(part)
             total *= n
     if symbolic and total > INT64_MAX:
-        raise ValueError(f"{text.strip()} is larger than a size can be (2**63 - 1); at most four "
+        raise SizeOverflow(f"{text.strip()} is larger than a size can be (2**63 - 1); at most four "
                          "symbolic factors fit")
     return total
 

@@ -57,11 +57,9 @@ from __future__ import annotations
 import uuid as _uuid
 from typing import Callable
 
-import attrs
-
 from circuits.errors import CircuitError
-from circuits.expand import expand, expand_with_map, gains_into_symbols, move_axes_behind
-from circuits.nodes import Circuit, Module, ModuleSpec, Rearrange, Symbol
+from circuits.expand import expand, expand_with_map, gains_into_symbols, insert_axes, move_axes_behind
+from circuits.nodes import Circuit, Module, ModuleSpec, Symbol
 from circuits.nodes.module import map_sizes
 from circuits.select import as_matcher
 from circuits.traversal import toposort
@@ -207,7 +205,7 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
             if f.batched and have < len(batch) and any(g.batched for g in frames[:i]):
                 # an enclosing module batches too: all of this one's batch axes must be there,
                 # behind the enclosing ones (the layout ``_fuse_batch`` gives the flat arguments)
-                out, created = _insert_axes(out, 0, batch[:len(batch) - have]), True
+                out, created = insert_axes(out, 0, batch[:len(batch) - have]), True
         return out, created
 
     memo: dict = {}
@@ -337,9 +335,8 @@ def _concrete_spec(module):
     for a in module.spec.arg_specs:
         shape = map_sizes(a.symbol.shape, module.size_map)
         if shape != a.symbol.shape:
-            sym = Symbol(shape, name=a.symbol.name, dtype=a.symbol.dtype, uuid=a.symbol.uuid)
-            table[a.symbol] = sym
-            a = attrs.evolve(a, symbol=sym)
+            was, a = a.symbol, a.reshaped(shape)
+            table[was] = a.symbol
         specs.append(a)
     body, done = expand_with_map(module.body, table, module.size_map)
     return tuple(specs), body, done
@@ -359,10 +356,8 @@ def _finalize_renamed(node, renames, frames, bound, used, namer):
         nb = len(a.shape) - len(s.symbol.shape)
         k = min(nb, extra)
         if k:
-            sym = Symbol(a.shape[nb - k:nb] + s.symbol.shape, name=s.symbol.name, dtype=s.symbol.dtype,
-                         uuid=s.symbol.uuid)
-            table[s.symbol] = sym
-            s = attrs.evolve(s, symbol=sym)
+            was, s = s.symbol, s.reshaped(a.shape[nb - k:nb] + s.symbol.shape)
+            table[was] = s.symbol
         specs.append(s)
         args.append(a)
     out = expand(node, table)
@@ -379,7 +374,7 @@ def _fuse_batch(frames, specs, args, flat, batch):
     new_frames, outer_key = [], None
     for f in frames:
         new_flat = [a if len(a.shape) == len(s.symbol.shape) else
-                    _insert_axes(a, len(a.shape) - len(s.symbol.shape), batch)
+                    insert_axes(a, len(a.shape) - len(s.symbol.shape), batch)
                     for s, a in zip(f.specs, f.flat)]
         g = f.with_flat(new_flat, outer_key)
         new_frames.append(g)
@@ -389,19 +384,9 @@ def _fuse_batch(frames, specs, args, flat, batch):
         own = len(old.shape) - len(s.symbol.shape)  # this argument's own batch axes
         gained = len(a.shape) - len(old.shape)
         if gained and own < len(batch):
-            a = _insert_axes(a, gained, batch[:len(batch) - own])
+            a = insert_axes(a, gained, batch[:len(batch) - own])
         out.append(a)
     return tuple(new_frames), out
-
-
-def _insert_axes(node, at: int, sizes):
-    """``node`` repeated along new axes of ``sizes`` inserted after its first ``at`` axes."""
-    if not sizes:
-        return node
-    names = [f"a{i}" for i in range(len(node.shape))]
-    new = [f"n{i}" for i in range(len(sizes))]
-    spec = f"{' '.join(names)} -> {' '.join(names[:at] + new + names[at:])}"
-    return Rearrange(node, spec, **dict(zip(new, sizes)))
 
 
 def _broadcast_front(node, shape):
@@ -409,9 +394,7 @@ def _broadcast_front(node, shape):
     extra = len(shape) - len(node.shape)
     if extra < 0 or shape[extra:] != node.shape:
         raise CircuitError(f"push_down_modules: {node.line()} has shape {node.shape}, the module {shape}")
-    inner = " ".join(f"a{i}" for i in range(len(node.shape)))
-    outer = " ".join(f"b{i}" for i in range(extra))
-    return Rearrange(node, f"{inner} -> {outer} {inner}", **{f"b{i}": n for i, n in enumerate(shape[:extra])})
+    return insert_axes(node, 0, shape[:extra])
 
 
 def _rebuild(node, kids):

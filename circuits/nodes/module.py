@@ -72,6 +72,16 @@ class ModuleArgSpec:
         return "".join("t" if f else "f" for f in (self.batchable, self.expandable,
                                                      self.ban_non_symbolic_size_expand))
 
+    def reshaped(self, shape) -> "ModuleArgSpec":
+        """This spec binding its Symbol with another shape (the same name, dtype and uuid), as
+        expansion and module pushing resize a bound Symbol.
+
+        >>> ModuleArgSpec(Symbol((2,), name='x')).reshaped((3, 2)).symbol.shape
+        (3, 2)
+        """
+        s = self.symbol
+        return attrs.evolve(self, symbol=Symbol(tuple(shape), name=s.name, dtype=s.dtype, uuid=s.uuid))
+
     @classmethod
     def from_flags(cls, symbol, flags: str = "ttt") -> "ModuleArgSpec":
         if len(flags) != 3 or set(flags) - {"t", "f"}:

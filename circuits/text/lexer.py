@@ -17,7 +17,7 @@ import re
 
 from ..errors import ParseError
 from ..nodes import NODE_TYPE_BY_NAME
-from ..shapes import decimal_int, read_size
+from ..shapes import SizeOverflow, decimal_int, read_size
 
 # What a line's content may be once its indentation is removed.
 _CONTENT = re.compile(
@@ -342,7 +342,7 @@ def read_shape(text, line_number, line, column):
             entries.pop()
         shape = tuple(decimal_int(s) if s.isdigit() else _size(s) for s in entries)
     except ValueError as e:
-        why = f": {e}" if "larger than" in str(e) else ""
+        why = f": {e}" if isinstance(e, SizeOverflow) else ""
         raise fail(f"cannot read the shape [{text}]{why}", line_number, line, column + 1,
                    "a shape like [300,256], [0s,2*1s] or [] (non-negative sizes)") from None
     if any(s < 0 for s in shape):

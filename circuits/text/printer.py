@@ -380,17 +380,8 @@ def _render(blocks, name_count, opts: PrintOptions):
             h = node.hash
             known = seen.get(h)
             if known is None:
-                name = node.name if names else None
-                if name is None:
-                    known = (str(serials), f"{serials} ")
-                    serials += 1
-                elif not opts.bijection:
-                    known = (name, "")  # rust's bijection=False: the bare name, for reading
-                elif name_count[name] > 1:
-                    known = (f"{serials} {quote_name(name)}", f"{serials} ")
-                    serials += 1
-                else:
-                    known = (quote_name(name), "")
+                known = _identify(node, names, name_count, serials, opts.bijection)
+                serials += known[1] != ""
                 seen[h] = known
             if plain:
                 text = known[1] + node.line() if kind != _REF else known[0]
@@ -482,7 +473,7 @@ def _identify(node, names, name_count, serials, bijection=True):
     if name is None:
         return (str(serials), f"{serials} ")
     if not bijection:
-        return (name, "")
+        return (name, "")  # rust's bijection=False: the bare name, for reading
     if name_count[name] > 1:
         return (f"{serials} {quote_name(name)}", f"{serials} ")
     return (quote_name(name), "")

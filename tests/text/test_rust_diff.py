@@ -11,19 +11,9 @@ from circuits.testing import dags
 from circuits.text import parse, to_text
 from circuits.text.rust_diff import diff_circuits, self_hash
 
+from .rust_demo import DEMO as ORIG  # rust's demo circuit
+
 LEGEND = "# legend: same: Same as original, changed: Children changed, new: New, removed: Removed"
-
-ORIG = parse("""
-'a0' Add
-  'a1' Add
-    'sym1' [2] Symbol
-    'sym2' [2] Symbol
-  'a2' Add
-    'sym1'
-    'sym2'
-    'sym2'
-""")
-
 
 def test_rusts_demo_symbol_renamed():
     # rust's printing_parsing demo: orig_circuit.update("sym2", lambda _: P("'sym3' [2] Symbol"))

@@ -14,22 +14,13 @@ from circuits.testing.roundtrip import store_of
 from circuits.text import parse
 from circuits.text.printer import to_text
 
+from .rust_demo import DEMO as SHARED  # rust's demo circuit
+
 DEEP = parse("""
 0 Rearrange ->
   1 Rearrange ->
     2 Rearrange ->
       'sym' [] Symbol
-""")
-
-SHARED = parse("""
-'a0' Add
-  'a1' Add
-    'sym1' [2] Symbol
-    'sym2' [2] Symbol
-  'a2' Add
-    'sym1'
-    'sym2'
-    'sym2'
 """)
 
 
