@@ -10,6 +10,11 @@ Modules, in dependency order:
   name- and value-blind structure);
 - ``runtime``: precision, argument binding and checks, the one jit policy (``maybe_jit``) and the
   one compile cache (``cached_jit``);
+- ``incremental``: op-by-op evaluation through kernels cached per operation, over a
+  process-wide value cache keyed by node identity and bound values;
+- ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
+- ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
+  ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
@@ -28,12 +33,14 @@ from .batched import evaluate_batched
 from .eager import Eager
 from .evaluation import Compiled, compile, evaluate, make_jaxpr
 from .gradients import grad, value_and_grad
+from .caches import cache_stats, clear_cache, set_cache_size
 from .program import Program
-from .runtime import JIT_MAX_OPS, cache_stats, clear_cache, set_cache_size
+from .runtime import JIT_MAX_OPS
+from .tiers import last_run
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 
 __all__ = [
     "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",
-    "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS",
+    "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run",
     "symbolic_equal", "symbolic_evaluate", "SymbolTable",
 ]

@@ -34,6 +34,7 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .program import Program
+from .caches import register_eager
 from .runtime import bind_arguments, float_dtype, precision, resolve_nodes
 
 __all__ = ["Eager"]
@@ -60,6 +61,7 @@ class Eager:
         self._bytes = 0
         self._counts = collections.Counter()
         self._program = None
+        register_eager(self)  # its cache shows in cache_stats() and goes with clear_cache()
 
     # ------------------------------------------------------------------ public
     def __call__(self, node) -> np.ndarray:

@@ -23,19 +23,26 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import EvaluationError
+from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
+from ..traversal import toposort
+from .incremental import RunInfo, free_symbols, run_ops
 from .program import Program
 from .runtime import (
+    as_items,
     bind_arguments,
     cached_program,
     check_mode,
     float_dtype,
+    items_key_of,
     maybe_jit,
     package_outputs,
     precision,
     program_with_also,
+    resolve_nodes,
+    worth_compiling,
 )
+from .tiers import note_op_run, record, whole_program_ready
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
@@ -51,18 +58,26 @@ def _numpy_outputs(outs, items):
 
 
 def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32", also=None,
-             mode: str = "auto", batch_heads: bool = True):
+             mode: str = "auto", batch_heads: bool = True, cache: bool = True, return_jax: bool = False):
     """Evaluate ``circuit`` and return a numpy array.
 
-    - ``inputs`` binds Symbols: ``{symbol_or_name: value}``.
+    - ``inputs`` binds Symbols: ``{symbol_or_name: value}``.  A value with one leading axis more
+      than its Symbol is a batch: the circuit is evaluated on every row in one program
+      (``evaluate_batched``) and the result has the batch axis first.
     - ``dtype``: float values are computed in float32 by default; ``'float64'`` on request.
     - ``also``: nodes (or names of nodes) of the circuit whose values come back from the same
       pass: the result is then ``(value, {item: value})`` keyed by the items as given.
-    - ``mode``: ``'jit'`` (one compiled function, cached), ``'eager'`` (op by op, each value freed
-      after its last use) or ``'auto'`` (jit up to ``JIT_MAX_OPS`` distinct nodes).
-    - ``batch_heads``: compute a sum of per-head subcircuits (the seed's attention heads) as one
-      computation over a head axis (``circuits.backend.head_batching``; the same value, fewer
-      and larger einsums); ``False`` runs the circuit node by node as printed.
+    - ``mode`` pins a tier (``circuits.backend.tiers``): ``'eager'`` runs op by op through kernels
+      cached per operation, over the values already computed in this process (nothing new
+      compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
+      ``'auto'`` (default) runs a circuit op by op until it has been evaluated ``JIT_AFTER``
+      times, then compiles it whole (in the background) and runs that.  ``last_run()`` says
+      which tier ran.
+    - ``batch_heads``: in the whole-program tier, compute a sum of per-head subcircuits as one
+      computation over a head axis (``circuits.backend.head_batching``); op by op, a one-head
+      change recomputes only that head.
+    - ``cache=False``: neither read nor keep values in the value cache (for measuring
+      throughput); ``return_jax=True`` leaves the result on the device as a jax array.
 
     Every input is checked before anything runs; problems raise one ``EvaluationError``.
 
@@ -71,13 +86,81 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     >>> y = GeneralFunction('exp', x, name='y')
     >>> evaluate(Add(y, x), {'x': np.zeros(2)}, also=['y'])
     (array([1., 1.], dtype=float32), {'y': array([1., 1.], dtype=float32)})
+    >>> evaluate(Add(y, x), {'x': np.zeros((3, 2))}).shape        # a batch of 3 rows
+    (3, 2)
     """
     fdt = float_dtype(dtype)
     check_mode(mode)
-    program, items = cached_program(circuit, fdt, also, batch_heads and mode != "eager")
+    if inputs and isinstance(inputs, Mapping) and _has_batch_axis(circuit, inputs, also):
+        from .batched import evaluate_batched
+
+        record("jit")
+        return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
+                                return_jax=return_jax)
+    out = _outputs if return_jax else _numpy_outputs
+    items_key = items_key_of(also)
+    tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
     with precision(fdt):
+        program = None
+        if mode == "jit" or (mode == "auto" and items_key is not None and whole_program_ready(tier_key)):
+            program, items = cached_program(circuit, fdt, also, batch_heads)
+        if program is not None:
+            args = bind_arguments(program, inputs, fdt)
+            record("jit")
+            return out(program_function(program, "jit")(args), items)
+        items = as_items(also)
+        roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
+        info = RunInfo()
+        values = run_ops(roots, inputs, fdt, cache=cache, info=info)
+    record("ops" if info.computed else "cache", info.computed, info.reused)
+    if mode == "auto" and info.computed and items_key is not None:
+        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs))
+    return out(values, items)
+
+
+def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) -> bool | None:
+    """Compile (and run once) the whole program of ``circuit``: the tier ``'auto'`` moves to
+    (None for a program over ``JIT_MAX_OPS`` distinct nodes, not already compiled: XLA's compile
+    time grows with program size, and such a program stays op by op)."""
+    with precision(fdt):
+        program, _ = cached_program(circuit, fdt, also, batch_heads)
+        if not worth_compiling(program, (program.key, "run")):
+            return None
         args = bind_arguments(program, inputs, fdt)
-        return _numpy_outputs(program_function(program, mode)(args), items)
+        for value in program_function(program, "jit")(args):
+            value.block_until_ready()
+    return True
+
+
+def _outputs(outs, items):
+    return package_outputs(list(outs), items)
+
+
+def _has_batch_axis(circuit: Circuit, inputs: Mapping, also) -> bool:
+    """Whether some input carries one leading axis more than the Symbol it binds."""
+    symbols = free_symbols(circuit)
+    if not symbols:
+        return False
+    by_name = {s.name: s for s in symbols}
+    by_hash = {s.hash: s for s in symbols}
+    for key, value in inputs.items():
+        sym = by_hash.get(key.hash) if isinstance(key, Circuit) else by_name.get(key)
+        shape = getattr(value, "shape", None)
+        if sym is not None and shape is not None and len(shape) == len(sym.shape) + 1 \
+                and tuple(shape[1:]) == sym.shape:
+            return True
+    return False
+
+
+def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:
+    """The nodes ``also=`` names (by node, or by a name one distinct node has)."""
+    if all(isinstance(i, Circuit) for i in items):
+        present = {n.hash for n in toposort(circuit)}
+        for item in items:
+            if item.hash not in present:
+                raise SelectionError(f"also: {item.line()} is not a node of this circuit")
+        return items
+    return resolve_nodes(Program([circuit], fdt), items, "also")
 
 
 class Compiled:

@@ -23,8 +23,10 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .incremental import RunInfo, grads_ops
 from .program import Program
-from .runtime import as_items, bind_arguments, check_mode, float_dtype, maybe_jit, precision, resolve_nodes
+from .runtime import as_items, bind_arguments, check_mode, float_dtype, maybe_jit, precision, resolve_nodes, worth_compiling
+from .tiers import note_op_run, record, whole_program_ready
 
 __all__ = ["grad", "value_and_grad"]
 
@@ -58,13 +60,16 @@ def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: 
 
 
 def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cotangent=None,
-                   dtype="float32", mode: str = "auto"):
+                   dtype="float32", mode: str = "auto", cache: bool = True):
     """``(value, gradient)``: the circuit's value and d(sum of output)/d(value of ``wrt``).
 
     ``wrt`` is a node of the circuit or a node name (then the gradient is one array), or a list of
     them (then a dict keyed by the items as given).  ``cotangent`` (the output's shape) weights
-    the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype`` and
-    ``mode`` as for ``evaluate``.
+    the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype``,
+    ``mode`` and ``cache`` as for ``evaluate``: op by op (``'eager'``, and ``'auto'`` until the
+    same gradient has been asked for ``JIT_AFTER`` times) the forward values come from the value
+    cache where known and the backward pass runs vector-Jacobian products through kernels cached
+    per operation, so a fresh structure compiles nothing whole.
 
     >>> from circuits import Symbol, GeneralFunction
     >>> x = Symbol((2,), name='x')
@@ -86,29 +91,55 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
             raise EvaluationError(
                 f"cannot differentiate with respect to {node.line()}: its dtype {node.dtype} is not a float"
             )
+    weights = None
+    if cotangent is not None:
+        weights = np.asarray(cotangent)
+        if weights.shape != circuit.shape:
+            raise EvaluationError(
+                f"cotangent has shape {list(weights.shape)}; expected the output's shape "
+                f"{list(circuit.shape)} ({circuit.line()})"
+            )
+        weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
     slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
     shapes = tuple(program.nodes[s].shape for s in slots)
+    tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
+    inlined = any(program.nodes[s].hash != n.hash for s, n in zip(slots, nodes))
+    whole = mode == "jit" or inlined or (mode == "auto" and whole_program_ready(tier_key))
+    with precision(fdt):
+        if whole:
+            args = bind_arguments(program, inputs, fdt)
+            fn = _gradient_function(program, slots, shapes, weights is not None, "jit" if mode == "auto" else mode)
+            out, grads = fn(args, weights)
+            by_node = {program.nodes[s].hash: g for s, g in zip(slots, grads)}
+            by_node.update((n.hash, by_node[program.nodes[program.slot_of[n.hash]].hash]) for n in nodes)
+            record("jit")
+        else:
+            info = RunInfo()
+            distinct = list({n.hash: n for n in nodes}.values())
+            out, grads = grads_ops(circuit, distinct, inputs, fdt, weights, cache=cache, info=info)
+            by_node = {n.hash: g for n, g in zip(distinct, grads)}
+            record("ops", info.computed, info.reused)
+            if mode == "auto":
+                note_op_run(tier_key, lambda: _compile_gradient(program, slots, shapes, weights, inputs))
+        value = np.asarray(out)
+        found = {h: np.asarray(g) for h, g in by_node.items()}
+    if single:
+        return value, found[nodes[0].hash]
+    return value, {item: found[n.hash] for item, n in zip(items, nodes)}
+
+
+def _compile_gradient(program, slots, shapes, weights, inputs) -> bool | None:
+    fdt = program.float_dtype
+    if not worth_compiling(program, (program.key, "grad", slots, weights is not None)):
+        return None  # too large to compile whole (see circuits.backend.runtime.JIT_MAX_OPS)
     with precision(fdt):
         args = bind_arguments(program, inputs, fdt)
-        weights = None
-        if cotangent is not None:
-            weights = np.asarray(cotangent)
-            if weights.shape != circuit.shape:
-                raise EvaluationError(
-                    f"cotangent has shape {list(weights.shape)}; expected the output's shape "
-                    f"{list(circuit.shape)} ({circuit.line()})"
-                )
-            weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
-        fn = _gradient_function(program, slots, shapes, weights is not None, mode)
-        out, grads = fn(args, weights)
-        value = np.asarray(out)
-        by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
-    if single:
-        return value, by_slot[slots[0]]
-    return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
+        out, _ = _gradient_function(program, slots, shapes, weights is not None, "jit")(args, weights)
+        out.block_until_ready()
+    return True
 
 
 def grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cotangent=None, dtype="float32",
-         mode: str = "auto"):
+         mode: str = "auto", cache: bool = True):
     """d(sum of ``circuit``'s output)/d(value of ``wrt``): see ``value_and_grad``."""
-    return value_and_grad(circuit, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode)[1]
+    return value_and_grad(circuit, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode, cache=cache)[1]

@@ -33,13 +33,13 @@ from .ops import broadcast_scalar, build_op
 # Node types lowered by substitution before the program is laid out.
 _INLINED = frozenset({Module})
 
-__all__ = ["ARGUMENT_TYPES", "Program", "Skeleton"]
+__all__ = ["ARGUMENT_TYPES", "Program", "Skeleton", "node_key_part"]
 
 ARGUMENT_TYPES = (Array, Scalar, Symbol)
 
 
 # ---------------------------------------------------------------------------- key
-def _key_part(node: Circuit) -> bytes:
+def node_key_part(node: Circuit) -> bytes:
     """What of ``node`` the compiled code depends on (the recipes are in ``circuits.hashing``)."""
     t = type(node)
     if t is Array or t is Symbol or t is Scalar:
@@ -154,7 +154,7 @@ class Program:
         self._arg_nodes = tuple(nodes[i] for i in self.arg_slots)
         self._free_symbols = tuple(n for i, n in zip(self.arg_slots, self._arg_nodes)
                                    if type(n) is Symbol and i not in given_slots)
-        parts = [_key_part(n) for n in nodes]
+        parts = [node_key_part(n) for n in nodes]
         for i in given_slots:  # a value supplied from outside: only its shape and dtype matter to the code
             parts[i] = argument_key_part("Given", nodes[i].dtype, nodes[i].shape)
         self._body_key = program_body_key(float_dtype, parts, self.child_slots)

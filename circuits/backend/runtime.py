@@ -48,8 +48,8 @@ from .program import Program
 __all__ = [
     "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
     "check_index_values", "device_cache_info", "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
-    "cache_stats", "clear_cache", "set_cache_size", "resolve_nodes", "as_items", "program_with_also",
-    "cached_program", "program_cache_info", "package_outputs",
+    "compile_cache_stats", "clear_compile_cache", "set_compile_cache_size", "resolve_nodes", "as_items", "program_with_also",
+    "cached_program", "program_cache_info", "package_outputs", "counted_jit", "items_key_of", "worth_compiling",
 ]
 
 
@@ -370,9 +370,10 @@ def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batche
             axes.append(None)
     ranges = program.index_ranges()
     if ranges:
-        for node, v in zip(nodes, values):
+        for slot, node, v in zip(program.arg_slots, nodes, values):
             r = ranges.get(node.hash)
-            if r is not None and v is not None:
+            # a given value (computed earlier, e.g. a cached Index of the tokens) was checked then
+            if r is not None and v is not None and slot not in given_slots:
                 check_index_values(node, v, r, problems)
     raise_problems(problems)
     if batched:
@@ -409,6 +410,12 @@ def use_jit(mode: str, size: int, key) -> bool:
     return mode == "jit"
 
 
+def worth_compiling(program: Program, key) -> bool:
+    """Whether the tiered ``'auto'`` mode should compile ``program`` whole (under ``key``): when it
+    is small enough (``JIT_MAX_OPS``) or already compiled."""
+    return use_jit("auto", len(program), key)
+
+
 def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable]) -> Callable:
     """The function ``make()`` builds: jitted and from the compile cache (under ``key``) when
     the jit policy says so, else as it is (it then runs op by op).
@@ -441,11 +448,22 @@ def cached_jit(key, make: Callable[[], Callable]) -> Callable:
 
 
 def _counted_jit(fn: Callable) -> Callable:
+    return counted_jit(fn, "compilations")
+
+
+def counted_jit(fn: Callable, counter: str) -> Callable:
+    """``jax.jit(fn)``, every trace (a compilation for XLA) counted under ``counter`` in
+    ``cache_stats()`` (``'compilations'`` for whole programs, ``'kernel_compilations'`` for the
+    per-operation kernels of ``circuits.backend.incremental``)."""
     import jax
+
+    from .persistent import ensure_persistent_cache
+
+    ensure_persistent_cache()
 
     def traced(*args):
         with _cache_lock:
-            _stats["compilations"] += 1
+            _stats[counter] += 1
         return fn(*args)
 
     return jax.jit(traced)
@@ -456,39 +474,42 @@ def is_cached(key) -> bool:
         return key in _cache
 
 
-def cache_stats() -> dict:
-    """Counters of the compile cache: ``compilations`` (functions traced for XLA), ``hits``,
-    ``misses``, ``evictions``, and its ``size`` and ``max_size``.
+def compile_cache_stats() -> dict:
+    """Counters of the compile cache: ``compilations`` (whole programs traced for XLA),
+    ``kernel_compilations`` (per-operation kernels traced), ``hits``, ``misses``, ``evictions``,
+    and its ``size`` and ``max_size`` (``circuits.backend.cache_stats`` adds the value cache).
 
-    >>> sorted(cache_stats())
-    ['compilations', 'evictions', 'hits', 'max_size', 'misses', 'size']
+    >>> sorted(compile_cache_stats())
+    ['compilations', 'evictions', 'hits', 'kernel_compilations', 'max_size', 'misses', 'size']
     """
     with _cache_lock:
-        out = {k: _stats[k] for k in ("compilations", "hits", "misses", "evictions")}
+        out = {k: _stats[k] for k in ("compilations", "kernel_compilations", "hits", "misses", "evictions")}
         out.update(size=len(_cache), max_size=_cache_size)
     return out
 
 
-def clear_cache():
+def clear_compile_cache():
     """Drop every cached compiled function (the counters keep counting).
 
-    >>> clear_cache(); cache_stats()['size']
+    >>> clear_compile_cache(); compile_cache_stats()['size']
     0
     """
     with _cache_lock:
         _cache.clear()
 
 
-def set_cache_size(n: int):
+def set_compile_cache_size(n: int):
     """Bound the compile cache to ``n`` functions (least recently used ones go first).
 
-    >>> set_cache_size(256); cache_stats()['max_size']
+    >>> set_compile_cache_size(256); compile_cache_stats()['max_size']
     256
-    >>> set_cache_size(128)
+    >>> set_compile_cache_size(128)
     """
     global _cache_size
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise EvaluationError(f"compile cache size must be an int number of functions, got {n!r}")
     if int(n) < 1:
-        raise EvaluationError(f"cache size must be at least 1, got {n}")
+        raise EvaluationError(f"compile cache size must be at least 1 function, got {n}")
     with _cache_lock:
         _cache_size = int(n)
         while len(_cache) > _cache_size:
@@ -536,8 +557,17 @@ _programs: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # 
 _programs_lock = threading.RLock()
 
 
+def items_key_of(also):
+    """A hashable key for the ``also=`` option (names, or nodes by hash); None when an item is
+    neither.
+
+    >>> items_key_of(['a'])
+    (('name', 'a'),)
+    """
+    return _items_key(as_items(also))
+
+
 def _items_key(items: list):
-    """A hashable key for ``also=`` items (names, or nodes by hash); None when one is neither."""
     out = []
     for item in items:
         if isinstance(item, str):

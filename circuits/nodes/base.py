@@ -115,7 +115,7 @@ class Circuit:
       'x' [2,3] Array ...
     """
 
-    __slots__ = ("name", "children", "shape", "dtype", "hash", "_int_hash", "_blind_hash", "__weakref__")
+    __slots__ = ("name", "children", "shape", "dtype", "hash", "_int_hash", "_blind_hash", "_free", "__weakref__")
 
     # Set by subclasses.
     type_name: ClassVar[str] = "Circuit"
@@ -170,6 +170,7 @@ class Circuit:
         self.hash = h
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
+        self._free = None  # the Symbols below, filled on demand (circuits.backend.incremental)
         mine = _Ref(self, _forget)
         mine.key = h
         # One atomic insert-if-absent: of threads racing to build this node, one wins.

@@ -9,9 +9,17 @@ import weakref
 import numpy as np
 import pytest
 
-from circuits import Add, Array, Einsum, GeneralFunction, Index, Scalar, Symbol, Tag, compile, evaluate
+from functools import partial
+
+from circuits import Add, Array, Einsum, GeneralFunction, Index, Scalar, Symbol, Tag, compile
+from circuits import evaluate as evaluate_any_tier
 from circuits.backend import cache_stats, clear_cache, set_cache_size
 from circuits.backend.program import Program
+
+
+# The compile cache serves the whole-program tier (``evaluate(mode='auto')`` runs a new circuit op
+# by op first: tests/backend/test_tiers.py).
+evaluate = partial(evaluate_any_tier, mode="jit")
 
 
 def compilations():
@@ -126,7 +134,7 @@ def test_cached_code_holds_no_tensors():
     f = compile(circuit)
     f(inputs)
     evaluate(circuit, inputs)
-    grad(circuit, node, inputs)
+    grad(circuit, node, inputs, mode="jit")
     evaluate_batched(circuit, {"x_no_tensors": np.ones((2, 31))})
     key = Program([circuit], "float32").key
     probe = weakref.ref(node)

@@ -41,13 +41,13 @@ def test_repeated_grads_of_patched_circuits_compile_once():
     before = compilations()
     for seed in range(4):
         circuit, w = patched(seed)
-        np.testing.assert_allclose(grad(circuit, w, {"x_policy": XV}), numpy_grad(w.numpy(), XV, seed),
+        np.testing.assert_allclose(grad(circuit, w, {"x_policy": XV}, mode="jit"), numpy_grad(w.numpy(), XV, seed),
                                    rtol=1e-4, atol=1e-5)
     assert compilations() - before <= 1
     # value_and_grad with the same (unweighted) wrt slot is the same compiled function
     circuit, w = patched(9)
     hits = cache_stats()["hits"]
-    value_and_grad(circuit, w, {"x_policy": XV})
+    value_and_grad(circuit, w, {"x_policy": XV}, mode="jit")
     assert compilations() - before <= 1 and cache_stats()["hits"] == hits + 1
 
 
@@ -66,7 +66,9 @@ def run_grad(circuit, w, mode):
 PATHS = pytest.mark.parametrize("run", [run_evaluate, run_batched, run_grad], ids=["evaluate", "batched", "grad"])
 
 
-@PATHS
+# evaluate and grad tier by repetition instead (a new structure runs op by op whatever its size):
+# tests/backend/test_tiers.py
+@pytest.mark.parametrize("run", [run_batched], ids=["batched"])
 def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, monkeypatch):
     monkeypatch.setattr(runtime, "JIT_MAX_OPS", 2)  # every program here is "large"
     circuit, w = patched(20, rows=7)  # a structure no other test compiles

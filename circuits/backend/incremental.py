@@ -1,0 +1,498 @@
+"""Incremental evaluation: values kept across calls, and kernels compiled per operation.
+
+Research is mostly one-off experiments: a new ablation, a new path patch, each a structure never
+seen before.  Compiling each one whole with XLA costs seconds; this module evaluates such a
+structure *op by op* and *incrementally*:
+
+- **Values are kept.**  Every value computed in the process is offered to one bounded cache
+  (least recently used first out, bounded in bytes, on the device), keyed by the node's identity
+  (its hash: structure, names and Array contents) and by the identity of the values bound to the
+  Symbols it depends on (each bound value is hashed on binding, so writing into the caller's numpy
+  array afterwards can never make a cached value stale).  Evaluating a variant computes only the
+  nodes whose value is not already known: ablating a layer-1 head reuses all of layer 0, a path
+  patch reuses the clean run.
+- **Kernels are cached across circuits.**  Each operation runs through a function compiled once
+  per (operation, shapes, float precision) — every head's einsums, every layer's norm share one —
+  so a new variant of a known model compiles nothing new.
+
+Which Symbols a node depends on is a structural property: it is filled in once per node (a slot
+on the node), so a variant pays only for its new nodes.
+
+>>> import numpy as np
+>>> from circuits import Symbol, GeneralFunction, Add
+>>> x = Symbol((2,), name='x')
+>>> y = GeneralFunction('exp', x, name='y')
+>>> [float(v) for v in run_ops([Add(y, y)], {'x': np.zeros(2)}, 'float32')[0]]
+[2.0, 2.0]
+>>> before = value_cache_info()['hits']
+>>> [float(v) for v in run_ops([Add(y, x)], {'x': np.zeros(2)}, 'float32')[0]]   # y is reused
+[1.0, 1.0]
+>>> value_cache_info()['hits'] - before
+1
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Mapping, Sequence
+
+import blake3
+import numpy as np
+
+from ..dtypes import is_float, is_int
+from ..errors import EvaluationError
+from ..expand import substitute_all_modules
+from ..nodes import Array, Circuit, Module, Scalar, SetSymbolicShape, Symbol, Tag
+from ..shapes import check_allocation, max_alloc_bytes
+from ..traversal import toposort
+from .ops import build_op
+from .program import node_key_part
+from .runtime import (
+    check_index_values,
+    check_symbol_value,
+    counted_jit,
+    leaf_value,
+    raise_problems,
+    symbol_values,
+)
+
+__all__ = [
+    "run_ops", "grads_ops", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
+    "DEFAULT_VALUE_BYTES",
+]
+
+
+# ---------------------------------------------------------------------------- the value cache
+DEFAULT_VALUE_BYTES = 1 << 30
+
+
+class ValueCache:
+    """Device values by key, least recently used first out, at most ``max_bytes`` in all.
+
+    Thread-safe; a value larger than the whole budget is not kept.
+
+    >>> cache = ValueCache(100)
+    >>> cache.put('a', np.zeros(10, np.float32)); cache.put('b', np.zeros(20, np.float32))
+    >>> cache.get('a') is None, cache.info()['bytes']       # 'a' went to make room for 'b'
+    (True, 80)
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_VALUE_BYTES):
+        self._lock = threading.Lock()
+        self._values: collections.OrderedDict = collections.OrderedDict()
+        self._sizes: dict = {}
+        self._bytes = 0
+        self.max_bytes = check_budget(max_bytes, "value cache budget")
+        self._counts = collections.Counter()
+
+    def get(self, key):
+        with self._lock:
+            value = self._values.get(key)
+            if value is None:
+                self._counts["misses"] += 1
+                return None
+            self._values.move_to_end(key)
+            self._counts["hits"] += 1
+            return value
+
+    def put(self, key, value) -> None:
+        size = int(getattr(value, "nbytes", 0))
+        with self._lock:
+            if size > self.max_bytes:
+                return
+            old = self._sizes.pop(key, None)
+            if old is not None:
+                self._bytes -= old
+            self._values[key] = value
+            self._values.move_to_end(key)
+            self._sizes[key] = size
+            self._bytes += size
+            self._counts["stores"] += 1
+            self._shrink()
+
+    def _shrink(self):
+        while self._bytes > self.max_bytes and self._values:
+            old, _ = self._values.popitem(last=False)
+            self._bytes -= self._sizes.pop(old)
+            self._counts["evictions"] += 1
+
+    def set_max_bytes(self, n: int) -> None:
+        n = check_budget(n, "value cache budget")
+        with self._lock:
+            self.max_bytes = n
+            self._shrink()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+            self._sizes.clear()
+            self._bytes = 0
+
+    def info(self) -> dict:
+        with self._lock:
+            return {"hits": self._counts["hits"], "misses": self._counts["misses"],
+                    "stores": self._counts["stores"], "evictions": self._counts["evictions"],
+                    "entries": len(self._values), "bytes": self._bytes, "max_bytes": self.max_bytes}
+
+
+def check_budget(n, what: str) -> int:
+    """A byte budget, checked: a non-negative int (``bool`` and absurd values refused)."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise EvaluationError(f"{what} must be an int number of bytes, got {n!r}")
+    n = int(n)
+    if n < 0:
+        raise EvaluationError(f"{what} must be at least 0 bytes (0 keeps nothing), got {n}")
+    if n > 1 << 50:
+        raise EvaluationError(f"{what} of {n} bytes is absurd (over a pebibyte); give at most {1 << 50}")
+    return n
+
+
+VALUES = ValueCache()
+
+
+def value_cache_info() -> dict:
+    """Counters of the process-wide value cache (see ``circuits.backend.cache_stats``)."""
+    return VALUES.info()
+
+
+# ---------------------------------------------------------------------------- Symbols a node depends on
+_MODULES = "modules"  # marks a node with a Module below: Modules are substituted before evaluation
+_FREE_SETS: dict = {}  # tuple of Symbol hashes -> the one tuple of those Symbols (shared by nodes)
+
+
+def _fill_free(roots: Sequence[Circuit]) -> None:
+    """Set ``node._free`` (the Symbols below, ordered by hash; ``_MODULES`` when a Module is below)
+    on every node under ``roots`` that has none yet: children first, each node once ever."""
+    for node in toposort(*roots, stop=lambda n: n._free is not None):
+        if node._free is not None:
+            continue
+        t = type(node)
+        kids = node.children
+        if t is Symbol:
+            free = (node,)
+        elif t is Module:
+            free = _MODULES
+        elif not kids:
+            free = ()
+        else:
+            free = kids[0]._free
+            for k in kids[1:]:
+                other = k._free
+                if other is free or other == ():
+                    continue
+                if free == () or other is _MODULES:
+                    free = other
+                elif free is not _MODULES:
+                    free = _merge(free, other)
+        node._free = free
+
+
+def _merge(a: tuple, b: tuple) -> tuple:
+    merged = {s.hash: s for s in a}
+    merged.update((s.hash, s) for s in b)
+    key = tuple(sorted(merged))
+    found = _FREE_SETS.get(key)
+    if found is None:
+        if len(_FREE_SETS) > 65536:
+            _FREE_SETS.clear()
+        found = _FREE_SETS[key] = tuple(merged[h] for h in key)
+    return found
+
+
+def free_symbols(*roots: Circuit) -> tuple:
+    """The Symbols the values of ``roots`` depend on (Symbols inside Module bodies are bound by
+    their Module, not free).
+
+    >>> from circuits import Add
+    >>> x, y = Symbol((2,), name='x'), Symbol((2,), name='y')
+    >>> [s.name for s in free_symbols(Add(x, x), y)] == sorted(['x', 'y'], key=lambda n: {'x': x, 'y': y}[n].hash)
+    True
+    """
+    return _prepared(roots)[1]
+
+
+def _prepared(roots) -> tuple[list, tuple]:
+    """``roots`` with their Modules substituted (when they hold any), and their free Symbols."""
+    roots = list(roots)
+    _fill_free(roots)
+    if any(r._free is _MODULES for r in roots):
+        roots = [substitute_all_modules(r) for r in roots]
+        _fill_free(roots)
+    out: dict = {}
+    for r in roots:
+        out.update((s.hash, s) for s in r._free)
+    return roots, tuple(out[h] for h in sorted(out))
+
+
+# ---------------------------------------------------------------------------- kernels
+_kernels: collections.OrderedDict = collections.OrderedDict()
+_kernels_lock = threading.Lock()
+_KERNELS_SIZE = 8192
+_kernel_counts = collections.Counter()
+
+
+def _identity_op(x):
+    return x
+
+
+def kernel(node: Circuit, fdt: str):
+    """The compiled function computing ``node`` from its children's values: one per (operation,
+    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity)."""
+    t = type(node)
+    if t is Tag or t is SetSymbolicShape:
+        return _identity_op
+    key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
+    fn = _kernels.get(key)
+    if fn is not None:
+        _kernel_counts["hits"] += 1
+        return fn
+    fn = counted_jit(build_op(node, fdt), "kernel_compilations")
+    with _kernels_lock:
+        fn = _kernels.setdefault(key, fn)
+        _kernel_counts["misses"] += 1
+        while len(_kernels) > _KERNELS_SIZE:
+            _kernels.popitem(last=False)
+    return fn
+
+
+def _broadcast_kernel(shape: tuple):
+    key = ("broadcast", shape)
+    fn = _kernels.get(key)
+    if fn is None:
+        import jax.lax as lax
+
+        fn = counted_jit(lambda v: lax.broadcast(v, shape), "kernel_compilations")
+        with _kernels_lock:
+            fn = _kernels.setdefault(key, fn)
+    return fn
+
+
+def kernel_info() -> dict:
+    """``kernels`` held, ``kernel_hits`` and ``kernel_misses`` (ops whose kernel was made)."""
+    with _kernels_lock:
+        return {"kernels": len(_kernels), "kernel_hits": _kernel_counts["hits"],
+                "kernel_misses": _kernel_counts["misses"]}
+
+
+def clear_kernels() -> None:
+    with _kernels_lock:
+        _kernels.clear()
+
+
+# ---------------------------------------------------------------------------- binding fingerprints
+def fingerprint(value) -> bytes:
+    """A digest of a bound value (dtype, shape and bytes): what a cached value's key holds of it."""
+    arr = np.asarray(value, order="C")
+    h = blake3.blake3()
+    h.update(f"{arr.dtype.str}|{','.join(map(str, arr.shape))}|".encode())
+    if arr.nbytes:
+        h.update(memoryview(arr.reshape(-1).view(np.uint8)))
+    return h.digest(16)
+
+
+class _Keys:
+    """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
+    no Symbol, else with the digest of the values bound to the Symbols below it."""
+
+    __slots__ = ("fdt", "fps", "combos")
+
+    def __init__(self, fdt: str, fps: dict):
+        self.fdt = fdt
+        self.fps = fps
+        self.combos: dict = {}
+
+    def __call__(self, node: Circuit):
+        free = node._free
+        if not free:
+            return (node.hash, self.fdt)
+        combo = self.combos.get(id(free))
+        if combo is None:
+            fps = self.fps
+            combo = self.combos[id(free)] = (b"".join(fps.get(s.hash, b"?") for s in free), free)
+        return (node.hash, self.fdt, combo[0])
+
+
+# ---------------------------------------------------------------------------- op-by-op evaluation
+class RunInfo:
+    """What one op-by-op evaluation did: ``computed`` nodes, ``reused`` cached values."""
+
+    __slots__ = ("computed", "reused")
+
+    def __init__(self):
+        self.computed = 0
+        self.reused = 0
+
+
+def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
+            info: RunInfo | None = None, keep_all: bool = False):
+    """Device values of ``roots``, computed op by op through cached kernels over the values the
+    cache already holds (``cache=False``: neither read nor written).  Every input is checked
+    before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
+    the walk reached (the gradients read them)."""
+    roots, free = _prepared(roots)
+    problems: list[str] = []
+    raw = symbol_values(free, inputs, problems)
+    bound: dict = {}
+    fps: dict = {}
+    for sym in free:
+        if sym.hash in raw:
+            value, _ = check_symbol_value(sym, raw[sym.hash], fdt, problems)
+            if value is not None:
+                bound[sym.hash] = value
+                fps[sym.hash] = fingerprint(value)
+    keys = _Keys(fdt, fps)
+    env: dict = {}
+    get = VALUES.get
+    if cache:
+        def stop(node):
+            value = get(keys(node))
+            if value is None:
+                return False
+            env[node.hash] = value
+            return True
+
+        order = toposort(*roots, stop=stop)
+    else:
+        order = toposort(*roots)
+    # Checks before anything runs: allocation budget, index ranges of what is read afresh.
+    budget = max_alloc_bytes()
+    int_leaves = False
+    for node in order:
+        if node.hash in env:
+            continue
+        check_allocation(node.shape, fdt if is_float(node.dtype) else node.dtype, node.line, EvaluationError, budget)
+        if not node.children and is_int(node.dtype):
+            int_leaves = True
+    if int_leaves:
+        from ..io.values import gather_index_ranges
+
+        ranges = gather_index_ranges(order)
+        for node in order:
+            r = ranges.get(node.hash)
+            if r is not None and not node.children and node.hash not in env:
+                value = bound.get(node.hash) if type(node) is Symbol else None
+                if type(node) is Symbol and value is None:
+                    continue
+                check_index_values(node, value, r, problems)
+    targets: dict = {}
+    for node in order:
+        if not node.children and node.hash not in env:
+            t = type(node)
+            if t is Symbol:
+                if node.hash in bound:  # else unbound: a problem reported below
+                    env[node.hash] = bound[node.hash]
+            elif t is Array or t is Scalar:
+                value = leaf_value(node, fdt, problems, targets)
+                if value is not None and t is Scalar and node.shape != ():
+                    value = _broadcast_kernel(node.shape)(value)
+                env[node.hash] = value
+    raise_problems(problems)
+    put = VALUES.put
+    computed = reused = 0
+    for node in order:
+        h = node.hash
+        if h in env:
+            if node.children:
+                reused += 1
+            continue
+        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
+        env[h] = value
+        computed += 1
+        if cache:
+            put(keys(node), value)
+    if info is not None:
+        info.computed += computed
+        info.reused += reused
+    outs = [env[r.hash] for r in roots]
+    if keep_all:
+        return outs, env, order
+    return outs
+
+
+# ---------------------------------------------------------------------------- gradients, op by op
+def vjp_kernel(node: Circuit, fdt: str, need: tuple):
+    """``(child values, cotangent) -> cotangents of the children at positions need``: the
+    vector-Jacobian product of ``node``'s kernel, compiled once per (operation, shapes, precision,
+    positions) like the kernels."""
+    key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
+    fn = _kernels.get(key)
+    if fn is not None:
+        _kernel_counts["hits"] += 1
+        return fn
+    op = build_op(node, fdt)
+
+    def pull(xs, cotangent):
+        import jax
+
+        def partial_op(*picked):
+            full = list(xs)
+            for i, v in zip(need, picked):
+                full[i] = v
+            return op(*full)
+
+        _, back = jax.vjp(partial_op, *[xs[i] for i in need])
+        return back(cotangent)
+
+    fn = counted_jit(pull, "kernel_compilations")
+    with _kernels_lock:
+        fn = _kernels.setdefault(key, fn)
+        _kernel_counts["misses"] += 1
+    return fn
+
+
+def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,
+              cache: bool = True, info: RunInfo | None = None):
+    """``(value of root, [d sum(cotangent * root) / d value of w for w in wrt])`` op by op: the
+    forward values from the value cache where known, then one reverse sweep of vector-Jacobian
+    products through cached kernels, over the nodes between ``wrt`` and ``root`` only."""
+    import jax.numpy as jnp
+
+    (root,), _ = _prepared([root])
+    order = toposort(root)
+    wanted = {w.hash for w in wrt}
+    on_path: set = set()
+    for node in order:
+        if is_float(node.dtype) and (node.hash in wanted or any(c.hash in on_path for c in node.children)):
+            on_path.add(node.hash)
+    needed = {}
+    for node in order:
+        if node.hash in on_path and node.children:
+            for c in node.children:
+                needed.setdefault(c.hash, c)
+    needed.pop(root.hash, None)
+    values = run_ops([root, *needed.values()], inputs, fdt, cache=cache, info=info)
+    env = {root.hash: values[0]}
+    env.update(zip(needed, values[1:]))
+    out = values[0]
+    ct = {root.hash: _filled(1, root.shape, fdt) if cotangent is None else jnp.asarray(cotangent, fdt)}
+    for node in reversed(order):
+        h = node.hash
+        g = ct.get(h)
+        if g is None or not node.children or h not in on_path:
+            continue
+        kids = node.children
+        need = tuple(i for i, c in enumerate(kids) if c.hash in on_path)
+        if not need:
+            continue
+        if type(node) in (Tag, SetSymbolicShape):
+            parts = (g,)
+        else:
+            parts = vjp_kernel(node, fdt, need)(tuple(env[c.hash] for c in kids), g)
+        for i, part in zip(need, parts):
+            k = kids[i].hash
+            ct[k] = part if k not in ct else ct[k] + part
+    grads = [ct[w.hash] if w.hash in ct else _filled(0, w.shape, fdt) for w in wrt]
+    return out, grads
+
+
+def _filled(value: int, shape: tuple, fdt: str):
+    """A device array of ``value`` (made on the device once, then kept in the value cache)."""
+    key = ("filled", value, shape, fdt)
+    found = VALUES.get(key)
+    if found is None:
+        import jax.numpy as jnp
+
+        found = (jnp.ones if value else jnp.zeros)(shape, fdt)
+        VALUES.put(key, found)
+    return found

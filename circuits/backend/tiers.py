@@ -1,0 +1,134 @@
+"""Tiered execution: which way ``evaluate`` runs a circuit, and what it reports having done.
+
+- **op by op** (``mode='eager'``, and ``'auto'`` for a structure seen for the first time): through
+  kernels cached per (operation, shapes, precision) and over the values already known
+  (``circuits.backend.incremental``): a new variant of a known model compiles nothing and computes
+  only what its intervention reaches.
+- **whole program** (``mode='jit'``, ``compile``, ``evaluate_batched``, ``sweep``; and ``'auto'``
+  for a circuit evaluated op by op ``JIT_AFTER`` times already): one XLA program (heads batched,
+  everything fused), compiled in a background thread (``BACKGROUND``) while the calls go on op
+  by op, and taken as soon as it is ready.  It does not export intermediates to the value cache.
+- **cache**: the value asked for is already known (same circuit, same bound values).
+
+The tiers agree to float rounding, not bit for bit: pin one with ``mode=`` for bitwise
+reproducibility.  ``last_run()`` says what the latest evaluation in this thread did.
+
+>>> import numpy as np
+>>> from circuits import Symbol, GeneralFunction
+>>> from circuits.backend import evaluate
+>>> y = GeneralFunction('sin', Symbol((2,), name='x_tiers'))
+>>> _ = evaluate(y, {'x_tiers': np.ones(2)}); last_run()['tier']
+'ops'
+>>> _ = evaluate(y, {'x_tiers': np.ones(2)}); last_run()['tier']
+'cache'
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+
+__all__ = ["JIT_AFTER", "BACKGROUND", "last_run", "record", "whole_program_ready", "note_op_run",
+           "wait_for_background", "tier_info", "clear_tiers"]
+
+# A circuit evaluated op by op this many times (with other inputs each time) gets its whole
+# program compiled; from then on ``mode='auto'`` runs that.
+JIT_AFTER = 2
+# Compile whole programs in a background thread (the calls go on op by op meanwhile); False
+# compiles in the call that reaches ``JIT_AFTER``.
+BACKGROUND = True
+
+_ROOTS_SIZE = 256
+_roots: collections.OrderedDict = collections.OrderedDict()  # root key -> _Root
+_lock = threading.Lock()
+_threads: list = []
+_local = threading.local()
+
+
+class _Root:
+    __slots__ = ("runs", "state", "result")
+
+    def __init__(self):
+        self.runs = 0
+        self.state = "counting"  # -> 'compiling' -> 'ready' | 'failed'
+        self.result = None
+
+
+def record(tier: str, computed: int = 0, reused: int = 0) -> None:
+    """Note what the latest evaluation in this thread did (``last_run``)."""
+    _local.last = {"tier": tier, "computed": computed, "reused": reused}
+
+
+def last_run() -> dict:
+    """What the latest ``evaluate`` (or gradient) in this thread did: ``tier`` (``'ops'``: op by
+    op through cached kernels, ``'jit'``: the whole compiled program, ``'cache'``: the value was
+    known), ``computed`` (nodes computed op by op) and ``reused`` (cached values read)."""
+    return dict(getattr(_local, "last", {"tier": None, "computed": 0, "reused": 0}))
+
+
+def whole_program_ready(key):
+    """What the whole-program compilation for ``key`` (a circuit's hash and the options that
+    shape its program) returned, once it is ready; else None."""
+    with _lock:
+        entry = _roots.get(key)
+        if entry is None or entry.state != "ready":
+            return None
+        return entry.result
+
+
+def note_op_run(key, compile_whole) -> None:
+    """Count an op-by-op run of the circuit ``key`` names; at ``JIT_AFTER`` runs call
+    ``compile_whole()`` (in a background thread when ``BACKGROUND``), which compiles its whole
+    program and returns what ``whole_program_ready`` hands out afterwards (None: not compiled)."""
+    with _lock:
+        entry = _roots.get(key)
+        if entry is None:
+            entry = _roots[key] = _Root()
+            while len(_roots) > _ROOTS_SIZE:
+                _roots.popitem(last=False)
+        _roots.move_to_end(key)
+        entry.runs += 1
+        if entry.runs < JIT_AFTER or entry.state != "counting":
+            return
+        entry.state = "compiling"
+    if BACKGROUND:
+        thread = threading.Thread(target=_compile, args=(entry, compile_whole), name="circuits-compile", daemon=True)
+        with _lock:
+            _threads[:] = [t for t in _threads if t.is_alive()]
+            _threads.append(thread)
+        thread.start()
+    else:
+        _compile(entry, compile_whole)
+
+
+def _compile(entry: _Root, compile_whole):
+    try:
+        result = compile_whole()
+        with _lock:
+            # None: the program is too large to be worth compiling whole (it stays op by op)
+            entry.result, entry.state = result, "ready" if result is not None else "declined"
+    except Exception:  # noqa: BLE001 - a compilation that fails leaves the circuit op by op, where
+        # the same error (if it is one of the circuit's) is raised to the caller with its context
+        with _lock:
+            entry.state = "failed"
+
+
+def wait_for_background(timeout: float | None = None) -> None:
+    """Wait for the whole-program compilations started in the background (tests, benchmarks)."""
+    with _lock:
+        threads = list(_threads)
+    for t in threads:
+        t.join(timeout)
+
+
+def tier_info() -> dict:
+    """``tracked`` circuits, and how many have a ``ready`` or ``compiling`` whole program."""
+    with _lock:
+        states = collections.Counter(e.state for e in _roots.values())
+        return {"tracked": len(_roots), "ready": states["ready"], "compiling": states["compiling"]}
+
+
+def clear_tiers() -> None:
+    with _lock:
+        _roots.clear()
