@@ -30,14 +30,14 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 """
 
 from .batched import evaluate_batched
+from .caches import cache_stats, clear_cache, set_cache_size
 from .eager import Eager
 from .evaluation import Compiled, compile, evaluate, make_jaxpr
 from .gradients import grad, value_and_grad
-from .caches import cache_stats, clear_cache, set_cache_size
 from .program import Program
 from .runtime import JIT_MAX_OPS
-from .tiers import last_run
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
+from .tiers import last_run
 
 __all__ = [
     "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",

@@ -33,8 +33,8 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .program import Program
 from .caches import register_eager
+from .program import Program
 from .runtime import bind_arguments, float_dtype, precision, resolve_nodes
 
 __all__ = ["Eager"]

@@ -25,7 +25,16 @@ from ..errors import EvaluationError
 from ..nodes import Circuit
 from .incremental import RunInfo, grads_ops
 from .program import Program
-from .runtime import as_items, bind_arguments, check_mode, float_dtype, maybe_jit, precision, resolve_nodes, worth_compiling
+from .runtime import (
+    as_items,
+    bind_arguments,
+    check_mode,
+    float_dtype,
+    maybe_jit,
+    precision,
+    resolve_nodes,
+    worth_compiling,
+)
 from .tiers import note_op_run, record, whole_program_ready
 
 __all__ = ["grad", "value_and_grad"]

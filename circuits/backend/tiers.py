@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import threading
 
-
 __all__ = ["JIT_AFTER", "BACKGROUND", "last_run", "record", "whole_program_ready", "note_op_run",
            "wait_for_background", "tier_info", "clear_tiers"]
 

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import gc
 import weakref
+from functools import partial
 
 import numpy as np
 import pytest
-
-from functools import partial
 
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Scalar, Symbol, Tag, compile
 from circuits import evaluate as evaluate_any_tier
 from circuits.backend import cache_stats, clear_cache, set_cache_size
 from circuits.backend.program import Program
-
 
 # The compile cache serves the whole-program tier (``evaluate(mode='auto')`` runs a new circuit op
 # by op first: tests/backend/test_tiers.py).

@@ -12,10 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits import Add, Array, EvaluationError, Einsum, GeneralFunction, Index, Scalar, Symbol
-from circuits.backend import cache_stats, clear_cache, evaluate, last_run, set_cache_size, value_and_grad
-from circuits.backend import tiers
-from circuits.backend.incremental import VALUES, free_symbols, run_ops
+from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Scalar, Symbol
+from circuits.backend import cache_stats, clear_cache, evaluate, last_run, set_cache_size, tiers, value_and_grad
+from circuits.backend.incremental import VALUES, free_symbols
 from circuits.testing import circuits_with_inputs
 
 rng = np.random.default_rng(5)
