@@ -182,6 +182,8 @@ class Compiled:
         self.float_dtype = float_dtype(dtype)
         self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
         self.placement = None
+        self._bound = None  # the arguments, bound once when there is no Symbol to bind
+        self._run = None
         if mesh is not None:
             from .sharding import Placement, mesh_of
 
@@ -191,15 +193,23 @@ class Compiled:
 
     def arguments(self, inputs: Mapping | None = None) -> list:
         """The argument values the compiled function gets (in ``program.arg_slots`` order): checked,
-        on the device, and placed on the mesh when there is one (``value.sharding`` shows how)."""
+        on the device, and placed on the mesh when there is one (``value.sharding`` shows how).
+        A circuit without free Symbols binds its arguments once: later calls reuse them."""
+        if self._bound is not None and not inputs:
+            return self._bound
         with precision(self.float_dtype):
             args = bind_arguments(self.program, inputs, self.float_dtype)
-            return args if self.placement is None else self.placement.place(args)
+            args = args if self.placement is None else self.placement.place(args)
+        if not self.program.free_symbols():
+            self._bound = args
+        return args
 
     def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
+        args = self.arguments(inputs)
         with precision(self.float_dtype):
-            args = self.arguments(inputs)
-            outs = program_function(self.program, "jit")(args)
+            if self._run is None:
+                self._run = program_function(self.program, "jit")
+            outs = self._run(args)
             if return_jax:
                 return package_outputs(outs, self._items)
             return _numpy_outputs(outs, self._items)

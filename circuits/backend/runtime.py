@@ -49,7 +49,7 @@ __all__ = [
     "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
     "check_index_values", "device_cache_info", "raise_problems", "MODES", "JIT_MAX_OPS", "check_mode", "use_jit", "maybe_jit", "cached_jit", "is_cached",
     "compile_cache_stats", "clear_compile_cache", "set_compile_cache_size", "resolve_nodes", "as_items", "program_with_also",
-    "cached_program", "program_cache_info", "package_outputs", "counted_jit", "items_key_of", "worth_compiling",
+    "cached_program", "program_cache_info", "package_outputs", "counted_jit", "items_key_of", "worth_compiling", "is_compiled", "is_compiled_any",
 ]
 
 
@@ -472,6 +472,19 @@ def counted_jit(fn: Callable, counter: str) -> Callable:
 def is_cached(key) -> bool:
     with _cache_lock:
         return key in _cache
+
+
+def is_compiled(key) -> bool:
+    """Whether the compile cache holds a function under ``key`` (e.g. ``(program.key, 'run')``)."""
+    return is_cached(key)
+
+
+def is_compiled_any(prefix: tuple) -> bool:
+    """Whether the compile cache holds a function whose key starts with ``prefix`` (e.g. a
+    program's ``vmap`` over any batch axes)."""
+    n = len(prefix)
+    with _cache_lock:
+        return any(type(k) is tuple and k[:n] == prefix for k in _cache)
 
 
 def compile_cache_stats() -> dict:

@@ -51,12 +51,15 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..backend.incremental import RunInfo, run_ops
 from ..backend.ops import broadcast_scalar
 from ..backend.program import ARGUMENT_TYPES, Program
 from ..backend.runtime import (
     bind_arguments,
     check_symbol_value,
     float_dtype,
+    is_compiled,
+    is_compiled_any,
     leaf_value,
     maybe_jit,
     precision,
@@ -367,7 +370,8 @@ def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) 
 
 
 def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *, dtype="float32",
-          batch_size: int | None = None, progress: bool | None = None, optimize: bool | str = "auto") -> SweepResult:
+          batch_size: int | None = None, progress: bool | None = None, optimize: bool | str = "auto",
+          mode: str = "auto") -> SweepResult:
     """Evaluate every variant in ``variants`` (name -> circuit), sharing the work they have in
     common with ``circuit`` and with each other; see the module docstring for how.
 
@@ -384,6 +388,13 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
       variant of the seed model.  ``'auto'`` (the default) does so for the groups of at least
       ``OPTIMIZE_FROM`` variants that are big (``LOOP_FROM_BYTES`` of their own values each),
       where the work saved outweighs the rewrite's and the compilation's cost; ``False`` never.  The values are the same up to float rounding.
+    - ``mode``: ``'jit'`` runs the groups' compiled programs as above; ``'eager'`` evaluates each
+      variant op by op through the kernels cached per operation, over the process's value cache
+      (``circuits.backend.incremental``: the common work is computed once and shared through the
+      cache, each variant computes only its own part, and nothing is compiled whole);
+      ``'auto'`` (default) takes the compiled programs when every group's is compiled already
+      (a sweep of a structure swept before) and runs op by op otherwise (a first sweep answers
+      without waiting for XLA).  ``info['tier']`` says which ran.
 
     Each value equals ``evaluate(variant, inputs)`` (summed in another order where an Add's
     terms were reordered, see the module docstring).
@@ -399,15 +410,19 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     fdt = float_dtype(dtype)
     if batch_size is not None and int(batch_size) < 1:
         raise CircuitError(f"sweep: batch_size={batch_size}: give a positive number of variants")
+    if mode not in ("auto", "jit", "eager"):
+        raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'eager'")
+    if optimize not in (True, False, "auto"):
+        raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     common, direct, own = _plan(circuit, variants, fdt)
+    if mode == "eager" or (mode == "auto" and not _all_compiled(own, batch_size)):
+        return _sweep_op_by_op(circuit, variants, inputs, fdt, progress, len(common))
     needed: dict[bytes, Circuit] = {}
     for part in own.values():
         for a in part.args:
             needed.setdefault(a.hash, a)
     for v in direct.values():
         needed.setdefault(v.hash, v)
-    if optimize not in (True, False, "auto"):
-        raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     groups: dict[bytes, list[_Own]] = {}
     for part in own.values():
         groups.setdefault(part.program.key, []).append(part)
@@ -432,5 +447,35 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
                 bar.close()
         base = np.asarray(values.base)
     info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks,
-            "optimized": optimized}
+            "optimized": optimized, "tier": "jit"}
     return SweepResult({name: results[name] for name in variants}, base, info)
+
+
+def _all_compiled(own: dict, batch_size) -> bool:
+    """Whether every group of the sweep has its compiled program already (plain or vmapped)."""
+    keys = {part.program.key for part in own.values()}
+    return all(is_compiled((key, "run")) or is_compiled_any((key, "vmap")) for key in keys)
+
+
+def _sweep_op_by_op(circuit, variants, inputs, fdt, progress, common_nodes) -> SweepResult:
+    """Every variant op by op over the value cache: the common work once, each its own part."""
+    bar = _progress(len(variants), progress)
+    results = {}
+    computed = 0
+    try:
+        with precision(fdt):
+            info = RunInfo()
+            (base,) = run_ops([circuit], inputs, fdt, info=info)
+            base = np.asarray(base)
+            for name, v in variants.items():
+                (value,) = run_ops([v], inputs, fdt, info=info)
+                results[name] = np.asarray(value)
+                if bar is not None:
+                    bar.update(1)
+            computed = info.computed
+    finally:
+        if bar is not None:
+            bar.close()
+    info = {"variants": len(variants), "programs": 0, "common_nodes": common_nodes, "chunks": 0, "optimized": 0,
+            "tier": "ops", "computed": computed}
+    return SweepResult(results, base, info)

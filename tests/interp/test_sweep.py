@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits.backend import cache_stats
 from circuits.errors import CircuitError, EvaluationError
-from circuits.interp import SweepResult, sweep
+from circuits.interp import SweepResult
+from circuits.interp import sweep as sweep_any_tier
 from circuits.models import attn_only, random_weights
 from circuits.testing import circuits_with_inputs
 from circuits.traversal import replace
@@ -40,6 +41,12 @@ def circuits_for(w, toks, corrupted, symbols: bool):
     clean_sym = C.Symbol((LENGTH,), name="toks_int_var", dtype="int64")
     corr_sym = C.Symbol((LENGTH,), name="corrupted_toks", dtype="int64")
     return attn_only(w, clean_sym), attn_only(w, corr_sym), {"toks_int_var": toks, "corrupted_toks": corrupted}
+
+
+# The grouping, chunking and compiling below are the whole-program tier's; 'auto' runs a first
+# sweep op by op (test_op_by_op_sweeps_equal_the_compiled_ones).
+def sweep(*args, **kwargs):
+    return sweep_any_tier(*args, mode=kwargs.pop("mode", "jit"), **kwargs)
 
 
 def compilations():
@@ -247,3 +254,31 @@ def test_optimized_groups_equal_the_oracle(model, dtype):
     for name, value in oracle.items():
         np.testing.assert_allclose(result[name], value, **TOL[dtype], err_msg=name)
     np.testing.assert_allclose(result["lone"], result.base + 1, **SAME[dtype])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_op_by_op_sweeps_equal_the_compiled_ones_and_compile_nothing_whole(model, dtype):
+    w, toks, corrupted = model
+    clean, corrupt, inputs = circuits_for(w, toks, corrupted, True)
+    variants = {**zero_ablation_variants(clean, N_LAYERS, N_HEADS),
+                **path_patch_variants(clean, corrupt, N_HEADS)}
+    before = compilations()
+    ops = sweep(clean, variants, inputs, dtype=dtype, mode="eager")
+    assert compilations() == before and ops.info["tier"] == "ops"
+    jit = sweep(clean, variants, inputs, dtype=dtype, mode="jit")
+    assert jit.info["tier"] == "jit"
+    for name in variants:
+        np.testing.assert_allclose(ops[name], jit[name], **SAME[dtype])
+    np.testing.assert_allclose(ops.base, jit.base, **SAME[dtype])
+    # 'auto' takes the compiled programs once every group has one
+    assert sweep(clean, variants, inputs, dtype=dtype, mode="auto").info["tier"] == "jit"
+
+
+def test_an_op_by_op_sweep_checks_token_ranges(model):
+    w, toks, corrupted = model
+    clean = attn_only(w, C.Symbol((LENGTH,), name="toks_int_var", dtype="int64"))
+    variants = zero_ablation_variants(clean, N_LAYERS, N_HEADS)
+    bad = toks.copy()
+    bad[3] = VOCAB + 5
+    with pytest.raises(EvaluationError, match="outside"):
+        sweep(clean, variants, {"toks_int_var": bad}, mode="eager")
