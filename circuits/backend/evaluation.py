@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
-from .incremental import RunInfo, free_symbols, run_ops
+from .incremental import RunInfo, has_batch_axis, run_ops
 from .program import Program
 from .runtime import (
     as_items,
@@ -91,7 +91,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     check_mode(mode)
-    if inputs and isinstance(inputs, Mapping) and _has_batch_axis(circuit, inputs, also):
+    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
         from .batched import evaluate_batched
 
         record("jit")
@@ -134,22 +134,6 @@ def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) 
 
 def _outputs(outs, items):
     return package_outputs(list(outs), items)
-
-
-def _has_batch_axis(circuit: Circuit, inputs: Mapping, also) -> bool:
-    """Whether some input carries one leading axis more than the Symbol it binds."""
-    symbols = free_symbols(circuit)
-    if not symbols:
-        return False
-    by_name = {s.name: s for s in symbols}
-    by_hash = {s.hash: s for s in symbols}
-    for key, value in inputs.items():
-        sym = by_hash.get(key.hash) if isinstance(key, Circuit) else by_name.get(key)
-        shape = getattr(value, "shape", None)
-        if sym is not None and shape is not None and len(shape) == len(sym.shape) + 1 \
-                and tuple(shape[1:]) == sym.shape:
-            return True
-    return False
 
 
 def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:

@@ -23,7 +23,7 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .incremental import RunInfo, grads_ops
+from .incremental import RunInfo, grads_ops, has_batch_axis
 from .program import Program
 from .runtime import (
     as_items,
@@ -75,7 +75,9 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     ``wrt`` is a node of the circuit or a node name (then the gradient is one array), or a list of
     them (then a dict keyed by the items as given).  ``cotangent`` (the output's shape) weights
     the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype``,
-    ``mode`` and ``cache`` as for ``evaluate``: op by op (``'eager'``, and ``'auto'`` until the
+    ``mode`` and ``cache`` as for ``evaluate``.  Inputs with a leading batch axis give per-example
+    values and gradients (batch axis first) from one compiled program; ``cotangent`` may then
+    carry the batch axis too.  Op by op (``'eager'``, and ``'auto'`` until the
     same gradient has been asked for ``JIT_AFTER`` times) the forward values come from the value
     cache where known and the backward pass runs vector-Jacobian products through kernels cached
     per operation, so a fresh structure compiles nothing whole.
@@ -103,7 +105,9 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     weights = None
     if cotangent is not None:
         weights = np.asarray(cotangent)
-        if weights.shape != circuit.shape:
+        batched_weights = inputs and isinstance(inputs, Mapping) and weights.ndim == len(circuit.shape) + 1 \
+            and weights.shape[1:] == circuit.shape
+        if weights.shape != circuit.shape and not batched_weights:
             raise EvaluationError(
                 f"cotangent has shape {list(weights.shape)}; expected the output's shape "
                 f"{list(circuit.shape)} ({circuit.line()})"
@@ -111,6 +115,8 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
         weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
     slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
     shapes = tuple(program.nodes[s].shape for s in slots)
+    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
+        return _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights)
     tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
     inlined = any(program.nodes[s].hash != n.hash for s, n in zip(slots, nodes))
     whole = mode == "jit" or inlined or (mode == "auto" and whole_program_ready(tier_key))
@@ -135,6 +141,31 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     if single:
         return value, found[nodes[0].hash]
     return value, {item: found[n.hash] for item, n in zip(items, nodes)}
+
+
+def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights):
+    """Per-example values and gradients over inputs with a leading batch axis: one compiled
+    program (the gradient program ``vmap``-ed over the batched arguments), batch axis first."""
+    import jax
+
+    fdt = program.float_dtype
+    with precision(fdt):
+        args, axes = bind_arguments(program, inputs, fdt, batched=True)
+        cot_axis = None if weights is None or weights.ndim == len(program.nodes[program.outputs[0]].shape) else 0
+        key = (program.key, "grad-vmap", slots, weights is not None, tuple(axes), cot_axis)
+
+        def make():
+            run = _gradient_function(program, slots, shapes, weights is not None, "eager")
+            return jax.vmap(run, in_axes=(list(axes), cot_axis))
+
+        out, grads = maybe_jit(key, len(program), "jit", make)(args, weights)
+        record("jit")
+        value = np.asarray(out)
+        found = {program.nodes[s].hash: np.asarray(g) for s, g in zip(slots, grads)}
+    by_item = [found[program.nodes[program.slot_of[n.hash]].hash] for n in nodes]
+    if single:
+        return value, by_item[0]
+    return value, dict(zip(items, by_item))
 
 
 def _compile_gradient(program, slots, shapes, weights, inputs) -> bool | None:

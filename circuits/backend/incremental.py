@@ -58,7 +58,7 @@ from .runtime import (
 )
 
 __all__ = [
-    "run_ops", "grads_ops", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
+    "run_ops", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
     "DEFAULT_VALUE_BYTES",
 ]
 
@@ -223,6 +223,27 @@ def _prepared(roots) -> tuple[list, tuple]:
     for r in roots:
         out.update((s.hash, s) for s in r._free)
     return roots, tuple(out[h] for h in sorted(out))
+
+
+def has_batch_axis(circuit: Circuit, inputs: Mapping) -> bool:
+    """Whether some input carries one leading axis more than the Symbol it binds (a batch).
+
+    >>> x = Symbol((2,), name='x')
+    >>> has_batch_axis(x, {'x': np.zeros(2)}), has_batch_axis(x, {'x': np.zeros((5, 2))})
+    (False, True)
+    """
+    symbols = free_symbols(circuit)
+    if not symbols:
+        return False
+    by_name = {s.name: s for s in symbols}
+    by_hash = {s.hash: s for s in symbols}
+    for key, value in inputs.items():
+        sym = by_hash.get(key.hash) if isinstance(key, Circuit) else by_name.get(key)
+        shape = getattr(value, "shape", None)
+        if sym is not None and shape is not None and len(shape) == len(sym.shape) + 1 \
+                and tuple(shape[1:]) == sym.shape:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------- kernels

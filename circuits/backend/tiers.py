@@ -25,6 +25,7 @@ reproducibility.  ``last_run()`` says what the latest evaluation in this thread 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import threading
 
@@ -119,6 +120,11 @@ def wait_for_background(timeout: float | None = None) -> None:
         threads = list(_threads)
     for t in threads:
         t.join(timeout)
+
+
+# A compilation still running when the interpreter exits would be torn down inside XLA (an abort,
+# not an exception): let it finish first.
+atexit.register(wait_for_background)
 
 
 def tier_info() -> dict:

@@ -29,7 +29,7 @@ from ..errors import CircuitError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
-from .sites import one_root, resolve_sites
+from .sites import batched_sources, one_root, resolve_sites
 
 __all__ = ["attribute"]
 
@@ -42,6 +42,12 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     labelled by its node's name).  ``source`` as for ``patch``; ``inputs`` binds the circuit's
     own Symbols; ``dtype`` and ``mode`` as for ``evaluate``.
 
+    A dataset: ``inputs`` and ``source`` values with a leading batch axis (Symbols bound to a
+    batch, e.g. ``tokens_symbol(n)``; a batched source value is read through a Symbol
+    ``'<input>.source'``) give each site an array of per-row estimates, batch axis first
+    (``.mean(0)`` the usual reduction), from one program for the values and one for the
+    gradients.
+
     >>> from circuits import Symbol, Add, GeneralFunction
     >>> x = Symbol((1,), name='x')
     >>> c = Add(GeneralFunction('exp', x, name='e'), x)
@@ -51,6 +57,9 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     """
     from ..backend import evaluate, value_and_grad
 
+    source, extra = batched_sources(circuit, source)
+    if extra:
+        inputs = {**(inputs or {}), **extra}
     resolved = resolve_sites(circuit, sites)
     labels = [label for label, _ in resolved]
     if len(set(labels)) != len(labels):
@@ -73,7 +82,13 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     out = {}
     for label, node, a, a2 in zip(labels, nodes, clean, patched):
         grad = grads.get(node.hash)
-        out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad))
+        per_row = a.ndim == len(node.shape) + 1  # a batch of inputs: one estimate per row
+        axes = tuple(range(1, a.ndim)) if per_row else None
+        if grad is None:
+            out[label] = np.zeros(a.shape[0]) if per_row else 0.0
+        else:
+            total = np.sum((a2 - a) * grad, axis=axes)
+            out[label] = total if per_row else float(total)
     return out
 
 

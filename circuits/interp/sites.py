@@ -37,7 +37,7 @@ from ..nodes import Add, Array, Circuit, Einsum, Symbol
 from ..select import Matcher, Name, as_matcher, get_unique
 from ..traversal import toposort
 
-__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root"]
+__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "batched_sources"]
 
 
 def site_label(node: Circuit, given=None) -> str:
@@ -77,6 +77,38 @@ def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str
 
 def _spell(site) -> str:
     return repr(site) if isinstance(site, str) else site.describe() if isinstance(site, Matcher) else site.line()
+
+
+def batched_sources(circuit: Circuit, source: Mapping) -> tuple[dict, dict]:
+    """``(source, inputs)``: each source value that carries a leading batch axis (one axis more
+    than its input) replaced by a Symbol ``'<input>.source'`` of the input's shape, and the batch
+    bound to that Symbol in ``inputs``; other values as given.  A patched copy then reads the
+    Symbol, and one program evaluates it over the whole batch.
+
+    >>> import numpy as np
+    >>> from circuits import Symbol, GeneralFunction
+    >>> toks = Symbol((3,), name='toks', dtype='int64')
+    >>> src, extra = batched_sources(GeneralFunction('relu', toks), {'toks': np.zeros((8, 3), int)})
+    >>> [k.name for k in extra], extra[src['toks']].shape
+    (['toks.source'], (8, 3))
+    """
+    if not isinstance(source, Mapping):
+        return source, {}
+    leaves = None
+    out, extra = {}, {}
+    for key, value in source.items():
+        if not isinstance(value, Circuit) and getattr(value, "ndim", None) is not None:
+            if leaves is None:
+                leaves = [n for n in toposort(circuit) if isinstance(n, (Array, Symbol))]
+            node = _find_input(leaves, key, "source", circuit)
+            if value.ndim == len(node.shape) + 1 and tuple(value.shape[1:]) == node.shape:
+                sym = Symbol(node.shape, name=f"{node.name if node.name is not None else 'input'}.source",
+                             dtype=node.dtype)
+                out[key] = sym
+                extra[sym] = value
+                continue
+        out[key] = value
+    return out, extra
 
 
 def resolve_inputs(circuit: Circuit, values: Mapping, what: str, *, batched: bool = False

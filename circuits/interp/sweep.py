@@ -51,7 +51,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..backend.incremental import RunInfo, run_ops
+from ..backend.incremental import RunInfo, has_batch_axis, run_ops
 from ..backend.ops import broadcast_scalar
 from ..backend.program import ARGUMENT_TYPES, Program
 from ..backend.runtime import (
@@ -375,7 +375,9 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     """Evaluate every variant in ``variants`` (name -> circuit), sharing the work they have in
     common with ``circuit`` and with each other; see the module docstring for how.
 
-    - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``.
+    - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``;
+      values with a leading batch axis (a dataset) give every variant's value on every row,
+      batch axis first, each variant from one program.
     - ``dtype``: ``'float32'`` (default) or ``'float64'``, as for ``evaluate``.
     - ``batch_size``: how many variants of one group run in one vmapped call (default: as many as
       fit ``SWEEP_MEMORY`` bytes of their own values; one, called without vmap, when a variant's
@@ -414,6 +416,8 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'eager'")
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
+    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
+        return _sweep_batched(circuit, variants, inputs, fdt, progress)
     common, direct, own = _plan(circuit, variants, fdt)
     if mode == "eager" or (mode == "auto" and not _all_compiled(own, batch_size)):
         return _sweep_op_by_op(circuit, variants, inputs, fdt, progress, len(common))
@@ -449,6 +453,27 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks,
             "optimized": optimized, "tier": "jit"}
     return SweepResult({name: results[name] for name in variants}, base, info)
+
+
+def _sweep_batched(circuit, variants, inputs, fdt, progress) -> SweepResult:
+    """Every variant over a dataset (inputs with a leading batch axis): each evaluated on all rows
+    by one program (``evaluate_batched``), values batch axis first."""
+    from ..backend import evaluate_batched
+
+    bar = _progress(len(variants), progress)
+    results = {}
+    try:
+        base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt))
+        for name, v in variants.items():
+            results[name] = np.asarray(evaluate_batched(v, inputs, dtype=fdt))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    info = {"variants": len(variants), "programs": len(variants) + 1, "common_nodes": 0, "chunks": 0,
+            "optimized": 0, "tier": "jit", "batched": True}
+    return SweepResult(results, base, info)
 
 
 def _all_compiled(own: dict, batch_size) -> bool:

@@ -63,3 +63,24 @@ def test_attribution_metrics_and_site_spellings():
         attribute(c, ["b1.a.head2", "b1.a.head2"], source)
     with pytest.raises(C.SelectionError, match="site 'b1.a.head7'"):
         attribute(c, ["b1.a.head7"], source)
+
+
+def test_attribution_over_a_dataset_is_per_row_and_equals_one_prompt_at_a_time():
+    import numpy as np
+
+    from circuits.interp import attribute as attribute_
+    from circuits.models import attn_only, random_weights, tokens_symbol
+
+    w = random_weights(2, vocab=23, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    sym = tokens_symbol(9)
+    c = attn_only(w, sym, unique_names=True)
+    rng = np.random.default_rng(4)
+    clean, corrupt = rng.integers(0, 23, (5, 9)), rng.integers(0, 23, (5, 9))
+    sites = ["b0.a.head1", "b1.a.head0"]
+    est = attribute_(c, sites, {sym: corrupt}, inputs={sym: clean})
+    for s in sites:
+        assert est[s].shape == (5,)
+    for i in range(5):
+        one = attribute_(c, sites, {sym: corrupt[i]}, inputs={sym: clean[i]})
+        for s in sites:
+            np.testing.assert_allclose(est[s][i], one[s], rtol=1e-4, atol=1e-5)

@@ -282,3 +282,17 @@ def test_an_op_by_op_sweep_checks_token_ranges(model):
     bad[3] = VOCAB + 5
     with pytest.raises(EvaluationError, match="outside"):
         sweep(clean, variants, {"toks_int_var": bad}, mode="eager")
+
+
+def test_a_sweep_over_a_dataset_gives_values_batch_axis_first(model):
+    w, toks, corrupted = model
+    sym = C.Symbol((LENGTH,), name="toks_int_var", dtype="int64")
+    clean = attn_only(w, sym)
+    variants = zero_ablation_variants(clean, N_LAYERS, N_HEADS)
+    batch = np.stack([toks, corrupted, toks[::-1]])
+    result = sweep_any_tier(clean, variants, {sym: batch})
+    for name, v in list(variants.items())[:2]:
+        assert result[name].shape == (3, *clean.shape)
+        for i in range(3):
+            np.testing.assert_allclose(result[name][i], C.evaluate(v, {sym: batch[i]}), rtol=2e-5, atol=2e-6)
+    assert result.base.shape == (3, *clean.shape)
