@@ -54,12 +54,14 @@ from .found import FoundCircuit
 __all__ = ["discover", "Discovery", "METHODS", "metric_node"]
 
 METHODS = ("eap", "eap-ig", "eap-ig-mask", "acdc", "exact")
+CHUNK = 32  # rows per batched call of a masked program (see _Objective.values)
 _AXES = "abcdefghijklmnopqrstuvwxyz"
 
 
 def metric_node(out: Circuit, metric, *, clean=None) -> Circuit:
     """The scalar node ``m`` of a metric spec on output ``out`` (see the module docstring);
-    ``clean``: the clean output's value, which ``'kl'`` needs."""
+    ``clean``: what ``'kl'`` compares with: the clean logits' value, or a node (e.g. a Symbol)
+    holding the clean log-probabilities."""
     if metric is None:
         return Einsum.from_spec(_AXES[: out.ndim] + "->", out, name="metric")
     if isinstance(metric, str):
@@ -67,14 +69,16 @@ def metric_node(out: Circuit, metric, *, clean=None) -> Circuit:
             raise CircuitError(f"metric={metric!r}: the named metric is 'kl'; otherwise give weights or a function")
         if out.ndim < 1 or clean is None:
             raise CircuitError(f"metric='kl' needs logits [..., vocab]; {out.line()} is not")
-        logp_clean = _log_softmax(np.asarray(clean, np.float64))
+        if not isinstance(clean, Circuit):
+            clean = np.asarray(clean)
+            keep = clean.dtype if clean.dtype == np.float64 else np.float32
+            clean = Array(_log_softmax(clean.astype(np.float64)).astype(keep), name="metric.clean_log_probs")
         n = int(np.prod(out.shape[:-1]))
-        p = Array((np.exp(logp_clean) / n).astype(np.float32), name="metric.clean_probs")
-        logp = GeneralFunction("log_softmax", out, name="metric.log_probs")
         ax = _AXES[: out.ndim]
-        cross = Einsum.from_spec(f"{ax},{ax},->", p, logp, Scalar(-1.0))
-        entropy = float(np.sum(np.exp(logp_clean) * logp_clean) / n)
-        return Add(cross, Scalar(entropy), name="metric.kl")
+        p = GeneralFunction("exp", clean, name="metric.clean_probs")
+        logp = GeneralFunction("log_softmax", out, name="metric.log_probs")
+        gap = Add(clean, Einsum.from_spec(f"{ax},->{ax}", logp, Scalar(-1.0)), name="metric.log_ratio")
+        return Einsum.from_spec(f"{ax},{ax},->", p, gap, Scalar(1.0 / n), name="metric.kl")
     if isinstance(metric, Circuit):
         raise CircuitError("metric= takes a function output -> node, an array of weights, 'kl' or None, not a node")
     if callable(metric):
@@ -87,7 +91,8 @@ def metric_node(out: Circuit, metric, *, clean=None) -> Circuit:
         raise ShapeError(f"metric weights have shape {list(weights.shape)}; the output {out.line()} has shape "
                          f"{list(out.shape)}: give one weight per output value")
     ax = _AXES[: out.ndim]
-    return Einsum.from_spec(f"{ax},{ax}->", out, Array(weights.astype(np.float32), name="metric.weights"),
+    weights = weights if weights.dtype in (np.float32, np.float64) else weights.astype(np.float32)
+    return Einsum.from_spec(f"{ax},{ax}->", out, Array(weights, name="metric.weights"),
                             name="metric")
 
 
@@ -161,12 +166,18 @@ class Discovery:
 
 
 def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: str = "eap",
-             ablation: str = "resample", steps: int = 10, tau: float = 0.01, dtype="float32",
-             batch_size: int | None = None) -> Discovery:
+             ablation: str = "resample", steps: int = 10, tau: float = 0.01, inputs: Mapping | None = None,
+             dtype="float32", batch_size: int | None = None) -> Discovery:
     """Score every edge of ``circuit``'s head-level graph (``edges``) by ``method`` (see the
     module docstring); ``circuit`` runs clean as built, ``source`` as in ``patch`` (for
     ``ablation='zero'``: None; for ``'mean'``: values with a leading batch axis); ``steps`` for
     the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``.
+
+    A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
+    values with a leading batch axis and ``source`` gives the corrupted values in the same layout
+    (row ``i`` against row ``i``); the metric (and every gradient) is averaged over the rows.  The
+    found circuits then read Symbols: the inputs by their own names, the source as
+    ``'<input>.source'``.
 
     >>> import numpy as np
     >>> from circuits.models import attn_only, random_weights
@@ -182,46 +193,126 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
         raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
+    edges(circuit)  # a model without heads is an error before anything runs
+    circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    clean = None
-    if isinstance(metric, str):
-        from ..backend import evaluate
-
-        clean = evaluate(circuit, dtype=dtype)
-    m = metric_node(masked, metric, clean=clean)
+    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
+    obj = _Objective(m, feed, dtype, batch_size)
     n = len(g)
+    info: dict = {}
+    found = None
     if method == "exact":
-        return Discovery(g, _exact(m, n, dtype, batch_size), method, source=source, ablation=ablation)
-    if method == "eap":
-        return Discovery(g, _mask_grad(m, np.zeros(n, np.float32), dtype), method, source=source, ablation=ablation)
-    if method == "eap-ig-mask":
-        total = np.zeros(n, np.float64)
-        for k in range(steps + 1):
-            total += _mask_grad(m, np.full(n, k / steps, np.float32), dtype)
-        return Discovery(g, total / (steps + 1), method, source=source, ablation=ablation, info={"steps": steps})
-    if method == "eap-ig":
-        return Discovery(g, _eap_ig(circuit, g, source, ablation, metric, clean, steps, dtype), method,
-                         source=source, ablation=ablation, info={"steps": steps})
-    scores, kept = _acdc(m, g, tau, signed=isinstance(metric, str), dtype=dtype)
-    found = FoundCircuit(g, kept, source, ablation=ablation)
-    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info={"tau": tau})
+        values = obj.values(np.concatenate([np.zeros((1, n), np.float32), np.eye(n, dtype=np.float32)]))
+        scores = values[1:] - values[0]
+    elif method == "eap":
+        scores = obj.grad(np.zeros(n, np.float32))
+    elif method == "eap-ig-mask":
+        scores = sum(obj.grad(np.full(n, k / steps, np.float32)) for k in range(steps + 1)) / (steps + 1)
+        info["steps"] = steps
+    elif method == "eap-ig":
+        scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
+        info["steps"] = steps
+    else:
+        scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
+        found = FoundCircuit(g, kept, source, ablation=ablation)
+        info["tau"] = tau
+    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info=info)
 
 
-def _exact(m: Circuit, n: int, dtype, batch_size) -> np.ndarray:
-    from ..backend import evaluate_batched
+def batch_setup(circuit: Circuit, source, inputs, ablation: str):
+    """For a batch (``inputs`` given): the circuit over Symbols standing for the batched inputs,
+    the source as Symbols ``'<input>.source'`` (resample) and the feed ``{Symbol: rows}``."""
+    if inputs is None:
+        return circuit, source, {}
+    from ..nodes import Symbol
+    from ..traversal import replace
+    from .sites import resolve_inputs
 
-    masks = np.concatenate([np.zeros((1, n), np.float32), np.eye(n, dtype=np.float32)])
-    values = np.asarray(evaluate_batched(m, {MASK_NAME: masks}, dtype=dtype, batch_size=batch_size), np.float64)
-    return values[1:] - values[0]
+    given = resolve_inputs(circuit, inputs, "inputs", batched=True)
+    sizes = {v.shape[0] for _, v in given.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise CircuitError(f"inputs: give one non-empty batch (a leading axis of the same size), got sizes {sorted(sizes)}")
+    symbols = {node: node if isinstance(node, Symbol) else Symbol(node.shape, name=node.name, dtype=node.dtype)
+               for node, _ in given.values()}
+    feed = {symbols[node]: v for node, v in given.values()}
+    circuit = replace(circuit, {k: v for k, v in symbols.items() if k is not v})
+    if ablation != "resample":
+        return circuit, source, feed
+    if source is None:
+        raise CircuitError("ablation='resample' needs source=, the corrupted values in the layout of inputs=")
+    src = resolve_inputs(circuit, source, "source", batched=True)
+    out = {}
+    for node, v in src.values():
+        if v.shape[0] not in sizes:
+            raise ShapeError(f"source[{node.name!r}] has {v.shape[0]} rows; inputs= has {sizes.pop()}: give one "
+                             "corrupted row per clean row")
+        sym = Symbol(node.shape, name=f"{node.name}.source", dtype=node.dtype)
+        out[node] = sym
+        feed[sym] = v
+    return circuit, out, feed
 
 
-def _mask_grad(m: Circuit, at: np.ndarray, dtype) -> np.ndarray:
-    from ..backend import value_and_grad
+def clean_for(circuit: Circuit, metric, feed: dict, dtype):
+    """What ``metric_node`` compares with for ``'kl'``: the clean logits (one example) or a
+    Symbol of their log-probabilities fed per row (a batch); None for other metrics."""
+    if not isinstance(metric, str):
+        return None
+    from ..backend import evaluate, evaluate_batched
+    from ..nodes import Symbol
 
-    mask = _mask_symbol(m)
-    _, g = value_and_grad(m, mask, {mask: at}, dtype=dtype)
-    return np.asarray(g, np.float64)
+    if not feed:
+        return evaluate(circuit, dtype=dtype)
+    logits = np.asarray(evaluate_batched(circuit, {k: v for k, v in feed.items() if not k.name.endswith(".source")},
+                                         dtype=dtype), np.float64)
+    fdt = "float64" if str(dtype) == "float64" else "float32"
+    sym = Symbol(circuit.shape, name="metric.clean_log_probs", dtype=fdt)
+    feed[sym] = _log_softmax(logits).astype(fdt)
+    return sym
+
+
+class _Objective:
+    """The mean metric over the batch (or the one example) of the masked program, and its
+    gradient with respect to the mask."""
+
+    def __init__(self, m: Circuit, feed: dict, dtype, batch_size):
+        self.m, self.feed, self.dtype, self.batch_size = m, feed, dtype, batch_size
+        self.mask = _mask_symbol(m)
+        self.rows = next(iter(feed.values())).shape[0] if feed else 1
+        self._compiled = None
+
+    def values(self, masks: np.ndarray, extra: dict | None = None) -> np.ndarray:
+        """The metric for each mask row ``[K, edges] -> [K]``, one batched evaluation."""
+        from ..backend import evaluate_batched
+
+        masks = np.asarray(masks, np.float32)
+        feed = {self.mask: np.repeat(masks, self.rows, axis=0)}
+        for sym, v in self.feed.items():
+            feed[sym] = np.concatenate([v] * len(masks))
+        feed.update(extra or {})
+        # A fixed chunk (padded) so that every call of this program, whatever its number of masks,
+        # reuses one compiled function.
+        chunk = self.batch_size or CHUNK
+        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk), np.float64)
+        return out.reshape(len(masks), self.rows).mean(axis=1)
+
+    def value(self, mask: np.ndarray) -> float:
+        if self.feed:
+            return float(self.values(mask[None])[0])
+        if self._compiled is None:
+            from ..backend import compile as compile_circuit
+
+            self._compiled = compile_circuit(self.m, dtype=self.dtype)
+        return float(self._compiled({self.mask: mask}))
+
+    def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
+        from ..backend import value_and_grad
+
+        total = np.zeros(mask.shape, np.float64)
+        for i in range(self.rows):
+            feed = {self.mask: mask, **{s: v[i] for s, v in self.feed.items()}, **(extra or {})}
+            total += np.asarray(value_and_grad(self.m, self.mask, feed, dtype=self.dtype)[1], np.float64)
+        return total / self.rows
 
 
 def _mask_symbol(m: Circuit):
@@ -230,58 +321,59 @@ def _mask_symbol(m: Circuit):
     return next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
 
 
-def _eap_ig(circuit, g: Edges, source, ablation, metric, clean, steps, dtype) -> np.ndarray:
+def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:
     """Hanna et al.: gradients at runs whose embeddings go from the source's to the clean ones,
-    times the fixed clean-to-source sender differences."""
-    from ..backend import evaluate, value_and_grad
+    times the fixed clean-to-source sender differences (per row for a batch)."""
+    from ..backend import evaluate, evaluate_batched
     from ..nodes import Symbol
     from ..traversal import replace
     from .edge_graph import EMBEDS, _masked, _patched_sources
+    from .sites import one_root
 
     members = g._sources[EMBEDS]
     patched = _patched_sources(g, g.sources, source, ablation, None)
-    # Sender differences (patched - clean), evaluated once.
-    nodes = [m for s in g.sources for m in g._sources[s]] + [p for s in g.sources for p in patched[s]]
-    from .sites import one_root
-
-    _, vals = evaluate(one_root(nodes), dtype=dtype, also=nodes)
-    diff = {}
+    # Sender differences (patched - clean), evaluated once (per row): fed as Symbols.
+    pairs = [(c, p) for s in g.sources for c, p in zip(g._sources[s], patched[s])]
+    nodes = [c for c, _ in pairs] + [p for _, p in pairs]
+    rows = {k: v for k, v in feed.items() if k.name != "metric.clean_log_probs"}
+    if rows:
+        _, vals = evaluate_batched(one_root(nodes), rows, dtype=dtype, also=nodes, batch_size=batch_size)
+    else:
+        _, vals = evaluate(one_root(nodes), dtype=dtype, also=nodes)
+        vals = {k: np.asarray(v)[None] for k, v in vals.items()}
+    diff, dfeed = {}, {}
     for s in g.sources:
         d = sum(np.asarray(vals[p], np.float64) - np.asarray(vals[c], np.float64)
                 for c, p in zip(g._sources[s], patched[s]))
-        diff[s] = Array(np.asarray(d, np.float32), name=f"{s}.delta")
+        sym = Symbol(d.shape[1:], name=f"{s}.delta", dtype="float32")
+        diff[s], dfeed[sym] = sym, d.astype(np.float32)
     alpha = Symbol((), name="eap_ig.alpha", dtype="float32")
     interp_embeds = {}
     for c, p in zip(members, patched[EMBEDS]):
         ax = _AXES[: c.ndim]
         back = Add(c, Einsum.from_spec(f"{ax},->{ax}", p, Scalar(-1.0)))
         interp_embeds[c] = Add(p, Einsum.from_spec(f"{ax},->{ax}", back, alpha), name=f"{c.name}.interpolated")
-    delta_form = _masked(g, list(range(len(g))), None, ablation, deltas=diff)
-    run = replace(delta_form, interp_embeds)
+    run = replace(_masked(g, list(range(len(g))), None, ablation, deltas=diff), interp_embeds)
+    clean = next((k for k in feed if k.name == "metric.clean_log_probs"), None)
+    if clean is None and isinstance(metric, str):
+        clean = clean_for(circuit, metric, {}, dtype)
     m = metric_node(run, metric, clean=clean)
-    weights = _mask_symbol(m)
-    total = np.zeros(len(g), np.float64)
+    if feed:
+        obj = _Objective(m, {**feed, **dfeed}, dtype, batch_size)
+    else:
+        obj = _Objective(m, {k: v for k, v in dfeed.items()}, dtype, batch_size)
     zeros = np.zeros(len(g), np.float32)
-    for k in range(steps):
-        _, grad = value_and_grad(m, weights, {weights: zeros, alpha: np.float32(k / steps)}, dtype=dtype)
-        total += np.asarray(grad, np.float64)
-    return total / steps
+    return sum(obj.grad(zeros, {alpha: np.float32(k / steps)}) for k in range(steps)) / steps
 
 
-def _acdc(m: Circuit, g: Edges, tau: float, *, signed: bool, dtype):
-    from ..backend import compile as compile_circuit
-
-    f = compile_circuit(m, dtype=dtype)
+def _acdc(obj: _Objective, g: Edges, tau: float, *, signed: bool):
     mask = np.zeros(len(g), np.float32)
-    current = float(f({MASK_NAME: mask}))
+    current = obj.value(mask)
     scores = np.zeros(len(g), np.float64)
-    order = []
-    for d in reversed(g._dests):
-        for s in reversed(d.sources):
-            order.append(g.index(f"{s} -> {d.label}"))
+    order = [g.index(f"{s} -> {d.label}") for d in reversed(g._dests) for s in reversed(d.sources)]
     for i in order:
         mask[i] = 1.0
-        value = float(f({MASK_NAME: mask}))
+        value = obj.value(mask)
         change = value - current
         scores[i] = change
         if (change if signed else abs(change)) < tau:

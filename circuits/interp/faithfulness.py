@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import CircuitError, ShapeError
 from ..nodes import Circuit
-from .edge_graph import MASK_NAME, edges, patch_edges
+from .edge_graph import edges, patch_edges
 
 __all__ = ["faithfulness", "Faithfulness"]
 
@@ -77,13 +77,14 @@ class Faithfulness:
 
 
 def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, sizes=None,
-                 ablation: str | None = None, dtype="float32", batch_size: int | None = None) -> Faithfulness:
+                 ablation: str | None = None, inputs: Mapping | None = None, dtype="float32",
+                 batch_size: int | None = None) -> Faithfulness:
     """The faithfulness curve of the ranking ``scores`` (a ``Discovery``, a dict edge -> score,
     or an array in ``edges(circuit)`` order) on ``circuit`` (see the module docstring); ``sizes``:
     the numbers of edges kept (default: every size up to 256 edges, else 64 sizes spread out);
-    ``ablation`` defaults to the Discovery's own (else ``'resample'``)."""
-    from ..backend import evaluate, evaluate_batched
-    from .discovery import Discovery, metric_node
+    ``ablation`` defaults to the Discovery's own (else ``'resample'``); ``inputs`` a batch, as
+    for ``discover`` (the metric averaged over its rows)."""
+    from .discovery import Discovery, _Objective, batch_setup, clean_for, metric_node
 
     g = edges(circuit)
     n = len(g)
@@ -112,8 +113,8 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     # Row j patches every edge outside the top sizes[j]; plus the full and empty models.
     masks = np.stack([(rank >= s).astype(np.float32) for s in sizes]
                      + [np.zeros(n, np.float32), np.ones(n, np.float32)])
+    circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    clean = evaluate(circuit, dtype=dtype) if isinstance(metric, str) else None
-    m = metric_node(masked, metric, clean=clean)
-    values = np.asarray(evaluate_batched(m, {MASK_NAME: masks}, dtype=dtype, batch_size=batch_size), np.float64)
+    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
+    values = _Objective(m, feed, dtype, batch_size).values(masks)
     return Faithfulness(sizes, values[:-2], values[-2], values[-1], n, label)

@@ -30,8 +30,10 @@ def edge_names(n_layers: int, n_heads: int) -> list[str]:
     return names
 
 
-def forward(weights, tokens, *, targets=None, weights_of=None, senders=None, delta=None, embeds=None):
-    """``(per-token loss, {source: value})`` of the pass described in the module docstring."""
+def forward(weights, tokens, *, targets=None, weights_of=None, senders=None, delta=None, embeds=None,
+            return_logits=False):
+    """``(per-token loss, {source: value})`` of the pass described in the module docstring
+    (``return_logits``: the logits in place of the loss)."""
     weights_of = weights_of or {}
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     tokens = np.asarray(tokens)
@@ -68,6 +70,8 @@ def forward(weights, tokens, *, targets=None, weights_of=None, senders=None, del
         layer += 1
     x = read("output")
     logits = layer_norm(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
+    if return_logits:
+        return logits, values
     return -log_softmax(logits)[np.arange(n), target], values
 
 
