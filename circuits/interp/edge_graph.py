@@ -282,7 +282,7 @@ def _roles(head: Circuit, is_source) -> dict[str, Circuit]:
 
 def _check_only_through(dest: Circuit, resid: Circuit, is_source, label: str):
     for n in toposort(dest, stop=lambda n: n.hash == resid.hash or is_source(n)):
-        if n.hash != resid.hash and is_source(n):
+        if n.hash != resid.hash and n is not dest and is_source(n):
             raise CircuitError(f"edges: destination {label!r} reads {n.line()} other than through the residual "
                                f"stream {resid.line()}; edges would not be exact")
 

@@ -141,3 +141,68 @@ def test_bad_sources_and_models_are_named(model):
         patch_edges(loss, edge, None)
     with pytest.raises(CircuitError, match="no heads"):
         edges(C.Array(np.ones(3, np.float32), name="x"))
+
+
+# ---------------------------------------------------------------------------- GPT-2, OPT, Llama
+def _hf_models():
+    from circuits.models import gpt2, llama, opt
+    from circuits.models.gpt2 import random_gpt2_weights
+    from circuits.models.llama import random_llama_weights
+    from circuits.models.opt import random_opt_weights
+
+    return {
+        "gpt2": (gpt2, random_gpt2_weights, dict(n_embd=8, n_head=2, n_layer=2, vocab_size=11, n_positions=16,
+                                                 activation_function="gelu_new")),
+        "opt": (opt, random_opt_weights, dict(hidden_size=8, num_attention_heads=2, num_hidden_layers=2,
+                                              vocab_size=11, max_position_embeddings=16, ffn_dim=16,
+                                              word_embed_proj_dim=8, do_layer_norm_before=True,
+                                              activation_function="relu")),
+        "llama": (llama, random_llama_weights, dict(hidden_size=8, num_attention_heads=4, num_key_value_heads=2,
+                                                    num_hidden_layers=2, vocab_size=11, intermediate_size=16,
+                                                    max_position_embeddings=16, hidden_act="silu")),
+    }
+
+
+HF_CLEAN, HF_CORRUPT = np.array([1, 2, 3, 4, 5]), np.array([1, 7, 3, 9, 6])
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt", "llama"])
+def test_split_head_builders(family):
+    build, random_w, cfg = _hf_models()[family]
+    w = random_w(cfg)
+    c = build(cfg, w, HF_CLEAN, split_heads=True)
+    g = edges(c)
+    n_heads = cfg.get("n_head", cfg.get("num_attention_heads"))
+    heads = [f"h{l}.attn.head{h}" for l in range(2) for h in range(n_heads)]
+    assert g.sources == ["embeds"] + heads[:n_heads] + ["h0.mlp"] + heads[n_heads:] + ["h1.mlp"]
+    assert "h0.mlp -> h1.mlp" in g and "embeds -> output" in g and "h1.mlp -> output" in g
+    if family == "llama":  # grouped-query attention: one k and one v destination per key-value head
+        assert "h0.attn.head1 -> h1.attn.kv0.k" in g and "h0.attn.head1 -> h1.attn.head3.q" in g
+        assert not any(d.endswith("head0.k") for d in g.destinations)
+    else:
+        assert "h0.attn.head1 -> h1.attn.head0.k" in g
+    src = {"tokens": HF_CORRUPT}
+    every = run(patch_edges(c, list(g), src))
+    np.testing.assert_allclose(every, run(build(cfg, w, HF_CORRUPT, split_heads=True)), rtol=1e-9, atol=1e-10)
+    some = [g[i] for i in range(0, len(g), 3)]
+    mask = np.zeros(len(g))
+    mask[::3] = 1
+    masked = patch_edges(c, None, src, mask=True)
+    np.testing.assert_allclose(run(masked, {"edges.mask": mask}), run(patch_edges(c, some, src)), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(run(masked, {"edges.mask": np.zeros(len(g))}), run(c), rtol=1e-9, atol=1e-10)
+
+
+def test_gpt2_one_edge_is_path_patching_with_the_mlp_frozen():
+    build, random_w, cfg = _hf_models()["gpt2"]
+    c = build(cfg, random_w(cfg), HF_CLEAN, split_heads=True)
+    src = {"tokens": HF_CORRUPT}
+    got = run(patch_edges(c, ["h0.attn.head1 -> h1.attn.head0.k"], src))
+    pp = C.interp.path_patch(c, "h0.attn.head1", "h1.attn.head0.k", src, freeze=C.select.Glob("h0.mlp"))
+    np.testing.assert_allclose(got, run(pp), rtol=1e-9, atol=1e-10)
+    assert not np.allclose(got, run(c))
+
+
+def test_fused_attention_is_refused():
+    build, random_w, cfg = _hf_models()["gpt2"]
+    with pytest.raises(CircuitError, match="split_heads=True"):
+        edges(build(cfg, random_w(cfg), HF_CLEAN))
