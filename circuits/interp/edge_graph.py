@@ -314,6 +314,9 @@ def edges(circuit: Circuit) -> Edges:
     return g
 
 
+_graph_of = edges  # patch_edges' parameter is named like the function
+
+
 # ---------------------------------------------------------------------------- patching
 def _patched_sources(g: Edges, labels, source, ablation: str, data) -> dict[str, list[Circuit]]:
     """Each needed source's patched value, member by member: recomputed from ``source``
@@ -372,15 +375,15 @@ def _rebuild(g: Edges, term_of) -> Circuit:
     return new[g.circuit.hash]
 
 
-def patch_edges(circuit: Circuit, edges_, source: Mapping | None, *, ablation: str = "resample",
-                mask: bool = False) -> Circuit:
+def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping | None, *,  # noqa: F811
+                ablation: str = "resample", mask: bool = False) -> Circuit:
     """``circuit`` with exactly the given edges patched: each destination reads its patched
     edges' senders recomputed from ``source`` (``ablation='resample'``, ``source`` as in
     ``patch``), zeroed (``'zero'``, no source) or averaged over ``source``'s batch (``'mean'``,
     values with a leading batch axis); every other edge, and everything else (the loss's targets
     included), stays as in ``circuit``.  No edge gives ``circuit`` itself.
 
-    ``mask=True``: the masked form; ``edges_`` lists the covered edges (``None``: every edge, in
+    ``mask=True``: the masked form; ``edges`` lists the covered edges (``None``: every edge, in
     ``edges(circuit)``'s order) and the result reads a Symbol ``'edges.mask'`` of one weight per
     covered edge (1: patched, 0: clean, in between: interpolated), so one compiled program
     evaluates every edge set.
@@ -395,13 +398,13 @@ def patch_edges(circuit: Circuit, edges_, source: Mapping | None, *, ablation: s
     >>> bool(np.allclose(evaluate(masked, {'edges.mask': m}), evaluate(loss), atol=1e-5))
     True
     """
-    g = edges(circuit)
+    g = _graph_of(circuit)
     if mask:
-        covered = list(range(len(g))) if edges_ is None else g.resolve(edges_)
+        covered = list(range(len(g))) if edges is None else g.resolve(edges)
         return _masked(g, covered, source, ablation)
-    if edges_ is None:
+    if edges is None:
         raise CircuitError("patch_edges: give a list of edge names (an empty list patches nothing)")
-    chosen = g.resolve(edges_)
+    chosen = g.resolve(edges)
     if not chosen:
         return circuit
     picked = {g.names[i] for i in chosen}
