@@ -80,6 +80,8 @@ class Edges(Sequence):
         self._sources = sources  # label -> list of member nodes (embeds may be several summands)
         self._dests = dests
         self.names = tuple(f"{s} -> {d.label}" for d in dests for s in d.sources)
+        self._templates: dict = {}  # destination label -> (stand-in Symbol, copied path): see _template
+        self._original = {n.hash for n in toposort(circuit)}
         self._index = {n: i for i, n in enumerate(self.names)}
 
     @property
@@ -357,6 +359,8 @@ def _sum(nodes: list[Circuit], name=None) -> Circuit:
 def _rebuild(g: Edges, term_of) -> Circuit:
     """The circuit rebuilt with each destination ``d`` for which ``term_of(d, new)`` returns a
     residual sum reading that sum (the nodes between copied, ``'<name>@<destination>'``)."""
+    from ..traversal import replace
+
     dest_at = {d.node.hash: d for d in g._dests if d.label != OUTPUT}
     out_dest = g._dests[-1]
     new: dict[bytes, Circuit] = {}
@@ -369,10 +373,37 @@ def _rebuild(g: Edges, term_of) -> Circuit:
         if d is not None:
             resid = term_of(d, new)
             if resid is not None:
-                copy = copy_with([d.node], {d.resid.hash: resid}, f"@{d.label}")[h]
-                rebuilt = copy.rename(n.name) if n.name is not None else copy
+                slot, template = _template(g, d)
+                copy = replace(template, {slot: resid})
+                rebuilt = copy.rename(n.name) if n.name is not None and copy.name != n.name else copy
         new[h] = rebuilt
     return new[g.circuit.hash]
+
+
+def _template(g: Edges, d: _Dest) -> tuple[Circuit, Circuit]:
+    """The destination's path from its residual sum, copied over a stand-in Symbol (``slot``),
+    made once per destination: a fused-projection destination (GPT-2's ``h0.attn.head3.q``, an
+    Index of the layer's ``qkv``) gets its Index pushed down into the weights (``split_heads``'
+    rules, on the copy only), so each destination computes its own head's slice, not the layer's
+    whole projection."""
+    cached = g._templates.get(d.label)
+    if cached is not None:
+        return cached
+    from ..nodes import Symbol
+
+    slot = Symbol(d.resid.shape, name=f"{d.label}.resid", dtype=d.resid.dtype)
+    copies = copy_with([d.node], {d.resid.hash: slot}, f"@{d.label}")
+    template = copies[d.node.hash]
+    if d.label != OUTPUT:
+        fresh = {c.hash for c in copies.values() if c.hash not in g._original}
+        if any(isinstance(n, Index) and n.hash in fresh for n in toposort(template)):
+            import rewrites
+            from rewrites.rules import index as index_rules
+
+            push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+            template = rewrites.apply(push, template, where=lambda n: n.hash not in g._original)
+    g._templates[d.label] = (slot, template)
+    return slot, template
 
 
 def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping | None, *,  # noqa: F811
