@@ -23,17 +23,15 @@ does not need with zero weights), so the edges are those auto-circuit and the AC
 see.  ``tracr_decode(model, value)`` turns the logits into what ``model.apply(inputs).decoded``
 gives.
 
->>> from tracr.rasp import rasp                                    # doctest: +SKIP
->>> from tracr.compiler import compiling                           # doctest: +SKIP
->>> program = rasp.numerical(rasp.Map(lambda x: x + 1, rasp.tokens, simplify=False))  # doctest: +SKIP
->>> model = compiling.compile_rasp_to_model(program, {1, 2}, 3, compiler_bos="BOS")  # doctest: +SKIP
->>> import circuits                                                # doctest: +SKIP
->>> logits = circuits.evaluate(from_tracr(model, ["BOS", 2, 1]))   # doctest: +SKIP
->>> tracr_decode(model, logits)                                    # doctest: +SKIP
-['BOS', 3.0, 2.0]
+Example (compiling with tracr takes seconds, so instead of a doctest it runs as
+``test_module_example`` in ``tests/importers/test_tracr.py``)::
 
-(The example skips in doctests: compiling with tracr takes seconds; ``tests/importers/test_tracr.py``
-runs it.)
+    from tracr.compiler import compiling, lib
+    from tracr.rasp import rasp
+    program = lib.make_frac_prevs(rasp.tokens == "a")
+    model = compiling.compile_rasp_to_model(program, {"a", "b"}, 4, compiler_bos="BOS")
+    logits = circuits.evaluate(from_tracr(model, ["BOS", "a", "b", "a"]))  # [4, 1]: numerical
+    tracr_decode(model, logits)  # ['BOS', 1.0, 0.5, 0.666...], as model.apply(...).decoded
 """
 
 from __future__ import annotations
@@ -143,6 +141,8 @@ def _tokens_node(model, inputs, vocab: int, max_len: int) -> Circuit:
     if isinstance(inputs, Circuit):
         if len(inputs.shape) != 1:
             raise CircuitError(f"from_tracr: a tokens node must be 1-d (encoded token ids), got {inputs.line()}")
+        if not str(inputs.dtype).startswith(("int", "uint")):
+            raise CircuitError(f"from_tracr: a tokens node must hold int token ids, got {inputs.line()} ({inputs.dtype})")
         toks = inputs
     else:
         ids = tracr_tokens(model, inputs)

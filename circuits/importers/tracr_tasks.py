@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CircuitError
+from ..nodes import Add, Circuit, Einsum, Scalar
 
 TASKS = ("reverse", "frac_prevs")
 BOS = "BOS"
@@ -95,6 +96,16 @@ class TracrTask:
 
         return from_tracr(self.model, inputs)
 
+    def metric(self, circuit):
+        """The metric auto-circuit runs this task with, as ``circuits.interp.discover`` takes it:
+        ``'kl'`` (KL divergence from the clean output distribution) for ``reverse``; for
+        ``frac_prevs`` (a numerical output) the mean squared difference of the output from
+        ``circuit``'s clean value (ACDC's ``l2``), a function of the output node.  ``circuit`` is
+        the clean circuit the metric compares with (``self.circuit(...)``, over the same inputs)."""
+        if self.name == "reverse":
+            return "kl"
+        return squared_error_to(circuit)
+
     def tokens(self, inputs) -> np.ndarray:
         from .tracr import tracr_tokens
 
@@ -102,6 +113,28 @@ class TracrTask:
         if inputs and isinstance(inputs[0], (list, tuple)):
             return np.stack([tracr_tokens(self.model, x) for x in inputs])
         return tracr_tokens(self.model, inputs)
+
+
+def squared_error_to(clean: Circuit):
+    """A metric for ``discover``: the output node -> the mean of its squared difference from
+    ``clean`` (a node of the output's shape, e.g. the unpatched circuit over the same inputs, so
+    that each row of a batch compares with its own clean output): ACDC's ``l2``.
+
+    >>> import numpy as np
+    >>> from circuits import Array, evaluate
+    >>> clean = Array(np.zeros((2, 1), np.float32), name='clean')
+    >>> float(evaluate(squared_error_to(clean)(Array(np.array([[1.0], [3.0]], np.float32), name='out'))))
+    5.0
+    """
+    def metric(out: Circuit) -> Circuit:
+        if out.shape != clean.shape:
+            raise CircuitError(f"squared_error_to: the output {out.line()} and the clean value {clean.line()} differ in shape")
+        ax = "abcdefgh"[: out.ndim]
+        diff = Add(out, Einsum.from_spec(f"{ax},->{ax}", clean, Scalar(-1.0)), name="metric.diff")
+        return Einsum.from_spec(f"{ax},{ax},->", diff, diff, Scalar(1.0 / max(1, int(np.prod(out.shape)))),
+                                name="metric.l2")
+
+    return metric
 
 
 def reverse_program():

@@ -87,6 +87,14 @@ def test_numerical_program_matches_tracr(frac, inputs):
     check_against_tracr(frac, inputs)
 
 
+def test_module_example(frac):
+    """The example of ``circuits/importers/tracr.py``'s docstring (the ``frac`` program)."""
+    logits = circuits.evaluate(from_tracr(frac, ["BOS", "a", "b", "a"]))
+    assert logits.shape == (4, 1)
+    decoded = tracr_decode(frac, logits)
+    assert decoded[:3] == ["BOS", 1.0, 0.5] and decoded[3] == pytest.approx(2 / 3)
+
+
 def test_layout_names_heads_and_mlps_for_edges(hist):
     c = from_tracr(hist, ["BOS", "a", "b"])
     cfg = hist.model_config
@@ -128,6 +136,8 @@ def test_bad_inputs_are_clear_errors(hist):
         from_tracr(hist, Symbol((2, 3), name="tokens", dtype="int64"))
     with pytest.raises(CircuitError, match="positions"):
         from_tracr(hist, Symbol((9,), name="tokens", dtype="int64"))
+    with pytest.raises(CircuitError, match="int token ids"):
+        from_tracr(hist, Symbol((3,), name="tokens"))
     with pytest.raises(CircuitError, match="AssembledTransformerModel"):
         from_tracr(object(), ["BOS"])
     with pytest.raises(CircuitError, match="positions, outputs"):
@@ -174,6 +184,17 @@ def test_mlp_biases_are_kept(frac):
     inputs = ["BOS", "a", "b", "a"]
     np.testing.assert_allclose(circuits.evaluate(from_tracr(model, inputs))[:, 0],
                                np.asarray(_apply(model, inputs).unembedded)[0], atol=1e-5)
+
+
+def test_squared_error_metric_checks_its_shape():
+    from circuits import Array
+    from circuits.importers.tracr_tasks import squared_error_to
+
+    metric = squared_error_to(Array(np.zeros((3, 1), np.float32), name="clean"))
+    out = Array(np.array([[1.0], [2.0], [2.0]], np.float32), name="out")
+    assert float(circuits.evaluate(metric(out))) == pytest.approx(3.0)
+    with pytest.raises(CircuitError, match="differ in shape"):
+        metric(Array(np.zeros((2, 1), np.float32), name="out"))
 
 
 def test_task_edge_sets_are_data():

@@ -15,8 +15,9 @@ Compiling with tracr and running ACDC over every edge take tens of seconds: the 
 import numpy as np
 import pytest
 
-from circuits import Add, Einsum, Scalar, Symbol, interp
+from circuits import Symbol, interp
 from circuits.importers import tracr_task
+from circuits.importers.tracr_tasks import squared_error_to
 
 pytestmark = pytest.mark.slow
 
@@ -34,21 +35,10 @@ def tasks():
     return out
 
 
-def squared_error_to(clean):
-    """ACDC's ``l2`` metric: the mean squared difference of the output from ``clean`` (the
-    unpatched circuit over the same inputs, so each row compares with its own clean output)."""
-
-    def metric(out):
-        diff = Add(out, Einsum.from_spec("ab,->ab", clean, Scalar(-1.0)), name="metric.diff")
-        return Einsum.from_spec("ab,ab,->", diff, diff, Scalar(1.0 / (out.shape[0] * out.shape[1])), name="metric.l2")
-
-    return metric
-
-
 def run(tasks, name, method, ablation, *, metric=None, tau=TAU):
     task, circuit, clean, corrupt = tasks[name]
     if metric is None:
-        metric = "kl" if name == "reverse" else squared_error_to(circuit)
+        metric = task.metric(circuit)
     source = {"tokens": corrupt} if ablation == "resample" else None
     return interp.discover(circuit, source, metric, method=method, ablation=ablation, tau=tau,
                            inputs={"tokens": clean})
