@@ -75,7 +75,7 @@ ACDC_EDGES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TracrTask:
     """One of the ACDC paper's tracr tasks (``tracr_task(name)``): the compiled ``model``, its
     ``vocab``, the canonical ``true_edges`` (resample ablation) and ``acdc_edges`` (zero
