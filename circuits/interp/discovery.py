@@ -290,10 +290,11 @@ class _Objective:
         for sym, v in self.feed.items():
             feed[sym] = np.concatenate([v] * len(masks))
         feed.update(extra or {})
-        # A fixed chunk (padded) so that every call of this program, whatever its number of masks,
-        # reuses one compiled function.
-        chunk = self.batch_size or CHUNK
-        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk), np.float64)
+        # One chunk for all rows up to 256, rounded up to a multiple of CHUNK (padded), so that the
+        # calls of this program (all edges for 'exact', a curve's sizes) share one compiled function.
+        total = len(masks) * self.rows
+        chunk = self.batch_size or min(256, -(-total // CHUNK) * CHUNK)
+        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk, mode="jit"), np.float64)
         return out.reshape(len(masks), self.rows).mean(axis=1)
 
     def value(self, mask: np.ndarray) -> float:
@@ -302,7 +303,7 @@ class _Objective:
         if self._compiled is None:
             from ..backend import compile as compile_circuit
 
-            self._compiled = compile_circuit(self.m, dtype=self.dtype)
+            self._compiled = compile_circuit(self.m, dtype=self.dtype)  # always jitted
         return float(self._compiled({self.mask: mask}))
 
     def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
@@ -311,7 +312,10 @@ class _Objective:
         total = np.zeros(mask.shape, np.float64)
         for i in range(self.rows):
             feed = {self.mask: mask, **{s: v[i] for s, v in self.feed.items()}, **(extra or {})}
-            total += np.asarray(value_and_grad(self.m, self.mask, feed, dtype=self.dtype)[1], np.float64)
+            # mode='jit' whatever the program's size: a masked program is run many times (a big one,
+            # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
+            grad = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
+            total += np.asarray(grad, np.float64)
         return total / self.rows
 
 

@@ -82,6 +82,7 @@ class Edges(Sequence):
         self.names = tuple(f"{s} -> {d.label}" for d in dests for s in d.sources)
         self._templates: dict = {}  # destination label -> (stand-in Symbol, copied path): see _template
         self._original = {n.hash for n in toposort(circuit)}
+        self._masked: dict = {}  # (covered edges, ablation, source fingerprint) -> masked circuit
         self._index = {n: i for i, n in enumerate(self.names)}
 
     @property
@@ -432,7 +433,14 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
     g = _graph_of(circuit)
     if mask:
         covered = list(range(len(g))) if edges is None else g.resolve(edges)
-        return _masked(g, covered, source, ablation)
+        key = (tuple(covered), ablation, _fingerprint(source))
+        masked = g._masked.get(key)
+        if masked is None:
+            masked = _masked(g, covered, source, ablation)
+            if len(g._masked) >= 8:
+                g._masked.pop(next(iter(g._masked)))
+            g._masked[key] = masked
+        return masked
     if edges is None:
         raise CircuitError("patch_edges: give a list of edge names (an empty list patches nothing)")
     chosen = g.resolve(edges)
@@ -451,6 +459,23 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
         return Add(*terms, *d.consts, name=f"{d.label}.resid")
 
     return _rebuild(g, term_of)
+
+
+def _fingerprint(source) -> tuple | None:
+    """A key for a source mapping: names (or node hashes) and value digests."""
+    import hashlib
+
+    if source is None or not isinstance(source, Mapping):
+        return None
+    out = []
+    for k, v in source.items():
+        key = k.hash if isinstance(k, Circuit) else str(k)
+        if isinstance(v, Circuit):
+            out.append((key, v.hash))
+        else:
+            a = np.ascontiguousarray(v)
+            out.append((key, a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+    return tuple(sorted(out, key=repr))
 
 
 def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict | None = None) -> Circuit:
