@@ -77,6 +77,7 @@ def test_interp_names():
         "split_heads", "sweep", "SweepResult", "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
         "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "train_sae", "attribution_graph",
         "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores",
+        "edges", "Edges", "patch_edges", "discover", "Discovery", "FoundCircuit", "faithfulness", "Faithfulness",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)
@@ -87,6 +88,8 @@ def test_interp_names():
     assert list(inspect.signature(C.interp.splice).parameters)[:3] == ["circuit", "site", "sae"]
     assert list(inspect.signature(C.interp.train_sae).parameters)[:3] == ["circuit", "site", "data"]
     assert list(inspect.signature(C.interp.load_sae).parameters) == ["path"]
+    assert list(inspect.signature(C.interp.patch_edges).parameters)[:3] == ["circuit", "edges", "source"]
+    assert list(inspect.signature(C.interp.discover).parameters)[:3] == ["circuit", "source", "metric"]
     assert list(inspect.signature(C.interp.save_sae).parameters) == ["sae", "path"]
 
 

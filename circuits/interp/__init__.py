@@ -17,6 +17,8 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
 - ``splice(circuit, site, sae)``: an SAE or transcoder spliced in with an explicit error node;
   ``load_sae`` / ``save_sae`` (SAELens layout), ``train_sae``; ``attribution_graph`` (exact direct
   effects between features, errors, tokens and logits with patterns and norm scales frozen)
+- ``edges(circuit)``, ``patch_edges(circuit, edges, source)``, ``discover(circuit, source, metric,
+  method=)``, ``faithfulness``: circuit discovery over the head-level graph (EAP, EAP-IG, ACDC, exact)
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
   path expansion into named per-source terms; ``split_heads`` for fused-head attention
 
@@ -32,7 +34,11 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 
 from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
+from .discovery import Discovery, discover
+from .edge_graph import Edges, edges, patch_edges
 from .expansion import expand_residual, layer_norm_parts, residual_terms
+from .faithfulness import Faithfulness, faithfulness
+from .found import FoundCircuit
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .induction import head_scores, induction_hypothesis
@@ -52,5 +58,7 @@ __all__ = [
     "train_sae", "induction_saes",
     # causal scrubbing
     "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM", "induction_hypothesis", "head_scores",
+    # circuit discovery
+    "edges", "Edges", "patch_edges", "discover", "Discovery", "FoundCircuit", "faithfulness", "Faithfulness",
 ]
 

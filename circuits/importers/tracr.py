@@ -1,0 +1,256 @@
+"""``from_tracr(model, inputs)``: a program compiled by tracr (RASP -> transformer weights) as a circuit.
+
+tracr (``pip install tracr-pypi``; an optional extra, imported only when called) compiles a RASP
+program into an ``AssembledTransformerModel``: haiku parameters for a plain transformer with no
+LayerNorm, ReLU MLPs, one-hot token and position embeddings, and an unembedding that projects
+the residual stream onto the program's output space.  The circuit built here computes exactly
+what tracr's forward pass computes, in the node layout that interventions and
+``circuits.interp.edges`` expect:
+
+- ``'tokens'`` (the encoded inputs: an int64 Array, or a 1-d int Symbol the caller gives) ->
+  ``'tok_embeds'`` + ``'pos_embeds'`` = ``'embeds'``, the residual stream's start;
+- layer ``l``'s attention: one subcircuit per head, ``'b{l}.a.head{h}'``, whose queries, keys
+  and values are ``'b{l}.a.head{h}.a.q'`` / ``'.a.k'`` / ``'.a.v'`` (products of the residual
+  stream itself, ``circuits.models.blocks.attention_head``), summed into ``'b{l}.a'``; the
+  residual after it is ``'b{l}.mid'``;
+- layer ``l``'s MLP: ``'h{l}.mlp'`` (``'h{l}.mlp.fc'``, ``'h{l}.mlp.act'``: ``circuits.models
+  .blocks.mlp``); the residual after it is ``'b{l}'``;
+- ``'logits'`` [positions, outputs]: the final residual stream projected onto the output space
+  (tracr's ``unembed`` before its argmax; one column for a numerical program).
+
+Every layer and head tracr's parameters hold is kept, the empty ones too (tracr fills a layer it
+does not need with zero weights), so the edges are those auto-circuit and the ACDC repository
+see.  ``tracr_decode(model, value)`` turns the logits into what ``model.apply(inputs).decoded``
+gives.
+
+Example (compiling with tracr takes seconds, so instead of a doctest it runs as
+``test_module_example`` in ``tests/importers/test_tracr.py``)::
+
+    from tracr.compiler import compiling, lib
+    from tracr.rasp import rasp
+    program = lib.make_frac_prevs(rasp.tokens == "a")
+    model = compiling.compile_rasp_to_model(program, {"a", "b"}, 4, compiler_bos="BOS")
+    logits = circuits.evaluate(from_tracr(model, ["BOS", "a", "b", "a"]))  # [4, 1]: numerical
+    tracr_decode(model, logits)  # ['BOS', 1.0, 0.5, 0.666...], as model.apply(...).decoded
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CircuitError
+from ..models.blocks import ALL, attention_head, causal_mask, mlp, neg_inf_bias
+from ..models.common import embed
+from ..nodes import Add, Array, Circuit, Einsum, Index
+
+_ATTN_PARTS = ("query", "key", "value", "linear")
+_MLP_PARTS = ("linear_1", "linear_2")
+
+
+def _require_tracr():
+    try:
+        import haiku  # noqa: F401
+        import tracr  # noqa: F401
+    except ImportError as e:  # pragma: no cover - the test extra installs both
+        raise CircuitError(
+            "from_tracr needs tracr and haiku: pip install 'circuits[tracr]' "
+            "(tracr-pypi==1.0.0, dm-haiku==0.0.17)") from e
+
+
+def _model_parts(model):
+    """(params as float32 numpy arrays by haiku module and name, model config), checked."""
+    missing = [a for a in ("params", "model_config", "input_encoder", "get_compiled_model") if not hasattr(model, a)]
+    if missing:
+        raise CircuitError(
+            f"from_tracr: expected a tracr AssembledTransformerModel (compiling.compile_rasp_to_model), got "
+            f"{type(model).__name__} without {', '.join(missing)}")
+    params = {mod: {k: np.asarray(v, dtype=np.float32) for k, v in vals.items()} for mod, vals in model.params.items()}
+    return params, model.model_config
+
+
+def _check_config(cfg):
+    import jax
+
+    if getattr(cfg, "layer_norm", False):
+        raise CircuitError("from_tracr: model_config.layer_norm=True is not supported (tracr compiles without "
+                           "LayerNorm; a model with it was not assembled by tracr's compiler)")
+    if cfg.activation_function is not jax.nn.relu:
+        raise CircuitError(f"from_tracr: model_config.activation_function={cfg.activation_function!r} is not "
+                           "supported; tracr's compiler uses jax.nn.relu")
+
+
+def _layer_param(params, name: str, key: str, shape) -> np.ndarray:
+    if name not in params or key not in params[name]:
+        raise CircuitError(f"from_tracr: the model's params have no {name!r}[{key!r}]")
+    v = params[name][key]
+    if tuple(v.shape) != tuple(shape):
+        raise CircuitError(f"from_tracr: params {name!r}[{key!r}] has shape {list(v.shape)}, expected {list(shape)}")
+    return v
+
+
+def _check_known_params(params, n_layers: int):
+    known = {"token_embed", "pos_embed"}
+    for l in range(n_layers):
+        known.update(f"transformer/layer_{l}/attn/{p}" for p in _ATTN_PARTS)
+        known.update(f"transformer/layer_{l}/mlp/{p}" for p in _MLP_PARTS)
+    extra = sorted(set(params) - known)
+    if extra:
+        raise CircuitError(f"from_tracr: unsupported parameters {', '.join(map(repr, extra))} (a tracr model has "
+                           "only token/position embeddings and per-layer attention and MLP weights)")
+
+
+def _unembedding(model, d_model: int) -> tuple[np.ndarray, bool]:
+    """tracr's projection of the residual stream onto the output space, [outputs, d_model], read by
+    running the model's own unembedding module on the identity; and whether it takes an argmax
+    (a categorical program)."""
+    import haiku as hk
+
+    found = {}
+
+    def project(x):
+        compiled = model.get_compiled_model()
+        found["categorical"] = bool(compiled.use_unembed_argmax)
+        return compiled.unembed(x, use_unembed_argmax=False)
+
+    out = np.asarray(hk.without_apply_rng(hk.transform(project)).apply(model.params, np.eye(d_model, dtype=np.float32)),
+                     dtype=np.float32)
+    if out.ndim == 1:  # tracr squeezes a single output dimension (numerical programs)
+        out = out[:, None]
+    return np.ascontiguousarray(out.T), found["categorical"]
+
+
+def tracr_tokens(model, inputs) -> np.ndarray:
+    """``inputs`` as tracr takes them (``["BOS", 1, 2, 3]``) encoded into the model's token ids
+    (int64), as ``model.apply`` encodes them; a bad input is a ``CircuitError``."""
+    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__len__"):
+        raise CircuitError(f"tracr inputs must be a list like ['BOS', 1, 2, 3], got {inputs!r}")
+    inputs = list(inputs)
+    if not inputs:
+        raise CircuitError("tracr inputs are empty: give at least the BOS token, e.g. ['BOS', 1, 2]")
+    encoder = model.input_encoder
+    if encoder is None:
+        return np.asarray(inputs, dtype=np.int64)
+    try:
+        ids = encoder.encode(inputs)
+    except (ValueError, TypeError) as e:
+        raise CircuitError(f"tracr inputs {inputs!r} do not encode: {' '.join(map(str, e.args))}") from e
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _tokens_node(model, inputs, vocab: int, max_len: int) -> Circuit:
+    if isinstance(inputs, Circuit):
+        if len(inputs.shape) != 1:
+            raise CircuitError(f"from_tracr: a tokens node must be 1-d (encoded token ids), got {inputs.line()}")
+        if not str(inputs.dtype).startswith(("int", "uint")):
+            raise CircuitError(f"from_tracr: a tokens node must hold int token ids, got {inputs.line()} ({inputs.dtype})")
+        toks = inputs
+    else:
+        ids = tracr_tokens(model, inputs)
+        if ids.min() < 0 or ids.max() >= vocab:
+            raise CircuitError(f"from_tracr: token ids must lie in [0, {vocab}), got {ids.tolist()}")
+        toks = Array(ids, name="tokens")
+    n = toks.shape[0]
+    if not isinstance(n, int) or not 1 <= n <= max_len:
+        raise CircuitError(f"from_tracr: {n} positions but the model takes 1 to {max_len} (its max_seq_len + BOS)")
+    return toks
+
+
+def from_tracr(model, inputs) -> Circuit:
+    """The circuit of a tracr-compiled program on ``inputs``: its value is the output-space
+    logits ``'logits'`` [positions, outputs] that tracr's unembedding computes (before the argmax
+    of a categorical program; one column for a numerical one), see ``tracr_decode``.
+
+    ``model``: a tracr ``AssembledTransformerModel``; ``inputs``: the inputs as tracr takes them
+    (``["BOS", 1, 2, 3]``), or the encoded token ids as a 1-d int node (e.g. a Symbol named
+    ``'tokens'``, to evaluate many inputs with one compiled program).  The node layout (module
+    docstring) names each head ``'b{l}.a.head{h}'`` and each MLP ``'h{l}.mlp'``.
+
+    Unsupported (each a ``CircuitError`` naming it): LayerNorm, an activation other than ReLU,
+    nonzero attention biases, parameters other than tracr's, inputs that do not encode.  A causal
+    model (``compile_rasp_to_model(..., causal=True)``) is supported.
+    """
+    _require_tracr()
+    params, cfg = _model_parts(model)
+    _check_config(cfg)
+    n_layers, n_heads, key_size, hidden = cfg.num_layers, cfg.num_heads, cfg.key_size, cfg.mlp_hidden_size
+    _check_known_params(params, n_layers)
+    tok_table = params.get("token_embed", {}).get("embeddings")
+    if tok_table is None or tok_table.ndim != 2:
+        raise CircuitError("from_tracr: params 'token_embed' must hold embeddings [vocab, d_model]")
+    vocab, d = tok_table.shape
+    pos_table = params.get("pos_embed", {}).get("embeddings")
+    if pos_table is None or pos_table.ndim != 2 or pos_table.shape[1] != d:
+        raise CircuitError(f"from_tracr: params 'pos_embed' must hold embeddings [positions, {d}]")
+    toks = _tokens_node(model, inputs, vocab, pos_table.shape[0])
+    n = toks.shape[0]
+
+    tok = embed(Array(tok_table, name="w.tok_embeds"), toks, "tok_embeds")
+    pos = Index(Array(pos_table, name="w.pos_embeds"), (slice(0, n), ALL), name="pos_embeds")
+    resid = Add(tok, pos, name="embeds")
+    mask = Array(causal_mask(n) if cfg.causal else np.ones((n, n), np.float32), name="attn_mask")
+    bias = neg_inf_bias(mask)
+    width = n_heads * key_size
+    for l in range(n_layers):
+        p = f"transformer/layer_{l}/attn/"
+        w = {}
+        for part, key, shape in (("query", "q", (d, width)), ("key", "k", (d, width)), ("value", "v", (d, width)),
+                                 ("linear", "o", (width, d))):
+            w[key] = _layer_param(params, p + part, "w", shape)
+            b = _layer_param(params, p + part, "b", shape[1:])
+            if np.any(b):
+                raise CircuitError(f"from_tracr: nonzero bias {p + part!r}['b'] is not supported (tracr's "
+                                   "compiler assembles zero biases)")
+        # haiku stores [d, (heads c)] and [(heads c), d]; a head's block wants [c, d] and [d, c].
+        stacked = {k: Array(np.ascontiguousarray(w[k].reshape(d, n_heads, key_size).transpose(1, 2, 0)),
+                            name=f"b{l}.a.w.{k}") for k in "qkv"}
+        stacked["o"] = Array(np.ascontiguousarray(w["o"].reshape(n_heads, key_size, d).transpose(0, 2, 1)),
+                             name=f"b{l}.a.w.o")
+        heads = []
+        for h in range(n_heads):
+            name = f"b{l}.a.head{h}"
+            wq, wk, wv, wo = (Index(stacked[k], (h, ALL, ALL), name=f"{name}.w_{k}") for k in "qkvo")
+            heads.append(attention_head(resid, resid, wq, wk, wv, wo, mask, bias, name=name, prefix=name + "."))
+        resid = Add(Add(*heads, name=f"b{l}.a"), resid, name=f"b{l}.mid")
+
+        p = f"transformer/layer_{l}/mlp/"
+        w_in = _layer_param(params, p + "linear_1", "w", (d, hidden))
+        b_in = _layer_param(params, p + "linear_1", "b", (hidden,))
+        w_out = _layer_param(params, p + "linear_2", "w", (hidden, d))
+        b_out = _layer_param(params, p + "linear_2", "b", (d,))
+        m = f"h{l}.mlp"
+        out = mlp(resid, Array(w_in, name=f"{m}.w_in"), Array(b_in, name=f"{m}.b_in") if np.any(b_in) else None,
+                  Array(w_out, name=f"{m}.w_out"), Array(b_out, name=f"{m}.b_out") if np.any(b_out) else None,
+                  "relu", m, w_in_out=True)
+        resid = Add(out, resid, name=f"b{l}")
+    unembed, _ = _unembedding(model, d)
+    return Einsum.from_spec("sd,vd->sv", resid, Array(unembed, name="w.unembed"), name="logits")
+
+
+def tracr_decode(model, value) -> list:
+    """What ``model.apply(inputs).decoded`` gives, from the value of ``from_tracr(model, inputs)``
+    ([positions, outputs]; a batch [..., positions, outputs] gives nested lists): a categorical
+    program's argmax decoded by the model's output encoder, a numerical program's values as
+    floats; the first position is the BOS token, as tracr reports it."""
+    _require_tracr()
+    arr = np.asarray(value)
+    if arr.ndim < 2:
+        raise CircuitError(f"tracr_decode: expected the logits [positions, outputs], got shape {list(arr.shape)}")
+    if arr.ndim > 2:
+        return [tracr_decode(model, a) for a in arr]
+    params, _ = _model_parts(model)
+    d = params["token_embed"]["embeddings"].shape[1]
+    unembed, categorical = _unembedding(model, d)
+    if arr.shape[1] != unembed.shape[0]:
+        raise CircuitError(f"tracr_decode: the model has {unembed.shape[0]} outputs but the value has shape "
+                           f"{list(arr.shape)}")
+    if categorical:
+        ids = [int(i) for i in np.argmax(arr, axis=-1)]
+        decoded = model.output_encoder.decode(ids) if model.output_encoder is not None else ids
+    else:
+        decoded = [float(v) for v in arr[:, 0].astype(np.float32)]
+        if model.output_encoder is not None:
+            decoded = model.output_encoder.decode(decoded)
+    bos = getattr(model.input_encoder, "bos_token", None) if model.input_encoder is not None else None
+    if bos:
+        decoded = [bos] + list(decoded[1:])
+    return list(decoded)

@@ -1,0 +1,388 @@
+"""Circuit discovery: a score for every edge of a model's head-level graph, and the circuits they find.
+
+``discover(circuit, source, metric, method=...)`` scores every edge of ``edges(circuit)`` by how
+much patching it (its sender recomputed from ``source``, or zero / mean ablated: ``ablation=``)
+changes the metric ``m``.  All methods work on one program: the masked circuit of ``patch_edges``
+(``mask=True``), whose input ``'edges.mask'`` holds one weight per edge (0: clean, 1: patched).
+
+- ``'exact'``: each edge patched alone, ``m(mask = e_i) - m(clean)``, all edges in one batched
+  evaluation of the masked program;
+- ``'eap'`` (Syed et al.): ``(sender patched - sender clean) · dm/d(destination input)``, which is
+  exactly ``dm/d mask_i`` at the clean point: one forward and one backward pass (auto-circuit
+  reports the opposite sign);
+- ``'eap-ig'`` (Hanna et al.): the same products with the gradient averaged over ``steps`` runs
+  whose embeddings are interpolated from the source's to the clean ones
+  (``e_src + k/steps · (e_clean - e_src)``, ``k = 0 … steps-1``); the sender differences stay
+  the clean-versus-source ones;
+- ``'eap-ig-mask'`` (auto-circuit's integrated gradients): ``dm/d mask`` averaged over the
+  masks ``alpha · 1`` for ``alpha = k/steps``, ``k = 0 … steps``: the scores add up to about
+  ``m(every edge patched) - m(clean)`` (completeness), closer as ``steps`` grows;
+- ``'acdc'`` (Conmy et al.): greedy pruning, destinations in reverse topological order (the
+  output first), each destination's senders latest first: an edge is removed (patched from then
+  on) when removing it changes the metric by less than ``tau`` (with ``metric='kl'``: when the
+  KL divergence rises by less than ``tau``; otherwise by absolute value).  The score is that
+  change; the result's ``found`` is the circuit kept.
+
+``metric``: ``None`` (the output's sum), weights of the output's shape (``sum(w * output)``), a
+function from the output node to a node (its values summed), or ``'kl'``: the KL divergence of
+the output distribution from the clean one (the output must be logits ``[..., vocab]``), averaged
+over positions: ACDC's metric.
+
+>>> import numpy as np
+>>> from circuits.models import attn_only, random_weights
+>>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+>>> loss = attn_only(w, np.array([0, 1, 2, 3, 1, 2]), unique_names=True)
+>>> result = discover(loss, {'toks_int_var': np.array([0, 4, 5, 6, 1, 2])}, method='exact')
+>>> len(result), result["b1.a.head0 -> output"] == float(result.scores[-2])
+(29, True)
+>>> found = result.top(5)
+>>> len(found.edges), found.circuit.name
+(5, 't.loss')
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import CircuitError, ShapeError
+from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Scalar
+from .edge_graph import ABLATIONS, MASK_NAME, Edges, edges, patch_edges
+from .found import FoundCircuit
+
+__all__ = ["discover", "Discovery", "METHODS", "metric_node"]
+
+METHODS = ("eap", "eap-ig", "eap-ig-mask", "acdc", "exact")
+CHUNK = 32  # rows per batched call of a masked program (see _Objective.values)
+_AXES = "abcdefghijklmnopqrstuvwxyz"
+
+
+def metric_node(out: Circuit, metric, *, clean=None) -> Circuit:
+    """The scalar node ``m`` of a metric spec on output ``out`` (see the module docstring);
+    ``clean``: what ``'kl'`` compares with: the clean logits' value, or a node (e.g. a Symbol)
+    holding the clean log-probabilities."""
+    if metric is None:
+        return Einsum.from_spec(_AXES[: out.ndim] + "->", out, name="metric")
+    if isinstance(metric, str):
+        if metric != "kl":
+            raise CircuitError(f"metric={metric!r}: the named metric is 'kl'; otherwise give weights or a function")
+        if out.ndim < 1 or clean is None:
+            raise CircuitError(f"metric='kl' needs logits [..., vocab]; {out.line()} is not")
+        if not isinstance(clean, Circuit):
+            clean = np.asarray(clean)
+            keep = clean.dtype if clean.dtype == np.float64 else np.float32
+            clean = Array(_log_softmax(clean.astype(np.float64)).astype(keep), name="metric.clean_log_probs")
+        n = int(np.prod(out.shape[:-1]))
+        ax = _AXES[: out.ndim]
+        p = GeneralFunction("exp", clean, name="metric.clean_probs")
+        logp = GeneralFunction("log_softmax", out, name="metric.log_probs")
+        gap = Add(clean, Einsum.from_spec(f"{ax},->{ax}", logp, Scalar(-1.0)), name="metric.log_ratio")
+        return Einsum.from_spec(f"{ax},{ax},->", p, gap, Scalar(1.0 / n), name="metric.kl")
+    if isinstance(metric, Circuit):
+        raise CircuitError("metric= takes a function output -> node, an array of weights, 'kl' or None, not a node")
+    if callable(metric):
+        node = metric(out)
+        if not isinstance(node, Circuit):
+            raise CircuitError(f"metric(output) returned {type(node).__name__}; return a node built on the output")
+        return Einsum.from_spec(_AXES[: node.ndim] + "->", node, name="metric") if node.ndim else node
+    weights = np.asarray(metric)
+    if weights.shape != out.shape:
+        raise ShapeError(f"metric weights have shape {list(weights.shape)}; the output {out.line()} has shape "
+                         f"{list(out.shape)}: give one weight per output value")
+    ax = _AXES[: out.ndim]
+    weights = weights if weights.dtype in (np.float32, np.float64) else weights.astype(np.float32)
+    return Einsum.from_spec(f"{ax},{ax}->", out, Array(weights, name="metric.weights"),
+                            name="metric")
+
+
+def _log_softmax(x):
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+class Discovery:
+    """Edge scores from ``discover``: ``result[edge name]`` is a score, ``scores`` all of them in
+    ``edges`` order; it shows as a table sorted by |score|; ``top(k)`` and ``threshold(tau)``
+    give a ``FoundCircuit`` (the edges kept); ``found`` is ACDC's own circuit (else None)."""
+
+    def __init__(self, graph: Edges, scores: np.ndarray, method: str, *, source, ablation: str,
+                 found: FoundCircuit | None = None, info: dict | None = None):
+        self.graph, self.scores, self.method = graph, np.asarray(scores, np.float64), method
+        self.source, self.ablation, self.found = source, ablation, found
+        self.info = info or {}
+
+    @property
+    def edges(self) -> list[str]:
+        return list(self.graph)
+
+    def __len__(self):
+        return len(self.graph)
+
+    def __getitem__(self, name: str) -> float:
+        return float(self.scores[self.graph.index(name)])
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(self.graph, self.scores.tolist()))
+
+    def ranking(self) -> list[int]:
+        """Edge positions by decreasing |score| (ties: graph order)."""
+        return sorted(range(len(self.scores)), key=lambda i: (-abs(self.scores[i]), i))
+
+    def top(self, k: int) -> FoundCircuit:
+        """The circuit of the ``k`` edges of largest |score|."""
+        if not isinstance(k, (int, np.integer)) or not 0 <= k <= len(self):
+            raise CircuitError(f"top(k={k!r}): k must be an int between 0 and the number of edges ({len(self)})")
+        return self._found(self.ranking()[: int(k)])
+
+    def threshold(self, tau: float) -> FoundCircuit:
+        """The circuit of the edges whose |score| is at least ``tau``."""
+        return self._found([i for i in self.ranking() if abs(self.scores[i]) >= tau])
+
+    def _found(self, kept) -> FoundCircuit:
+        return FoundCircuit(self.graph, [self.graph[i] for i in sorted(kept)], self.source, ablation=self.ablation)
+
+    def table(self, n: int = 20) -> str:
+        rows = self.ranking()[:n]
+        width = max([len(self.graph[i]) for i in rows] + [4])
+        lines = [f"{'edge':<{width}}  score"]
+        lines += [f"{self.graph[i]:<{width}}  {self.scores[i]:+.6g}" for i in rows]
+        if len(self) > n:
+            lines.append(f"... {len(self) - n} more")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        head = f"Discovery({self.method!r}, {len(self)} edges, ablation={self.ablation!r})"
+        return head + "\n" + self.table()
+
+    def _repr_html_(self):
+        import html
+
+        rows = "".join(f"<tr><td><code>{html.escape(self.graph[i])}</code></td><td>{self.scores[i]:+.5g}</td></tr>"
+                       for i in self.ranking()[:20])
+        more = f"<p>... {len(self) - 20} more</p>" if len(self) > 20 else ""
+        return (f"<p><b>{html.escape(self.method)}</b>: {len(self)} edges, ablation {self.ablation}</p>"
+                f"<table><tr><th>edge</th><th>score</th></tr>{rows}</table>{more}")
+
+
+def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: str = "eap",
+             ablation: str = "resample", steps: int = 10, tau: float = 0.01, inputs: Mapping | None = None,
+             dtype="float32", batch_size: int | None = None) -> Discovery:
+    """Score every edge of ``circuit``'s head-level graph (``edges``) by ``method`` (see the
+    module docstring); ``circuit`` runs clean as built, ``source`` as in ``patch`` (for
+    ``ablation='zero'``: None; for ``'mean'``: values with a leading batch axis); ``steps`` for
+    the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``.
+
+    A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
+    values with a leading batch axis and ``source`` gives the corrupted values in the same layout
+    (row ``i`` against row ``i``); the metric (and every gradient) is averaged over the rows.  The
+    found circuits then read Symbols: the inputs by their own names, the source as
+    ``'<input>.source'``.
+
+    >>> import numpy as np
+    >>> from circuits.models import attn_only, random_weights
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=1, head_size=4, n_layers=2, max_positions=16)
+    >>> loss = attn_only(w, np.array([0, 1, 2, 3, 1, 2]), unique_names=True)
+    >>> r = discover(loss, {'toks_int_var': np.array([0, 4, 5, 6, 1, 2])}, method='acdc', tau=0.05)
+    >>> r.found.circuit.name, len(r.found.edges) <= len(r)
+    ('t.loss', True)
+    """
+    if method not in METHODS:
+        raise CircuitError(f"discover: method={method!r}; use one of {', '.join(map(repr, METHODS))}")
+    if ablation not in ABLATIONS:
+        raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
+    if not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
+    edges(circuit)  # a model without heads is an error before anything runs
+    circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
+    g = edges(circuit)
+    masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
+    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
+    obj = _Objective(m, feed, dtype, batch_size)
+    n = len(g)
+    info: dict = {}
+    found = None
+    if method == "exact":
+        values = obj.values(np.concatenate([np.zeros((1, n), np.float32), np.eye(n, dtype=np.float32)]))
+        scores = values[1:] - values[0]
+    elif method == "eap":
+        scores = obj.grad(np.zeros(n, np.float32))
+    elif method == "eap-ig-mask":
+        scores = sum(obj.grad(np.full(n, k / steps, np.float32)) for k in range(steps + 1)) / (steps + 1)
+        info["steps"] = steps
+    elif method == "eap-ig":
+        scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
+        info["steps"] = steps
+    else:
+        scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
+        found = FoundCircuit(g, kept, source, ablation=ablation)
+        info["tau"] = tau
+    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info=info)
+
+
+def batch_setup(circuit: Circuit, source, inputs, ablation: str):
+    """For a batch (``inputs`` given): the circuit over Symbols standing for the batched inputs,
+    the source as Symbols ``'<input>.source'`` (resample) and the feed ``{Symbol: rows}``."""
+    if inputs is None:
+        return circuit, source, {}
+    from ..nodes import Symbol
+    from ..traversal import replace
+    from .sites import resolve_inputs
+
+    given = resolve_inputs(circuit, inputs, "inputs", batched=True)
+    sizes = {v.shape[0] for _, v in given.values()}
+    if len(sizes) != 1 or 0 in sizes:
+        raise CircuitError(f"inputs: give one non-empty batch (a leading axis of the same size), got sizes {sorted(sizes)}")
+    symbols = {node: node if isinstance(node, Symbol) else Symbol(node.shape, name=node.name, dtype=node.dtype)
+               for node, _ in given.values()}
+    feed = {symbols[node]: v for node, v in given.values()}
+    circuit = replace(circuit, {k: v for k, v in symbols.items() if k is not v})
+    if ablation != "resample":
+        return circuit, source, feed
+    if source is None:
+        raise CircuitError("ablation='resample' needs source=, the corrupted values in the layout of inputs=")
+    src = resolve_inputs(circuit, source, "source", batched=True)
+    out = {}
+    for node, v in src.values():
+        if v.shape[0] not in sizes:
+            raise ShapeError(f"source[{node.name!r}] has {v.shape[0]} rows; inputs= has {sizes.pop()}: give one "
+                             "corrupted row per clean row")
+        sym = Symbol(node.shape, name=f"{node.name}.source", dtype=node.dtype)
+        out[node] = sym
+        feed[sym] = v
+    return circuit, out, feed
+
+
+def clean_for(circuit: Circuit, metric, feed: dict, dtype):
+    """What ``metric_node`` compares with for ``'kl'``: the clean logits (one example) or a
+    Symbol of their log-probabilities fed per row (a batch); None for other metrics."""
+    if not isinstance(metric, str):
+        return None
+    from ..backend import evaluate, evaluate_batched
+    from ..nodes import Symbol
+
+    if not feed:
+        return evaluate(circuit, dtype=dtype)
+    logits = np.asarray(evaluate_batched(circuit, {k: v for k, v in feed.items() if not k.name.endswith(".source")},
+                                         dtype=dtype), np.float64)
+    fdt = "float64" if str(dtype) == "float64" else "float32"
+    sym = Symbol(circuit.shape, name="metric.clean_log_probs", dtype=fdt)
+    feed[sym] = _log_softmax(logits).astype(fdt)
+    return sym
+
+
+class _Objective:
+    """The mean metric over the batch (or the one example) of the masked program, and its
+    gradient with respect to the mask."""
+
+    def __init__(self, m: Circuit, feed: dict, dtype, batch_size):
+        self.m, self.feed, self.dtype, self.batch_size = m, feed, dtype, batch_size
+        self.mask = _mask_symbol(m)
+        self.rows = next(iter(feed.values())).shape[0] if feed else 1
+        self._compiled = None
+
+    def values(self, masks: np.ndarray, extra: dict | None = None) -> np.ndarray:
+        """The metric for each mask row ``[K, edges] -> [K]``, one batched evaluation."""
+        from ..backend import evaluate_batched
+
+        masks = np.asarray(masks, np.float32)
+        feed = {self.mask: np.repeat(masks, self.rows, axis=0)}
+        for sym, v in self.feed.items():
+            feed[sym] = np.concatenate([v] * len(masks))
+        feed.update(extra or {})
+        # One chunk for all rows up to 256, rounded up to a multiple of CHUNK (padded), so that the
+        # calls of this program (all edges for 'exact', a curve's sizes) share one compiled function.
+        total = len(masks) * self.rows
+        chunk = self.batch_size or min(256, -(-total // CHUNK) * CHUNK)
+        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk, mode="jit"), np.float64)
+        return out.reshape(len(masks), self.rows).mean(axis=1)
+
+    def value(self, mask: np.ndarray) -> float:
+        if self.feed:
+            return float(self.values(mask[None])[0])
+        if self._compiled is None:
+            from ..backend import compile as compile_circuit
+
+            self._compiled = compile_circuit(self.m, dtype=self.dtype)  # always jitted
+        return float(self._compiled({self.mask: mask}))
+
+    def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
+        from ..backend import value_and_grad
+
+        total = np.zeros(mask.shape, np.float64)
+        for i in range(self.rows):
+            feed = {self.mask: mask, **{s: v[i] for s, v in self.feed.items()}, **(extra or {})}
+            # mode='jit' whatever the program's size: a masked program is run many times (a big one,
+            # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
+            grad = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
+            total += np.asarray(grad, np.float64)
+        return total / self.rows
+
+
+def _mask_symbol(m: Circuit):
+    from ..traversal import toposort
+
+    return next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+
+
+def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:
+    """Hanna et al.: gradients at runs whose embeddings go from the source's to the clean ones,
+    times the fixed clean-to-source sender differences (per row for a batch)."""
+    from ..backend import evaluate, evaluate_batched
+    from ..nodes import Symbol
+    from ..traversal import replace
+    from .edge_graph import EMBEDS, _masked, _patched_sources
+    from .sites import one_root
+
+    members = g._sources[EMBEDS]
+    patched = _patched_sources(g, g.sources, source, ablation, None)
+    # Sender differences (patched - clean), evaluated once (per row): fed as Symbols.
+    pairs = [(c, p) for s in g.sources for c, p in zip(g._sources[s], patched[s])]
+    nodes = [c for c, _ in pairs] + [p for _, p in pairs]
+    rows = {k: v for k, v in feed.items() if k.name != "metric.clean_log_probs"}
+    if rows:
+        _, vals = evaluate_batched(one_root(nodes), rows, dtype=dtype, also=nodes, batch_size=batch_size)
+    else:
+        _, vals = evaluate(one_root(nodes), dtype=dtype, also=nodes)
+        vals = {k: np.asarray(v)[None] for k, v in vals.items()}
+    diff, dfeed = {}, {}
+    for s in g.sources:
+        d = sum(np.asarray(vals[p], np.float64) - np.asarray(vals[c], np.float64)
+                for c, p in zip(g._sources[s], patched[s]))
+        sym = Symbol(d.shape[1:], name=f"{s}.delta", dtype="float32")
+        diff[s], dfeed[sym] = sym, d.astype(np.float32)
+    alpha = Symbol((), name="eap_ig.alpha", dtype="float32")
+    interp_embeds = {}
+    for c, p in zip(members, patched[EMBEDS]):
+        ax = _AXES[: c.ndim]
+        back = Add(c, Einsum.from_spec(f"{ax},->{ax}", p, Scalar(-1.0)))
+        interp_embeds[c] = Add(p, Einsum.from_spec(f"{ax},->{ax}", back, alpha), name=f"{c.name}.interpolated")
+    run = replace(_masked(g, list(range(len(g))), None, ablation, deltas=diff), interp_embeds)
+    clean = next((k for k in feed if k.name == "metric.clean_log_probs"), None)
+    if clean is None and isinstance(metric, str):
+        clean = clean_for(circuit, metric, {}, dtype)
+    m = metric_node(run, metric, clean=clean)
+    if feed:
+        obj = _Objective(m, {**feed, **dfeed}, dtype, batch_size)
+    else:
+        obj = _Objective(m, {k: v for k, v in dfeed.items()}, dtype, batch_size)
+    zeros = np.zeros(len(g), np.float32)
+    return sum(obj.grad(zeros, {alpha: np.float32(k / steps)}) for k in range(steps)) / steps
+
+
+def _acdc(obj: _Objective, g: Edges, tau: float, *, signed: bool):
+    mask = np.zeros(len(g), np.float32)
+    current = obj.value(mask)
+    scores = np.zeros(len(g), np.float64)
+    order = [g.index(f"{s} -> {d.label}") for d in reversed(g._dests) for s in reversed(d.sources)]
+    for i in order:
+        mask[i] = 1.0
+        value = obj.value(mask)
+        change = value - current
+        scores[i] = change
+        if (change if signed else abs(change)) < tau:
+            current = value
+        else:
+            mask[i] = 0.0
+    kept = [g[i] for i in range(len(g)) if mask[i] == 0.0]
+    return scores, kept
