@@ -208,7 +208,7 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     elif method == "eap":
         scores = obj.grad(np.zeros(n, np.float32))
     elif method == "eap-ig-mask":
-        scores = sum(obj.grad(np.full(n, k / steps, np.float32)) for k in range(steps + 1)) / (steps + 1)
+        scores = obj.mean_grad([np.full(n, k / steps, np.float32) for k in range(steps + 1)])
         info["steps"] = steps
     elif method == "eap-ig":
         scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
@@ -307,16 +307,26 @@ class _Objective:
         return float(self._compiled({self.mask: mask}))
 
     def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
+        """d metric / d mask at ``mask``, averaged over the rows (one program for all rows)."""
+        return self.mean_grad([mask], extra)
+
+    def mean_grad(self, masks: list, extra: dict | None = None) -> np.ndarray:
+        """d metric / d mask averaged over ``masks`` and the rows: the masks (without rows) or
+        the rows (per mask) ride one batch axis, so each call is one compiled program."""
         from ..backend import value_and_grad
 
-        total = np.zeros(mask.shape, np.float64)
-        for i in range(self.rows):
-            feed = {self.mask: mask, **{s: v[i] for s, v in self.feed.items()}, **(extra or {})}
-            # mode='jit' whatever the program's size: a masked program is run many times (a big one,
-            # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
-            grad = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
-            total += np.asarray(grad, np.float64)
-        return total / self.rows
+        # mode='jit' whatever the program's size: a masked program is run many times (a big one,
+        # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
+        if not self.feed:
+            feed = {self.mask: np.stack(masks), **(extra or {})}
+            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
+            return np.asarray(grads, np.float64).mean(0)
+        total = np.zeros(masks[0].shape, np.float64)
+        for mask in masks:
+            feed = {self.mask: mask, **self.feed, **(extra or {})}
+            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
+            total += np.asarray(grads, np.float64).reshape(-1, *mask.shape).mean(0)
+        return total / len(masks)
 
 
 def _mask_symbol(m: Circuit):
