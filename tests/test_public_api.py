@@ -19,10 +19,12 @@ PUBLIC = {
     "toposort", "unregister_function", "value_and_grad",
     # rust_circuit's node types and expansion
     "Module", "ModuleSpec", "ModuleArgSpec", "Scatter", "SetSymbolicShape", "DiscreteVar",
-    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size", "diff_circuits",
+    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size",
 }
 # Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in
 # circuits.select: there are no top-level aliases.  filter_nodes is c.get(predicate).
+# One name each: rust_circuit's text diff is C.diff(old, new).rust_text() (no C.diff_circuits),
+# the collapsed view of a circuit is C.summary (no circuits.models.describe).
 
 
 def test_public_names_are_exactly_these():
