@@ -62,7 +62,7 @@ def test_promised_call_shapes():
                        (C.models.gpt2, ["config", "weights", "tokens"]),
                        (C.models.opt, ["config", "weights", "tokens"]),
                        (C.models.llama, ["config", "weights", "tokens"]),
-                       (C.models.describe, ["circuit"]),
+                       (C.summary, ["circuit"]),
                        (C.importers.from_torch, ["module", "example_inputs"]),
                        (C.interp.sweep, ["circuit", "variants", "inputs"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"]),
@@ -71,6 +71,11 @@ def test_promised_call_shapes():
     for fn in (C.compile, C.evaluate_batched):  # sharding (circuits.backend.sharding), per-head batching
         assert {"mesh", "shard", "batch_heads"} <= set(inspect.signature(fn).parameters), fn
     assert "batch_heads" in inspect.signature(C.evaluate).parameters
+
+
+def test_one_name_each():
+    assert not hasattr(C.models, "describe") and "describe" not in C.models.__all__  # C.summary
+    assert not hasattr(C, "diff_circuits")  # C.diff(old, new).rust_text()
 
 
 def test_interp_names():
