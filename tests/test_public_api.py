@@ -83,7 +83,7 @@ def test_interp_names():
         "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
         "split_heads", "sweep", "SweepResult", "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
         "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "train_sae", "attribution_graph",
-        "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores",
+        "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores", "attention_patterns",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)
