@@ -383,7 +383,6 @@ def _signature(top: Group) -> tuple:
     """What a group holds (types, shapes, counts, the keys below it with their numbers written
     ``#``, so that ``h3`` and ``h4`` of identical layers sign the same); post-order over an
     explicit stack."""
-    own = _DIGITS
     sig: dict[int, tuple] = {}
     stack = [(top, False)]
     while stack:
@@ -394,8 +393,8 @@ def _signature(top: Group) -> tuple:
             continue
         node = None if g.node is None else (g.node.type_name, g.node.shape)
         sig[id(g)] = (node, g.n_nodes, g.params, len(g.run or ()),
-                      tuple((short and own.sub("#", short), c.shape) for short, c in g.locals),
-                      tuple((own.sub("#", key), sig[id(k)]) for key, k in g.children.items()))
+                      tuple((short and _DIGITS.sub("#", short), c.shape) for short, c in g.locals),
+                      tuple((_DIGITS.sub("#", key), sig[id(k)]) for key, k in g.children.items()))
     return sig[id(top)]
 
 
