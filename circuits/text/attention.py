@@ -41,6 +41,7 @@ __all__ = ["AttentionView"]
 
 SCALE = 65534  # values in [0, 1] as 16-bit fixed point; 65535 marks a missing head
 _MISSING = 65535
+MAX_VALUES = 1 << 22  # about 11 MB of page: 12 layers × 12 heads × 170 tokens²
 
 _STYLE = """<style>
 .circuits-attn{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;font-size:12.5px;color:#222}
@@ -187,14 +188,31 @@ class AttentionView:
         """The pattern's value at one cell (as shown on hover, before rounding)."""
         return float(self.patterns[layer, head, query, key])
 
+    def select(self, layers=None, heads=None) -> "AttentionView":
+        """The view of some layers and heads only (indices into ``self.layers`` / ``self.heads``).
+
+        >>> import numpy as np
+        >>> AttentionView(np.full((3, 4, 2, 2), 0.5)).select(layers=[2], heads=[0, 3]).heads
+        ['head 0', 'head 3']
+        """
+        li = list(range(len(self.layers))) if layers is None else list(layers)
+        hi = list(range(len(self.heads))) if heads is None else list(heads)
+        return AttentionView(self.patterns[np.ix_(li, hi)], self.tokens, layers=[self.layers[i] for i in li],
+                             heads=[self.heads[i] for i in hi], title=self.title)
+
     def _encoded(self) -> str:
         p = self.patterns
         q = np.where(np.isnan(p), _MISSING, np.round(np.clip(np.nan_to_num(p), 0.0, 1.0) * SCALE))
         return base64.b64encode(q.astype("<u2").tobytes()).decode("ascii")
 
-    def to_html(self) -> str:
-        """The self-contained page fragment (HTML, inline CSS and script)."""
+    def to_html(self, max_values: int = MAX_VALUES) -> str:
+        """The self-contained page fragment (HTML, inline CSS and script); more than ``max_values``
+        pattern entries is an error saying how to show fewer (a notebook would choke on the page)."""
         n_layers, n_heads, n_q, n_k = self.shape
+        if self.patterns.size > max_values:
+            raise ShapeError(f"AttentionView: {self.patterns.size:,} values ({n_layers} layers × {n_heads} heads × "
+                             f"{n_q} × {n_k}) exceed max_values={max_values:,}; show fewer layers or heads "
+                             "(view.select(layers=..., heads=...)), fewer tokens, or pass a larger max_values")
         uid = "attn-" + uuid.uuid4().hex[:12]
         thumb = max(1, min(4, 96 // max(n_k, 1)))
         cell = max(4, min(22, 560 // max(n_k, 1)))

@@ -51,6 +51,12 @@ def test_bad_shapes_are_clear_errors():
         AttentionView(np.zeros((1, 1, 3, 3)), ["a"])
     with pytest.raises(ShapeError, match="last tokens of the keys"):
         AttentionView(np.zeros((1, 1, 4, 3)))
+    big = AttentionView(_patterns(layers=3, heads=4))
+    with pytest.raises(ShapeError, match=r"show fewer layers or heads \(view.select"):
+        big.to_html(max_values=100)
+    part = big.select(layers=[1], heads=[3, 0])
+    assert (part.layers, part.heads) == (["layer 1"], ["head 3", "head 0"])
+    np.testing.assert_array_equal(part.patterns[0, 0], big.patterns[1, 3])
 
 
 def test_attention_patterns_of_the_seed_model_are_its_softmax_values():
