@@ -62,23 +62,27 @@ def test_bad_shapes_are_clear_errors():
 def test_attention_patterns_of_the_seed_model_are_its_softmax_values():
     w = random_weights(0, vocab=11, d_model=8, n_heads=3, head_size=4, n_layers=2, max_positions=16)
     toks = np.array([1, 4, 2, 7, 1, 4, 2, 9])
-    seed_names, unique = attn_only(w, toks), attn_only(w, toks, unique_names=True)
-    a, b = C.interp.attention_patterns(seed_names, toks), C.interp.attention_patterns(unique, toks)
-    assert a.shape == b.shape == (2, 3, 6, 6) and a.tokens == [str(t) for t in toks[:6]]
-    np.testing.assert_allclose(a.patterns, b.patterns)
-    for layer in range(2):
-        for head in range(3):
-            want = C.evaluate(unique.get_unique(f"b{layer}.a.head{head}.a.attn_probs"))
-            np.testing.assert_allclose(a.patterns[layer, head], want, rtol=1e-6)
-    # GPT-2's fused heads [heads, 1, q, k] and its split heads agree
+    seed_names = attn_only(w, toks)  # every head's pattern is named 'a.attn_probs': its head says which
+    view = C.interp.attention_patterns(seed_names, toks)
+    assert view.shape == (2, 3, 6, 6) and view.tokens == [str(t) for t in toks[:6]]
+    probs = [seed_names.get_unique(C.select.Inside(f"b{l}.a.head{h}", "a.attn_probs")) for l in range(2)
+             for h in range(3)]
+    _, want = C.evaluate(seed_names, also=probs)
+    for i, node in enumerate(probs):
+        np.testing.assert_allclose(view.patterns[i // 3, i % 3], want[node], rtol=1e-6)
+    with pytest.raises(SelectionError, match="no attention pattern"):
+        C.interp.attention_patterns(C.Add(C.Scalar(1.0), name="x"))
+
+
+def test_attention_patterns_of_fused_and_split_heads_agree():
+    # GPT-2's fused heads [heads, 1, q, k] ('h1.attn.probs') and its split heads ('h1.attn.head0.probs')
     cfg = dict(n_embd=8, n_head=2, n_layer=2, vocab_size=11, n_positions=16, activation_function="gelu_new")
     gw = random_gpt2_weights(cfg)
     fused = C.interp.attention_patterns(gpt2(cfg, gw, np.array([1, 2, 3, 4])), ["a", "b", "c", "d"])
     split = C.interp.attention_patterns(gpt2(cfg, gw, np.array([1, 2, 3, 4]), split_heads=True))
-    assert fused.shape == split.shape == (2, 2, 4, 4)
+    assert fused.shape == split.shape == (2, 2, 4, 4) and fused.tokens == ["a", "b", "c", "d"]
     np.testing.assert_allclose(fused.patterns, split.patterns, rtol=1e-5, atol=1e-7)
-    with pytest.raises(SelectionError, match="no attention pattern"):
-        C.interp.attention_patterns(C.Add(C.Scalar(1.0), name="x"))
+    np.testing.assert_allclose(fused.patterns.sum(-1), 1.0, rtol=1e-5)
 
 
 @pytest.mark.browser
