@@ -74,10 +74,9 @@ _LAZY = {
     "load": ("circuits.io", "load"),
     "save_many": ("circuits.io", "save_many"),
     "load_many": ("circuits.io", "load_many"),
-    # the changed nodes between two circuits, with their paths (circuits/analysis/)
+    # the changed nodes between two circuits, with their paths (circuits/analysis/); its
+    # .rust_text() is rust_circuit's text diff (circuits/text/rust_diff.py)
     "diff": ("circuits.analysis.diff", "diff"),
-    # rust_circuit's text diff of two printed trees, for reading (circuits/text/rust_diff.py)
-    "diff_circuits": ("circuits.text.rust_diff", "diff_circuits"),
     # selection: the Circuit methods c.get / get_unique / update / paths, and the same
     # functions and the matchers in circuits.select
     "select": ("circuits.select", None),

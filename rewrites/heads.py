@@ -5,6 +5,12 @@ one weight, as the seed prints its attention heads) becomes one computation over
 one Einsum that sums it; the value is unchanged.  Use it to print, save or analyse (``cost``) the
 batched circuit.
 
+Head batching has three homes, one job each: ``circuits.backend.head_batching`` (the lowering
+``evaluate`` / ``compile`` apply: per-head sums batched over a head axis, the circuit untouched),
+``rewrites.batch_heads`` (the same transformation as a rewrite, for a circuit to print, save or
+cost) and ``circuits.interp.split_heads`` (the inverse: a fused layer split into named per-head
+subcircuits, to intervene on one head).  ``batch_heads(split_heads(c, at))`` fuses the heads again.
+
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
 >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)

@@ -58,9 +58,10 @@ import uuid as _uuid
 from typing import Callable
 
 from circuits.errors import CircuitError
-from circuits.expand import expand, expand_with_map, gains_into_symbols, insert_axes, move_axes_behind
+from circuits.expand import expand
 from circuits.nodes import Circuit, Module, ModuleSpec, Symbol
-from circuits.nodes.module import map_sizes
+from circuits.nodes.expansion import expand_with_map, insert_axes, move_axes_behind
+from circuits.nodes.module import gains_into_symbols, map_sizes
 from circuits.select import as_matcher
 from circuits.traversal import toposort
 

@@ -31,9 +31,8 @@ ALLOWED = {
     ("circuits.nodes.base", "circuits.text"),
     ("circuits.nodes.base", "circuits.backend"),
     ("circuits.nodes.base", "circuits.select"),
-    # Module.substitute (and the shape of a module whose arguments change concrete sizes) is
-    # the expander's work, which sits above the traversal.
-    ("circuits.nodes.module", "circuits.expand"),
+    # (Module.substitute and the shape of a module whose arguments change sizes use the
+    # expansion walk in circuits.nodes.expansion: no exception for circuits.expand any more.)
 }
 
 

@@ -5,6 +5,10 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+# Notebooks that must show a plot (an image output: no Agg backend hiding it) and the token-level
+# attention view.
+PLOTS = {"02_induction.ipynb", "03_features.ipynb"}
+ATTENTION_VIEWS = {"02_induction.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -19,6 +23,10 @@ def test_notebook_runs(path, tmp_path):
     assert not [o for o in outputs if o.get("output_type") == "error"]
     html = [o for o in outputs if "text/html" in o.get("data", {})]
     assert html, "the circuit's notebook view (_repr_html_) did not render"
+    if path.name in PLOTS:
+        assert [o for o in outputs if "image/png" in o.get("data", {})], "the notebook's plot did not show"
+    if path.name in ATTENTION_VIEWS:
+        assert any("circuits-attn" in o["data"]["text/html"] for o in html), "no attention view rendered"
 
 
 def test_there_is_a_notebook():

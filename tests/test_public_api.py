@@ -19,10 +19,12 @@ PUBLIC = {
     "toposort", "unregister_function", "value_and_grad",
     # rust_circuit's node types and expansion
     "Module", "ModuleSpec", "ModuleArgSpec", "Scatter", "SetSymbolicShape", "DiscreteVar",
-    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size", "diff_circuits",
+    "expand", "Expander", "substitute_all_modules", "sample", "symbolic_size",
 }
 # Selection is spelled c.get / c.get_unique / c.update / c.paths, or the same functions in
 # circuits.select: there are no top-level aliases.  filter_nodes is c.get(predicate).
+# One name each: rust_circuit's text diff is C.diff(old, new).rust_text() (no C.diff_circuits),
+# the collapsed view of a circuit is C.summary (no circuits.models.describe).
 
 
 def test_public_names_are_exactly_these():
@@ -60,7 +62,7 @@ def test_promised_call_shapes():
                        (C.models.gpt2, ["config", "weights", "tokens"]),
                        (C.models.opt, ["config", "weights", "tokens"]),
                        (C.models.llama, ["config", "weights", "tokens"]),
-                       (C.models.describe, ["circuit"]),
+                       (C.summary, ["circuit"]),
                        (C.importers.from_torch, ["module", "example_inputs"]),
                        (C.interp.sweep, ["circuit", "variants", "inputs"]),
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"]),
@@ -71,12 +73,17 @@ def test_promised_call_shapes():
     assert "batch_heads" in inspect.signature(C.evaluate).parameters
 
 
+def test_one_name_each():
+    assert not hasattr(C.models, "describe") and "describe" not in C.models.__all__  # C.summary
+    assert not hasattr(C, "diff_circuits")  # C.diff(old, new).rust_text()
+
+
 def test_interp_names():
     assert set(C.interp.__all__) == {
         "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
         "split_heads", "sweep", "SweepResult", "scrub", "ScrubResult", "Claim", "Feature", "EXACT", "RANDOM",
         "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "train_sae", "attribution_graph",
-        "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores",
+        "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores", "attention_patterns",
         "edges", "Edges", "patch_edges", "discover", "Discovery", "FoundCircuit", "faithfulness", "Faithfulness",
     }
     for name in C.interp.__all__:

@@ -29,6 +29,12 @@ Einsum, the sum is folded into it (``'HsV,HdV->sd'``: no ``[heads, s, d]`` tempo
 read from its batched node as ``Index(batched, i)``, and ``keep`` maps every kept node to the
 node of the new circuit with its value.
 
+Head batching has three homes, one job each: ``circuits.backend.head_batching`` (the lowering
+``evaluate`` / ``compile`` apply: per-head sums batched over a head axis, the circuit untouched),
+``rewrites.batch_heads`` (the same transformation as a rewrite, for a circuit to print, save or
+cost) and ``circuits.interp.split_heads`` (the inverse: a fused layer split into named per-head
+subcircuits, to intervene on one head).  ``batch_heads(split_heads(c, at))`` fuses the heads again.
+
 >>> import numpy as np
 >>> from circuits import Array, Einsum, Index, Add, evaluate
 >>> x = Array(np.ones((3, 4), np.float32), name='x')

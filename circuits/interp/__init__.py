@@ -21,6 +21,8 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
   method=)``, ``faithfulness``: circuit discovery over the head-level graph (EAP, EAP-IG, ACDC, exact)
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
   path expansion into named per-source terms; ``split_heads`` for fused-head attention
+- ``attention_patterns(circuit, tokens)``: every head's attention pattern with the token strings,
+  a notebook view (layer × head overview, query × key heatmaps, hover values)
 
 This package sits above the backend and may use ``rewrites``; the core never imports it.
 
@@ -32,6 +34,7 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 'b0.a.head1.zero_ablated'
 """
 
+from .attention import attention_patterns
 from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
 from .discovery import Discovery, discover
@@ -51,7 +54,7 @@ from .train_sae import train_sae  # binds the function over the submodule of the
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
-    "split_heads",
+    "split_heads", "attention_patterns",
     "sweep", "SweepResult",
     # feature circuits
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",

@@ -226,9 +226,18 @@ class AttributionGraph:
             Path(path).write_text(json.dumps(doc))
         return doc
 
-    def plot(self, ax=None, *, max_edges: int = 200):
+    def node_label(self, i: int) -> str:
+        """The short label ``plot`` writes beside node ``i``: a feature's index (``f17``), ``err``,
+        a token's id (``t5``) or the logit's token (``→5``)."""
+        n = self.nodes[i]
+        return {"feature": lambda: f"f{n['feature']}", "error": lambda: "err", "token": lambda: f"t{n['token']}",
+                "logit": lambda: f"→{n['token']}"}[n["kind"]]()
+
+    def plot(self, ax=None, *, max_edges: int = 200, labels: bool = True):
         """Draw the kept graph with matplotlib (x: position, y: layer; tokens at the bottom, logits
-        on top; edge width by |weight|, blue positive, red negative).  Returns the axes."""
+        on top; edge width by |weight|, blue positive, red negative), each kept node labelled
+        (``node_label``: ``f17`` a feature, ``err``, ``t5`` a token, ``→5`` a logit; ``labels=False``
+        leaves them out) and the layers named on the y axis.  Returns the axes."""
         try:
             import matplotlib.pyplot as plt
         except ImportError:  # pragma: no cover - depends on the environment
@@ -255,8 +264,13 @@ class AttributionGraph:
         for i in np.nonzero(self.node_mask)[0]:
             x, y = where(i)
             ax.scatter([x], [y], s=18, color=colours[self.nodes[i]["kind"]], zorder=3)
+            if labels:
+                ax.annotate(self.node_label(i), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7,
+                            color=colours[self.nodes[i]["kind"]], zorder=4)
+        ax.set_yticks([-1, *range(n_layers), n_layers + 0.5],
+                      ["tokens", *(f"layer {l}" for l in range(n_layers)), "logits"])
         ax.set_xlabel("position")
-        ax.set_ylabel("layer (tokens -1, logits top)")
+        ax.set_ylabel("layer")
         return ax
 
 

@@ -34,9 +34,9 @@ from ..nodes import Array, Circuit
 from ..shapes import check_allocation
 from ..traversal import replace, toposort
 
-# Node types whose values are a selection or copy of their children's values, so an int index
-# passes through them unchanged on its way to a gather.
-_INDEX_PATH_TYPES = ("Index", "Rearrange", "Concat", "Tag")
+# Whether an int index passes through a node unchanged on its way to a gather (its values are a
+# selection or copy of its children's: Index, Rearrange, Concat, Tag) is the node class's
+# ``passes_index``, the one source the parser's int-index marking reads too.
 # Range for random ints that feed no gather.
 _DEFAULT_INT_HIGH = 8
 
@@ -112,7 +112,8 @@ def gather_index_bounds(circuit: Circuit) -> dict:
     """Array hash -> the smallest axis size any gather indexes with that Array's values.
 
     Follows each gather function's index argument (``FunctionSpec.index_arg``) down through
-    Index, Rearrange, Concat and Tag to the Arrays that supply the ints.
+    the nodes that pass an index on (``passes_index``: Index, Rearrange, Concat, Tag) to the
+    Arrays that supply the ints.
 
     >>> from circuits import parse
     >>> c = parse("'e' GeneralFunction gen_index_at_0_c\\n  'table' [7,3] Array 0a\\n  'toks' [4] Array 0b")
@@ -130,7 +131,7 @@ def gather_index_bounds(circuit: Circuit) -> dict:
             h = node.children[spec.index_arg].hash
             old = demand.get(h)
             demand[h] = size if old is None else min(old, size)
-        if node.type_name in _INDEX_PATH_TYPES:
+        if node.passes_index:
             size = demand.get(node.hash)
             if size is not None:
                 for c in node.children:
@@ -141,8 +142,9 @@ def gather_index_bounds(circuit: Circuit) -> dict:
 
 def gather_index_ranges(nodes) -> dict:
     """Node hash -> ``(lo, hi, gather)``: the values a node's entries must lie in
-    (``lo <= v < hi``) because they reach, through Index, Rearrange, Concat and Tag, the index
-    argument of the gen_index node ``gather`` (the tightest one when several).  ``nodes`` is a
+    (``lo <= v < hi``) because they reach, through nodes that pass an index on
+    (``passes_index``), the index argument of the gen_index node ``gather`` (the tightest one
+    when several).  ``nodes`` is a
     circuit's toposort (children first).  An index outside its range would give NaN.
 
     >>> from circuits import parse
@@ -167,7 +169,7 @@ def gather_index_ranges(nodes) -> dict:
                 x, idx = node.children
                 lo, hi = g.valid_range(x.shape[g.axis(len(x.shape), len(idx.shape))])
                 narrow(idx.hash, lo, hi, node)
-        if node.type_name in _INDEX_PATH_TYPES:
+        if node.passes_index:
             r = ranges.get(node.hash)
             if r is not None:
                 for c in node.children:

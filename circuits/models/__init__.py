@@ -3,8 +3,8 @@
 ``blocks`` holds the layers every builder shares (layer norm, RMS norm, masks, rotary
 embeddings, attention, MLPs); each builder module assembles them: ``attn_only`` (the seed's
 model), ``gpt2``, ``opt``, ``llama`` (Llama and Mistral); ``from_huggingface`` picks the builder
-from a ``transformers`` model or checkpoint directory; ``describe`` prints a big circuit
-collapsed by name prefix.  ``induction_weights()`` is the shipped trained induction model
+from a ``transformers`` model or checkpoint directory (``circuits.summary`` prints a big one
+collapsed: its 88 equal layers as one line).  ``induction_weights()`` is the shipped trained induction model
 (``induction``; trained by ``train_induction``).
 
 >>> from circuits.models import attn_only, random_weights, gpt2, opt, llama, from_huggingface
@@ -12,7 +12,6 @@ collapsed by name prefix.  ``induction_weights()`` is the shipped trained induct
 
 from .attn_only import attn_only, random_weights, tokens_symbol
 from .blocks import attention_head, causal_mask, layer_norm, rms_norm
-from .describe import describe
 from .gpt2 import gpt2
 from .huggingface import from_huggingface, load_checkpoint
 from .induction import induction_tokens, induction_weights
@@ -21,6 +20,6 @@ from .opt import opt
 
 mistral = llama
 
-__all__ = ["attn_only", "attention_head", "causal_mask", "describe", "from_huggingface", "gpt2",
+__all__ = ["attn_only", "attention_head", "causal_mask", "from_huggingface", "gpt2",
            "induction_tokens", "induction_weights", "layer_norm", "llama", "load_checkpoint", "mistral",
            "opt", "random_weights", "rms_norm", "tokens_symbol"]

@@ -7,6 +7,7 @@ import functools
 from ..dtypes import promote
 from ..shapes import broadcast_shapes
 from .base import Circuit, check_children, dtype_of, no_payload, shape_error, shape_of
+from .expansion import aligned
 
 
 @functools.lru_cache(maxsize=4096)
@@ -26,6 +27,8 @@ class Add(Circuit):
 
     __slots__ = ()
     type_name = "Add"
+    child_count = (0, None)
+    passes_index = False
 
     def _setup(self, *children, name=None):
         children = check_children("Add", name, children)
@@ -51,6 +54,11 @@ class Add(Circuit):
 
     def payload_text(self):
         return ""
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """Over children with gained batch axes: unit axes keep batch and core axes apart."""
+        kids, _ = aligned(self, children, gained)
+        return Add(*kids, name=self.name)
 
     def _rebuild(self, children, name):
         return Add(*children, name=name)

@@ -255,6 +255,18 @@ class Circuit:
         of a node that passes an index through unchanged when this node is one (``is_index``)."""
         return range(n_children) if is_index and cls.passes_index else ()
 
+    # ------------------------------------------------------------------ expansion
+    def expanded(self, children, gained, size_map, replacements=None) -> "Circuit":
+        """This node rebuilt over ``children``, its children after expansion (``circuits.expand``),
+        each of which gained ``gained[i]`` leading batch axes and may have other sizes; ``size_map``
+        maps symbolic sizes to sizes (a leaf is called with no children when it is non-empty);
+        ``replacements`` are the expansion's own (a Module expands its body with them).  Every
+        node type defines it (the checklist in ``circuits.nodes``); raise ``ExpandError`` (or the
+        constructor's ``CircuitError``) when the node cannot follow."""
+        from .expansion import ExpandError
+
+        raise ExpandError(f"expand: no expansion rule for {type(self).__name__}: {self.line()}")
+
     # ------------------------------------------------------------------ protocol
     def with_children(self, children) -> "Circuit":
         """This node over new children (validated); ``self`` when they are the very same

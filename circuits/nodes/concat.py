@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..dtypes import promote
 from ..hashing import pack_ints as _pack_ints
 from .base import Circuit, check_children, convert_payload, dtype_of, shape_error
+from .expansion import batch_of, insert_axes
 
 
 class Concat(Circuit):
@@ -18,6 +19,7 @@ class Concat(Circuit):
 
     __slots__ = ("axis",)
     type_name = "Concat"
+    child_count = (0, None)
     passes_index = True
 
     axis: int
@@ -62,6 +64,13 @@ class Concat(Circuit):
 
     def payload_text(self):
         return str(self.axis)
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """A child missing some of the batch axes is repeated along them; the axis moves behind them."""
+        batch = batch_of(self, children, gained)
+        b = len(batch)
+        kids = [insert_axes(k, 0, batch[: b - nb]) for k, nb in zip(children, gained)]
+        return Concat(*kids, axis=self.axis + b, name=self.name)
 
     def _rebuild(self, children, name):
         return Concat(*children, axis=self.axis, name=name)

@@ -20,6 +20,7 @@ class DiscreteVar(Circuit):
 
     __slots__ = ()
     type_name = "DiscreteVar"
+    passes_index = False
     child_count = (2, 2)
 
     def _setup(self, values, probs, name=None):
@@ -42,6 +43,10 @@ class DiscreteVar(Circuit):
 
     def payload_text(self):
         return ""
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """The same variable over the expanded values and probabilities."""
+        return DiscreteVar(*children, name=self.name)
 
     def _rebuild(self, children, name):
         return DiscreteVar(*children, name=name)

@@ -9,6 +9,7 @@ from ..errors import CircuitError, ParseError
 from ..hashing import pack_ints as _pack_ints
 from ..shapes import INT64_MAX, int_tuple
 from .base import Circuit, check_children, dtype_of, shape_error, shape_of
+from .expansion import batch_of
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
 AXIS_LETTERS = "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ" + _GREEK
@@ -164,6 +165,8 @@ class Einsum(Circuit):
 
     __slots__ = ("in_axes", "out_axes", "writes_diagonal")
     type_name = "Einsum"
+    child_count = (0, None)
+    passes_index = False
 
     in_axes: tuple[tuple[int, ...], ...]
     out_axes: tuple[int, ...]
@@ -235,6 +238,16 @@ class Einsum(Circuit):
 
     def payload_text(self):
         return self.spec
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """New batch axes lead every operand that gained them and the output."""
+        batch = batch_of(self, children, gained)
+        b = len(batch)
+        used = {a for axes in self.in_axes for a in axes} | set(self.out_axes)
+        start = max(used, default=-1) + 1
+        ids = tuple(range(start, start + b))
+        in_axes = tuple(ids[b - nb:] + tuple(axes) for axes, nb in zip(self.in_axes, gained))
+        return Einsum(*children, in_axes=in_axes, out_axes=ids + tuple(self.out_axes), name=self.name)
 
     def _rebuild(self, children, name):
         return Einsum(*children, in_axes=self.in_axes, out_axes=self.out_axes, name=name)

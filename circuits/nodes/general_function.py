@@ -6,6 +6,7 @@ from .. import functions as _functions  # a module object: circuits.functions im
 from ..errors import CircuitError, ParseError, ShapeError
 from ..shapes import int_tuple
 from .base import Circuit, check_children, dtype_of, quote_name, shape_error, shape_of
+from .expansion import ExpandError, aligned
 
 # Shape and dtype rules are pure functions of the children's shapes and dtypes, and circuits
 # apply the same function to the same shapes over and over: remember the answers.  Keyed by the
@@ -62,6 +63,8 @@ class GeneralFunction(Circuit):
 
     __slots__ = ("function",)
     type_name = "GeneralFunction"
+    child_count = (0, None)
+    passes_index = False
 
     def _setup(self, function, *children, name=None):
         if isinstance(function, _functions.FunctionSpec):
@@ -138,6 +141,20 @@ class GeneralFunction(Circuit):
 
     def payload_text(self):
         return self.function.name
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """Batched only where the function maps leading axes one to one (``core_ndim`` or
+        elementwise), or a gather batched only in its indices."""
+        f = self.function
+        kids = children
+        if any(gained):
+            if f.core_ndim is None and not f.elementwise:
+                if f.index_arg is None or any(nb for i, nb in enumerate(gained) if i != f.index_arg):
+                    raise ExpandError(f"expand: {self.line()}: function {f.name} cannot be batched "
+                                      "(it does not map leading axes one to one)")
+            elif len(kids) > 1:
+                kids, _ = aligned(self, kids, gained)
+        return GeneralFunction(f, *kids, name=self.name)
 
     def _rebuild(self, children, name):
         return GeneralFunction(self.function, *children, name=name)

@@ -12,6 +12,7 @@ from ..errors import CircuitError, ParseError
 from ..hashing import pack_ints as _pack_ints
 from ..shapes import INT64_MAX, INT64_MIN, decimal_int
 from .base import Circuit, check_children, shape_error
+from .expansion import fixed_entries_follow
 
 
 def _slice_text(s: slice) -> str:
@@ -281,6 +282,13 @@ class Index(Circuit):
 
     def payload_text(self):
         return index_text(self.index)
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """``:`` over the new batch axes; a fixed entry of an axis that changed size is refused."""
+        (kid,), (nb,) = children, gained
+        full = self.full_index()
+        fixed_entries_follow(self, full, self.children[0].shape, kid.shape[nb:], "indexes")
+        return Index(kid, (slice(None),) * nb + full, name=self.name)
 
     def _rebuild(self, children, name):
         (child,) = children

@@ -107,6 +107,7 @@ class Array(Circuit):
 
     __slots__ = ("value", "content_hash")
     type_name = "Array"
+    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 
@@ -215,6 +216,10 @@ class Array(Circuit):
                 return node
         return cls.placeholder(shape, payload, name=name, dtype=context.default_dtype)
 
+    def expanded(self, children, gained, size_map, replacements=None):
+        """A leaf: an Array keeps its value and shape (a symbolic size in it stays)."""
+        return self
+
     def _rebuild(self, children, name):
         _no_children(self, children)
         if self.value is None:
@@ -260,6 +265,7 @@ class Scalar(Circuit):
 
     __slots__ = ("value",)
     type_name = "Scalar"
+    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 
@@ -291,6 +297,13 @@ class Scalar(Circuit):
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         return cls(payload, _printed_shape(cls, shape), name=name)
 
+    def expanded(self, children, gained, size_map, replacements=None):
+        """A leaf: its symbolic sizes resized by ``size_map``."""
+        from .module import map_sizes
+
+        shape = map_sizes(self.shape, size_map)
+        return self if shape == self.shape else Scalar(self.value, shape, name=self.name)
+
     def _rebuild(self, children, name):
         _no_children(self, children)
         return Scalar(self.value, self.shape, name=name)
@@ -308,6 +321,7 @@ class Symbol(Circuit):
 
     __slots__ = ("uuid",)
     type_name = "Symbol"
+    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 
@@ -365,6 +379,16 @@ class Symbol(Circuit):
         if uid == "rand":
             uid = uuid_module.uuid4()
         return cls(_printed_shape(cls, shape), name=name, dtype=dtype or (context or _NO_CONTEXT).default_dtype, uuid=uid)
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """A leaf: the Symbol itself stays (an enclosing module may bind it by identity); the sizes
+        it takes here are stated above it by a ``SetSymbolicShape``, as rust_circuit states them
+        where sizes meet."""
+        from .module import map_sizes
+        from .symbolic_shape import SetSymbolicShape
+
+        shape = map_sizes(self.shape, size_map)
+        return self if shape == self.shape else SetSymbolicShape(self, shape)
 
     def _rebuild(self, children, name):
         _no_children(self, children)

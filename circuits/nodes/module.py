@@ -6,8 +6,8 @@ an argument binds, and three flags).  A ``Module`` node applies a spec to argume
 children are ``(body, *arguments)``, as in rust_circuit, so generic traversals see the body once
 however many times the module is applied, and a model writes a layer norm, an attention block
 or an MLP once.  ``substitute()`` inlines it: the body with every argument Symbol replaced by its
-argument and every shape above re-derived (``circuits.expand``).  Evaluation lowers modules that
-way.
+argument and every shape above re-derived (the expansion walk, ``circuits.nodes.expansion``,
+public as ``circuits.expand``).  Evaluation lowers modules that way.
 
 Arguments may differ from their Symbols in two ways, as rust's:
 
@@ -40,6 +40,7 @@ import attrs
 from ..errors import CircuitError
 from ..shapes import SYMBOLIC_BASE, SYMBOLIC_SIZES, is_symbolic, shape_text, symbolic_factors
 from .base import Circuit, check_children, no_payload, quote_name, shape_error
+from .expansion import expand, insert_axes, move_axes_behind
 from .leaves import Symbol
 
 
@@ -304,6 +305,7 @@ class Module(Circuit):
 
     __slots__ = ("spec", "size_map", "batch_shape")
     type_name = "Module"
+    passes_index = False
     child_count = (1, None)
     takes_child_info = True
 
@@ -338,8 +340,6 @@ class Module(Circuit):
         shape, self.size_map, self.batch_shape, needs_expansion = module_shape(spec, args, fail)
         self.spec = spec
         if needs_expansion:
-            from ..expand import substitute_module_body
-
             shape = substitute_module_body(spec, args, self.size_map, self.batch_shape).shape
         dtype = spec.body.dtype
         return self._set_common(children, shape, dtype, name)
@@ -380,6 +380,23 @@ class Module(Circuit):
         # parser refuses it by default; what this library prints must parse).
         return cls(ModuleSpec(children[0], specs, check_all_inputs_used=False), *children[1:], name=name)
 
+    def expanded(self, children, gained, size_map, replacements=None):
+        """The module stays (rust's expand of a Module).  Axes an argument gains move behind its
+        own batch axes into its Symbol, which gains them too; the body is expanded again from the
+        original, with those Symbols and the same replacements, so that its gained axes line up
+        with theirs; the module's own batch axes then go back behind the gained ones."""
+        body = children[0]
+        if any(gained[1:]):
+            specs, args, renames = gains_into_symbols(self, children[1:])
+            table = {k: v for k, v in (replacements or {}).items() if k not in renames}
+            table.update(renames)
+            body = expand(self.body, table, size_map)
+            out = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=self.name)
+        else:
+            out = self._rebuild(tuple(children), self.name)
+        grew = len(body.shape) - len(self.body.shape)
+        return move_axes_behind(out, len(out.shape) - len(body.shape), grew)
+
     def _rebuild(self, children, name):
         body, *args = children
         if body is self.spec.body:
@@ -394,6 +411,46 @@ class Module(Circuit):
         (batch axes and symbolic sizes followed); named like this module when it has a name
         (unless the result is a Symbol passed through: renamed, it would be another Symbol).
         Value-preserving: it evaluates to this module's value."""
-        from ..expand import substitute_module
+        out = substitute_module_body(self.spec, self.args, self.size_map, self.batch_shape)
+        if out.shape != self.shape and len(out.shape) < len(self.shape) \
+                and self.shape[len(self.shape) - len(out.shape):] == out.shape:
+            # batch axes of arguments the body does not use: the value repeats along them
+            out = insert_axes(out, 0, self.shape[:len(self.shape) - len(out.shape)])
+        if out.shape != self.shape:  # a bug in a rule or in Module's shape rule, never the user's
+            raise CircuitError(f"substituting {self.line()} gave shape {shape_text(out.shape)}, "
+                               f"but the module has {shape_text(self.shape)}")
+        if self.name is not None and type(out) is not Symbol:  # a renamed Symbol is another Symbol
+            out = out.rename(self.name)
+        return out
 
-        return substitute_module(self)
+
+def substitute_module_body(spec: ModuleSpec, args, size_map, batch) -> Circuit:
+    """The body of ``spec`` with the arguments in place of its Symbols (not renamed).  An
+    argument whose sizes were unified with another's (see ``module_shape``) is wrapped in a
+    ``SetSymbolicShape`` stating the unified sizes."""
+    from .symbolic_shape import SetSymbolicShape
+
+    replacements = {}
+    for a, arg in zip(spec.arg_specs, args):
+        extra = len(arg.shape) - len(a.symbol.shape)
+        core = tuple(n if s == n else size_map.get(s, n) for s, n in zip(a.symbol.shape, arg.shape[extra:]))
+        target = batch[len(batch) - extra:] + core
+        replacements[a.symbol] = arg if target == arg.shape else SetSymbolicShape(arg, target)
+    return expand(spec.body, replacements, size_map)
+
+
+def gains_into_symbols(module: Module, new_args):
+    """For a Module whose arguments gained leading axes (``new_args``): the argument specs,
+    arguments and ``{old Symbol: new Symbol}`` with each argument's gained axes moved behind its
+    own batch axes and into its Symbol (which gains them in front), as rust expands a Module."""
+    specs, args, renames = [], [], {}
+    for a, old, new in zip(module.spec.arg_specs, module.args, new_args):
+        g = len(new.shape) - len(old.shape)
+        if g:
+            own = len(old.shape) - len(a.symbol.shape)
+            new = move_axes_behind(new, g, own)
+            was, a = a.symbol, a.reshaped(new.shape[own:own + g] + a.symbol.shape)
+            renames[was] = a.symbol
+        specs.append(a)
+        args.append(new)
+    return specs, args, renames

@@ -8,6 +8,7 @@ import re
 from ..errors import CircuitError, ParseError
 from ..shapes import INT64_MAX, read_size, size_text
 from .base import Circuit, check_children, shape_error
+from .expansion import fresh_names
 
 _TOKEN = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*|1|->)")
 
@@ -280,6 +281,22 @@ class Rearrange(Circuit):
     def payload_text(self):
         return self._payload_from(self.in_groups, self.out_groups, self.given_sizes)
 
+    def expanded(self, children, gained, size_map, replacements=None):
+        """New batch axes pass through in front; given sizes are conformed to changed axes as
+        rust's expander does (``conform_sizes``)."""
+        (kid,), (nb,) = children, gained
+        taken = {a for g in self.in_groups + self.out_groups for a in g}
+        names = tuple((a,) for a in fresh_names(taken, nb))
+        groups = (names + self.in_groups, names + self.out_groups)
+        given = dict(self.given_sizes)
+        try:
+            return Rearrange(kid, groups, name=self.name, **given)
+        except CircuitError:
+            conformed = conform_sizes(self.in_groups, kid.shape[nb:], given)
+            if conformed is None or conformed == given:
+                raise
+            return Rearrange(kid, groups, name=self.name, **conformed)
+
     def _rebuild(self, children, name):
         (child,) = children
         return Rearrange(child, (self.in_groups, self.out_groups), name=name, **dict(self.given_sizes))
@@ -314,3 +331,25 @@ class Rearrange(Circuit):
     def from_payload(cls, payload, children, name=None, shape=None, context=None):
         groups, sizes = payload
         return cls(children[0], groups, name=name, **sizes)
+
+
+def conform_sizes(in_groups, shape, given):
+    """The sizes a Rearrange's spec gives, conformed to a new input shape as rust_circuit's
+    expander does: in each input group, the given sizes whose product still divides the new axis
+    are kept (in order) and the others left to be inferred (so ``(a:1s b:3)`` over ``3*0s`` makes
+    ``a`` 0s).  None when the ranks differ or a group would have two sizes to infer."""
+    if len(in_groups) != len(shape):
+        return None
+    out = dict(given)
+    for g, size in zip(in_groups, shape):
+        kept, unknown = 1, 0
+        for a in g:
+            v = out.get(a)
+            if v is not None and size % (kept * v) == 0:
+                kept *= v
+            else:
+                out.pop(a, None)
+                unknown += 1
+        if unknown > 1:
+            return None
+    return out

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ..hashing import pack_ints as _pack_ints
 from .base import Circuit, check_children, shape_error
+from .expansion import fixed_entries_follow
 from .index import _entry_bytes, index_text, read_index
+from .module import map_sizes
 
 
 class Scatter(Circuit):
@@ -20,6 +22,7 @@ class Scatter(Circuit):
 
     __slots__ = ("index",)
     type_name = "Scatter"
+    passes_index = False
     prints_shape = True
     child_count = (1, 1)
 
@@ -79,6 +82,15 @@ class Scatter(Circuit):
         while index and index[-1] == slice(None):  # trailing ':' as Index prints it: implied
             index = index[:-1]
         return index_text(index)
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """``:`` over the new batch axes; a fixed slice of an axis that changed size is refused."""
+        (kid,), (nb,) = children, gained
+        fixed_entries_follow(self, self.index, self.children[0].shape, kid.shape[nb:], "writes")
+        shape = kid.shape[:nb] + tuple(
+            a if e == slice(None) else s
+            for e, s, a in zip(self.index, map_sizes(self.shape, size_map), kid.shape[nb:]))
+        return Scatter(kid, (slice(None),) * nb + self.index, shape, name=self.name)
 
     def _rebuild(self, children, name):
         (child,) = children

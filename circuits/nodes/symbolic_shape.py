@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..hashing import pack_ints as _pack_ints
 from ..shapes import SYMBOLIC_BASE, is_symbolic, shape_text
 from .base import Circuit, check_children, no_payload, shape_error
+from .module import map_sizes
 
 
 class SetSymbolicShape(Circuit):
@@ -56,6 +57,15 @@ class SetSymbolicShape(Circuit):
 
     def payload_text(self):
         return ""
+
+    def expanded(self, children, gained, size_map, replacements=None):
+        """The stated sizes mapped through ``size_map`` behind the gained batch axes; dropped
+        when it no longer states anything (rust drops it too)."""
+        (kid,), (nb,) = children, gained
+        shape = kid.shape[:nb] + map_sizes(self.shape, size_map)
+        if shape == kid.shape and self.name is None:
+            return kid
+        return SetSymbolicShape(kid, shape, name=self.name)
 
     def _rebuild(self, children, name):
         (child,) = children

@@ -48,6 +48,10 @@ class Tag(Circuit):
     def payload_text(self):
         return str(self.uuid)
 
+    def expanded(self, children, gained, size_map, replacements=None):
+        """The same tag over the expanded child."""
+        return Tag(children[0], self.uuid, name=self.name)
+
     def _rebuild(self, children, name):
         (child,) = children
         return Tag(child, self.uuid, name=name)

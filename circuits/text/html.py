@@ -50,6 +50,7 @@ _STYLE = """<style>
 .circuits-html .hit{background:#fff5b1}
 .circuits-html .stats{color:#22863a;margin-left:.6em}
 .circuits-html .search{margin:0 0 .4em -1.2em}
+.circuits-html .crumbs{margin:0 0 .3em -1.2em;color:#666}
 </style>"""
 
 # The search box's handler (no double quotes: it sits in an attribute): marks the lines whose name
@@ -167,9 +168,55 @@ def _ref_text(node) -> str:
     return f"{who} {node.type_name}"
 
 
+class HTML(str):
+    """A string of HTML that a notebook shows as HTML (``_repr_html_``): what ``to_html`` returns."""
+
+    def _repr_html_(self):
+        return str(self)
+
+
+def _layer_node(circuit, layer: int):
+    """The node of layer ``layer``: the last-computed node named a word and that number (the
+    seed's ``'b1'``, GPT-2's ``'h1'``)."""
+    import re
+
+    from ..traversal import toposort
+
+    pattern = re.compile(rf"^[A-Za-z_]+{layer}$")
+    found = [n for n in toposort(circuit) if n.name is not None and pattern.match(n.name)]
+    if not found:
+        from ..errors import SelectionError
+
+        raise SelectionError(f"to_html: no node named like a layer {layer} ('b{layer}', 'h{layer}') in the circuit "
+                             f"rooted at {circuit.line()}; give at= a name or a matcher")
+    return found[-1]
+
+
+def _path_to(circuit, target) -> list:
+    """A shortest root-to-``target`` path of nodes (breadth first, no recursion)."""
+    from collections import deque
+
+    parent = {circuit.hash: None}
+    queue = deque([circuit])
+    while queue:
+        n = queue.popleft()
+        if n.hash == target.hash:
+            break
+        for c in n.children:
+            if c.hash not in parent:
+                parent[c.hash] = n
+                queue.append(c)
+    path, n = [], target
+    while n is not None:
+        path.append(n)
+        n = parent[n.hash]
+    return path[::-1]
+
+
 def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int = 2, *,
-            open=None, search: bool = False, values=None) -> str:
-    """A self-contained HTML tree of ``circuit`` (see the module docstring).
+            open=None, search: bool = False, values=None, at=None) -> str:
+    """A self-contained HTML tree of ``circuit`` (see the module docstring); a notebook shows
+    the returned string (an ``HTML``) as the view.
 
     ``max_nodes`` caps the lines shown, ``max_depth`` the levels (browsers flatten very deep
     nesting), ``open_depth`` how many levels start expanded.  ``open``: names, matchers or nodes
@@ -177,7 +224,9 @@ def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int 
     ``search=True`` adds a search box (a few lines of inline JavaScript) that highlights the
     lines whose name contains the text and opens the path to each.  ``values``: a mapping from
     nodes or names to arrays (e.g. the ``also=`` results of ``C.evaluate``); each node given a
-    value shows its shape, mean, std, min, max and an 8-bin histogram.
+    value shows its shape, mean, std, min, max and an 8-bin histogram.  ``at``: start the view at
+    one node instead of the root — a name, a matcher, a node, or an int for that layer (the node
+    named like ``'b1'`` / ``'h1'``) — under a line giving its path from the root.
 
     >>> import numpy as np
     >>> from circuits import Array, Einsum, GeneralFunction
@@ -186,14 +235,33 @@ def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int 
     >>> page = to_html(c, open_depth=0, open=['x'], values={'x': x.value})
     >>> page.count(' open><summary'), 'mean 1.5' in page
     (2, True)
+    >>> inner = to_html(c, at='inner')
+    >>> inner.count('<details'), "'out' &gt; 'inner'" in inner
+    (1, True)
     """
     if max_nodes < 1 or max_depth < 1 or open_depth < 0:
         raise ValueError("to_html needs max_nodes >= 1, max_depth >= 1 and open_depth >= 0")
+    crumbs = ""
+    if at is not None:
+        if isinstance(at, int) and not isinstance(at, bool):
+            start = _layer_node(circuit, at)
+        elif isinstance(at, Circuit):
+            start = at
+        else:
+            from ..select import get_unique
+
+            start = get_unique(circuit, at)
+        path = _path_to(circuit, start)
+        crumbs = ('<div class="crumbs">' + escape(" > ".join(quote_name(n.name) if n.name is not None
+                                                            else n.type_name for n in path)) + "</div>")
+        circuit = start
     prefix = "c" + circuit.hash[:5].hex()
     anchors: dict[bytes, str] = {}
     targets, above = _targets(circuit, open) if open is not None else (set(), set())
     stats = _values_by_node(circuit, values) if values else {}
     out = ['<div class="circuits-html">', _STYLE]
+    if crumbs:
+        out.append(crumbs)
     if search:
         out.append(f'<div class="search"><input type="search" placeholder="search names" '
                    f'oninput="{_escape(_SEARCH_JS, quote=True)}"> <span class="search-count"></span></div>')
@@ -258,4 +326,4 @@ def to_html(circuit, max_nodes: int = 500, max_depth: int = 40, open_depth: int 
         notes.append("circuit.to_text() prints everything")
         out.append(f'<div class="note">{escape("; ".join(notes))}</div>')
     out.append("</div>")
-    return "\n".join(out)
+    return HTML("\n".join(out))

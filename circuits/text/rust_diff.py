@@ -1,5 +1,8 @@
 """``diff_circuits(new, old)``: rust_circuit's text diff of two circuits, for reading.
 
+Users reach it as ``circuits.diff(old, new).rust_text(**options)`` (one name for diffs: the
+structural ``circuits.diff``); this function keeps rust's name, argument order and options.
+
 rust_circuit (``nb_operations/src/diff.rs``) walks the two trees together from their roots and
 writes one text, indented like the circuits themselves:
 

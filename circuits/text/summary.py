@@ -70,6 +70,7 @@ class Group:
         self.n_nodes = 0
         self.params = 0
         self.last = -1  # position in the circuit's toposort of the last node placed in it
+        self.repeats: list[Group] | None = None  # equal numbered siblings shown as this, the first
 
     @property
     def name(self) -> str:
@@ -78,13 +79,15 @@ class Group:
     def line(self, max_locals: int = 4) -> str:
         """The group's one-line description."""
         label = self.label or self.name or "(top)"
+        if self.repeats:
+            label += f" ×{len(self.repeats)}"
         parts = [label]
         if self.node is not None:
             parts.append(f" {self.node.type_name} {shape_text(self.node.shape)}")
         elif self.run:
             first = self.run[0].node
             parts.append(f" {len(self.run)} × {first.type_name} {shape_text(first.shape)}")
-        stats = [_count_text(self.n_nodes, "nodes" if self.n_nodes != 1 else "node")]
+        stats = [("each " if self.repeats else "") + _count_text(self.n_nodes, "nodes" if self.n_nodes != 1 else "node")]
         if self.params:
             stats.append(_count_text(self.params, "params"))
         named = self.named_locals()
@@ -136,9 +139,9 @@ class Summary:
         stack = [self.root]
         while stack:
             g = stack.pop()
-            if g.path == path and g.run is None:
+            if g.path == path and g.run is None and g.repeats is None:
                 return g
-            stack.extend(g.children.values())
+            stack.extend(g.repeats or g.children.values())
         raise KeyError(f"no group {name!r} in this summary; top-level groups: "
                        f"{', '.join(g.label or g.name for g in self.root.sorted_children())}")
 
@@ -218,12 +221,15 @@ def _common_prefix(a: tuple, b: tuple) -> tuple:
 
 
 def summary(circuit: Circuit, *, max_depth: int | None = None, max_lines: int = 300,
-            layers: bool = True) -> Summary:
+            layers: bool = True, repeats: int | None = 8) -> Summary:
     """A collapsed view of ``circuit`` grouped by name (see the module docstring): prints as an
     indented tree of groups (layers → heads → q/k/v) with shapes, node and parameter counts, and
     renders as collapsible HTML in a notebook.  ``max_depth`` limits the levels shown, ``max_lines``
     the groups printed (the HTML view shows as many); ``layers=False``
     keeps top-level groups such as ``a0`` and ``b0`` apart instead of gathering them as ``layer 0``.
+    More than ``repeats`` numbered sibling groups with equal contents (the 88 layers of a big
+    model, its 96 heads) print once, ``h{0..87} ×88 ... each 55 nodes``, the first one's contents
+    below; ``repeats=None`` prints every one (``group(name)`` finds each either way).
 
     >>> import numpy as np
     >>> from circuits import Add, Array, Einsum
@@ -309,6 +315,8 @@ def summary(circuit: Circuit, *, max_depth: int | None = None, max_lines: int = 
     n_layers = 0
     if layers:
         n_layers = _gather_layers(root)
+    if repeats is not None:
+        _collapse_repeats(root, repeats)
     total_params = root.params
     return Summary(circuit, root, len(order), total_params, n_layers, heads_per_layer, max_depth, max_lines)
 
@@ -366,6 +374,61 @@ def _collapse_chains(root: Group) -> None:
                 kid = next(iter(kid.children.values()))
             g.children[key] = kid
             stack.append(kid)
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _signature(top: Group) -> tuple:
+    """What a group holds (types, shapes, counts, the keys below it with their numbers written
+    ``#``, so that ``h3`` and ``h4`` of identical layers sign the same); post-order over an
+    explicit stack."""
+    sig: dict[int, tuple] = {}
+    stack = [(top, False)]
+    while stack:
+        g, done = stack.pop()
+        if not done:
+            stack.append((g, True))
+            stack.extend((k, False) for k in [*(g.run or ()), *g.children.values()])
+            continue
+        node = None if g.node is None else (g.node.type_name, g.node.shape)
+        sig[id(g)] = (node, g.n_nodes, g.params, len(g.run or ()),
+                      tuple((short and _DIGITS.sub("#", short), c.shape) for short, c in g.locals),
+                      tuple((_DIGITS.sub("#", key), sig[id(k)]) for key, k in g.children.items()))
+    return sig[id(top)]
+
+
+def _collapse_repeats(root: Group, more_than: int) -> None:
+    """Replace each run of more than ``more_than`` numbered sibling groups with equal contents
+    (``_signatures``) and some structure (subgroups or local members) by one group that shows
+    the first and counts them (``Group.repeats``)."""
+    stack = [root]
+    while stack:
+        g = stack.pop()
+        by_stem: dict[str, list] = {}
+        for key, kid in g.children.items():
+            m = _NUMBERED.match(key)
+            if m and kid.run is None and (kid.children or kid.locals):
+                by_stem.setdefault(m.group(1), []).append((int(m.group(2)), key, kid))
+        for stem, kids in by_stem.items():
+            kids.sort(key=lambda item: item[0])
+            if len(kids) <= more_than or len({_signature(k) for _, _, k in kids}) != 1:
+                continue
+            first = kids[0][2]
+            rep = Group(first.path)
+            rep.node, rep.children, rep.locals = first.node, first.children, first.locals
+            rep.n_nodes, rep.params = first.n_nodes, first.params
+            rep.last = max(k.last for _, _, k in kids)
+            nums = [i for i, _, _ in kids]
+            span = f"{nums[0]}..{nums[-1]}" if nums == list(range(nums[0], nums[-1] + 1)) else ",".join(map(str, nums))
+            prefix = first.name[: len(first.name) - len(kids[0][1])] if first.name.endswith(kids[0][1]) else ""
+            rep.label = f"{prefix}{stem}{{{span}}}"
+            rep.repeats = [k for _, _, k in kids]
+            for _, key, _ in kids:
+                del g.children[key]
+            g.children[kids[0][1]] = rep
+        stack.extend(k for k in g.children.values() if k.repeats is None)
+        stack.extend(k for k in g.children.values() if k.repeats is not None)
 
 
 def _gather_layers(root: Group) -> int:

@@ -77,3 +77,40 @@ def test_save_many_and_load_many_are_exported(tmp_path):
     C.save_many([loss, logits], tmp_path / "two.circuit")
     back = C.load_many(tmp_path / "two.circuit")
     assert back == [loss, logits]
+
+
+def _path_patched():
+    w = random_weights(seed=0, vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    loss = attn_only(w, np.array([1, 2, 3, 4, 5, 6, 7]), unique_names=True)
+    corrupt = {"toks_int_var": np.array([3, 2, 1, 4, 5, 6, 7])}
+    return loss, C.interp.path_patch(loss, "b0.a.head0", "b1.a.head1.a.k", corrupt)
+
+
+def test_a_path_patch_prints_as_a_summary_and_the_full_list_on_request():
+    loss, patched = _path_patched()
+    d = C.diff(loss, patched)
+    # independent count: the nodes the patch copied carry the suffixes path_patch gives them
+    names = [n.name for n in C.toposort(patched) if n.name]
+    n_patched = sum(name.endswith(".patched") for name in names)
+    n_source = sum(name.endswith(".source") for name in names)
+    assert d.copies == {".patched": n_patched, ".source": n_source - 1}  # the tokens changed value too
+    assert len(d) == n_patched + n_source
+    text = str(d).splitlines()
+    assert len(text) <= 8 < len(d)  # it was one entry of 3 lines per node (37 rows) before
+    assert "b1.a.head1.a.k (now 'b1.a.head1.a.k.patched')" in text[0]  # what was patched
+    assert text[2].startswith(f"{n_source - 1} nodes copied as '<name>.source': b0.a.head0")  # from where
+    assert any("toks_int_var.source" in line for line in text)  # what changed in itself: the tokens
+    full = str(d.full()).splitlines()
+    assert full == str(C.diff(loss, patched, full=True)).splitlines()
+    assert full[0] == f"{len(d)} changes" and sum(line[0] in "~+-" for line in full) == len(d)
+    html = d._repr_html_()
+    assert "copied as" in html and html.count("<tr>") == 2  # header + the one node changed in itself
+    assert d.full()._repr_html_().count("<tr>") == len(d) + 1
+
+
+def test_rust_text_is_rusts_diff_of_the_same_pair():
+    from circuits.text.rust_diff import diff_circuits
+
+    loss, patched = _path_patched()
+    assert C.diff(loss, patched).rust_text(print_legend=False) == diff_circuits(patched, loss, print_legend=False)
+    assert "diff_circuits" not in C.__all__  # one name: C.diff

@@ -234,3 +234,14 @@ def test_plot(small):
     _, g = small
     ax = g.plot()
     assert len(ax.lines) == min(200, int(g.edge_mask.sum()))
+    # every kept node is labelled: its feature index, 'err', its token or its logit's token
+    kept = np.nonzero(g.node_mask)[0]
+    texts = sorted(t.get_text() for t in ax.texts)
+    want = []
+    for i in kept:
+        n = g.nodes[i]
+        want.append({"feature": f"f{n['feature']}", "error": "err", "token": f"t{n['token']}",
+                     "logit": f"→{n['token']}"}[n["kind"]])
+    assert texts == sorted(want) and len(texts) == len(kept) > 0
+    assert [t.get_text() for t in ax.get_yticklabels()][::len(ax.get_yticklabels()) - 1] == ["tokens", "logits"]
+    assert not g.plot(labels=False).texts

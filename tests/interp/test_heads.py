@@ -67,3 +67,23 @@ def test_not_a_fused_output_is_a_clear_error():
         split_heads(circuit, "b0")
     with pytest.raises(CircuitError, match="head axis"):
         split_heads(circuit, circuit.get_unique("a.v"))  # sums over the model axis, not a head axis
+
+
+def test_split_and_batch_heads_are_inverses_and_their_three_homes_name_each_other():
+    import rewrites
+    from circuits.backend import head_batching
+    from circuits.interp import heads
+
+    circuit, _ = _layer(np.float64)
+    split = split_heads(circuit, "b0.a")
+    fused = rewrites.batch_heads(split)
+    attn = fused.get_unique("b0.a")
+    assert isinstance(attn, C.Einsum) and len(split.get_unique("b0.a").children) == H
+    assert not fused.get(C.select.Regex(r"^b0\.a\.head\d$"), require=False)  # no per-head node left
+    np.testing.assert_allclose(C.evaluate(fused, dtype="float64", batch_heads=False),
+                               C.evaluate(circuit, dtype="float64"), atol=1e-9)
+    # one idea, three jobs: each home says where the other two are
+    homes = {"circuits.backend.head_batching": head_batching.__doc__, "rewrites.batch_heads":
+             rewrites.heads.__doc__, "circuits.interp.split_heads": heads.__doc__}
+    for doc in homes.values():
+        assert all(name in doc for name in homes)

@@ -1,9 +1,11 @@
-"""A meta-test over ``circuits.nodes.NODE_TYPES``: every node type has everything a node type
-needs outside its own file — a JAX lowering, payload parsing through its class (the parser
-holds no per-type code), a printer round trip, a sympy form and a strategy that draws it.  A new
-node type (Module, Scatter...) fails here until it has them all."""
+"""A meta-test over ``circuits.nodes.NODE_TYPES``: every node type has everything on the checklist
+in ``circuits.nodes`` (its docstring) — its own hooks (payload, text, index passing, expansion
+rule), a JAX lowering, payload parsing through its class (the parser holds no per-type code), a
+printer round trip, a sympy form, an expansion that batches it exactly and a strategy that draws
+it.  A new node type (Module, Scatter...) fails here until it has them all."""
 
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -11,10 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
+import circuits.nodes
 from circuits.backend.ops import OP_BUILDERS
 from circuits.backend.program import ARGUMENT_TYPES
 from circuits.backend.symbolic import SYMBOLIC_RULES, symbolic_evaluate
+from circuits.expand import expand
+from circuits.io.values import gather_index_bounds
 from circuits.nodes import NODE_TYPES, Circuit
+from circuits.shapes import symbolic_size
 from circuits.testing import circuits_with_inputs, dags, store_of
 from circuits.text import parser
 
@@ -98,3 +104,82 @@ def test_every_node_type_is_covered():
     # The tables above are keyed by class: nothing in them names a type that is not a node.
     assert set(SYMBOLIC_RULES) == set(NODE_TYPES)
     assert set(OP_BUILDERS) | set(ARGUMENT_TYPES) == set(NODE_TYPES)
+
+
+# The hooks every node class defines itself (the checklist's items 1-4), read from the checklist.
+CHECKLIST = circuits.nodes.__doc__.split("Adding a node type", 1)[1]
+OWN_HOOKS = re.findall(r"``([a-z_]+)``\s*\(own\)", CHECKLIST)
+
+
+def test_the_checklist_names_the_hooks():
+    assert set(OWN_HOOKS) >= {"type_name", "_setup", "_rebuild", "_payload_bytes", "payload_text", "parse_payload",
+                              "from_payload", "child_count", "passes_index", "expanded"}
+    for hook in OWN_HOOKS:
+        assert hasattr(Circuit, hook) or hook == "type_name", hook
+    for words in ("NODE_TYPES", "OP_BUILDERS", "ARGUMENT_TYPES", "SYMBOLIC_RULES", "dags"):
+        assert words in CHECKLIST
+
+
+@TYPES
+def test_its_class_defines_its_own_hooks(node_type):
+    missing = [hook for hook in OWN_HOOKS if hook not in vars(node_type)]
+    assert not missing, f"{node_type.__name__} does not define {missing} (the checklist in circuits.nodes)"
+
+
+@TYPES
+def test_its_index_passing_is_the_one_source(node_type, monkeypatch):
+    # fill_random's gather bounds follow passes_index (and so does the parser): flip it for this
+    # type and a gather's index no longer (or now) reaches the ints through it.
+    table = C.Array(np.zeros((7, 3), np.float32), name="table")
+    toks = C.Array(np.zeros((4,), np.int64), name="toks")
+    through = {C.Index: lambda t: C.Index(t, (slice(None),)), C.Rearrange: lambda t: C.Rearrange(t, "a -> a"),
+               C.Concat: lambda t: C.Concat(t, axis=0), C.Tag: lambda t: C.Tag(t, uuid="00000000-0000-0000-0000-000000000001")}
+    wrap = through.get(node_type)
+    if wrap is None:  # nothing to flip: an index stops here
+        assert not node_type.passes_index
+        return
+    assert node_type.passes_index
+    gather = C.GeneralFunction("gen_index_at_0_c", table, wrap(toks))
+    assert gather_index_bounds(gather) == {toks.hash: 7}
+    monkeypatch.setattr(node_type, "passes_index", False)
+    assert gather_index_bounds(gather) == {}
+
+
+@TYPES
+@FEW
+@given(data=st.data())
+def test_its_expansion_rule_batches_it_exactly(node_type, data):
+    """Oracle: a leaf expanded into a batch of 2 gives, at entry i, the circuit with that leaf's
+    i-th value (the backend's vmap over that leaf as a Symbol, float64).  Leaves are checked with a
+    symbolic size resized."""
+    if node_type.child_count == (0, 0):
+        s0 = symbolic_size(0)
+        leaf = {C.Symbol: C.Symbol((s0, 2), name="x"), C.Scalar: C.Scalar(1.5, (s0, 2)),
+                C.Array: C.Array(np.ones((3, 2), np.float32))}[node_type]
+        out = expand(C.Add(leaf, C.Scalar(0.0, (3, 2))) if node_type is C.Array else leaf, {}, {s0: 3})
+        assert out.shape == (3, 2)
+        return
+    if node_type is C.DiscreteVar:  # its rule runs inside circuits.expand.sample (tests/test_expand.py)
+        assert "expanded" in vars(node_type)
+        return
+    circuit, inputs = data.draw(circuits_with_inputs(root_types=[node_type], max_nodes=6, max_depth=3,
+                                                     functions=["exp", "tanh", "softmax", "log_softmax"]))
+    order = C.toposort(circuit)
+    bound = {a.symbol for n in order if type(n) is C.Module for a in n.spec.arg_specs}
+    free = [n for n in order if type(n) is C.Symbol and n not in bound and n in inputs]
+    arrays = [n for n in order if type(n) is C.Array and n.dtype.startswith("float")]
+    if not free and not arrays:
+        return
+    leaf = (free or arrays)[0]
+    first = inputs[leaf] if leaf in inputs else np.asarray(leaf.value)
+    values = np.stack([first, first * 0.5 + 0.25]).astype(np.float64)
+    others = {k: v for k, v in inputs.items() if k is not leaf}
+    out = expand(circuit, {leaf: C.Array(values)})  # leading axes only: every rule must follow
+    got = C.evaluate(out, others, dtype="float64")
+    assert got.shape == (2, *circuit.shape)
+    # the oracle: the backend's own batching (vmap over a Symbol's leading axis), not expansion
+    free_leaf = leaf if type(leaf) is C.Symbol else C.Symbol(leaf.shape, name="the_leaf")
+    unbatched = circuit if free_leaf is leaf else C.replace(circuit, {leaf: free_leaf})
+    want = C.evaluate_batched(unbatched, {free_leaf: values, **{k: np.broadcast_to(v, (2, *v.shape))
+                                                                for k, v in others.items()}}, dtype="float64")
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)

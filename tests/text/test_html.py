@@ -492,3 +492,29 @@ def test_search_and_open_in_headless_chromium(tmp_path):
         assert js("document.querySelectorAll('.circuits-html .hit').length") == 0
     finally:
         chrome.close()
+
+
+# ---------------------------------------------------------------------------- at=: start at a layer
+def test_the_view_opens_at_a_chosen_layer():
+    c = C.parse(SEED.read_text())
+    b1 = c.get_unique("b1")
+    for at in (1, "b1", b1, C.select.Regex(r"^b1$")):
+        page = to_html(c, at=at, max_nodes=10_000, max_depth=100)
+        root = dom(page)
+        got = node_entries(root)
+        want = expected_preorder(b1)  # the tree of the layer itself, not of the loss
+        assert [k for k, _ in got] == [k for k, _ in want]
+        assert line_text(*got[0]).split() == ["'b1'Add[300,256]"]
+        (crumbs,) = [e.all_text() for e in root.iter() if "crumbs" in e.classes()]
+        path = crumbs.split(" > ")
+        assert path[0] == "'t.loss'" and path[-1] == "'b1'"
+        node = c  # the breadcrumb is a real root-to-layer path
+        for label in path[1:]:
+            node = next(k for k in node.children if k.name == label.strip("'"))
+        assert node is b1
+    assert 'class="crumbs"' not in to_html(c)
+    head = dom(to_html(c, at="b0.a.head3"))
+    assert line_text(*node_entries(head)[0]).split()[0].startswith("'b0.a.head3'")
+    with pytest.raises(C.SelectionError, match="layer 7"):
+        to_html(c, at=7)
+    assert to_html(c, at=0)._repr_html_().startswith('<div class="circuits-html">')  # a notebook shows it
