@@ -93,8 +93,15 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     items = as_items(wrt)
     if not items:
         raise EvaluationError("wrt: give a node, a node name, or a list of them")
-    program = Program([circuit], fdt)
-    nodes = resolve_nodes(program, items, "wrt")
+    lowered: list = []
+
+    def program_of() -> Program:  # the whole program, built only where it is needed
+        if not lowered:
+            lowered.append(Program([circuit], fdt))
+        return lowered[0]
+
+    by_node = all(isinstance(i, Circuit) for i in items)
+    nodes = list(items) if by_node else resolve_nodes(program_of(), items, "wrt")
     if not is_float(circuit.dtype):
         raise EvaluationError(f"cannot differentiate {circuit.line()}: its dtype {circuit.dtype} is not a float")
     for node in nodes:
@@ -113,34 +120,40 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
                 f"{list(circuit.shape)} ({circuit.line()})"
             )
         weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
+    batched = bool(inputs) and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs)
+    tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
+    if not batched and (mode == "eager" or (mode == "auto" and not whole_program_ready(tier_key))):
+        distinct = list({n.hash: n for n in nodes}.values())
+        info = RunInfo()
+        with precision(fdt):
+            found = grads_ops(circuit, distinct, inputs, fdt, weights, cache=cache, info=info)
+            if found is not None:  # None: a node to differentiate is not in the circuit as evaluated
+                out, grads = found
+                record("ops", info.computed, info.reused)
+                if mode == "auto":
+                    note_op_run(tier_key, lambda: _compile_gradient(program_of(), nodes, weights, inputs))
+                value = np.asarray(out)
+                by_hash = {n.hash: np.asarray(g) for n, g in zip(distinct, grads)}
+                if single:
+                    return value, by_hash[nodes[0].hash]
+                return value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}
+    program = program_of()
+    if by_node:
+        nodes = resolve_nodes(program, items, "wrt")
     slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
     shapes = tuple(program.nodes[s].shape for s in slots)
-    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
+    if batched:
         return _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights)
-    tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
-    inlined = any(program.nodes[s].hash != n.hash for s, n in zip(slots, nodes))
-    whole = mode == "jit" or inlined or (mode == "auto" and whole_program_ready(tier_key))
     with precision(fdt):
-        if whole:
-            args = bind_arguments(program, inputs, fdt)
-            fn = _gradient_function(program, slots, shapes, weights is not None, "jit" if mode == "auto" else mode)
-            out, grads = fn(args, weights)
-            by_node = {program.nodes[s].hash: g for s, g in zip(slots, grads)}
-            by_node.update((n.hash, by_node[program.nodes[program.slot_of[n.hash]].hash]) for n in nodes)
-            record("jit")
-        else:
-            info = RunInfo()
-            distinct = list({n.hash: n for n in nodes}.values())
-            out, grads = grads_ops(circuit, distinct, inputs, fdt, weights, cache=cache, info=info)
-            by_node = {n.hash: g for n, g in zip(distinct, grads)}
-            record("ops", info.computed, info.reused)
-            if mode == "auto":
-                note_op_run(tier_key, lambda: _compile_gradient(program, slots, shapes, weights, inputs))
+        args = bind_arguments(program, inputs, fdt)
+        fn = _gradient_function(program, slots, shapes, weights is not None, "eager" if mode == "eager" else "jit")
+        out, grads = fn(args, weights)
+        record("jit" if mode != "eager" else "ops")
         value = np.asarray(out)
-        found = {h: np.asarray(g) for h, g in by_node.items()}
+        by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
     if single:
-        return value, found[nodes[0].hash]
-    return value, {item: found[n.hash] for item, n in zip(items, nodes)}
+        return value, by_slot[program.slot_of[nodes[0].hash]]
+    return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
 
 
 def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights):
@@ -168,8 +181,10 @@ def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs
     return value, dict(zip(items, by_item))
 
 
-def _compile_gradient(program, slots, shapes, weights, inputs) -> bool | None:
+def _compile_gradient(program, nodes, weights, inputs) -> bool | None:
     fdt = program.float_dtype
+    slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
+    shapes = tuple(program.nodes[s].shape for s in slots)
     if not worth_compiling(program, (program.key, "grad", slots, weights is not None)):
         return None  # too large to compile whole (see circuits.backend.runtime.JIT_MAX_OPS)
     with precision(fdt):

@@ -466,12 +466,16 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
               cache: bool = True, info: RunInfo | None = None):
     """``(value of root, [d sum(cotangent * root) / d value of w for w in wrt])`` op by op: the
     forward values from the value cache where known, then one reverse sweep of vector-Jacobian
-    products through cached kernels, over the nodes between ``wrt`` and ``root`` only."""
+    products through cached kernels, over the nodes between ``wrt`` and ``root`` only.  None when
+    a node of ``wrt`` is not in the circuit as evaluated (its Modules substituted)."""
     import jax.numpy as jnp
 
     (root,), _ = _prepared([root])
     order = toposort(root)
     wanted = {w.hash for w in wrt}
+    present = {n.hash for n in order}
+    if not wanted <= present:
+        return None  # not in the circuit as evaluated (absent, or inside a substituted Module)
     on_path: set = set()
     for node in order:
         if is_float(node.dtype) and (node.hash in wanted or any(c.hash in on_path for c in node.children)):
