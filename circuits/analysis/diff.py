@@ -28,9 +28,10 @@ through several parents is reported once, at its shortest path.
 from __future__ import annotations
 
 import collections
-from html import escape
 
+from ..errors import printable
 from ..nodes import Circuit
+from ..text.html import escape
 
 __all__ = ["diff", "Diff", "DiffEntry"]
 
@@ -108,7 +109,7 @@ class Diff:
                 out.append(f"    - {e.old.line()}")
             if e.new is not None:
                 out.append(f"    + {e.new.line()}")
-        return "\n".join(out)
+        return printable("\n".join(out), keep="\n")
 
     def __repr__(self):
         return f"<Diff: {len(self.entries)} change(s)>"
@@ -117,7 +118,7 @@ class Diff:
         if not self.entries:
             return "<div><i>no differences</i></div>"
         rows = "".join(
-            f"<tr><td>{e.kind}</td><td title='{escape(' > '.join(e.path))}'>{escape(self._path_text(e.path))}</td>"
+            f"<tr><td>{e.kind}</td><td title='{escape(' > '.join(e.path), quote=True)}'>{escape(self._path_text(e.path))}</td>"
             f"<td><code>{escape(e.old.line()) if e.old is not None else ''}</code></td>"
             f"<td><code>{escape(e.new.line()) if e.new is not None else ''}</code></td></tr>"
             for e in self.entries

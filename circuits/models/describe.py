@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from ..errors import printable
 from ..nodes import Array, Circuit
 from ..traversal import toposort
 
@@ -46,7 +47,8 @@ class Description:
     the totals."""
 
     def __init__(self, text: str, params: int, nodes: int):
-        self.text, self.params, self.nodes = text, params, nodes
+        # names shown as they are, less control characters (a name may hold a terminal escape)
+        self.text, self.params, self.nodes = printable(text, keep="\n"), params, nodes
 
     def __str__(self):
         return self.text
