@@ -253,6 +253,17 @@ def test_number_leaves_on_a_doubling_dag_refuses_at_once():
     assert len(_doubling(40).to_text(number_leaves=True, max_lines=100).split("\n")) == 101
 
 
+def test_number_leaves_refuses_before_walking_the_tree(monkeypatch):
+    from circuits.text import printer
+
+    walked = []
+    real = printer._child_infos
+    monkeypatch.setattr(printer, "_child_infos", lambda node: walked.append(node) or real(node))
+    with pytest.raises(CircuitError, match="as a tree, which is over 1000 lines"):
+        _doubling(40).to_text(number_leaves=True, max_chars=4000)
+    assert walked == []  # counted over the DAG's 41 nodes, not found out line by line
+
+
 @settings(max_examples=60, deadline=None)
 @given(circuit_strategy(max_nodes=15), st.sampled_from([None, 0, 1, 2, 3]), st.booleans())
 def test_the_tree_line_count_is_the_printed_line_count(c, depth, as_traversal):
