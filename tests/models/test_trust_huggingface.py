@@ -103,3 +103,10 @@ def test_a_fifo_named_config_json_is_refused(tmp_path):
     os.mkfifo(tmp_path / "config.json")
     with pytest.raises(C.CircuitError, match="config.json"):
         load_checkpoint(tmp_path)
+
+
+def test_the_sliding_mask_refuses_an_empty_window():
+    from circuits.models.blocks import sliding_causal_mask
+
+    with pytest.raises(C.CircuitError, match="at least 1"):
+        sliding_causal_mask(3, 3, window=0)
