@@ -45,7 +45,17 @@ def printable(text: str, keep: str = "") -> str:
 
 
 class CircuitError(Exception):
-    """Base class of every error this library raises on purpose."""
+    r"""Base class of every error this library raises on purpose.
+
+    Its message is shown with unprintable characters escaped (``printable``): a name, a path or
+    a value quoted in it never sends a terminal escape, a bell or a bidi override to a person.
+
+    >>> str(CircuitError("no file /tmp/a\x1b[2Jb"))
+    'no file /tmp/a\\x1b[2Jb'
+    """
+
+    def __str__(self) -> str:
+        return printable(super().__str__(), keep="\n")
 
 
 class ShapeError(CircuitError, ValueError):

@@ -199,10 +199,28 @@ def max_alloc_bytes() -> int:
 
 def check_allocation(shape, dtype: str, what, error=CircuitError, budget=None) -> None:
     """Raise ``error`` naming ``what`` (a string, or a callable making one) when a tensor of
-    this shape and dtype would take more than ``budget`` bytes (default ``max_alloc_bytes()``)."""
-    n = ITEMSIZE.get(dtype, 8)
+    this shape and dtype would take more than ``budget`` bytes (default ``max_alloc_bytes()``),
+    or could not exist at all: numpy and JAX multiply out the non-zero axes of even an empty
+    tensor, and refuse one whose product passes 2**63 bytes.
+
+    >>> check_allocation((0, 2**40), 'float32', 'x')  # empty, and its axes multiply within 2**63
+    >>> check_allocation((0, 2**62), 'float32', 'x')
+    Traceback (most recent call last):
+    circuits.errors.CircuitError: x has shape [0,4611686018427387904]: empty, but its other axes ...
+    """
+    n = extent = ITEMSIZE.get(dtype, 8)
     for s in shape:
         n *= s
+        if s:
+            extent *= s
+    if not n and extent > INT64_MAX:
+        if callable(what):
+            what = what()
+        raise error(
+            f"{what} has shape {shape_text(shape)}: empty, but its other axes multiply to "
+            f"{_human_bytes(extent)} ({dtype}), more than any array can address (2**63 bytes); "
+            "make the tensor smaller"
+        )
     limit = max_alloc_bytes() if budget is None else budget
     if n > limit:
         if callable(what):

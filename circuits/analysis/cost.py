@@ -42,7 +42,6 @@ Values are counted at ``dtype`` (float32 by default), as ``evaluate`` computes t
 
 from __future__ import annotations
 
-import html
 from typing import Sequence
 
 from ..backend.einsum import einsum_steps
@@ -51,6 +50,7 @@ from ..backend.runtime import float_dtype
 from ..errors import CircuitError
 from ..nodes import Add, Circuit, Einsum, GeneralFunction, Index, Tag
 from ..shapes import shape_text
+from ..text.html import escape
 from ..traversal import toposort
 
 __all__ = ["cost", "Cost", "NodeCost", "KINDS", "format_bytes"]
@@ -344,7 +344,7 @@ class Cost:
         return text
 
     def _repr_html_(self) -> str:
-        esc = html.escape
+        esc = escape
         totals = "".join(f"<tr><td>{esc(k)}</td><td>{_format_count(v)}</td></tr>" for k, v in self.flops_by_kind.items())
         head = "".join(f"<th>{h}</th>" for h in ("#", "node", "op", "shape", "flops", "read", "write", "live"))
         body = []

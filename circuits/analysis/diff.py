@@ -30,9 +30,10 @@ diff of the same two circuits, for reading.
 from __future__ import annotations
 
 import collections
-from html import escape
 
+from ..errors import printable
 from ..nodes import Circuit
+from ..text.html import escape
 
 __all__ = ["diff", "Diff", "DiffEntry"]
 
@@ -228,18 +229,18 @@ class Diff:
         if not self.entries:
             return "no differences"
         if self._is_summarised():
-            return "\n".join(self._summary_lines())
+            return printable("\n".join(self._summary_lines()), keep="\n")
         out = [self._head()]
         for e in self.entries:
             out.extend(self._entry_lines(e))
-        return "\n".join(out)
+        return printable("\n".join(out), keep="\n")
 
     def __repr__(self):
         return f"<Diff: {len(self.entries)} change(s)>"
 
     def _rows(self, entries) -> str:
         return "".join(
-            f"<tr><td>{e.kind}</td><td title='{escape(' > '.join(e.path))}'>{escape(self._path_text(e.path))}</td>"
+            f"<tr><td>{e.kind}</td><td title='{escape(' > '.join(e.path), quote=True)}'>{escape(self._path_text(e.path))}</td>"
             f"<td><code>{escape(e.old.line()) if e.old is not None else ''}</code></td>"
             f"<td><code>{escape(e.new.line()) if e.new is not None else ''}</code></td></tr>"
             for e in entries

@@ -176,7 +176,29 @@ def check_symbol_value(sym: Symbol, value, fdt: str, problems: list, batched: bo
             + (" (a float array cannot be used as indices)" if kind == "f" else "")
         )
         return None, is_batched
-    return _cast(arr, _canonical(target)), is_batched
+    canonical = _canonical(target)
+    bad = _wrapping_int(arr, canonical)
+    if bad is not None:
+        problems.append(
+            f"input for Symbol {sym.line()} holds {bad}, outside the {canonical} it is computed in "
+            f"(it would wrap silently): pass values in [{np.iinfo(canonical).min}, {np.iinfo(canonical).max}]"
+            + (" or evaluate with dtype='float64' (64-bit ints)" if canonical.itemsize < 8 else "")
+        )
+        return None, is_batched
+    return _cast(arr, canonical), is_batched
+
+
+def _wrapping_int(arr, canonical):
+    """A value of the int array ``arr`` that the cast to ``canonical`` would change (an int64
+    token 2**32 + 3 becomes 3 in int32, before any range check could see it); None if none."""
+    if canonical.kind not in "iu" or _kind(arr.dtype) not in "iu" or np.can_cast(arr.dtype, canonical):
+        return None
+    extent = _extent(arr)
+    if extent is None:
+        return None
+    info = np.iinfo(canonical)
+    lo, hi = extent
+    return lo if lo < info.min else hi if hi > info.max else None
 
 
 def leaf_value(node: Circuit, fdt: str, problems: list, targets: dict | None = None):

@@ -158,14 +158,12 @@ def lookup(name: str) -> FunctionSpec:
         return spec
     spec = _FAMILY_SPECS.get(name)
     if spec is None:
-        for pattern, factory, _ in _FAMILIES:
-            m = pattern.fullmatch(name)
-            if m:
-                spec = factory(m)
-                _FAMILY_SPECS[name] = spec
-                break
+        spec = _family_member(name)
     if spec is not None:
         with _FAMILY_LOCK:
+            # the first spec stored wins: two threads meeting a new name at once build two specs,
+            # and nodes over different specs of one name would be twins, not one interned node
+            spec = _FAMILY_SPECS.setdefault(name, spec)
             _FAMILY_RECENT[name] = spec
             _FAMILY_RECENT.move_to_end(name)
             if len(_FAMILY_RECENT) > _FAMILY_RECENT_SIZE:
@@ -176,6 +174,15 @@ def lookup(name: str) -> FunctionSpec:
         f"unknown GeneralFunction {name!r}; registered: {known}. "
         "Register your own with circuits.register_function(...)"
     )
+
+
+def _family_member(name: str) -> Optional[FunctionSpec]:
+    """A new spec for ``name`` from the family it belongs to (None when it belongs to none)."""
+    for pattern, factory, _ in _FAMILIES:
+        m = pattern.fullmatch(name)
+        if m:
+            return factory(m)
+    return None
 
 
 def registered_names() -> list[str]:

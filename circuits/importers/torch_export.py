@@ -83,13 +83,36 @@ def from_torch(module, example_inputs=(), example_kwargs=None, *, strict: bool =
     if isinstance(module, torch.export.ExportedProgram):
         program = module
     elif isinstance(module, torch.nn.Module):
-        program = torch.export.export(module, tuple(example_inputs), kwargs=example_kwargs, strict=strict)
+        if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (tuple, list)):
+            raise CircuitError(f"from_torch: example_inputs is a {type(example_inputs).__name__}; give a tuple of "
+                               "the forward's positional arguments (one tensor x: (x,))")
+        if example_kwargs is not None and not isinstance(example_kwargs, dict):
+            raise CircuitError(f"from_torch: example_kwargs is a {type(example_kwargs).__name__}; give a dict")
+        program = _export(module, tuple(example_inputs), example_kwargs, strict)
     else:
         raise CircuitError(
             f"from_torch takes a torch.nn.Module or a torch.export.ExportedProgram, got {type(module).__name__}"
         )
     with torch.no_grad():
         return _Importer(program).run()
+
+
+def _export(module, args: tuple, kwargs, strict: bool):
+    """``torch.export.export`` of the module, its failures as one ``CircuitError``."""
+    import torch
+
+    try:
+        return torch.export.export(module, args, kwargs=kwargs, strict=strict)
+    except Exception as e:  # noqa: BLE001 - torch.export fails with many types (RuntimeError, TypeError, UserError...)
+        message = str(e).strip().split("\n\n")[0]
+        if len(message) > 600:
+            message = message[:600] + " ..."
+        raise CircuitError(
+            f"from_torch: torch.export could not capture {type(module).__name__} on the example inputs "
+            f"({type(e).__name__}: {message})\nFix: check that the example inputs are what forward takes; "
+            "control flow on tensor values (if x.sum() > 0) cannot be captured: write it with torch.where "
+            "or torch.cond"
+        ) from e
 
 
 def _op_name(target) -> str:
@@ -281,5 +304,24 @@ class _Importer:
             if spec.kind != gs.OutputKind.USER_OUTPUT:
                 continue
             value = self.values[value] if hasattr(value, "op") else value
-            results.append(self._materialize(value) if isinstance(value, Const) else value)
+            results.append(self._output(value, len(results)))
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _output(self, value, position: int) -> Circuit:
+        """One output of the module as a circuit: a Python number it returns (``return 3.0``) is
+        a constant, as a constant tensor would be; anything else that is not a tensor is an error."""
+        if isinstance(value, Const):
+            return self._materialize(value)
+        if isinstance(value, Circuit):
+            return value
+        name = "output" if position == 0 else f"output.{position}"
+        if isinstance(value, float):
+            if np.isfinite(value):
+                return Scalar(value, (), name=name)
+            return Array(np.asarray(value, np.float32), name=name)
+        if isinstance(value, bool) or (isinstance(value, int) and -(1 << 63) <= value < (1 << 63)):
+            return Array(np.asarray(value, bool if isinstance(value, bool) else np.int64), name=name)
+        raise CircuitError(
+            f"from_torch: output {position} of the module is {type(value).__name__} {value!r:.80}, not a tensor "
+            "or a number; return tensors (drop None and other values from forward's result)"
+        )

@@ -35,6 +35,7 @@ True
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Mapping
 
 import numpy as np
@@ -42,6 +43,7 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import CircuitError
 from ..nodes import Circuit, Concat, Einsum, Scalar, Symbol
+from ..shapes import check_allocation
 from ..traversal import toposort
 from .hypothesis import Claim
 from .treeify import SlotPlan, plan_slots, slot_name, treeify
@@ -158,15 +160,18 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
     """
     if not isinstance(circuit, Circuit):
         raise CircuitError(f"scrub: expected a circuit, got {type(circuit).__name__}")
-    if int(samples) < 2:
-        raise CircuitError(f"scrub: samples={samples}: give at least 2 (standard errors need them)")
+    if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 2:
+        raise CircuitError(f"scrub: samples={samples!r:.80}: give an int, at least 2 (standard errors need them)")
     samples = int(samples)
+    # the losses of the three runs, before anything is drawn or evaluated (10**12 samples: refused here)
+    check_allocation((3, samples, *circuit.shape), "float64", lambda: f"scrub: samples={samples}")
     arrays, rows, symbols = _check_data(circuit, data)
     if not isinstance(hypothesis, Claim):
         raise CircuitError(f"a hypothesis is a Claim (the root claim, at the output), got {hypothesis!r}")
     root = hypothesis if labels is None else _with_child(hypothesis, Claim(labels, name="labels"))
     plan = plan_slots(root)
     scrubbed = treeify(circuit, plan, symbols)
+    check_allocation((2 * plan.n_slots, samples), "int64", lambda: f"scrub: samples={samples} draws of {plan.n_slots} slots")
     idx = sample_slots(plan, arrays, samples, seed)
     # The fully scrubbed run: every input random, but the labels paths on the reference.  Its
     # random slots are numbered after ours.

@@ -66,8 +66,9 @@ from ..backend.runtime import (
     raise_problems,
     symbol_values,
 )
-from ..errors import CircuitError
+from ..errors import CircuitError, printable
 from ..nodes import Add, Array, Circuit, Scalar, Symbol
+from ..text.html import escape
 from ..traversal import replace, toposort
 
 __all__ = ["sweep", "SweepResult", "SWEEP_MEMORY", "LOOP_FROM_BYTES", "OPTIMIZE_FROM"]
@@ -140,7 +141,7 @@ class SweepResult(Mapping):
         rows, total = self._rows(fn, sort, limit)
         label = getattr(fn, "__name__", "value")
         head = ("variant", label, f"{label} - base")
-        body = [(str(k), _fmt(v), _fmt(e, signed=True)) for k, v, e in rows]
+        body = [(printable(str(k)), _fmt(v), _fmt(e, signed=True)) for k, v, e in rows]  # names shown escaped
         widths = [max(len(r[i]) for r in [head, *body]) for i in range(3)]
         lines = [f"{head[0]:<{widths[0]}}  {head[1]:>{widths[1]}}  {head[2]:>{widths[2]}}"]
         lines.append(f"{'(base)':<{widths[0]}}  {_fmt(_plain(fn(self.base))):>{widths[1]}}  {'':>{widths[2]}}")
@@ -154,10 +155,8 @@ class SweepResult(Mapping):
                 + self.table(limit=20))
 
     def _repr_html_(self):
-        import html
-
         rows, total = self._rows(np.mean, False, 200)
-        cells = "".join(f"<tr><td>{html.escape(str(k))}</td><td>{_fmt(v)}</td><td>{_fmt(e, signed=True)}</td></tr>"
+        cells = "".join(f"<tr><td>{escape(str(k))}</td><td>{_fmt(v)}</td><td>{_fmt(e, signed=True)}</td></tr>"
                         for k, v, e in rows)
         more = f"<p>... {total - len(rows)} more</p>" if len(rows) < total else ""
         return (f"<p>sweep: {len(self)} variants, {self.info.get('programs')} programs</p>"

@@ -163,6 +163,8 @@ def sliding_causal_mask(n_queries: int, n_keys: int, window: int | None = None) 
     >>> sliding_causal_mask(2, 4, window=2).tolist()
     [[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0]]
     """
+    if window is not None and window < 1:  # an empty window masks every key: rows would attend anywhere
+        raise CircuitError(f"sliding window {window}: give at least 1 (a query sees itself)")
     q = np.arange(n_keys - n_queries, n_keys)[:, None]
     k = np.arange(n_keys)[None, :]
     ok = k <= q

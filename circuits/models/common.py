@@ -30,6 +30,18 @@ from ..nodes import Array, Circuit, Einsum, GeneralFunction, Index, Module, Modu
 
 REQUIRED = object()
 
+# Bounds on what a config may ask for: more layers than any real model (a config-only build of
+# n_layer=10**9 placeholder layers would never return), sizes a tensor axis can sensibly have.
+MAX_LAYERS = 4096
+MAX_SIZE = 1 << 24
+MAX_POSITIONS = 1 << 31
+
+
+def _shown(value) -> str:
+    """A config value as an error message quotes it (a long one cut)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
 
 def config_dict(config) -> dict:
     """A plain dict from a ``transformers`` config object, a ``config.json`` dict, or any object
@@ -57,13 +69,32 @@ class Config:
             return default
         return v
 
+    def size(self, key, default=REQUIRED, *, most: int = MAX_SIZE) -> int:
+        """An int the config gives (a count, a size): a JSON int, not a string, float or bool,
+        from 1 to ``most``; anything else is an error naming the key.
+
+        >>> Config({'n_head': 12}, 'gpt2').size('n_head')
+        12
+        >>> Config({'n_head': '12'}, 'gpt2').size('n_head')
+        Traceback (most recent call last):
+        circuits.errors.CircuitError: gpt2: config n_head='12' must be an int from 1 to 16777216
+        """
+        v = self(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 1 <= v <= most:
+            raise CircuitError(f"{self.family}: config {key}={_shown(v)} must be an int from 1 to {most}")
+        return int(v)
+
+    def number(self, key, default=REQUIRED) -> float:
+        """A positive finite number the config gives (an epsilon, a rotary base)."""
+        return positive_number(self.family, key, self(key, default))
+
     def require(self, key, allowed, default=None, why=""):
         v = self.d.get(key, default)
         if v is None:
             v = default
         if v not in allowed:
             raise CircuitError(
-                f"{self.family}: config {key}={v!r} is not supported (supported: "
+                f"{self.family}: config {key}={_shown(v)} is not supported (supported: "
                 f"{', '.join(map(repr, allowed))}){'; ' + why if why else ''}"
             )
         return v
@@ -75,6 +106,13 @@ class Config:
                 raise CircuitError(f"{self.family}: config {key}={v!r}: alibi position biases are not supported")
 
 
+def positive_number(family: str, key: str, v) -> float:
+    """``v`` (config ``key``) as a float, checked: a positive finite int or float."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not 0 < v < float("inf"):
+        raise CircuitError(f"{family}: config {key}={_shown(v)} must be a positive finite number")
+    return float(v)
+
+
 ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fast": None,
                "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu", "tanh": "tanh",
                "sigmoid": "sigmoid"}
@@ -82,10 +120,10 @@ ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fa
 
 def activation(cfg: Config, key: str) -> str:
     name = cfg(key)
-    fn = ACTIVATIONS.get(name)
+    fn = ACTIVATIONS.get(name) if isinstance(name, str) else None
     if fn is None:
         supported = ", ".join(repr(k) for k, v in ACTIVATIONS.items() if v)
-        raise CircuitError(f"{cfg.family}: config {key}={name!r} is not a supported activation ({supported})")
+        raise CircuitError(f"{cfg.family}: config {key}={_shown(name)} is not a supported activation ({supported})")
     return fn
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
 from .blocks import ALL, attention, causal_mask, layer_norm, mlp, neg_inf_bias
-from .common import Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
+from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
 
 IGNORED = (r"(^|\.)attn\.bias$", r"(^|\.)attn\.masked_bias$")
 
@@ -44,10 +44,10 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
     ``circuits.substitute_all_modules`` gives the block's nodes, named as in the spec."""
     cfg = Config(config, "gpt2")
     cfg.reject_alibi()
-    d, n_heads, n_layers = cfg("n_embd"), cfg("n_head"), cfg("n_layer")
-    vocab, n_pos = cfg("vocab_size"), cfg("n_positions")
-    inner = cfg("n_inner", 4 * d)
-    eps = cfg("layer_norm_epsilon", 1e-5)
+    d, n_heads, n_layers = cfg.size("n_embd"), cfg.size("n_head"), cfg.size("n_layer", most=MAX_LAYERS)
+    vocab, n_pos = cfg.size("vocab_size"), cfg.size("n_positions", most=MAX_POSITIONS)
+    inner = cfg.size("n_inner", 4 * d)
+    eps = cfg.number("layer_norm_epsilon", 1e-5)
     act = activation(cfg, "activation_function")
     cfg.require("scale_attn_by_inverse_layer_idx", (False,), False)
     cfg.require("add_cross_attention", (False,), False)
@@ -126,8 +126,9 @@ def random_gpt2_weights(config, seed: int = 0, dtype=np.float32) -> dict[str, np
     """Random weights for a GPT-2 config, keyed like ``GPT2LMHeadModel.state_dict()`` (without
     the tied ``lm_head.weight``), with the activations kept O(1)."""
     cfg = Config(config, "gpt2")
-    d, n_layers, vocab, n_pos = cfg("n_embd"), cfg("n_layer"), cfg("vocab_size"), cfg("n_positions")
-    inner = cfg("n_inner", 4 * d)
+    d, n_layers, vocab = cfg.size("n_embd"), cfg.size("n_layer", most=MAX_LAYERS), cfg.size("vocab_size")
+    n_pos = cfg.size("n_positions", most=MAX_POSITIONS)
+    inner = cfg.size("n_inner", 4 * d)
     rng = np.random.default_rng(seed)
 
     def normal(*shape, scale=0.02):

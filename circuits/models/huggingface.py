@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..errors import CircuitError
@@ -33,7 +34,7 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CircuitError(f"{path}: no config.json there (a checkpoint directory as save_pretrained writes it)")
-    config = json.loads(cfg_file.read_text())
+    config = read_config(cfg_file)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         found = ", ".join(sorted(p.name for p in path.iterdir())[:20])
@@ -42,6 +43,7 @@ def load_checkpoint(path) -> tuple[dict, dict]:
 
     weights: dict = {}
     for f in files:
+        _regular_file(f)  # a FIFO or a device named *.safetensors would block the read for good
         try:
             part = load_file(str(f))
         except Exception as e:  # a bfloat16 file cannot be read as numpy
@@ -51,6 +53,53 @@ def load_checkpoint(path) -> tuple[dict, dict]:
             raise CircuitError(f"{f}: weights {sorted(dup)[:5]} appear in two files")
         weights.update(part)
     return config, weights
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few kB; a bigger one is not a config
+
+
+def _regular_file(path: Path) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise CircuitError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise CircuitError(f"{path}: not a regular file (a FIFO, device or directory); a checkpoint holds files")
+
+
+def read_config(path) -> dict:
+    """The dict in a ``config.json``: UTF-8 JSON holding an object, at most ``MAX_CONFIG_BYTES``;
+    anything else (bad JSON, bad bytes, nesting too deep to read) is a ``CircuitError``.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), 'config.json')
+    >>> _ = open(p, 'w').write('["gpt2"]')
+    >>> read_config(p)
+    Traceback (most recent call last):
+    circuits.errors.CircuitError: ...config.json: holds a JSON list, not an object {key: value}
+    """
+    path = Path(path)
+    _regular_file(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise CircuitError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CircuitError(f"{path}: over {MAX_CONFIG_BYTES} bytes, too big for a config.json")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CircuitError(f"{path}: not UTF-8 text (byte {e.start}); a config.json is UTF-8 JSON") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CircuitError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise CircuitError(f"{path}: JSON nested too deeply to read; a config.json is a flat object") from None
+    if not isinstance(config, dict):
+        raise CircuitError(f"{path}: holds a JSON {type(config).__name__}, not an object {{key: value}}")
+    return config
 
 
 def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = False, **options) -> Circuit:
@@ -78,8 +127,8 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
         config = model.config.to_dict()
         weights = {k: as_numpy(v, k) for k, v in model.state_dict().items()}
     kind = config.get("model_type")
-    builder = BUILDERS.get(kind)
+    builder = BUILDERS.get(kind) if isinstance(kind, str) else None
     if builder is None:
-        raise CircuitError(f"config model_type={kind!r} has no builder (supported: "
+        raise CircuitError(f"config model_type={kind!r:.80} has no builder (supported: "
                            f"{', '.join(map(repr, BUILDERS))})")
     return builder(config, weights, tokens, loss=loss, split_heads=split_heads, **options)

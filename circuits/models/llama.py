@@ -34,7 +34,18 @@ from .blocks import (
     rotary_tables,
     sliding_causal_mask,
 )
-from .common import Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
+from .common import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    Config,
+    Weights,
+    activation,
+    embed,
+    loss_head,
+    positive_number,
+    stack_layers,
+    tokens_node,
+)
 from .gpt2 import tied_unembed
 
 IGNORED = (r"rotary_emb\.inv_freq$",)
@@ -55,8 +66,8 @@ def _rope_theta(cfg: Config) -> float:
         elif value is not None:
             raise CircuitError(f"{cfg.family}: config {key}={value!r} is not supported")
     if isinstance(params, dict) and params.get("rope_theta") is not None:
-        return float(params["rope_theta"])
-    return float(cfg("rope_theta", 10000.0))
+        return positive_number(cfg.family, "rope_parameters.rope_theta", params["rope_theta"])
+    return cfg.number("rope_theta", 10000.0)
 
 
 def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = False, past_len: int = 0,
@@ -70,17 +81,20 @@ def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
     family = Config(config, "llama").d.get("model_type", "llama") or "llama"
     cfg = Config(config, family)
     cfg.reject_alibi()
-    d, n_heads, n_layers = cfg("hidden_size"), cfg("num_attention_heads"), cfg("num_hidden_layers")
-    n_kv = cfg("num_key_value_heads", n_heads)
-    ffn, vocab = cfg("intermediate_size"), cfg("vocab_size")
-    head_dim = cfg("head_dim", d // n_heads)
-    eps = float(cfg("rms_norm_eps", 1e-6))
+    d, n_heads = cfg.size("hidden_size"), cfg.size("num_attention_heads")
+    n_layers = cfg.size("num_hidden_layers", most=MAX_LAYERS)
+    n_kv = cfg.size("num_key_value_heads", n_heads)
+    ffn, vocab = cfg.size("intermediate_size"), cfg.size("vocab_size")
+    head_dim = cfg.size("head_dim", max(d // n_heads, 1))
+    eps = cfg.number("rms_norm_eps", 1e-6)
     act = activation(cfg, "hidden_act")
     attn_bias = cfg.require("attention_bias", (True, False), False)
     mlp_bias = cfg.require("mlp_bias", (True, False), False)
     cfg.require("pretraining_tp", (1,), 1)
     tie = cfg.require("tie_word_embeddings", (True, False), False)
-    window = cfg.d.get("sliding_window") if cfg.d.get("use_sliding_window", True) is not False else None
+    window = None
+    if cfg.d.get("use_sliding_window", True) is not False and cfg.d.get("sliding_window") is not None:
+        window = cfg.size("sliding_window", most=MAX_POSITIONS)  # <= 0 would let tokens see the future
     theta = _rope_theta(cfg)
     if n_heads % n_kv:
         raise CircuitError(f"{family}: num_attention_heads={n_heads} is not a multiple of "
@@ -154,9 +168,10 @@ def llama(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
 def random_llama_weights(config, seed: int = 0, dtype=np.float32) -> dict[str, np.ndarray]:
     """Random weights for a Llama/Mistral config, keyed like ``LlamaForCausalLM.state_dict()``."""
     cfg = Config(config, "llama")
-    d, n_heads, n_layers = cfg("hidden_size"), cfg("num_attention_heads"), cfg("num_hidden_layers")
-    n_kv, ffn, vocab = cfg("num_key_value_heads", n_heads), cfg("intermediate_size"), cfg("vocab_size")
-    head_dim = cfg("head_dim", d // n_heads)
+    d, n_heads = cfg.size("hidden_size"), cfg.size("num_attention_heads")
+    n_layers = cfg.size("num_hidden_layers", most=MAX_LAYERS)
+    n_kv, ffn, vocab = cfg.size("num_key_value_heads", n_heads), cfg.size("intermediate_size"), cfg.size("vocab_size")
+    head_dim = cfg.size("head_dim", max(d // n_heads, 1))
     rng = np.random.default_rng(seed)
 
     def normal(*shape, scale):

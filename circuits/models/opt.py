@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
 from .blocks import ALL, attention, causal_mask, head_projections, layer_norm, linear, mlp, neg_inf_bias
-from .common import Config, Weights, activation, embed, loss_head, tokens_node
+from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, loss_head, tokens_node
 from .gpt2 import tied_unembed
 
 POSITION_OFFSET = 2
@@ -34,9 +34,11 @@ def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fals
     ``arange(len(tokens)) + 2`` (no padding).  ``weights=None`` builds with placeholders."""
     cfg = Config(config, "opt")
     cfg.reject_alibi()
-    d, n_heads, n_layers = cfg("hidden_size"), cfg("num_attention_heads"), cfg("num_hidden_layers")
-    ffn, vocab, max_pos = cfg("ffn_dim"), cfg("vocab_size"), cfg("max_position_embeddings")
-    proj = cfg("word_embed_proj_dim", d)
+    d, n_heads = cfg.size("hidden_size"), cfg.size("num_attention_heads")
+    n_layers = cfg.size("num_hidden_layers", most=MAX_LAYERS)
+    ffn, vocab = cfg.size("ffn_dim"), cfg.size("vocab_size")
+    max_pos = cfg.size("max_position_embeddings", most=MAX_POSITIONS)
+    proj = cfg.size("word_embed_proj_dim", d)
     act = activation(cfg, "activation_function")
     pre_ln = cfg.require("do_layer_norm_before", (True, False), True)
     bias_on = cfg.require("enable_bias", (True, False), True)
@@ -109,8 +111,9 @@ def random_opt_weights(config, seed: int = 0, dtype=np.float32) -> dict[str, np.
     """Random weights for an OPT config, keyed like ``OPTForCausalLM.state_dict()`` (without the
     tied ``lm_head.weight``)."""
     cfg = Config(config, "opt")
-    d, n_layers, ffn = cfg("hidden_size"), cfg("num_hidden_layers"), cfg("ffn_dim")
-    vocab, max_pos, proj = cfg("vocab_size"), cfg("max_position_embeddings"), cfg("word_embed_proj_dim", d)
+    d, n_layers, ffn = cfg.size("hidden_size"), cfg.size("num_hidden_layers", most=MAX_LAYERS), cfg.size("ffn_dim")
+    vocab, proj = cfg.size("vocab_size"), cfg.size("word_embed_proj_dim", d)
+    max_pos = cfg.size("max_position_embeddings", most=MAX_POSITIONS)
     pre_ln = cfg("do_layer_norm_before", True)
     rng = np.random.default_rng(seed)
 

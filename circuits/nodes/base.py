@@ -350,7 +350,7 @@ class Circuit:
     def __str__(self):
         from ..text.printer import to_text
 
-        return to_text(self, depth=6, max_lines=400)
+        return to_text(self, depth=6, max_lines=400, max_line_chars=1000)
 
     def _repr_html_(self):
         from ..text.html import to_html
@@ -360,7 +360,7 @@ class Circuit:
     def _repr_pretty_(self, p, cycle):
         from ..text.printer import to_text
 
-        p.text(to_text(self, depth=6, max_lines=400))
+        p.text(to_text(self, depth=6, max_lines=400, max_line_chars=1000))
 
     # ------------------------------------------------------------------ conveniences
     def evaluate(self, inputs=None, **options):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ..errors import CircuitError
 from ..hashing import pack_ints as _pack_ints
+from ..shapes import INT64_MAX
 from .base import Circuit, check_children, shape_error
 from .expansion import fixed_entries_follow
 from .index import _entry_bytes, index_text, read_index
@@ -32,11 +34,18 @@ class Scatter(Circuit):
         (child,) = check_children("Scatter", name, (child,))
         if not isinstance(index, tuple):
             index = tuple(index) if isinstance(index, list) else (index,)
-        shape = tuple(int(s) for s in shape)
+        try:
+            shape = tuple(int(s) for s in shape)
+        except (TypeError, ValueError):
+            raise CircuitError(f"Scatter: shape must be a sequence of ints, got {shape!r}") from None
         text = index_text(index) if all(type(e) is slice for e in index) else repr(index)
 
         def fail(message):
             return shape_error("Scatter", name, text, (child,), message, shape=shape)
+
+        bad = [n for n in shape if not 0 <= n <= INT64_MAX]
+        if bad:
+            raise fail(f"shape {list(shape)} has size {bad[0]}: sizes are 0 to 2**63 - 1")
 
         if len(index) > len(shape):
             raise fail(f"{len(index)} index entries for an output of rank {len(shape)}")

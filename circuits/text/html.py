@@ -23,15 +23,26 @@ from html import escape as _escape
 import numpy as np
 
 from ..dtypes import DEFAULT_FLOAT
+from ..errors import printable
 from ..nodes.base import Circuit, format_line, quote_name
 from ..shapes import shape_text
 
 MAX_PAYLOAD_CHARS = 120
+# A name or shape shown longer than this is cut (``…``): the view of a small text whose many
+# references repeat a long name stays small (500 lines of at most a few hundred characters).
+MAX_NAME_CHARS = 200
 
 
-def escape(text: str) -> str:
-    # Only text content is escaped here (no attribute holds user text), so quotes stay readable.
-    return _escape(text, quote=False)
+def escape(text: str, quote: bool = False) -> str:
+    r"""``text`` for an HTML page: unprintable characters (terminal escapes, bells, bidi
+    overrides) written as backslash escapes (``circuits.errors.printable``), then ``& < >``
+    (and quotes with ``quote=True``, for an attribute) as entities.  Every notebook view
+    (circuit, summary, cost, diff, sweep) escapes its text here.
+
+    >>> escape("a<b \u202e")
+    'a&lt;b \\u202e'
+    """
+    return _escape(printable(text, keep="\n"), quote=quote)
 
 _STYLE = """<style>
 .circuits-html{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;line-height:1.5;overflow-x:auto;padding-left:1.2em}
@@ -74,14 +85,22 @@ def _span(part, text):
     return f'<span class="{part}">{escape(text)}</span>'
 
 
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def _cut_span(part, text):
+    """``_span`` with the text cut: a quoted name at ``MAX_NAME_CHARS``, a line's body (shape,
+    type, payload) at ``MAX_NAME_CHARS + MAX_PAYLOAD_CHARS``."""
+    return _span(part, _cut(text, MAX_NAME_CHARS if part == "name" else MAX_NAME_CHARS + MAX_PAYLOAD_CHARS))
+
+
 def _line(node) -> str:
-    """The node's text-format line (``format_line``, its parts as spans), then its shape and
-    dtype, which the text leaves implied for most node types."""
-    payload = node.payload_text()
-    if len(payload) > MAX_PAYLOAD_CHARS:
-        payload = payload[: MAX_PAYLOAD_CHARS - 1] + "…"
-    text = format_line(node.type_name, node.name, payload, node.shape if node.prints_shape else None, _span)
-    shape = shape_text(node.shape)
+    """The node's text-format line (``format_line``, its parts as spans; a long name, payload or
+    shape cut), then its shape and dtype, which the text leaves implied for most node types."""
+    payload = _cut(node.payload_text(), MAX_PAYLOAD_CHARS)
+    text = format_line(node.type_name, node.name, payload, node.shape if node.prints_shape else None, _cut_span)
+    shape = _cut(shape_text(node.shape), MAX_NAME_CHARS)
     if node.dtype != DEFAULT_FLOAT:
         shape += " " + node.dtype
     if getattr(node, "is_placeholder", False):
@@ -164,7 +183,7 @@ def _values_by_node(circuit, values) -> dict:
 
 
 def _ref_text(node) -> str:
-    who = quote_name(node.name) if node.name is not None else "(unnamed)"
+    who = _cut(quote_name(node.name), MAX_NAME_CHARS) if node.name is not None else "(unnamed)"
     return f"{who} {node.type_name}"
 
 

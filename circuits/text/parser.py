@@ -397,7 +397,8 @@ class _Tree:
             try:
                 value = cls.parse_payload(payload)
             except ParseError as e:
-                raise e.at(number, line, None) from None
+                # shown on the line as written (line ! info), the caret under the info's payload
+                raise e.at(number, f"{line} ! {info}", len(line) + 3 + column) from None
             item = _Record(number, line, serial, name, shape, cls, value, 0)
             self.records.append(item)
             item.position = len(self.order)

@@ -18,6 +18,9 @@ Options (all keyword):
 - ``tree``: draw the tree with ``├─ └─ │`` glyphs instead of plain indentation (parses too);
   with ``rust`` rust_circuit's arrows ``├‣ └‣``, two columns a level, as its ``arrows=True``.
 - ``names``: ``False`` leaves names out (every node then gets a serial number).
+- ``max_line_chars``: cut a line longer than this, ending it with ``…`` (for reading: a cut
+  line does not parse; ``str(circuit)`` uses 1,000, so a few hundred references to a node with
+  a 100,000-character name show as a few hundred kB, not tens of MB).
 - ``max_chars``: refuse (``CircuitError``) to write more than this many characters (default
   ``CIRCUITS_MAX_TEXT_CHARS`` or 2**28): a shared node is never expanded twice, but every
   reference repeats its name, so a small text with long names can print very large.
@@ -69,7 +72,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..errors import CircuitError
+from ..errors import CircuitError, printable
 from ..nodes.base import Circuit, bulk_build, format_line, quote_name
 from ..shapes import shape_text
 
@@ -134,6 +137,7 @@ class PrintOptions(NamedTuple):
     names: bool = True
     max_indent: "int | None" = DEFAULT_MAX_INDENT
     max_lines: "int | None" = None
+    max_line_chars: "int | None" = None
     max_chars: "int | None" = None
     rust: bool = False
     traversal: object = None
@@ -160,6 +164,8 @@ class PrintOptions(NamedTuple):
             raise ValueError(f"max_indent must be >= 1 or None, got {self.max_indent}")
         if self.max_lines is not None and self.max_lines < 1:
             raise ValueError(f"max_lines must be >= 1 or None, got {self.max_lines}")
+        if self.max_line_chars is not None and self.max_line_chars < 2:
+            raise ValueError(f"max_line_chars must be >= 2 or None, got {self.max_line_chars}")
         opts = self._replace(max_indent=None) if self.rust else self
         return opts if opts.max_chars is not None else opts._replace(max_chars=max_text_chars())
 
@@ -245,6 +251,10 @@ class _Layout:
         entries = []
         emit = entries.append
         limited = budget >= 0
+        if as_tree and not limited:  # a shared DAG's tree can be exponential: count it first
+            most = opts.max_chars // 4
+            if _tree_lines(root, depth, stop_at, opts.traversal is not None, most) > most:
+                raise _tree_too_big(root, most)
 
         if not is_lifted and root.hash in defined:
             emit((_REF, root, 0, "" if tree else None, None))
@@ -280,11 +290,8 @@ class _Layout:
                     emit((_REF, node, level, glyphs if tree else None, info))
                     continue
                 again = True  # number_leaves prints a tree: written again in full
-                if len(entries) > opts.max_chars // 4:  # a shared DAG's tree can be exponential
-                    raise CircuitError(
-                        f"number_leaves prints {root.line()} as a tree, which is over "
-                        f"{opts.max_chars // 4} lines (its shared nodes are written once per path); "
-                        "print less with traversal=... or depth=..., or allow more with max_chars=...")
+                if len(entries) > opts.max_chars // 4:
+                    raise _tree_too_big(root, opts.max_chars // 4)
             else:
                 defined.add(h)
                 if level == max_indent and node.children:
@@ -327,6 +334,44 @@ class _Layout:
         return entries
 
 
+def _tree_too_big(root, most: int) -> CircuitError:
+    return CircuitError(
+        f"number_leaves prints {root.line()} as a tree, which is over {most} lines (its shared "
+        "nodes are written once per path); print less with traversal=... or depth=... or "
+        "max_lines=..., or allow more with max_chars=...")
+
+
+def _tree_lines(root, depth, stop_at, depth_cuts_line: bool, most: int) -> int:
+    """How many lines ``number_leaves`` writes for ``root`` (its tree: a shared node once per
+    path), counted over the DAG without writing them: at most ``most + 1``.  ``depth`` and
+    ``stop_at`` cut as ``_Layout._walk`` does; a depth cut costs a ``...`` line unless it is
+    a ``traversal``'s (``depth_cuts_line``: the cut marks the node's own line)."""
+    def key(node, level):
+        return node.hash if depth is None else (node.hash, min(level, depth))
+
+    counts: dict = {}
+    stack = [(root, 0, False)]
+    while stack:
+        node, level, expanded = stack.pop()
+        k = key(node, level)
+        if not expanded and k in counts:
+            continue
+        kids = node.children
+        if not kids or (stop_at is not None and node.hash in stop_at):
+            counts[k] = 1
+        elif depth is not None and level >= depth:
+            counts[k] = 1 if depth_cuts_line else 2
+        elif not expanded:
+            stack.append((node, level, True))
+            stack.extend((c, level + 1, False) for c in kids if key(c, level + 1) not in counts)
+        else:
+            total = 1
+            for c in kids:
+                total += counts[key(c, level + 1)]
+            counts[k] = min(total, most + 1)
+    return counts[key(root, 0)]
+
+
 def _traversal_depth(traversal, depth):
     """The ``depth`` limit a traversal given as an int sets (rust's end_depth k: k levels)."""
     if isinstance(traversal, int) and not isinstance(traversal, bool):
@@ -361,6 +406,7 @@ def _render(blocks, name_count, opts: PrintOptions):
     indents = ["  " * i for i in range(64)]
     plain = not (opts.shapes or opts.comments or color or not names or opts.rust or not opts.bijection)
     commenters, number_leaves = opts.commenters, opts.number_leaves
+    max_line_chars = opts.max_line_chars
     leaves = 0
     seen: dict = {}  # node hash -> (identifier, serial text such as "20 " or "")
     serials = 0
@@ -400,6 +446,8 @@ def _render(blocks, name_count, opts: PrintOptions):
                     text += " " + flags
             if kind == _DEF_CUT:
                 text += " ..."
+            if opts.comments:  # after the child info: a comment runs to the end of the line
+                text += _paint(f"  # {shape_text(node.shape)} {node.dtype}", "2", color)
             if number_leaves and kind != _REF and (kind == _DEF_CUT or not node.children):
                 text += _paint(f" # {leaves}", "35", color)
                 leaves += 1
@@ -409,8 +457,11 @@ def _render(blocks, name_count, opts: PrintOptions):
                     text += _paint(" # " + _one_line(str(comment)), "2", color)
             if level == 0 and is_definition and kind != _REF:
                 text = (_paint("~", "2", True) + " " if color else DEFINITION_MARK) + text
-            emit(indent + text)
-            written += len(indent) + len(text) + 1
+            line = indent + text
+            if max_line_chars is not None and len(line) > max_line_chars:
+                line = line[: max_line_chars - 1] + ("…" + _RESET if color else "…")
+            emit(line)
+            written += len(line) + 1
             if written > max_chars:
                 raise CircuitError(
                     f"the text would be over {max_chars} characters (after {len(lines)} lines); "
@@ -462,9 +513,7 @@ def dtype_commenter(only_arrays: bool = False):
 
 def _one_line(comment: str) -> str:
     """A comment as one printable line: control characters escaped (``\\n``)."""
-    if comment.isprintable():
-        return comment
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in comment)
+    return printable(comment)
 
 
 def _identify(node, names, name_count, serials, bijection=True):
@@ -496,8 +545,6 @@ def _styled(node, kind, serial, identifier, opts: PrintOptions):
             text = _paint(serial[:-1], "2", color) + " " + text
     else:
         text = _paint(identifier, "2", color)
-    if opts.comments:
-        text += _paint(f"  # {shape_text(node.shape)} {node.dtype}", "2", color)
     return text
 
 

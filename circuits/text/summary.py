@@ -34,12 +34,13 @@ b1.a.head1  Einsum [6,8]  · 11 nodes · a.q [6,4], a.k [6,4], a.v [6,4], a.attn
 from __future__ import annotations
 
 import re
-from html import escape
 
+from ..errors import printable
 from ..nodes.base import Circuit
 from ..nodes.leaves import Array
 from ..shapes import shape_text
 from ..traversal import toposort
+from .html import escape
 
 __all__ = ["summary", "Summary", "Group"]
 
@@ -175,7 +176,7 @@ class Summary:
         top = self.root.named_locals()
         if top:
             lines.append("  (top) " + ", ".join(f"{n} {shape_text(c.shape)}" for n, c in top))
-        return "\n".join(lines)
+        return printable("\n".join(lines), keep="\n")  # names as they are, less control characters
 
     def __repr__(self) -> str:
         return str(self)

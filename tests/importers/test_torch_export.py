@@ -209,3 +209,49 @@ def test_importing_circuits_does_not_import_torch():
     code = "import sys, circuits, circuits.importers; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def forward(self, x):
+        return self.value(x)
+
+
+def test_a_python_number_returned_is_a_constant_circuit():
+    # a module returning 3.0 gave the Python float 3.0, not a circuit
+    c = from_torch(_Returns(lambda x: 3.0).eval(), (torch.ones(2),))
+    assert isinstance(c, C.Circuit) and C.evaluate(c) == np.float32(3.0)
+    doubled, seven = from_torch(_Returns(lambda x: (x * 2, 7)).eval(), (torch.ones(2),))
+    assert C.evaluate(doubled, {"x": np.array([1.0, 2.0], np.float32)}).tolist() == [2.0, 4.0]
+    assert C.evaluate(seven) == 7 and seven.dtype == "int64"
+
+
+def test_a_none_output_is_a_clear_error():
+    with pytest.raises(C.CircuitError, match="output 1 of the module is NoneType"):
+        from_torch(_Returns(lambda x: (x * 2, None)).eval(), (torch.ones(2),))
+
+
+class _Branches(torch.nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: torch.export cannot capture it
+            return x
+        return -x
+
+
+@pytest.mark.parametrize("module, args, kwargs", [
+    (_Branches(), (torch.ones(3),), None),
+    (torch.nn.Linear(3, 2), (torch.ones(4),), None),  # wrong input shape
+    (torch.nn.Linear(3, 2), ("abc",), None),  # not a tensor
+    (torch.nn.Linear(3, 2), (torch.ones(3),), {"bad": 1}),  # no such argument
+])
+def test_torch_export_failures_are_circuit_errors(module, args, kwargs):
+    with pytest.raises(C.CircuitError, match="torch.export could not capture"):
+        from_torch(module.eval(), args, kwargs)
+
+
+def test_example_inputs_must_be_a_tuple():
+    with pytest.raises(C.CircuitError, match="example_inputs is a Tensor"):
+        from_torch(torch.nn.Linear(3, 2).eval(), torch.ones(3))

@@ -273,3 +273,17 @@ def test_deep_circuit(low_recursion_limit):
     deep = build_deep_chain(leaf=leaf, tag="scrubdeep")
     t = treeify(deep, plan_slots(Claim(deep.name, children=[Claim("scrubdeepn1")], other="exact")), {"x"})
     assert C.count_nodes(t.circuit) == C.count_nodes(deep)
+
+
+@pytest.mark.parametrize("samples, match", [
+    ("abc", "give an int"),  # was a raw ValueError
+    (2.5, "give an int"),
+    (None, "give an int"),
+    (True, "give an int"),
+    (1, "at least 2"),
+    (10**12, "would allocate"),  # was a raw MemoryError (or a machine brought to its knees)
+    (10**30, "would allocate"),
+])
+def test_bad_sample_counts_are_clear_errors(samples, match):
+    with pytest.raises(CircuitError, match=match):
+        scrub(toy(), Claim("loss", children=[Claim("A")]), {"x": data(rows=20)}, samples=samples)
