@@ -152,7 +152,7 @@ def test_summary_diff_cost_and_describe_show_no_raw_control_character():
 
 def test_the_diff_view_keeps_a_quote_in_a_path_inside_its_attribute():
     c = C.Add(C.Symbol((2,), name="x"), name="p' onmouseover='alert(1)")
-    page = C.diff(c, C.Add(C.Symbol((2,), name="y"), name="p' onmouseover='alert(1)"))._repr_html_()
+    page = C.diff(c, C.Add(C.Symbol((2,), name="y"), name="p' onmouseover='alert(1)"), full=True)._repr_html_()
     from html.parser import HTMLParser
 
     attributes = []
