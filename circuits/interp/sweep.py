@@ -35,13 +35,16 @@ notebook view), and ``reduce``.
 >>> terms = [C.Einsum.from_spec('a,->a', x, C.Scalar(float(k))) for k in range(3)]
 >>> total = C.Add(*terms, name='total')
 >>> zero = C.Array(np.zeros(4, np.float32), name='zero')
->>> result = sweep(total, {f'drop{k}': C.traversal.replace(total, {terms[k]: zero}) for k in range(3)})
+>>> variants = {f'drop{k}': C.traversal.replace(total, {terms[k]: zero}) for k in range(3)}
+>>> result = sweep(total, variants, mode='jit')
 >>> result['drop1']
 array([0., 2., 4., 6.], dtype=float32)
 >>> result.reduce(np.sum)
 {'drop0': 18.0, 'drop1': 12.0, 'drop2': 6.0}
 >>> result.info['programs']
 1
+>>> sweep(total, variants, mode='eager').info['tier']     # op by op over the value cache
+'ops'
 """
 
 from __future__ import annotations
