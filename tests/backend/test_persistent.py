@@ -1,0 +1,73 @@
+"""JAX's persistent compilation cache (circuits.backend.persistent): on in a private directory,
+moved or switched off by CIRCUITS_COMPILATION_CACHE, and an unusable directory is one warning
+naming it, never a failed evaluation.  Each case runs in a fresh process (the cache is set up
+once per process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+PROBE = r"""
+import json, warnings
+import numpy as np
+import circuits as C
+from circuits.backend.persistent import persistent_cache_info
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    value = C.evaluate(C.GeneralFunction('exp', C.Array(np.zeros(3, np.float32))), mode='jit')
+info = persistent_cache_info()
+print(json.dumps({"value": value.tolist(), "directory": info["directory"], "reason": info["reason"],
+                  "warnings": [str(w.message) for w in caught if 'compilation cache' in str(w.message)]}))
+"""
+
+
+def probe(setting: str | None, tmp_path):
+    env = dict(os.environ)
+    env.pop("CIRCUITS_COMPILATION_CACHE", None)
+    if setting is not None:
+        env["CIRCUITS_COMPILATION_CACHE"] = setting
+    env["HOME"] = str(tmp_path / "home")  # the default directory lands under a private home
+    env["XDG_CACHE_HOME"] = str(tmp_path / "home" / ".cache")
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_on_by_default_in_a_private_user_cache_directory_and_written(tmp_path):
+    got = probe(None, tmp_path)
+    assert got["value"] == [1.0, 1.0, 1.0] and got["warnings"] == []
+    directory = got["directory"]
+    assert directory.startswith(str(tmp_path / "home")) and os.path.isdir(directory)
+    assert os.stat(directory).st_mode & 0o077 == 0  # private
+    assert os.listdir(directory)  # the compiled program went to disk
+
+
+def test_moved_and_switched_off_by_the_environment(tmp_path):
+    target = tmp_path / "mine"
+    assert probe(str(target), tmp_path)["directory"] == str(target)
+    off = probe("off", tmp_path)
+    assert off["directory"] is None and "switched off" in off["reason"] and off["value"] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("kind", ["file", "shared", "unwritable"])
+def test_an_unusable_directory_warns_and_evaluation_goes_on(tmp_path, kind):
+    path = tmp_path / "cache"
+    if kind == "file":
+        path.write_text("not a directory")
+        expect = "not a directory"
+    elif kind == "shared":
+        path.mkdir()
+        path.chmod(0o777)
+        expect = "others can write"
+    else:  # under a file: cannot be created (a read-only directory would not stop root)
+        (tmp_path / "afile").write_text("x")
+        path = tmp_path / "afile" / "cache"
+        expect = "cannot be created"
+    got = probe(str(path), tmp_path)
+    assert got["value"] == [1.0, 1.0, 1.0] and got["directory"] is None
+    assert len(got["warnings"]) == 1 and expect in got["warnings"][0] and "CIRCUITS_COMPILATION_CACHE" in got["warnings"][0]
