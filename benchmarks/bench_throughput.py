@@ -66,10 +66,11 @@ def best(times: dict, prefix: str) -> tuple[str, float]:
     return k, times[k]
 
 
-def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2, 4, 8, 16)):
-    w = random_weights(0)
+def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2, 4, 8, 16), *,
+         positions: int = 300, vocab: int = 50259, d_model: int = 256):
+    w = random_weights(0, vocab=vocab, d_model=d_model)
     rng = np.random.default_rng(0)
-    toks = rng.integers(0, 50259, 302)
+    toks = rng.integers(0, vocab, positions + 2)
     circuit = attn_only(w, toks)
     flops = 2 * C.cost(circuit).matmul_multiplies
     wj = {k: jax.device_put(v) for k, v in w.items()}
@@ -109,9 +110,9 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
 
     # ---------------------------------------------------------------- a batch
     if batch:
-        sym = attn_only(w, tokens_symbol(302))
+        sym = attn_only(w, tokens_symbol(positions + 2))
         sym_opt = optimize(sym)
-        btoks = rng.integers(0, 50259, (batch, 302))
+        btoks = rng.integers(0, vocab, (batch, positions + 2))
         tb = jax.device_put(btoks.astype(np.int32))
         single = functools.partial(loss_fused, chunks=int(hand_key[4:]))
         hands = {
@@ -127,7 +128,7 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
             "optimize batched": lambda: C.evaluate_batched(sym_opt, inputs),
             "matmul": mm,
         }
-        for k in chunk_sizes:
+        for k in (k for k in chunk_sizes if k <= batch):
             bfns[f"batch_size {k}"] = functools.partial(C.evaluate_batched, sym, inputs, batch_size=k)
         bfns.update({k: (lambda f=f: f(wj, tb)) for k, f in hands.items()})
         bwant = np.asarray(hands["bhand vmap"](wj, tb))
