@@ -117,7 +117,6 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
         single = functools.partial(loss_fused, chunks=int(hand_key[4:]))
         hands = {
             "bhand vmap": jax.jit(jax.vmap(single, in_axes=(None, 0))),
-            "bhand vmap unchunked": jax.jit(jax.vmap(functools.partial(loss_fused, chunks=1), in_axes=(None, 0))),
             "bhand lax.map": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t)),
             "bhand lax.map batch_size 2": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t, batch_size=2)),
             "bhand lax.map batch_size 4": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t, batch_size=4)),
