@@ -22,6 +22,6 @@ def test_device_check_benchmarks_run_on_cpu_on_small_models():
     out = subprocess.run([sys.executable, "-m", "benchmarks.device_check", "--small", "--heads", "1"], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
-    for name in ("bench_seed_model", "bench_optimize", "bench_heads", "bench_sharding"):
+    for name in ("bench_throughput", "bench_seed_model", "bench_optimize", "bench_heads", "bench_sharding"):
         assert f"=== benchmarks.{name}" in out.stdout and f"({name} took " in out.stdout
     assert " 1 layers, first call: circuit / hand" in out.stdout and "tensor parallel over " in out.stdout

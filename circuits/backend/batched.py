@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .batch_tuning import tail_sizes, tune_chunk
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
 from .runtime import (
@@ -161,11 +162,13 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     - A Symbol input of shape ``[batch, *symbol.shape]`` is batched; one of the Symbol's own
       shape is shared by every row.  All batched inputs must agree on ``batch``.
     - ``batch_size`` bounds how many rows run at once; a short last chunk is padded, so one
-      compiled function serves every chunk.  When it is not given, the chunk is as many rows as
-      fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost model
-      (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
-      slower than chunks.  The choice is logged (logger ``circuits.backend.batched``, INFO) and
-      printed with ``verbose=True``.
+      compiled function serves every chunk.  When it is not given, the chunk is at most as many
+      rows as fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost
+      model (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
+      slower than chunks.  With neither given, the size within that bound is measured on the
+      dataset's own rows (``circuits.backend.batch_tuning``; kept per program for later calls).
+      The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
+      ``verbose=True``.
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
@@ -222,15 +225,31 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         if total == 0:
             return _empty_outputs(fn, args, axes, items, return_jax)
         pieces = []
-        for start in range(0, total, chunk):
-            part = [a if ax is None else _rows(a, start, chunk) for a, ax in zip(args, axes)]
+
+        def run_chunk(start, size):
+            part = [a if ax is None else _rows(a, start, size) for a, ax in zip(args, axes)]
             if placement is not None:
                 placed = placement.place(part, axes)
                 part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
             outs = fn(part)
-            real = min(chunk, total - start)
-            outs = [o[:real] if real < chunk else o for o in outs]
+            real = min(size, total - start)
+            outs = [o[:real] if real < size else o for o in outs]
             pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
+            return pieces[-1]
+
+        start, compiled = 0, ()
+        if batch_size is None and memory_budget is None and placement is None and mode != "eager":
+            import jax
+
+            start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend()), total, chunk,
+                                                     plan.row_bytes, run_chunk)
+            if why is not None:
+                log.info("evaluate_batched: %s", why)
+                if verbose:
+                    print(f"evaluate_batched: {why}")
+        for size in tail_sizes(total - start, chunk, compiled):
+            run_chunk(start, size)
+            start += size
         outs = [_concat([p[k] for p in pieces], return_jax) for k in range(len(pieces[0]))]
     return package_outputs(outs, items)
 

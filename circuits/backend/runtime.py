@@ -41,8 +41,8 @@ import numpy as np
 from ..dtypes import FLOAT_DTYPES, is_float
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit, Scalar, Symbol
-from .head_batching import batch_heads as batch_heads_lowering
-from .head_batching import has_head_sums
+from .fusion import lower as batch_heads_lowering  # heads batched, then gathered log_softmax fused
+from .fusion import worth_lowering as has_head_sums
 from .program import Program
 
 __all__ = [
