@@ -113,7 +113,9 @@ class Array(Circuit):
     value: "np.ndarray | None"
     content_hash: str
 
-    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None):
+    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None, _hashed=None):
+        # ``_hashed``: the content hash of ``value``, computed by a reader that hashed the bytes
+        # as it copied them (a store's verified ``get``); internal, it spares a second pass.
         if value is None:
             if shape is None or content_hash is None:
                 raise CircuitError(
@@ -148,7 +150,7 @@ class Array(Circuit):
         if dtype is not None and normalize_dtype(dtype) != dtype_name:
             raise CircuitError(f"Array {name!r}: value has dtype {dtype_name}, not {dtype}")
         self.value = stored
-        self.content_hash = compute_content_hash(host)
+        self.content_hash = _hashed if _hashed is not None and host is value else compute_content_hash(host)
         return self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
 
     @classmethod
@@ -203,7 +205,11 @@ class Array(Circuit):
             except StoreError as e:
                 raise ParseError(str(e), column=1, expected="a longer hash prefix, unique in the store") from None
             if full is not None:
-                node = Array(store.get(full), name=name)
+                # A store that verifies what it hands out (``hashes_verified``) gives the tensor
+                # whose content hash is ``full``: it need not be hashed again.
+                value = store.get(full)
+                verified = getattr(store, "hashes_verified", False) is True and len(full) == 64
+                node = Array(value, name=name, _hashed=full if verified else None)
                 if node.shape != shape:
                     raise ParseError(
                         f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(shape)}",
