@@ -29,17 +29,19 @@ True
 
 from __future__ import annotations
 
+import math
 import struct
 import uuid as uuid_module
 
 import numpy as np
 
-from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
+from ..dtypes import DEFAULT_FLOAT, DTYPES, ITEMSIZE, normalize_dtype
 from ..errors import CircuitError, ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX
 from ..hashing import content_hash as compute_content_hash
 from ..hashing import pack_ints as _pack_ints
-from ..shapes import INT64_MAX, shape_text
+from ..shapes import INT64_MAX, MAX_ALLOC_ENV, check_allocation, max_alloc_bytes, shape_text
+from ..shapes import _human_bytes as human_bytes
 from .base import Circuit, ParseContext, convert_payload, quote_name
 
 _HEX = set("0123456789abcdef")
@@ -242,14 +244,63 @@ class Array(Circuit):
 _NAN = float("nan")
 
 
+class RandomTensors:
+    """The values of rust_circuit's random Arrays (``Array rand``, or an Array line without a
+    hash) in one parse: standard normal, drawn in text order from a generator seeded with
+    ``seed`` (the same text parses to the same tensors), and all of them together within the
+    allocation budget (``budget``, default ``circuits.shapes.max_alloc_bytes()``), checked
+    before anything is allocated: a few bytes of text cannot ask for gigabytes.
+
+    >>> r = RandomTensors(0, budget=1000)
+    >>> r.draw((10, 20), "float32").shape
+    (10, 20)
+    >>> r.draw((100,), "float32")
+    Traceback (most recent call last):
+    ...
+    circuits.errors.ParseError: a random Array [100] (float32, 400 B) would bring this text's random tensors to 1.2 KiB, over the allocation budget of 1000 B; raise it with the environment variable CIRCUITS_MAX_ALLOC_BYTES=<bytes> if this is intended, or give the Array a hash (its tensor from a store)
+    """
+
+    # Drawn in pieces of this many values: a float32 tensor never needs a float64 twice its size.
+    PIECE = 1 << 20
+
+    def __init__(self, seed=0, budget: int | None = None):
+        self.generator = np.random.default_rng(seed)
+        self.budget = max_alloc_bytes() if budget is None else int(budget)
+        self.used = 0
+
+    def draw(self, shape, dtype: str = "float32") -> np.ndarray:
+        dtype = dtype if dtype in ("float16", "float32", "float64", "bfloat16") else "float32"
+        what = f"a random Array {shape_text(shape)}"
+        check_allocation(shape, dtype, what, ParseError, budget=self.budget)
+        nbytes = ITEMSIZE[dtype] * math.prod(shape)
+        if self.used + nbytes > self.budget:
+            raise ParseError(
+                f"{what} ({dtype}, {human_bytes(nbytes)}) would bring this text's random tensors to "
+                f"{human_bytes(self.used + nbytes)}, over the allocation budget of {human_bytes(self.budget)}; "
+                f"raise it with the environment variable {MAX_ALLOC_ENV}=<bytes> if this is intended, "
+                "or give the Array a hash (its tensor from a store)")
+        self.used += nbytes
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            out = np.empty(shape, ml_dtypes.bfloat16)
+        else:
+            out = np.empty(shape, dtype)
+        flat = out.reshape(-1)
+        n = flat.size
+        for start in range(0, n, self.PIECE):  # the values one standard_normal(shape) call gives
+            flat[start:start + self.PIECE] = self.generator.standard_normal(min(self.PIECE, n - start))
+        return out
+
+
 def random_tensor(shape, context) -> np.ndarray:
     """What rust_circuit's ``Array rand`` (or an Array line without a hash) stands for: standard
-    normal values of the context's dtype, drawn from the parse's own generator
-    (``context.random``, seeded: the same text parses to the same tensors)."""
-    rng = getattr(context, "random", None)
-    if rng is None:
-        rng = np.random.default_rng(0)
-    return rng.standard_normal(shape).astype(context.default_dtype if context.default_dtype.startswith("float") else "float32")
+    normal values of the context's dtype (float32 for an int one), drawn from the parse's own
+    ``RandomTensors`` (``context.random``), which keeps them all within the allocation budget."""
+    source = getattr(context, "random", None)
+    if source is None:
+        source = RandomTensors(0)
+    return source.draw(shape, context.default_dtype)
 
 
 def format_scalar(value: float) -> str:

@@ -41,6 +41,7 @@ import re
 from ..errors import CircuitError, ParseError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..nodes.base import ParseContext, quote_name
+from ..nodes.leaves import RandomTensors
 from ..shapes import shape_text
 from .lexer import FAST_LINE, fail, read_line, read_shape
 from .printer import gc_paused
@@ -580,9 +581,7 @@ def _mark_int_indices(records):
 def _build(order, store, seed=0):
     """Build every record.  ``order`` already puts indented children before their parents, so
     only references to nodes not yet built (defined later in the text) need a walk."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
+    rng = RandomTensors(seed)  # rust_circuit's random Arrays, within the allocation budget
     contexts = (ParseContext(store, "float32", rng), ParseContext(store, "int64", rng))  # by int_index
     for top in order:
         if top.node is None:
