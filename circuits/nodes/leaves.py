@@ -71,6 +71,14 @@ def _check_shape(shape, what):
 _NO_CONTEXT = ParseContext()
 
 
+def _brief(value, limit: int = 60) -> str:
+    """A short repr for a message (a 400-digit int, a long string: cut)."""
+    if type(value) is int and abs(value) >= 10 ** limit:
+        return f"an int of about {value.bit_length() * 0.30103:.0f} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _printed_shape(cls, shape):
     if shape is None:
         raise ParseError(f"an {cls.type_name} line needs its shape",
@@ -326,7 +334,10 @@ class Scalar(Circuit):
         try:
             v = value if type(value) is float else float(value)
         except (TypeError, ValueError):
-            raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
+            raise CircuitError(f"Scalar {name!r}: value must be a real number, got {_brief(value)}") from None
+        except OverflowError:
+            raise CircuitError(f"Scalar {name!r}: {_brief(value)} is beyond float64 (about 1.8e308); give "
+                               "float('inf') if that is meant") from None
         if v != v:  # every NaN is the one NaN: the text format prints them all as `nan`
             v = _NAN
         self.value = v
@@ -372,7 +383,11 @@ class Symbol(Circuit):
 
     def _setup(self, shape, name=None, dtype=DEFAULT_FLOAT, uuid=None):
         if uuid is not None and not isinstance(uuid, uuid_module.UUID):
-            uuid = uuid_module.UUID(str(uuid))
+            try:
+                uuid = uuid_module.UUID(str(uuid))
+            except ValueError:
+                raise CircuitError(f"Symbol {name!r}: uuid {_brief(uuid)} is not a UUID (32 hex digits, "
+                                   "like uuid.uuid4() gives)") from None
         self.uuid = uuid
         return self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 

@@ -206,3 +206,17 @@ def test_secrets_in_urls_are_never_echoed(hostile_server, memory_or_skip):
 def memory_or_skip():
     pytest.importorskip("fsspec")
     return "memory://circuits-trust-loading"
+
+
+# ---------------------------------------------------------------------------- item 12
+def test_bad_store_roots_and_save_paths_are_store_errors(tmp_path, monkeypatch):
+    with pytest.raises(StoreError, match="NUL"):
+        save(big_circuit(), str(tmp_path / "a\0b.circuit"))
+    monkeypatch.setenv("CIRCUITS_STORE", "~nouser_circuits_test/x")
+    with pytest.raises(StoreError, match="CIRCUITS_STORE='~nouser_circuits_test/x': not a usable store location"):
+        TensorStore()
+    monkeypatch.chdir(tmp_path)
+    for root in ("   ", "a/  /b", " "):
+        with pytest.raises(StoreError, match="empty or only spaces"):
+            TensorStore(root).put(np.ones(2, np.float32))
+    assert os.listdir(tmp_path) == []  # nothing was created
