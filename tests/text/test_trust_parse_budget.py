@@ -66,3 +66,30 @@ def test_random_values_are_one_standard_normal_draw():
     np.testing.assert_array_equal(c.children[0].value, a.astype(np.float32))
     np.testing.assert_array_equal(c.children[1].value, b.astype(np.float32))
     assert c.children[0].value.dtype == np.float32
+
+
+# ---------------------------------------------------------------------------- item 10
+def test_failed_parses_of_big_specs_leave_nothing_in_the_caches():
+    """Caches remember small calls only: an entry never holds a big spec (issue 21 item 10)."""
+    import gc
+
+    def big_einsum(j):  # a 60 KB spec over one child: refused for its operand count
+        return "'e' Einsum " + ",".join(["ab"] * (20000 + j)) + "->ab\n  'x' [2,2] Symbol"
+
+    def big_add(j):  # an Add of many children whose shapes do not broadcast
+        return "'a' Add\n" + "".join(f"  'x{i}' [{i % 7 + 1}] Symbol\n" for i in range(3000 + j))
+
+    for make in (big_einsum, big_add):
+        with pytest.raises(ParseError):
+            C.parse(make(99))  # first use: imports, interned names
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for j in range(8):
+                with pytest.raises(ParseError):
+                    C.parse(make(j))
+            gc.collect()
+            kept, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert kept < 1 << 20, (make.__name__, kept)
