@@ -156,7 +156,7 @@ def load(path, *, storage_options: dict | None = None):
 def load_many(path, *, storage_options: dict | None = None) -> list:
     """Every circuit saved in the file at ``path`` (by ``save`` or ``save_many``), in order."""
     from ..nodes.leaves import Array
-    from ..text.parser import parse_many
+    from ..text.parser import check_text_size, parse_many
     from ..traversal import toposort
 
     if is_url(path):
@@ -172,6 +172,10 @@ def load_many(path, *, storage_options: dict | None = None) -> list:
     with source:
         metadata, raw = read_safetensors_from(source, hashes)
     text, placeholder_list = _text(path, metadata, raw)
+    try:
+        check_text_size(text)
+    except ParseError as e:
+        raise StoreError(f"{path}: {e}") from None
     tensors = _FileTensors(path, raw, hashes)
     # The parser asks ``tensors.placeholder`` for each Array the file has no tensor for, and gets
     # these: the saved dtype (part of an Array's identity) and full hash, not a guessed dtype.

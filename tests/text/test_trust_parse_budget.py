@@ -93,3 +93,20 @@ def test_failed_parses_of_big_specs_leave_nothing_in_the_caches():
         finally:
             tracemalloc.stop()
         assert kept < 200_000, (make.__name__, kept)
+
+
+# ---------------------------------------------------------------------------- item 7
+def test_a_text_too_big_to_parse_within_the_budget_is_refused_at_once(tmp_path, budget_1mb, monkeypatch):
+    from circuits.io.files import save
+    from circuits.text import parser
+
+    monkeypatch.setattr(parser, "PARSE_FREE_CHARS", 1000)  # (1 MiB of text always parses)
+
+    c = C.Add(*[C.Scalar(float(i), name=f"term.{i}") for i in range(2000)], name="sum")
+    text = c.to_text()
+    assert 25_000 < len(text) < 1 << 20  # fits the budget itself, but not 40 bytes per character of it
+    with pytest.raises(ParseError, match="parsing it needs about .* over the allocation budget of 1.0 MiB"):
+        C.parse(text)
+    save(c, tmp_path / "c.circuit")  # saving needs no parse
+    with pytest.raises(StoreError, match="c.circuit: this text is .*CIRCUITS_MAX_ALLOC_BYTES"):
+        load(tmp_path / "c.circuit")
