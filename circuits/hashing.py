@@ -79,11 +79,27 @@ def content_hash(value) -> str:
     arr = np.asarray(value, order="C")
     if arr.dtype.str[0] == ">":  # equal values hash equal whatever their byte order
         arr = arr.astype(arr.dtype.newbyteorder("<"))
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO if arr.nbytes > (1 << 22) else 1)
-    h.update(f"{arr.dtype.str}|{','.join(map(str, arr.shape))}|".encode())
+    h = content_hasher(arr.dtype, arr.shape, arr.nbytes)
     # Viewed as bytes first: memoryview cannot export ml_dtypes types such as bfloat16.
     h.update(memoryview(arr.reshape(-1).view(np.uint8)) if arr.nbytes else b"")
     return h.hexdigest()
+
+
+def content_hasher(dtype, shape, nbytes: int):
+    """A blake3 hasher primed with an array's dtype and shape: feed it the array's C-ordered
+    bytes (in pieces, e.g. as they are read from a file) and its ``hexdigest()`` is
+    ``content_hash`` of the array.  ``dtype`` is a little-endian numpy dtype.
+
+    >>> a = np.arange(6, dtype=np.float32)
+    >>> h = content_hasher(a.dtype, a.shape, a.nbytes)
+    >>> for piece in (a[:2], a[2:]):
+    ...     _ = h.update(piece.tobytes())
+    >>> h.hexdigest() == content_hash(a)
+    True
+    """
+    h = blake3.blake3(max_threads=blake3.blake3.AUTO if nbytes > (1 << 22) else 1)
+    h.update(f"{np.dtype(dtype).str}|{','.join(map(str, shape))}|".encode())
+    return h
 
 
 # ---------------------------------------------------------------------------- nodes

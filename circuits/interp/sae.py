@@ -13,8 +13,9 @@ An ``SAE`` holds the weights of one sparse dictionary in SAELens's row-vector co
   input standardised with the n-1 std plus 1e-5 in and de-standardised out).
 
 ``load_sae(path)`` reads a SAELens folder (``cfg.json`` + ``sae_weights.safetensors``; also the
-pre-6.0 flat config with ``hook_point`` and ``log_threshold``) with numpy and safetensors only, and
-``save_sae(sae, path)`` writes one SAELens reads.  ``sae_nodes(x, sae, prefix)`` is the circuit form
+pre-6.0 flat config with ``hook_point`` and ``log_threshold``) with numpy only, and
+``save_sae(sae, path)`` writes one SAELens reads, both files in one step
+(``circuits.interp.sae_files``).  ``sae_nodes(x, sae, prefix)`` is the circuit form
 that ``splice`` puts into a circuit: named nodes ``<prefix>.pre`` (pre-activations),
 ``<prefix>.acts`` (latents, ``[..., d_sae]``) and ``<prefix>.recon``.
 
@@ -31,9 +32,6 @@ that ``splice`` puts into a circuit: named nodes ``<prefix>.pre`` (pre-activatio
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
 import attrs
@@ -48,7 +46,6 @@ SAE_ARCHITECTURES = ("standard", "topk", "abstopk", "jumprelu", "gated")
 TRANSCODER_ARCHITECTURES = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder")
 ARCHITECTURES = SAE_ARCHITECTURES + TRANSCODER_ARCHITECTURES
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
-CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 
 
 def _tensors_needed(arch: str) -> tuple[str, ...]:
@@ -207,125 +204,6 @@ class SAE:
         return SAE(architecture=architecture, k=k, dtype=dtype, **kw, **settings)
 
 
-# ---------------------------------------------------------------------------- files
-def _dtype_name(value) -> str:
-    text = str(value or "float32").replace("torch.", "")
-    if text not in ("float32", "float64", "float16", "bfloat16"):
-        raise CircuitError(f"SAE cfg dtype {value!r} is not a float dtype")
-    return "float32" if text in ("float16", "bfloat16") else text
-
-
-def _from_pre_6(cfg: dict) -> dict:
-    """A pre-6.0 SAELens config (flat keys) in the 6.x layout."""
-    out = dict(cfg)
-    meta = dict(cfg.get("metadata") or {})
-    if "hook_point" in cfg and "hook_name" not in cfg:
-        meta["hook_name"] = cfg["hook_point"]
-    if "hook_name" in cfg:
-        meta["hook_name"] = cfg["hook_name"]
-    if "architecture" not in cfg:
-        act = cfg.get("activation_fn_str", cfg.get("activation_fn", "relu"))
-        out["architecture"] = "topk" if act == "topk" else "standard"
-        if act == "topk":
-            out["k"] = (cfg.get("activation_fn_kwargs") or {}).get("k", cfg.get("k"))
-    norm = cfg.get("normalize_activations", "none")
-    out["normalize_activations"] = {True: "expected_average_only_in", False: "none", None: "none"}.get(norm, norm) \
-        if isinstance(norm, (bool, type(None))) else norm
-    if "hook_z" in str(meta.get("hook_name", "")):
-        out["reshape_activations"] = "hook_z"
-    out["metadata"] = meta
-    return out
-
-
-def load_sae(path) -> SAE:
-    """Read a SAELens SAE folder: ``cfg.json`` and ``sae_weights.safetensors`` (numpy and
-    safetensors only: neither torch nor sae-lens is imported).
-
-    Unknown architectures, reshaping (``hook_z``), unsupported normalisation and missing tensors
-    are ``CircuitError``s naming the file and the key; a pre-6.0 config (``hook_point``,
-    ``activation_fn_str``, ``log_threshold``) is read as SAELens reads it.
-
-    >>> import tempfile
-    >>> d = tempfile.mkdtemp()
-    >>> save_sae(SAE.random(4, 8, 'jumprelu', hook_name='b0'), d)
-    >>> s = load_sae(d)
-    >>> s.architecture, s.d_sae, s.hook_name
-    ('jumprelu', 8, 'b0')
-    """
-    from safetensors.numpy import load_file
-
-    folder = Path(path)
-    cfg_path, weights_path = folder / CFG_FILE, folder / WEIGHTS_FILE
-    for p in (cfg_path, weights_path):
-        if not p.is_file():
-            raise CircuitError(f"load_sae: {p} is missing; a SAELens SAE folder holds {CFG_FILE} and {WEIGHTS_FILE}")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CircuitError(f"load_sae: {cfg_path} is not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise CircuitError(f"load_sae: {cfg_path} must hold a JSON object")
-    cfg = _from_pre_6(cfg)
-    arch = cfg.get("architecture")
-    if arch not in ARCHITECTURES:
-        raise CircuitError(f"load_sae: {cfg_path}: architecture {arch!r} is not supported; "
-                           f"supported: {', '.join(ARCHITECTURES)}")
-    if cfg.get("reshape_activations", "none") not in ("none", None):
-        raise CircuitError(f"load_sae: {cfg_path}: reshape_activations={cfg['reshape_activations']!r} (hook_z SAEs) "
-                           "is not supported; splice the SAE at a site that is already [..., d_in]")
-    dtype = _dtype_name(cfg.get("dtype"))
-    tensors = dict(load_file(str(weights_path)))
-    if "log_threshold" in tensors and "threshold" not in tensors:
-        tensors["threshold"] = np.exp(tensors.pop("log_threshold"))
-    missing = [k for k in _tensors_needed(arch) if k not in tensors]
-    if missing:
-        raise CircuitError(f"load_sae: {weights_path} lacks {', '.join(map(repr, missing))}, which a {arch} SAE "
-                           f"needs (it holds {', '.join(sorted(tensors))})")
-    for key in ("d_in", "d_sae"):
-        if key in cfg and cfg[key] is not None:
-            got = tensors["W_enc"].shape[0 if key == "d_in" else 1]
-            if int(cfg[key]) != got:
-                raise ShapeError(f"load_sae: {cfg_path} says {key}={cfg[key]} but W_enc has shape {list(tensors['W_enc'].shape)}")
-    meta = cfg.get("metadata") or {}
-    kw = {k: np.asarray(tensors[k]).astype(dtype) for k in _tensors_needed(arch)}
-    transcoder = arch in TRANSCODER_ARCHITECTURES
-    return SAE(architecture=arch, k=cfg.get("k"),
-               rescale_acts_by_decoder_norm=bool(cfg.get("rescale_acts_by_decoder_norm", False)),
-               apply_b_dec_to_input=False if transcoder else bool(cfg.get("apply_b_dec_to_input", True)),
-               normalize_activations=cfg.get("normalize_activations") or "none",
-               hook_name=meta.get("hook_name"), hook_name_out=meta.get("hook_name_out"), dtype=dtype, **kw)
-
-
-def save_sae(sae: SAE, path) -> None:
-    """Write ``sae`` as a SAELens folder (``cfg.json``, ``sae_weights.safetensors``), each file
-    written to a temporary name first and renamed, so an interrupted save leaves no half file.
-
-    >>> import tempfile, os
-    >>> d = tempfile.mkdtemp()
-    >>> save_sae(SAE.random(4, 8), d)
-    >>> sorted(os.listdir(d))
-    ['cfg.json', 'sae_weights.safetensors']
-    """
-    from safetensors.numpy import save_file
-
-    if not isinstance(sae, SAE):
-        raise CircuitError(f"save_sae: expected an SAE, got {type(sae).__name__}")
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v) for k, v in sae.tensors().items()}
-    for name, write in ((WEIGHTS_FILE, lambda p: save_file(tensors, p)),
-                        (CFG_FILE, lambda p: Path(p).write_text(json.dumps(sae.cfg(), indent=2)))):
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; a saved SAE is meant to be shared
-            os.replace(tmp, folder / name)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
 # ---------------------------------------------------------------------------- circuit form
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -463,6 +341,9 @@ def sae_nodes(x: Circuit, sae: SAE, prefix: str, *, acts: Circuit | None = None,
     out["recon"] = recon
     return out
 
+
+# ---------------------------------------------------------------------------- files
+from .sae_files import load_sae, save_sae  # noqa: E402  (they build SAEs: imported once SAE exists)
 
 # ---------------------------------------------------------------------------- shipped SAEs
 INDUCTION_SAE_DIR = Path(__file__).parent / "data"

@@ -8,8 +8,10 @@ version, the number of roots and the text's checksum.  Format 2 is this layout; 
 (the text in the header's metadata) still load.  ``load`` needs nothing but the file; it never
 executes code from it (safetensors is raw bytes plus a JSON header, and the text is parsed, not
 evaluated) and checks every tensor against its hash.  It checks the header against the file's
-size before reading anything else and maps the tensors into memory rather than reading them, so
-a damaged file is refused at once and a large one costs no copy.
+size before reading anything else, so a damaged file is refused at once, then copies each tensor
+into memory of its own, hashing it in the same pass.  It never maps the file: a loaded value was
+verified and stays that value, whatever later happens to the file (overwritten in place, or
+truncated: a memory map would show other numbers, or kill the process with SIGBUS).
 
 ``save`` is atomic: it writes a hidden temporary file beside ``path`` and renames it into place,
 so a failed or interrupted save leaves any existing file at ``path`` as it was and never a
@@ -33,8 +35,8 @@ them by default, naming them, because a teammate loading the file could not eval
 ``allow_placeholders=True`` they are saved as placeholders (their name, shape, dtype and hash) and
 load back as the same placeholders, to be filled with ``circuits.bind``.
 
-The arrays ``load`` returns are read-only views into one memory map of the file (small files:
-one buffer; keeping any of them alive keeps it).  A file that uses a
+The arrays ``load`` returns are read-only and each owns its memory (64-byte aligned, so JAX on the
+CPU uses it in place: the device value never aliases the file).  A file that uses a
 GeneralFunction you registered yourself loads once the same function is registered again.
 """
 
@@ -49,9 +51,9 @@ import blake3
 import numpy as np
 
 from ..errors import ParseError, StoreError
-from ..hashing import PRINTED_HASH_HEX, content_hash
+from ..hashing import PRINTED_HASH_HEX
 from .localfs import atomic_write, open_file
-from .remotefs import is_url, local_path, open_url, write_url
+from .remotefs import is_url, local_path, open_url, redact, write_url
 from .store import host_array, read_safetensors_from, safetensors_writer
 
 FORMAT = "circuits"
@@ -135,6 +137,8 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
         write_url(path, write, storage_options)
         return
     path = Path(local_path(os.fspath(path)))
+    if "\0" in str(path):
+        raise StoreError(f"cannot save to {str(path)!r}: a file name cannot contain a NUL character")
     if not path.parent.is_dir():
         raise StoreError(f"cannot save to {path}: directory {path.parent} does not exist")
     atomic_write(path, write)
@@ -145,28 +149,34 @@ def load(path, *, storage_options: dict | None = None):
     its hash.  Anything but a circuit file raises ``StoreError``."""
     roots = load_many(path, storage_options=storage_options)
     if len(roots) != 1:
-        raise StoreError(f"{path} holds {len(roots)} circuits; use circuits.io.files.load_many")
+        raise StoreError(f"{redact(str(path))} holds {len(roots)} circuits; use circuits.io.files.load_many")
     return roots[0]
 
 
 def load_many(path, *, storage_options: dict | None = None) -> list:
     """Every circuit saved in the file at ``path`` (by ``save`` or ``save_many``), in order."""
     from ..nodes.leaves import Array
-    from ..text.parser import parse_many
+    from ..text.parser import check_text_size, parse_many
     from ..traversal import toposort
 
     if is_url(path):
         source = open_url(path, storage_options)
+        path = source.name  # the URL as messages show it (passwords and tokens redacted)
     else:
         path = Path(local_path(os.fspath(path)))
         try:
             source = open_file(path)
         except FileNotFoundError:
             raise StoreError(f"{path}: no such file") from None
+    hashes: dict = {}
     with source:
-        metadata, raw = read_safetensors_from(source)
+        metadata, raw = read_safetensors_from(source, hashes)
     text, placeholder_list = _text(path, metadata, raw)
-    tensors = _FileTensors(path, raw)
+    try:
+        check_text_size(text)
+    except ParseError as e:
+        raise StoreError(f"{path}: {e}") from None
+    tensors = _FileTensors(path, raw, hashes)
     # The parser asks ``tensors.placeholder`` for each Array the file has no tensor for, and gets
     # these: the saved dtype (part of an Array's identity) and full hash, not a guessed dtype.
     placeholders = tensors.placeholders(placeholder_list)
@@ -188,16 +198,15 @@ def load_many(path, *, storage_options: dict | None = None) -> list:
                     f"{path}: {node.line()} has no tensor in this file (truncated or tampered file?)"
                 )
             continue
-        key = tensors.given.get(id(node.value))
-        if key is None:
-            # The parser got an equal live node back (nodes are interned: the circuit was
-            # already in memory), so the hash computed from the file's bytes was not kept.
-            key = node.content_hash
-            if key not in tensors.raw:
-                raise StoreError(f"{path}: {node.line()} has no tensor in this file")
-            tensors.verify(key, node.line())
-        elif node.content_hash != key:
-            raise tensors.mismatch(key, node.content_hash, node.line())
+        bad = tensors.mismatched.get(id(node.value))
+        if bad is not None:
+            raise tensors.mismatch(bad[0], node.content_hash, node.line())
+        key = node.content_hash
+        if key not in tensors.raw:
+            raise StoreError(f"{path}: {node.line()} has no tensor in this file")
+        # (a node the parser got back from the intern table holds the live equal value, not
+        # the file's: the file's bytes are checked here all the same)
+        tensors.verify(key, node.line())
         used.add(key)
     for key in tensors.raw.keys() - used:
         tensors.verify(key)
@@ -244,17 +253,18 @@ def _text(path, metadata: dict, raw: dict) -> tuple[str, str | None]:
 class _FileTensors:
     """The tensors of one circuit file seen as a store (``find``, ``get``) for the parser.
 
-    ``get`` hands out the raw views without hashing them: the parser builds an ``Array`` from
-    each, which hashes it, and ``load_many`` then compares that hash with the tensor's key.  One
-    hash per tensor instead of two.
+    Every tensor was hashed as it was read (``read_safetensors_from``); when the one ``get``
+    hands out hashes to its key (``hashes_verified``), the parser builds its Array without
+    hashing it again: one pass over the bytes in all.
     """
 
-    def __init__(self, path, raw: dict):
+    def __init__(self, path, raw: dict, hashes: dict):
         self.path = path
         self.raw = raw
+        self.hashes = hashes  # key -> the content hash of the bytes read under it
+        self._verified = False
+        self.mismatched: dict = {}  # id(array handed out) -> (its key, the array kept alive)
         self.keys = sorted(raw)
-        self.given: dict[int, str] = {}  # id(array handed to the parser) -> its key
-        self._keep = []  # keeps those arrays alive so their ids stay theirs
         self.short_placeholder_digests: set = set()
         self.by_line: dict = {}  # (printed hash, shape, name) -> saved placeholder
 
@@ -270,10 +280,17 @@ class _FileTensors:
             raise StoreError(f"{self.path}: hash prefix {prefix!r} is ambiguous: {', '.join(found[:10])}")
         return found[0] if found else None
 
+    @property
+    def hashes_verified(self) -> bool:
+        """Whether the tensor ``get`` handed out last hashes to its key (else the Array built
+        from it hashes it itself, and ``load_many`` names it in the error)."""
+        return self._verified
+
     def get(self, key: str) -> np.ndarray:
         arr = self.raw[key]
-        self.given[id(arr)] = key
-        self._keep.append(arr)
+        self._verified = self.hashes[key] == key
+        if not self._verified:
+            self.mismatched[id(arr)] = (key, arr)
         return arr
 
     def placeholders(self, text) -> dict:
@@ -303,7 +320,7 @@ class _FileTensors:
         )
 
     def verify(self, key, what="no Array"):
-        actual = content_hash(self.raw[key])
+        actual = self.hashes[key]
         if actual != key:
             raise self.mismatch(key, actual, what)
 

@@ -3,13 +3,14 @@
 Circuit files and the tensor store (``circuits.io.files``, ``circuits.io.store``) do all their local
 file work here, so the rules are written once:
 
-- **Read what the size allows, lazily.**  ``open_file`` refuses anything but a regular file
-  before reading a byte (a FIFO would block forever, a device never end), and opens without
-  blocking.  A ``Source`` reads the header with small reads and hands out the data as a
-  read-only memory map (``map``), so a damaged header costs nothing and a big file costs no
-  copy.  Files are never changed in place by this library (writes replace them), so a map stays
-  valid; truncating a mapped file in place from outside would crash the reader, as with any
-  memory map.
+- **Read what the size allows, into memory the reader owns.**  ``open_file`` refuses anything
+  but a regular file before reading a byte (a FIFO would block forever, a device never end), and
+  opens without blocking.  A ``Source`` reads the header with small reads and the data straight
+  into fresh buffers (``read_into``, ``take``): never a memory map, because a map of a file
+  someone overwrites in place shows the new bytes under a value that was verified against its
+  hash, and one of a file truncated in place kills the reader with SIGBUS (a private map does
+  not help: Linux shows it the file's writes until a page is copied, and faults the same).
+  The copy is one pass that the reader hashes as it goes (``circuits.io.store``).
 - **Never follow a planted link.**  Inside a store, ``open_dir(..., follow=False)`` and
   ``open_file(..., follow=False)`` refuse symbolic links (``O_NOFOLLOW``) and everything after
   them works relative to the opened directory, so a link swapped in meanwhile changes nothing.
@@ -27,7 +28,6 @@ file work here, so the rules are written once:
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import secrets
 import stat
@@ -43,9 +43,6 @@ try:  # advisory locks mark live temporaries (POSIX); elsewhere only age counts
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None
 
-# Below this many bytes a tensor is read into memory rather than mapped: maps are a limited
-# resource (vm.max_map_count), and a small read is as fast.
-MAP_THRESHOLD = 1 << 20
 # A temporary this old whose writer holds no lock is a killed writer's leftover.  The grace
 # covers the instant between creating a temporary and locking it.
 DEAD_TEMPORARY_AGE = 600.0
@@ -86,6 +83,17 @@ def _kind(mode: int) -> str:
 
 
 # ---------------------------------------------------------------------------- reading
+_preadv = getattr(os, "preadv", None)
+
+
+def aligned_bytes(n: int) -> np.ndarray:
+    """A fresh writable uint8 array of ``n`` bytes whose data starts on a 64-byte boundary (JAX on
+    the CPU then uses a tensor viewed from it in place rather than copying it again)."""
+    buf = np.empty(n + 64, np.uint8)
+    start = -buf.ctypes.data % 64
+    return buf[start:start + n]
+
+
 class Source:
     """One opened regular file read front to back: ``read(n)`` for headers, ``map(n)`` for the
     data that follows them.  Use as a context manager."""
@@ -123,36 +131,35 @@ class Source:
             n -= len(chunk)
         return b"".join(parts)
 
-    def map(self, n: int) -> np.ndarray:
-        """The next ``n`` bytes as a read-only uint8 array: a memory map for large data, a copy
-        for small; ``StoreError`` if the file holds fewer."""
+    def read_into(self, view) -> None:
+        """Fill ``view`` (a writable byte memoryview) with the next ``len(view)`` bytes, read
+        straight into it (one copy, from the kernel); ``StoreError`` if the file holds fewer,
+        also when it shrank while being read."""
+        n = len(view)
         if self.position + n > self.size:
             raise StoreError(f"{self.name}: truncated file ({self.size - self.position} bytes left, {n} needed)")
-        start = self.position
-        arr = None
-        if n >= MAP_THRESHOLD:
+        got = 0
+        while got < n:
             try:
-                mapped = mmap.mmap(self.fd, 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):  # a filesystem without mmap: read instead
-                pass
-            else:
-                if len(mapped) >= start + n:
-                    arr = np.frombuffer(mapped, np.uint8, count=n, offset=start)
-        if arr is None:
-            arr = np.empty(n, np.uint8)
-            view = memoryview(arr)
-            got = 0
-            while got < n:
-                try:
-                    chunk = os.pread(self.fd, min(n - got, 1 << 30), start + got)
-                except OSError as e:
-                    raise StoreError(f"{self.name}: cannot read ({describe_os_error(e)})") from None
-                if not chunk:
-                    raise StoreError(f"{self.name}: file shrank while being read ({got} of {n} bytes)")
-                view[got : got + len(chunk)] = chunk
-                got += len(chunk)
-        arr.flags.writeable = False
+                if _preadv is not None:
+                    k = _preadv(self.fd, [view[got:got + min(n - got, 1 << 30)]], self.position + got)
+                else:  # pragma: no cover - no preadv (not Linux/BSD)
+                    chunk = os.pread(self.fd, min(n - got, 1 << 30), self.position + got)
+                    view[got:got + len(chunk)] = chunk
+                    k = len(chunk)
+            except OSError as e:
+                raise StoreError(f"{self.name}: cannot read ({describe_os_error(e)})") from None
+            if not k:
+                raise StoreError(f"{self.name}: the file shrank while being read (truncated meanwhile?)")
+            got += k
         self.position += n
+
+    def take(self, n: int) -> np.ndarray:
+        """The next ``n`` bytes as a fresh read-only uint8 array (a private copy: nothing that
+        happens to the file later changes it); ``StoreError`` if the file holds fewer."""
+        arr = aligned_bytes(n)
+        self.read_into(memoryview(arr))
+        arr.flags.writeable = False
         return arr
 
     def at_end(self) -> bool:

@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import StoreError
-from ..hashing import content_hash
-from .localfs import DEAD_TEMPORARY_AGE, LocalDir, atomic_write, open_file
-from .remotefs import RemoteDir, is_url, local_path
+from ..hashing import content_hash, content_hasher
+from .localfs import DEAD_TEMPORARY_AGE, LocalDir, aligned_bytes, atomic_write, open_file
+from .remotefs import RemoteDir, is_url, local_path, redact
 
 # numpy dtype name <-> safetensors dtype code (the subset circuits supports).
 _CODE_BY_DTYPE = {
@@ -137,8 +137,8 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None, *, grou
 def read_safetensors(path) -> tuple[dict, dict]:
     """``(metadata, {name: read-only array})`` of a local safetensors file.
 
-    The header is read and checked first, against the file's size; the tensors are then views
-    of one read-only memory map (small files: one copy).  A file whose header is malformed,
+    The header is read and checked first, against the file's size; each tensor is then read into
+    a fresh read-only array of its own (see ``read_safetensors_from``).  A file whose header is malformed,
     whose tensors overrun it (truncation) or that has bytes no tensor claims raises
     ``StoreError`` naming the file and the tensor; so does anything but a regular file.
     """
@@ -155,8 +155,17 @@ def _short(value, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def read_safetensors_from(source) -> tuple[dict, dict]:
-    """``read_safetensors`` for an open ``localfs.Source`` or ``remotefs.RemoteSource``."""
+def read_safetensors_from(source, hashes: dict | None = None) -> tuple[dict, dict]:
+    """``read_safetensors`` for an open ``localfs.Source`` or ``remotefs.RemoteSource``.
+
+    Each tensor is copied from the file into memory of its own, never mapped: a verified value
+    must stay that value whatever later happens to the file.  The copy is hashed as it is read,
+    piece by piece while each piece is still in the cache: with a ``hashes`` dict given, it
+    receives ``name -> content_hash`` of every tensor (``circuits.hashing.content_hash``), at
+    no second pass over the data.  A source that does not say its size (a web server without
+    ``Content-Length``) may claim at most the allocation budget
+    (``circuits.shapes.max_alloc_bytes``) in its header.
+    """
     path, size = source.name, source.size
     head = source.read(8)
     if len(head) < 8:
@@ -202,16 +211,51 @@ def read_safetensors_from(source) -> tuple[dict, dict]:
             )
         if held > covered:
             raise StoreError(f"{path}: {held - covered} trailing bytes belong to no tensor (corrupted file?)")
-    data = source.map(covered)
+    if size is None:
+        _check_undeclared(path, covered)
+    arrays = {}
+    for start, end, name, dtype, shape in sorted(entries, key=lambda e: (e[0], e[1])):
+        arrays[name], digest = _read_tensor(source, path, name, dtype, shape, end - start)
+        if hashes is not None:
+            hashes[name] = digest
     if size is None and not source.at_end():
         raise StoreError(f"{path}: trailing bytes belong to no tensor (corrupted file?)")
-    arrays = {}
-    for start, end, name, dtype, shape in entries:
-        try:
-            arrays[name] = data[start:end].view(dtype).reshape(shape)
-        except (ValueError, OverflowError) as e:  # numpy's limits on dimensions
-            raise StoreError(f"{path}: tensor {_short(name)} has a shape numpy cannot hold ({e})") from None
     return metadata, arrays
+
+
+def _check_undeclared(path, nbytes: int) -> None:
+    """Refuse to read ``nbytes`` from a source of unknown size beyond the allocation budget."""
+    from ..shapes import MAX_ALLOC_ENV, max_alloc_bytes
+
+    limit = max_alloc_bytes()
+    if nbytes > limit:
+        raise StoreError(
+            f"{path}: the server does not say how large the file is, and its header claims {nbytes} "
+            f"bytes of tensors, over the allocation budget of {limit} bytes; raise {MAX_ALLOC_ENV} "
+            "if that is intended"
+        )
+
+
+# Hashed while read in pieces of this size: each is hashed while it is still in the CPU's cache.
+_READ_PIECE = 1 << 22
+
+
+def _read_tensor(source, path, name, dtype, shape, nbytes):
+    """``(read-only array, its content hash)``: one tensor's bytes read into a fresh array and
+    hashed as they arrive."""
+    buf = aligned_bytes(nbytes)
+    try:
+        arr = buf.view(dtype).reshape(shape)
+    except (ValueError, OverflowError) as e:  # numpy's limits on dimensions
+        raise StoreError(f"{path}: tensor {_short(name)} has a shape numpy cannot hold ({e})") from None
+    hasher = content_hasher(dtype, shape, nbytes)
+    view = memoryview(buf)
+    for start in range(0, nbytes, _READ_PIECE):
+        piece = view[start:min(start + _READ_PIECE, nbytes)]
+        source.read_into(piece)
+        hasher.update(piece)
+    arr.flags.writeable = False
+    return arr, hasher.hexdigest()
 
 
 def _entry(path, name, info):
@@ -273,7 +317,9 @@ def read_npy_from(source) -> np.ndarray:
             f"{path}: unreadable .npy file ({dtype}{list(shape)} needs {nbytes} bytes, the file holds "
             f"{source.size - source.position}; truncated?)"
         )
-    data = source.map(nbytes)
+    if source.size is None:
+        _check_undeclared(path, nbytes)
+    data = source.take(nbytes)
     if source.size is None and not source.at_end():
         raise StoreError(f"{path}: unreadable .npy file (trailing bytes)")
     try:
@@ -336,20 +382,28 @@ class TensorStore:
                 self._dir = RemoteDir(root, storage_options)
                 self.root = self._dir.url
             else:
-                self.root = Path(local_path(os.fspath(root))).expanduser()
+                text = local_path(os.fspath(root))
+                if not str(text).strip() or any(p and not p.strip() for p in str(text).split(os.sep)):
+                    raise StoreError("a directory name there is empty or only spaces (a typo?)")
+                self.root = Path(text).expanduser()
                 self._dir = LocalDir(self.root, shared)
-        except (StoreError, TypeError, ValueError) as e:
-            origin = f"CIRCUITS_STORE={env!r}" if env else f"TensorStore({_short(root)})"
-            raise StoreError(f"{origin}: not a usable store location ({e})") from None
+        except (StoreError, TypeError, ValueError, RuntimeError) as e:
+            # RuntimeError: pathlib's '~user' for a user that does not exist
+            origin = f"CIRCUITS_STORE={redact(env)!r}" if env else f"TensorStore({redact(_short(root))})"
+            raise StoreError(f"{origin}: not a usable store location ({redact(str(e))})") from None
+
+    # ``get`` returns only tensors whose content hash it checked to be the key asked for: the
+    # parser may build their Arrays without hashing them again (``Array.from_payload``).
+    hashes_verified = True
 
     def __repr__(self):
-        return f"TensorStore({str(self.root)!r})"
+        return f"TensorStore({redact(str(self.root))!r})"
 
     def path(self, full_hash: str):
         """Where the tensor with this hash is (or would be) stored: a ``Path``, or a URL."""
         full_hash = _check_full_hash(full_hash)
-        where = self._dir.where(full_hash[:2], f"{full_hash}.safetensors")
-        return where if isinstance(self.root, str) else Path(where)
+        parts = (full_hash[:2], f"{full_hash}.safetensors")
+        return self._dir.url_of(*parts) if isinstance(self.root, str) else Path(self._dir.where(*parts))
 
     # ------------------------------------------------------------------ writing
     def put(self, array) -> str:
@@ -395,12 +449,14 @@ class TensorStore:
             with source:
                 if ext == ".npy":
                     arr = read_npy_from(source)
+                    actual = content_hash(arr)
                 else:
-                    _, tensors = read_safetensors_from(source)
+                    hashes: dict = {}
+                    _, tensors = read_safetensors_from(source, hashes)
                     if len(tensors) != 1:
                         raise StoreError(f"{source.name}: a store file holds exactly one tensor, this one {len(tensors)}")
-                    (arr,) = tensors.values()
-            actual = content_hash(arr)
+                    ((name, arr),) = tensors.items()
+                    actual = hashes[name]
             if actual != full_hash:
                 raise StoreError(
                     f"{source.name}: the tensor in this file hashes to {actual}, not to its name; the "

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-
 from ..dtypes import promote
 from ..shapes import broadcast_shapes
 from .base import Circuit, check_children, dtype_of, no_payload, shape_error, shape_of
+from .caching import small_cache
 from .expansion import aligned
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def _shape_and_dtype(shapes, dtypes):
     # Cached: circuits add the same shapes over and over (residual streams, biases).
     return broadcast_shapes(shapes), promote(dtypes)

@@ -433,7 +433,7 @@ class ParseContext(NamedTuple):
 
     store: object = None
     default_dtype: str = "float32"
-    random: object = None  # a numpy Generator for rust_circuit's random Arrays ('Array rand')
+    random: object = None  # a leaves.RandomTensors for rust_circuit's random Arrays ('Array rand')
 
 
 def quote_name(name: str) -> str:

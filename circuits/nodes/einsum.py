@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-
 from ..dtypes import promote
 from ..errors import CircuitError, ParseError
 from ..hashing import pack_ints as _pack_ints
 from ..shapes import INT64_MAX, int_tuple
 from .base import Circuit, check_children, dtype_of, shape_error, shape_of
+from .caching import small_cache
 from .expansion import batch_of
 
 _GREEK = "αβγδεζηθικλμνξοπρστυφχψωΑΒΓΔΕΖΗΘΙΚΛΜΝΞΟΠΡΣΤΥΦΧΨΩ"
@@ -23,7 +22,7 @@ def axis_letter(i: int) -> str:
     return AXIS_LETTERS[i]
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def parse_spec(spec: str):
     """``'ab,bc->ac'`` -> (((0, 1), (1, 2)), (0, 2)).  Spaces are ignored."""
     s = "".join(spec.split())
@@ -44,7 +43,7 @@ def parse_spec(spec: str):
 FANCY_PREFIX = "fancy:"
 
 
-@functools.lru_cache(maxsize=1024)
+@small_cache(maxsize=1024)
 def parse_fancy_spec(spec: str):
     """rust_circuit's "fancy" einsum string: space-separated axis names of any length, each
     name one axis id (numbered in order of appearance).
@@ -73,7 +72,7 @@ def _axis_name(i: int) -> str:
     return AXIS_LETTERS[i] if 0 <= i < len(AXIS_LETTERS) else str(i)
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def _einsum_payload_bytes(in_axes, out_axes) -> bytes:
     parts = [_pack_ints((len(t),)) + _pack_ints(t) for t in in_axes]
     return b"".join(parts) + b"|" + _pack_ints(out_axes)
@@ -93,7 +92,7 @@ def _fail(message, in_axes, out_axes, name, children):
     return shape_error("Einsum", name, payload, children, message)
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def _analyse(in_axes, out_axes, shapes):
     """``(in_axes, out_axes, output shape)`` of an einsum over operands of these shapes, the axes
     as tuples of ints.  Cached: the same einsum over the same shapes recurs in every layer and

@@ -81,6 +81,9 @@ def read_index(text: str) -> tuple:
                     values = [decimal_int(v) for v in body.split(",")] if body else []
                 except ValueError:
                     raise bad(f"[{body}] is not a list of ints", pos + 1) from None
+                if any(not -(1 << 63) <= v < 1 << 63 for v in values):
+                    raise bad(f"an index in [{body[:60]}{'...' if len(body) > 60 else ''}] is beyond a 64-bit int; "
+                              "an axis is never that long", pos + 1)
                 entry = np.array(values, dtype=np.int64)
                 entry.flags.writeable = False  # (shared by every node the parser builds from it)
                 entries.append(entry)

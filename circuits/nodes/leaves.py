@@ -29,17 +29,19 @@ True
 
 from __future__ import annotations
 
+import math
 import struct
 import uuid as uuid_module
 
 import numpy as np
 
-from ..dtypes import DEFAULT_FLOAT, DTYPES, normalize_dtype
+from ..dtypes import DEFAULT_FLOAT, DTYPES, ITEMSIZE, normalize_dtype
 from ..errors import CircuitError, ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX
 from ..hashing import content_hash as compute_content_hash
 from ..hashing import pack_ints as _pack_ints
-from ..shapes import INT64_MAX, shape_text
+from ..shapes import INT64_MAX, MAX_ALLOC_ENV, check_allocation, max_alloc_bytes, shape_text
+from ..shapes import _human_bytes as human_bytes
 from .base import Circuit, ParseContext, convert_payload, quote_name
 
 _HEX = set("0123456789abcdef")
@@ -67,6 +69,14 @@ def _check_shape(shape, what):
 
 
 _NO_CONTEXT = ParseContext()
+
+
+def _brief(value, limit: int = 60) -> str:
+    """A short repr for a message (a 400-digit int, a long string: cut)."""
+    if type(value) is int and abs(value) >= 10 ** limit:
+        return f"an int of about {value.bit_length() * 0.30103:.0f} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _printed_shape(cls, shape):
@@ -114,7 +124,9 @@ class Array(Circuit):
     value: "np.ndarray | None"
     content_hash: str
 
-    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None):
+    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None, _hashed=None):
+        # ``_hashed``: the content hash of ``value``, computed by a reader that hashed the bytes
+        # as it copied them (a store's verified ``get``); internal, it spares a second pass.
         if value is None:
             if shape is None or content_hash is None:
                 raise CircuitError(
@@ -149,7 +161,7 @@ class Array(Circuit):
         if dtype is not None and normalize_dtype(dtype) != dtype_name:
             raise CircuitError(f"Array {name!r}: value has dtype {dtype_name}, not {dtype}")
         self.value = stored
-        self.content_hash = compute_content_hash(host)
+        self.content_hash = _hashed if _hashed is not None and host is value else compute_content_hash(host)
         return self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
 
     @classmethod
@@ -204,7 +216,11 @@ class Array(Circuit):
             except StoreError as e:
                 raise ParseError(str(e), column=1, expected="a longer hash prefix, unique in the store") from None
             if full is not None:
-                node = Array(store.get(full), name=name)
+                # A store that verifies what it hands out (``hashes_verified``) gives the tensor
+                # whose content hash is ``full``: it need not be hashed again.
+                value = store.get(full)
+                verified = getattr(store, "hashes_verified", False) is True and len(full) == 64
+                node = Array(value, name=name, _hashed=full if verified else None)
                 if node.shape != shape:
                     raise ParseError(
                         f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(shape)}",
@@ -241,14 +257,63 @@ class Array(Circuit):
 _NAN = float("nan")
 
 
+class RandomTensors:
+    """The values of rust_circuit's random Arrays (``Array rand``, or an Array line without a
+    hash) in one parse: standard normal, drawn in text order from a generator seeded with
+    ``seed`` (the same text parses to the same tensors), and all of them together within the
+    allocation budget (``budget``, default ``circuits.shapes.max_alloc_bytes()``), checked
+    before anything is allocated: a few bytes of text cannot ask for gigabytes.
+
+    >>> r = RandomTensors(0, budget=1000)
+    >>> r.draw((10, 20), "float32").shape
+    (10, 20)
+    >>> r.draw((100,), "float32")
+    Traceback (most recent call last):
+    ...
+    circuits.errors.ParseError: a random Array [100] (float32, 400 B) would bring this text's random tensors to 1.2 KiB, over the allocation budget of 1000 B; raise it with the environment variable CIRCUITS_MAX_ALLOC_BYTES=<bytes> if this is intended, or give the Array a hash (its tensor from a store)
+    """
+
+    # Drawn in pieces of this many values: a float32 tensor never needs a float64 twice its size.
+    PIECE = 1 << 20
+
+    def __init__(self, seed=0, budget: int | None = None):
+        self.generator = np.random.default_rng(seed)
+        self.budget = max_alloc_bytes() if budget is None else int(budget)
+        self.used = 0
+
+    def draw(self, shape, dtype: str = "float32") -> np.ndarray:
+        dtype = dtype if dtype in ("float16", "float32", "float64", "bfloat16") else "float32"
+        what = f"a random Array {shape_text(shape)}"
+        check_allocation(shape, dtype, what, ParseError, budget=self.budget)
+        nbytes = ITEMSIZE[dtype] * math.prod(shape)
+        if self.used + nbytes > self.budget:
+            raise ParseError(
+                f"{what} ({dtype}, {human_bytes(nbytes)}) would bring this text's random tensors to "
+                f"{human_bytes(self.used + nbytes)}, over the allocation budget of {human_bytes(self.budget)}; "
+                f"raise it with the environment variable {MAX_ALLOC_ENV}=<bytes> if this is intended, "
+                "or give the Array a hash (its tensor from a store)")
+        self.used += nbytes
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            out = np.empty(shape, ml_dtypes.bfloat16)
+        else:
+            out = np.empty(shape, dtype)
+        flat = out.reshape(-1)
+        n = flat.size
+        for start in range(0, n, self.PIECE):  # the values one standard_normal(shape) call gives
+            flat[start:start + self.PIECE] = self.generator.standard_normal(min(self.PIECE, n - start))
+        return out
+
+
 def random_tensor(shape, context) -> np.ndarray:
     """What rust_circuit's ``Array rand`` (or an Array line without a hash) stands for: standard
-    normal values of the context's dtype, drawn from the parse's own generator
-    (``context.random``, seeded: the same text parses to the same tensors)."""
-    rng = getattr(context, "random", None)
-    if rng is None:
-        rng = np.random.default_rng(0)
-    return rng.standard_normal(shape).astype(context.default_dtype if context.default_dtype.startswith("float") else "float32")
+    normal values of the context's dtype (float32 for an int one), drawn from the parse's own
+    ``RandomTensors`` (``context.random``), which keeps them all within the allocation budget."""
+    source = getattr(context, "random", None)
+    if source is None:
+        source = RandomTensors(0)
+    return source.draw(shape, context.default_dtype)
 
 
 def format_scalar(value: float) -> str:
@@ -275,7 +340,10 @@ class Scalar(Circuit):
         try:
             v = value if type(value) is float else float(value)
         except (TypeError, ValueError):
-            raise CircuitError(f"Scalar {name!r}: value must be a real number, got {value!r}") from None
+            raise CircuitError(f"Scalar {name!r}: value must be a real number, got {_brief(value)}") from None
+        except OverflowError:
+            raise CircuitError(f"Scalar {name!r}: {_brief(value)} is beyond float64 (about 1.8e308); give "
+                               "float('inf') if that is meant") from None
         if v != v:  # every NaN is the one NaN: the text format prints them all as `nan`
             v = _NAN
         self.value = v
@@ -329,7 +397,11 @@ class Symbol(Circuit):
 
     def _setup(self, shape, name=None, dtype=DEFAULT_FLOAT, uuid=None):
         if uuid is not None and not isinstance(uuid, uuid_module.UUID):
-            uuid = uuid_module.UUID(str(uuid))
+            try:
+                uuid = uuid_module.UUID(str(uuid))
+            except ValueError:
+                raise CircuitError(f"Symbol {name!r}: uuid {_brief(uuid)} is not a UUID (32 hex digits, "
+                                   "like uuid.uuid4() gives)") from None
         self.uuid = uuid
         return self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import re
 
 from ..errors import CircuitError, ParseError
 from ..shapes import INT64_MAX, read_size, size_text
 from .base import Circuit, check_children, shape_error
+from .caching import small_cache
 from .expansion import fresh_names
 
 _TOKEN = re.compile(r"\s*(\(|\)|[A-Za-z_][A-Za-z0-9_]*|1|->)")
@@ -49,7 +49,7 @@ def _parse_side(text: str, spec: str):
     return tuple(groups)
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def parse_rearrange_spec(spec: str):
     """``'a (b c) -> b a c'`` -> ((('a',), ('b', 'c')), (('b',), ('a',), ('c',)))."""
     if spec.count("->") != 1:
@@ -172,7 +172,7 @@ class _SpecMismatch(Exception):
 _NORMAL_GROUPS: dict = {}
 
 
-@functools.lru_cache(maxsize=4096)
+@small_cache(maxsize=4096)
 def _solve(ins, outs, given, child_shape):
     """Every axis size and the output shape of a rearrangement of a child of ``child_shape``
     (cached: circuits repeat the same few rearrangements many times)."""
@@ -261,7 +261,7 @@ class Rearrange(Circuit):
         return self._set_common((child,), shape, child.dtype, name)
 
     @staticmethod
-    @functools.lru_cache(maxsize=4096)
+    @small_cache(maxsize=4096)
     def _payload_from(ins, outs, given):
         text = format_rearrange_spec(ins, outs)
         if given:

@@ -41,6 +41,7 @@ import re
 from ..errors import CircuitError, ParseError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..nodes.base import ParseContext, quote_name
+from ..nodes.leaves import RandomTensors
 from ..shapes import shape_text
 from .lexer import FAST_LINE, fail, read_line, read_shape
 from .printer import gc_paused
@@ -122,6 +123,7 @@ def parse_many(text: str, store=None, references=None, seed=0, check_repeats=Tru
     """
     if not isinstance(text, str):
         raise TypeError(f"parse takes a str, got {type(text).__name__}")
+    check_text_size(text)
     with gc_paused():
         records, roots, references_found, order = _read(text, check_repeats)
         externals = _external_table(references)
@@ -134,6 +136,38 @@ def parse_many(text: str, store=None, references=None, seed=0, check_repeats=Tru
     if not nodes:
         raise fail("the text holds no circuit", None, None, None, "at least one unindented node line")
     return nodes
+
+
+# Parsing holds about this many bytes per character of text at its peak (lines, records, nodes:
+# a 96 MB text took 3.7 GB).
+PARSE_BYTES_PER_CHAR = 40
+# Texts up to this many characters always parse (tens of MB at most), whatever the budget.
+PARSE_FREE_CHARS = 1 << 20
+
+
+def check_text_size(text: str, budget: int | None = None) -> None:
+    """Raise ``ParseError`` before parsing a text whose parse would need more memory than the
+    allocation budget (``CIRCUITS_MAX_ALLOC_BYTES``, default 4 GiB: texts up to about 100 MB);
+    texts up to ``PARSE_FREE_CHARS`` characters always parse.
+
+    >>> check_text_size("'x' [2] Symbol", budget=10**6)
+    >>> check_text_size("x" * (2 << 20), budget=10**6)
+    Traceback (most recent call last):
+    ...
+    circuits.errors.ParseError: this text is 2.0 MiB; parsing it needs about 80.0 MiB (40 bytes per character), over the allocation budget of 976.6 KiB; raise it with the environment variable CIRCUITS_MAX_ALLOC_BYTES=<bytes> if this is intended, or split the circuit
+    """
+    from ..shapes import MAX_ALLOC_ENV, _human_bytes, max_alloc_bytes
+
+    if len(text) <= PARSE_FREE_CHARS:
+        return
+    limit = max_alloc_bytes() if budget is None else budget
+    need = len(text) * PARSE_BYTES_PER_CHAR
+    if need > limit:
+        raise ParseError(
+            f"this text is {_human_bytes(len(text))}; parsing it needs about {_human_bytes(need)} "
+            f"({PARSE_BYTES_PER_CHAR} bytes per character), over the allocation budget of "
+            f"{_human_bytes(limit)}; raise it with the environment variable {MAX_ALLOC_ENV}=<bytes> if "
+            "this is intended, or split the circuit")
 
 
 # ---------------------------------------------------------------------------- pass 1: lines
@@ -581,9 +615,7 @@ def _mark_int_indices(records):
 def _build(order, store, seed=0):
     """Build every record.  ``order`` already puts indented children before their parents, so
     only references to nodes not yet built (defined later in the text) need a walk."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
+    rng = RandomTensors(seed)  # rust_circuit's random Arrays, within the allocation budget
     contexts = (ParseContext(store, "float32", rng), ParseContext(store, "int64", rng))  # by int_index
     for top in order:
         if top.node is None:
