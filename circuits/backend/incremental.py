@@ -393,8 +393,8 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
             r = ranges.get(node.hash)
             if r is not None and not node.children and node.hash not in env:
                 value = bound.get(node.hash) if type(node) is Symbol else None
-                if type(node) is Symbol and value is None:
-                    continue
+                if value is None and (type(node) is Symbol or node.value is None):
+                    continue  # unbound, or a placeholder: reported as such below
                 check_index_values(node, value, r, problems)
     targets: dict = {}
     for node in order:
