@@ -72,6 +72,11 @@ def from_torch(module, example_inputs=(), example_kwargs=None, *, strict: bool =
     example inputs.  Returns one circuit, or a tuple when the module returns several tensors.
     Ops the importer cannot convert raise one ``CircuitError`` naming each with its module path.
 
+    A transformers model as loaded (``use_cache=True`` in its config) is exported with
+    ``use_cache=False`` unless ``example_kwargs`` says otherwise: its KV cache is no tensor, and
+    the circuit is that of the logits.  An output torch.export cannot flatten (a cache object)
+    is a ``CircuitError`` saying what to pass instead.
+
     >>> import torch, circuits as C
     >>> from circuits.importers import from_torch
     >>> c = from_torch(torch.nn.Softmax(dim=0), (torch.zeros(3),))
@@ -88,7 +93,7 @@ def from_torch(module, example_inputs=(), example_kwargs=None, *, strict: bool =
                                "the forward's positional arguments (one tensor x: (x,))")
         if example_kwargs is not None and not isinstance(example_kwargs, dict):
             raise CircuitError(f"from_torch: example_kwargs is a {type(example_kwargs).__name__}; give a dict")
-        program = _export(module, tuple(example_inputs), example_kwargs, strict)
+        program = _export(module, tuple(example_inputs), _without_cache(module, example_kwargs), strict)
     else:
         raise CircuitError(
             f"from_torch takes a torch.nn.Module or a torch.export.ExportedProgram, got {type(module).__name__}"
@@ -104,6 +109,13 @@ def _export(module, args: tuple, kwargs, strict: bool):
     try:
         return torch.export.export(module, args, kwargs=kwargs, strict=strict)
     except Exception as e:  # noqa: BLE001 - torch.export fails with many types (RuntimeError, TypeError, UserError...)
+        if "which is not a known type" in str(e):
+            raise CircuitError(
+                f"from_torch: torch.export cannot flatten a value {type(module).__name__} takes or returns: "
+                f"{str(e).split(' If this type')[0]}\nFix: pass example_kwargs={{'use_cache': False}} "
+                "(a transformers KV cache is no tensor), or wrap the module so that it takes and "
+                "returns tensors only (e.g. the logits)"
+            ) from None
         message = str(e).strip().split("\n\n")[0]
         if len(message) > 600:
             message = message[:600] + " ..."
@@ -113,6 +125,23 @@ def _export(module, args: tuple, kwargs, strict: bool):
             "control flow on tensor values (if x.sum() > 0) cannot be captured: write it with torch.where "
             "or torch.cond"
         ) from e
+
+
+def _without_cache(module, kwargs):
+    """``kwargs`` with ``use_cache=False`` added for a module whose forward takes ``use_cache``
+    and whose config turns it on (a transformers model as loaded), unless the caller chose."""
+    import inspect
+
+    kwargs = dict(kwargs or {})
+    if "use_cache" in kwargs or not getattr(getattr(module, "config", None), "use_cache", False):
+        return kwargs
+    try:
+        takes = "use_cache" in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):  # a forward with no readable signature
+        takes = False
+    if takes:
+        kwargs["use_cache"] = False
+    return kwargs
 
 
 def _op_name(target) -> str:

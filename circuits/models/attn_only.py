@@ -6,7 +6,7 @@ function names, scalars and child order.  Sizes (layers, heads, widths, vocabula
 come from the weights and the tokens, so small configurations build the same structure.
 
 The computation, per layer ``l`` with residual stream ``r`` (tokens ``t``, ``P = len(t) - 2``
-positions)::
+positions in the seed's layout; ``len(t) - 1`` in the next-token one, see ``attn_only``)::
 
     r0  = tok_embeds[t[:-2]]                       'idxed_embeds'
     n   = LN_l(r)                                  'a{l}.norm'  (LN: mean-subtract, rsqrt(var+eps), scale, bias)
@@ -90,23 +90,74 @@ def tokens_symbol(length: int) -> Symbol:
     return Symbol((length,), name="toks_int_var", dtype="int64")
 
 
-def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False) -> tuple[Circuit, Circuit, dict]:
-    """The final residual stream ``'b{L-1}'`` and the tokens node."""
+# What each layout of the tokens reads: the positions' input tokens and the loss's next tokens,
+# and how many tokens the positions leave over (see ``attn_only``).
+LAYOUTS = {
+    "seed": (slice(None, -2), slice(1, -1), 2),  # positions + 2 tokens; the last one unused
+    "next_token": (slice(None, -1), slice(1, None), 1),  # TransformerLens: n tokens, n - 1 losses
+    "every_token": (slice(None), None, 0),  # next_token's logits: every token is a position
+}
+
+
+def _layout(layout: str):
+    if layout not in ("seed", "next_token"):
+        raise CircuitError(f"attn_only: layout={layout!r}; use 'seed' (positions + 2 tokens) or "
+                           "'next_token' (n tokens -> n - 1 losses, as TransformerLens)")
+    return LAYOUTS[layout]
+
+
+def context_of(weights: Mapping) -> int:
+    """The most positions a model takes: the rows of ``'t.w.pos_embeds'``, and the size of
+    ``'t.a.c.causal_mask'`` where the weights hold one.
+
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+    >>> context_of(w), context_of(dict(w, **{'t.a.c.causal_mask': np.ones((12, 12))}))
+    (16, 12)
+    """
+    sizes = [weights["t.w.pos_embeds"].shape[0]]
+    if "t.a.c.causal_mask" in weights:
+        sizes.append(min(weights["t.a.c.causal_mask"].shape))
+    return int(min(sizes))
+
+
+def _mask(w: dict, n_pos: int) -> Circuit:
+    """The causal mask of ``n_pos`` positions: the weights' own where it has that size (the seed's
+    placeholder), its top-left corner where it is bigger (a model's context), else built."""
+    mask = w.get("t.a.c.causal_mask")
+    if mask is None:
+        return Array(causal_mask(n_pos), name="t.a.c.causal_mask")
+    if mask.shape == (n_pos, n_pos):
+        return mask
+    if len(mask.shape) != 2 or min(mask.shape) < n_pos:
+        raise CircuitError(f"attn_only: {n_pos} positions but 't.a.c.causal_mask' has shape "
+                           f"{list(mask.shape)}: give at most {min(mask.shape[-2:] or (0,))} positions")
+    return Index(mask, (slice(None, n_pos), slice(None, n_pos)), name="t.a.c.causal_mask_idxed")
+
+
+def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False,
+                       layout: str = "seed") -> tuple[Circuit, Circuit, dict]:
+    """The final residual stream ``'b{L-1}'`` and the tokens node (``layout``: see ``attn_only``;
+    ``'every_token'`` makes every token a position, as ``'next_token'`` logits do)."""
     n_layers = n_layers_of(weights)
     _check_weights(weights, n_layers)
     w = _weight_arrays(weights)
     toks = _tokens_node(tokens)
-    n_pos = toks.shape[0] - 2
+    if layout not in LAYOUTS:
+        _layout(layout)
+    inputs, _, extra = LAYOUTS[layout]
+    n_pos = toks.shape[0] - extra
     if n_pos < 1:
-        raise CircuitError(f"tokens must have length >= 3 (positions + 2), got {toks.shape[0]}")
-    if w["t.w.pos_embeds"].shape[0] < n_pos:
+        what = {"seed": "positions + 2", "next_token": "n tokens give n - 1 losses"}.get(layout, "positions")
+        raise CircuitError(f"tokens must have length >= {extra + 1} ({what}), got {toks.shape[0]}")
+    context = context_of(w)
+    if n_pos > context:
         raise CircuitError(
-            f"{n_pos} positions but 't.w.pos_embeds' has only {w['t.w.pos_embeds'].shape[0]} rows"
+            f"attn_only: {toks.shape[0]} tokens are {n_pos} positions in the {layout!r} layout, but the "
+            f"model's context is {context} positions ('t.w.pos_embeds' rows, 't.a.c.causal_mask'): "
+            f"give at most {context + extra} tokens"
         )
-    mask = w.get("t.a.c.causal_mask")
-    if mask is None:
-        mask = Array(causal_mask(n_pos), name="t.a.c.causal_mask")
-    input_toks = Index(toks, (slice(None, -2),), name="input_toks_int")
+    mask = _mask(w, n_pos)
+    input_toks = Index(toks, (inputs,), name="input_toks_int")
     resid = GeneralFunction("gen_index_at_0_c", w["t.w.tok_embeds"], input_toks, name="idxed_embeds")
     pos = Index(w["t.w.pos_embeds"], (slice(None, n_pos), ALL), name="t.w.pos_embeds_idxed")
     bias = neg_inf_bias(mask)
@@ -121,12 +172,24 @@ def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False) 
 
 
 def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: bool = False,
-              targets=None) -> Circuit:
+              targets=None, layout: str = "seed") -> Circuit:
     """The seed's loss circuit ``'t.loss'`` ([positions]): the negative log-probability of each next
     token.  ``weights`` maps the seed's Array names (``'t.w.tok_embeds'``, ``'a0.w.q'``, ...,
     ``'t.w.unembed'``; ``'t.a.c.causal_mask'`` optional) to arrays (or Array nodes); ``tokens`` is the
-    int array the seed calls ``'toks_int_var'`` (positions + 2 long) or a Symbol for it (see
-    ``tokens_symbol``).  ``logits=True`` returns the logits ``'t.call'`` ([positions, vocab]).
+    int array the seed calls ``'toks_int_var'`` or a Symbol for it (see ``tokens_symbol``).
+    ``logits=True`` returns the logits ``'t.call'`` ([positions, vocab]).
+
+    Any number of positions up to the model's context (``context_of``: the rows of
+    ``'t.w.pos_embeds'``, the size of a given ``'t.a.c.causal_mask'``, whose top-left corner is
+    taken for fewer positions) is accepted.  ``layout`` says how the tokens are read:
+
+    - ``'seed'`` (default, the seed's circuit byte for byte): ``positions + 2`` tokens; position
+      ``i`` reads token ``i`` and predicts token ``i + 1`` (inputs ``t[:-2]``, next tokens
+      ``t[1:-1]``); the last token is read by nothing.  34 tokens for a 32-position context.
+    - ``'next_token'`` (TransformerLens' convention): ``n`` tokens give ``n - 1`` losses (inputs
+      ``t[:-1]``, next tokens ``t[1:]``), as ``model(t, return_type='loss',
+      loss_per_token=True)``; with ``logits=True`` every token is a position and the logits are
+      ``[n, vocab]``, as ``model(t)``.  Up to ``context + 1`` tokens for the losses.
 
     ``unique_names=True`` gives every node a name of its own, for interventions: the nodes of
     head ``h`` of layer ``l`` are ``'b{l}.a.head{h}.<seed name>'`` (``'b1.a.head3.a.k'``,
@@ -135,16 +198,24 @@ def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: b
     ``'a{l}.qk_input'`` (a LayerNorm's constants too: ``'a0.norm.ln.c.eps'``); constants shared
     by all heads (``'a.score_neg_inf_bias'``) keep their names.  The default keeps the seed's names byte for byte.
 
-    ``targets`` (same layout as ``tokens``: an int array or Symbol of positions + 2, read at
-    ``[1:-1]``; an Array is named ``'targets_int_var'``) gives the loss its own targets, so the
-    input tokens can be corrupted while the loss is measured against clean next tokens.
+    ``targets`` (same layout as ``tokens``: an int array or Symbol of its length, read where the
+    layout reads next tokens; an Array is named ``'targets_int_var'``) gives the loss its own
+    targets, so the input tokens can be corrupted while the loss is measured against clean next
+    tokens.
 
     >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
     >>> c = attn_only(w, np.arange(6), unique_names=True, targets=np.arange(6)[::-1])
     >>> c.get_unique('b0.a.head1.a.k').line(), c.get_unique('true_toks_int').children[0].name
     ("'b0.a.head1.a.k' Einsum kd,cd->kc", 'targets_int_var')
+    >>> attn_only(w, np.arange(6)).shape, attn_only(w, np.arange(6), layout='next_token').shape
+    ((4,), (5,))
+    >>> attn_only(w, np.arange(6), layout='next_token', logits=True).shape
+    (6, 11)
     """
-    resid, toks, w = attn_only_residual(weights, tokens, unique_names=unique_names)
+    _, next_tokens, _ = _layout(layout)
+    every = logits and layout == "next_token"  # every token is a position, its logits predicting the next
+    resid, toks, w = attn_only_residual(weights, tokens, unique_names=unique_names,
+                                        layout="every_token" if every else layout)
     final = layer_norm(resid, w["final.ln.w.scale"], w["final.ln.w.bias"], "final.call",
                        prefix="final.norm.ln" if unique_names else "ln")
     out = Einsum.from_spec("sh,vh->sv", final, w["t.w.unembed"], name="t.call")
@@ -158,10 +229,10 @@ def attn_only(weights: Mapping, tokens, *, logits: bool = False, unique_names: b
         if target_node.shape != toks.shape:
             raise CircuitError(
                 f"targets has shape {list(target_node.shape)}; give it the tokens' layout "
-                f"({list(toks.shape)}: positions + 2, read at [1:-1])"
+                f"({list(toks.shape)}, read at [{next_tokens.start}:{next_tokens.stop or ''}])"
             )
         toks = target_node
-    true_toks = Index(toks, (slice(1, -1),), name="true_toks_int")
+    true_toks = Index(toks, (next_tokens,), name="true_toks_int")
     ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true_toks, name="ll")
     return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="t.loss")
 

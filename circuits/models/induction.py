@@ -7,6 +7,10 @@ layer, context 32 (the size of ``'t.a.c.causal_mask'``).  On ``[BOS, A, A]`` wit
 length 16 (``induction_tokens``), the first occurrence of ``A`` is unpredictable (loss ≈ ln 63)
 and its repeat is predicted by induction (loss well under 0.1).
 
+``attn_only`` takes any length up to the context: up to 34 tokens in the seed's layout
+(``SEQ_LEN``: positions + 2), up to 33 in TransformerLens' (``layout='next_token'``: n tokens,
+n - 1 losses); fewer positions read the top-left corner of the mask.
+
 The weights ship as one circuit file, ``data/induction.circuit``: the loss circuit
 ``attn_only(weights, tokens_symbol(34))`` saved with ``C.save``; ``induction_weights()`` reads
 every Array of it back by name.

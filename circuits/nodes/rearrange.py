@@ -307,23 +307,27 @@ class Rearrange(Circuit):
         expected = "a spec like '(h d) s -> h s d h=2'"
         if text is None:
             raise ParseError("Rearrange needs its spec", expected=expected)
-        if is_rust_spec(text):
-            try:
-                spec, sizes = from_rust_spec(text)
-                return parse_rearrange_spec(spec), sizes
-            except CircuitError as e:
-                raise ParseError(str(e), column=1, expected="a spec like '(a:2 b) -> b a:2'") from None
         words = text.split()
         sizes = {}
-        while words and "=" in words[-1]:
+        while words and "=" in words[-1]:  # trailing sizes (h=2), in our specs and in rust's
             k, _, v = words.pop().partition("=")
             try:
                 sizes[k] = read_size(v) if v[-1:] == "s" else int(v)
             except ValueError:
                 raise ParseError(f"size {k}={v!r} is not an int", column=1,
                                  expected="sizes like h=2 (or symbolic: h=1s)") from None
+        spec = " ".join(words)
+        if is_rust_spec(spec):  # '() a -> n0 (a n1) n0=4 n1=2': rust's '()' with sizes after it
+            try:
+                spec, inside = from_rust_spec(spec)
+                for k, v in sizes.items():
+                    if inside.get(k, v) != v:
+                        raise CircuitError(f"rearrange spec {text!r}: axis {k} has sizes {inside[k]} and {v}")
+                return parse_rearrange_spec(spec), {**inside, **sizes}
+            except CircuitError as e:
+                raise ParseError(str(e), column=1, expected="a spec like '(a:2 b) -> b a:2'") from None
         try:
-            return parse_rearrange_spec(" ".join(words)), sizes
+            return parse_rearrange_spec(spec), sizes
         except CircuitError as e:
             raise ParseError(str(e), column=1, expected=expected) from None
 

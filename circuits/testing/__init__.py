@@ -4,16 +4,17 @@ See ``circuits.testing.strategies`` for the strategies and an example of propert
 and ``circuits.testing.roundtrip.store_of`` for exact text round trips.
 
 A failing example explains itself: ``dags(...)`` draws circuits, which print in the text
-format, and ``circuits_with_inputs(...)`` draws a ``CircuitWithInputs`` whose repr is the shrunk
-circuit's text, the values of its small Arrays and the inputs.  A rule that wrongly rewrites
-``x + y`` to ``x`` fails like this::
+format, and ``circuits_with_inputs(...)`` draws a ``CircuitWithInputs`` whose repr is a call that
+rebuilds the shrunk case — the circuit's text, its Arrays' values by the hash the text prints, and
+the inputs — so that it pastes and runs after ``from circuits.testing import CircuitWithInputs``.
+A rule that wrongly rewrites ``x + y`` to ``x`` fails like this::
 
     Falsifying example: test_rule(
-        case=CircuitWithInputs(circuit=parse(r'''
+        case=CircuitWithInputs(circuit=r'''
     0 Add
       'x' [] Symbol
       1 [] Scalar 1
-    '''),
+    ''',
     arrays={},
     inputs={'x': [0.5]}),
     )

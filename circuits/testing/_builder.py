@@ -173,7 +173,9 @@ class Builder:
         if not composite or (leafy and len(composite) < len(kinds)):
             return self.leaf(shape, need, [k for k in kinds if k in (Array, Scalar, Symbol)])
         self.budget -= 1
-        kind = draw(st.sampled_from(composite))
+        # GeneralFunctions three times as likely as each other type: there are many functions, of
+        # four kinds, and their arguments hold the broadcasting sums that rewrites get wrong.
+        kind = draw(st.sampled_from([k for k in composite for _ in range(3 if k is GeneralFunction else 1)]))
         built = getattr(self, "make_" + kind.__name__.lower())(shape, max(depth - 1, 0), need)
         if built is None or not need.ok(built[1]):
             if root_types is not None:
@@ -269,39 +271,81 @@ class Builder:
         node = Einsum(*(k[0] for k in kids), in_axes=spec.in_axes, out_axes=spec.out_axes, name=self.name())
         return node, iv
 
-    def make_add(self, shape, depth, need):
+    def make_add(self, shape, depth, need, *, broadcast=False):
+        """A sum of terms broadcasting to ``shape``; ``broadcast=True``: one term of the full
+        shape and one or two of fewer axes (a function's argument, see ``_argument``)."""
         draw = self.draw
-        n = draw(st.integers(0 if shape == () else 1, 3))
         child_shapes = []
-        for _ in range(n):
-            drop = draw(st.integers(0, len(shape)))
-            s = [1 if draw(st.integers(0, 3)) == 0 else d for d in shape[drop:]]
-            child_shapes.append(tuple(s))
-        if n and broadcast_shapes(child_shapes) != tuple(shape):
-            child_shapes[draw(st.integers(0, n - 1))] = tuple(shape)
-        kids = [self.build(s, depth, Need(need.positive)) for s in child_shapes]
-        shared = self._pool_pick(Need(need.positive), lambda s: _broadcasts_to(s, shape), depth)
+        if broadcast:
+            n = draw(st.integers(2, 3))
+            for _ in range(n - 1):
+                # mostly keeping the last axes, whole (a term that varies along the axis a function
+                # works on), now and then none
+                drop = draw(st.integers(1, len(shape) - 1)) if len(shape) > 1 and draw(
+                    st.integers(0, 3)) < 3 else len(shape)
+                kept = shape[drop:]
+                child_shapes.append(tuple(1 if i < len(kept) - 1 and draw(st.integers(0, 5)) == 5 else d
+                                          for i, d in enumerate(kept)))
+            child_shapes.insert(draw(st.integers(0, n - 1)), tuple(shape))
+        else:
+            n = draw(st.integers(0 if shape == () else 1, 3))
+            for _ in range(n):
+                drop = draw(st.integers(0, len(shape)))
+                s = [1 if draw(st.integers(0, 3)) == 0 else d for d in shape[drop:]]
+                child_shapes.append(tuple(s))
+            if n and broadcast_shapes(child_shapes) != tuple(shape):
+                child_shapes[draw(st.integers(0, n - 1))] = tuple(shape)
+        # Each term within its share of the bound, so that the sum keeps it (a softmax's argument
+        # is bounded: a sum of unbounded terms would be replaced by a leaf).
+        term = Need(need.positive, need.max_mag / (n + 1))
+        kids = [self.build(s, depth, term) for s in child_shapes]
+        shared = self._pool_pick(term, lambda s: _broadcasts_to(s, shape), depth)
         if shared is not None:
             kids.insert(draw(st.integers(0, len(kids))), shared)
         iv = (sum(k[1][0] for k in kids), sum(k[1][1] for k in kids))
         return Add(*(k[0] for k in kids), name=self.name()), iv
 
+    def _argument(self, shape, depth, need):
+        """A function's argument: most of the time a broadcasting sum (``scores + bias``, ``x - mean``:
+        terms of fewer axes), where a rewrite can lose track of which axes a term varies along —
+        a rule that drops a lower-rank term inside a softmax is wrong, inside an ``exp`` too."""
+        if Add in self.types and shape and depth > 0 and self.budget > 0 and self.draw(st.integers(0, 3)):
+            self.budget -= 1
+            built = self.make_add(shape, depth - 1, need, broadcast=True)  # the sum is a level itself
+            if need.ok(built[1]):
+                self._add_to_pool(built)
+                return built
+        return self.build(shape, depth, need)
+
     def make_generalfunction(self, shape, depth, need):
         draw = self.draw
-        choices = [f for f, (_, kind) in self.functions.items() if shape or kind != "rows"]
+        # A function on the last axis over one entry is a constant (softmax: 1, whatever its
+        # argument): drawn there only now and then.
+        rows = bool(shape) and (shape[-1] != 1 or draw(st.integers(0, 3)) == 0)
+        choices = [f for f, (_, kind) in self.functions.items() if rows or kind != "rows"]
         if need.positive:
             choices = [f for f in choices if _can_be_positive(self.functions[f][0])]
+        # The kind first (elementwise, on the last axis, a reduction, a gather), then a function of
+        # it.  The few functions on the last axis, where broadcasting meets the function (a term
+        # constant along that axis may go, another may not), are drawn twice as often as all the
+        # elementwise ones together, and over a matrix or more (terms of fewer axes that still
+        # vary along the last) six times as often.
+        by_kind = {}
+        for f in choices:
+            by_kind.setdefault(self.functions[f][1], []).append(f)
         if self.gather:
-            choices.append("gen_index")
-        if not choices:
+            by_kind["gather"] = ["gen_index"]
+        if not by_kind:
             return None
-        f = draw(st.sampled_from(choices))
+        core = 6 if len(shape) >= 2 else 2
+        kinds = [k for k in by_kind for _ in range(core if k in ("rows", "reduction") else 1)]
+        f = draw(st.sampled_from(by_kind[draw(st.sampled_from(kinds))]))
         if f == "gen_index":
             return self.make_gather(shape, depth, need)
         spec, kind = self.functions[f]
         b = spec.bounds
         if b is None:  # an elementwise function that says nothing about its values
-            x, _ = self.build(shape, depth, Need(False, 4.0))
+            x, _ = self._argument(shape, depth, Need(False, 4.0))
             return GeneralFunction(f, x, name=self.name()), (-MAGNITUDE_CAP / 10, MAGNITUDE_CAP / 10)
 
         def arg_need(i):
@@ -325,10 +369,10 @@ class Builder:
             iv = b.image(*(civ for _, civ in built))
             return GeneralFunction(f, *(x for x, _ in built), name=self.name()), iv
         if kind == "reduction":
-            n = draw(st.integers(1, 3))
-            x, civ = self.build(shape + (n,), depth, arg_need(0))
+            n = draw(st.integers(1, 3)) if draw(st.integers(0, 3)) == 0 else draw(st.integers(2, 3))
+            x, civ = self._argument(shape + (n,), depth, arg_need(0))
         else:
-            x, civ = self.build(shape, depth, arg_need(0))
+            x, civ = self._argument(shape, depth, arg_need(0))
             n = shape[-1] if kind == "rows" else None
         iv = b.image(civ) if n is None else b.image(civ, n=n)
         return GeneralFunction(f, x, name=self.name()), iv

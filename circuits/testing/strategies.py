@@ -50,8 +50,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ..nodes import NODE_TYPES, Array, Circuit, Concat, Module, Scalar, Symbol
+from ..nodes import NODE_TYPES, Array, Concat, Module, Scalar, Symbol
 from ..nodes.einsum import format_spec
+from .cases import CircuitWithInputs, describe_case
 
 __all__ = [
     "DEFAULT_NAMES", "ALL_TYPES", "CLOSED_TYPES", "DEFAULT_FUNCTIONS", "MAGNITUDE_CAP", "POSITIVE_MIN",
@@ -109,7 +110,9 @@ def arrays(shape, dtype="float32", *, positive=False):
     >>> a.shape, a.dtype.name, bool((np.abs(a) >= 0.5).all())
     ((2, 3), 'float64', True)
     """
-    return hnp.arrays(np.dtype(dtype), tuple(shape), elements=_float_elements(dtype, positive))
+    # Every entry drawn (no fill value): a mostly-constant array hides terms that should vary.
+    return hnp.arrays(np.dtype(dtype), tuple(shape), elements=_float_elements(dtype, positive),
+                      fill=st.nothing())
 
 
 def int_arrays(shape, low, high, dtype="int64"):
@@ -383,65 +386,6 @@ def _options(shape, types, functions, max_nodes, max_depth, names_strategy, dtyp
         max_nodes=max_nodes, max_depth=max_depth, names=names_strategy, dtype=np.dtype(dtype).name,
         root_types=root,
     )
-
-
-class CircuitWithInputs(NamedTuple):
-    """What ``circuits_with_inputs`` draws: a circuit and a value for each of its Symbols.  A
-    tuple (``circuit, inputs = case``) whose repr — the one hypothesis prints for a falsifying
-    example, and IPython too — is the circuit in the text format, the values of its small
-    Arrays and the inputs, so a failure shows what failed (see ``describe_case``)."""
-
-    circuit: Circuit
-    inputs: dict
-
-    def __repr__(self):
-        return describe_case(self.circuit, self.inputs)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(repr(self))
-
-
-#: Arrays with at most this many entries have their values shown in a failing example.
-SHOWN_ARRAY_ENTRIES = 64
-
-
-def describe_case(circuit, inputs=None) -> str:
-    """A circuit in the text format (in full, however deep), then the values of its Arrays of
-    up to ``SHOWN_ARRAY_ENTRIES`` entries and of ``inputs``: what a failing example shows.
-
-    >>> import numpy as np
-    >>> from circuits import Add, Array, Symbol
-    >>> x = Symbol((2,), name='x')
-    >>> w = Array(np.array([1.0, 2.0], np.float32), name='w')
-    >>> print(describe_case(Add(x, w, name='y'), {x: np.array([0.5, -1.0])}))
-    CircuitWithInputs(circuit=parse(r'''
-    'y' Add
-      'x' [2] Symbol
-      'w' [2] Array 8dca9d37eb1d6a2b9a1a2ba9
-    '''),
-    arrays={'w': [1.0, 2.0]},
-    inputs={'x': [0.5, -1.0]})
-    """
-    from ..traversal import toposort
-
-    nodes = toposort(circuit)
-    counts: dict = {}
-    for n in nodes:
-        counts[n.name] = counts.get(n.name, 0) + 1
-
-    def show(node, value):
-        arr = np.asarray(value)
-        label = node.name if node.name is not None and counts.get(node.name) == 1 else node.line()
-        shown = arr.tolist() if arr.size <= SHOWN_ARRAY_ENTRIES else f"<{arr.dtype} {list(arr.shape)}>"
-        return f"{label!r}: {shown}"
-
-    arrays = [show(n, n.value) for n in nodes
-              if type(n) is Array and n.value is not None and n.numel <= SHOWN_ARRAY_ENTRIES]
-    given = [show(k, v) if isinstance(k, Circuit) else f"{k!r}: {np.asarray(v).tolist()}"
-             for k, v in (inputs or {}).items()]
-    # A raw string: the text's escapes (\' \n \u202e...) paste back into parse() unchanged.
-    return (f"CircuitWithInputs(circuit=parse(r'''\n{circuit.to_text()}\n'''),\n"
-            f"arrays={{{', '.join(arrays)}}},\ninputs={{{', '.join(given)}}})")
 
 
 def dags(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5, names=None,

@@ -104,6 +104,36 @@ def test_imported_circuit_prints_saves_and_loads(imported, tmp_path):
                                   C.evaluate(circuit, {"input_ids": ids.numpy()}))
 
 
+def _as_loaded(kind):
+    """A tiny random model as ``AutoModelForCausalLM.from_config`` gives it: ``use_cache=True``
+    and transformers' default attention (sdpa), as a user has it."""
+    torch.manual_seed(1)
+    common = dict(vocab_size=61, bos_token_id=0, eos_token_id=0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=32, **common)
+    else:
+        cfg = transformers.LlamaConfig(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                       hidden_size=16, intermediate_size=24, max_position_embeddings=32, **common)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert model.config.use_cache
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_model_as_loaded_with_its_cache_on_imports_its_logits(kind):
+    model = _as_loaded(kind)
+    circuit = from_torch(model, (_random_ids(0, 61, (1, 7)),))  # raised a raw 'DynamicCache' error
+    assert circuit.shape == (1, 7, 61)
+    _agrees(model, circuit, [{"input_ids": _random_ids(s, 61, (1, 7))} for s in (0, 3)])
+    assert model.config.use_cache  # the model itself is left as it was
+
+
+def test_an_explicit_cache_gets_a_library_error_with_the_fix():
+    model = _as_loaded("gpt2")
+    with pytest.raises(C.CircuitError, match=r"DynamicCache.*\n.*use_cache': False"):
+        from_torch(model, (_random_ids(0, 61, (1, 7)),), {"use_cache": True})
+
+
 def test_marian_encoder_decoder_forward_agrees_with_torch():
     torch.manual_seed(0)
     cfg = transformers.MarianConfig(

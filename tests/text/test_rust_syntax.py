@@ -77,6 +77,27 @@ def test_rust_rearrange_specs_against_numpy(rust, einops):
     assert parse(to_text(c)) == parse(to_text(c))  # (prints in our form and parses back)
 
 
+@pytest.mark.parametrize("spec, shape, einops", [
+    # rust's '()' unit with einops-style sizes after the spec (issue 23: refused after rust specs
+    # were read, since '()' sent the whole payload to rust's reading, which has no 'name=size')
+    ("a -> () a a=22", (22,), lambda x: x.reshape(1, 22)),
+    ("() a -> n0 (a n1) n0=4 n1=2", (1, 3),
+     lambda x: np.repeat(np.repeat(x.reshape(1, 3, 1), 4, 0), 2, 2).reshape(4, 6)),
+    ("(a:2 b) -> b () a a=2", (6,), lambda x: x.reshape(2, 3).T.reshape(3, 1, 2)),
+])
+def test_rust_unit_axes_with_trailing_sizes(spec, shape, einops):
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    c = parse(f"0 Rearrange {spec}\n  'x' [{','.join(map(str, shape))}] Symbol")
+    np.testing.assert_array_equal(C.evaluate(c.update("x", lambda n: C.Array(x, name="x"))), einops(x))
+    assert parse(to_text(c)) == c  # prints in our form ('1' units, sizes after) and reads back
+    assert parse(to_text(c, rust=True)) == c  # and in rust's
+
+
+def test_rust_spec_trailing_size_disagreeing_with_inner_size():
+    with pytest.raises(ParseError, match="axis a has sizes 2 and 3"):
+        parse("0 Rearrange (a:2 b) -> b () a a=3\n  'x' [6] Array rand")
+
+
 def test_fancy_einsum_against_numpy():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((2, 3)), rng.standard_normal((2, 4))
