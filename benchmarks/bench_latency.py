@@ -111,9 +111,9 @@ def attribution_batch(rows, w, toks, c, model):
         for i in range(64):
             heads_c, _ = model.head_outputs(corrupt[i])
             with torch.enable_grad():
-                outs, x = _torch_heads_grad(model, clean[i])
+                outs, x, deltas = _torch_heads_grad(model, clean[i])
                 loss = model_loss_grad(model, clean[i], x).sum()
-                grads = torch.autograd.grad(loss, outs)
+                grads = torch.autograd.grad(loss, deltas)
             for l in range(2):
                 for h in range(4):
                     d = (heads_c[l][h] - outs[l][h].detach()) * grads[l][h]
@@ -140,13 +140,16 @@ def _torch_heads_grad(model, tokens):
     n = inp.shape[0]
     x = w["t.w.tok_embeds"][inp]
     pos = w["t.w.pos_embeds"][:n]
-    outs = []
+    outs, deltas = [], []
     for l in range(model.n_layers):
         h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
         out = model._attend(l, (h + pos, h + pos), h, n)
+        delta = torch.zeros_like(out, requires_grad=True)  # d metric / d delta = d metric / d head outputs
+        out = out + delta
         outs.append(out)
+        deltas.append(delta)
         x = x + out.sum(0)
-    return outs, x
+    return outs, x, deltas
 
 
 def model_loss_grad(model, tokens, x):
