@@ -91,7 +91,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     check_mode(mode)
-    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
+    if has_batch_axis(circuit, inputs):
         from .batched import evaluate_batched
 
         record("jit")

@@ -120,7 +120,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
                 f"{list(circuit.shape)} ({circuit.line()})"
             )
         weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
-    batched = bool(inputs) and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs)
+    batched = has_batch_axis(circuit, inputs)
     tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
     if not batched and (mode == "eager" or (mode == "auto" and not whole_program_ready(tier_key))):
         distinct = list({n.hash: n for n in nodes}.values())

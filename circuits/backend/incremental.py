@@ -225,13 +225,16 @@ def _prepared(roots) -> tuple[list, tuple]:
     return roots, tuple(out[h] for h in sorted(out))
 
 
-def has_batch_axis(circuit: Circuit, inputs: Mapping) -> bool:
-    """Whether some input carries one leading axis more than the Symbol it binds (a batch).
+def has_batch_axis(circuit: Circuit, inputs) -> bool:
+    """Whether some input carries one leading axis more than the Symbol it binds (a batch);
+    False for no inputs (or inputs that are no mapping: binding reports those).
 
     >>> x = Symbol((2,), name='x')
     >>> has_batch_axis(x, {'x': np.zeros(2)}), has_batch_axis(x, {'x': np.zeros((5, 2))})
     (False, True)
     """
+    if not inputs or not isinstance(inputs, Mapping):
+        return False
     symbols = free_symbols(circuit)
     if not symbols:
         return False
@@ -257,18 +260,14 @@ def _identity_op(x):
     return x
 
 
-def kernel(node: Circuit, fdt: str):
-    """The compiled function computing ``node`` from its children's values: one per (operation,
-    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity)."""
-    t = type(node)
-    if t is Tag or t is SetSymbolicShape:
-        return _identity_op
-    key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
+def _cached_kernel(key, make):
+    """The kernel cached under ``key``: ``counted_jit(make())`` on a miss (the least recently made
+    go first beyond ``_KERNELS_SIZE``); of threads racing on a miss, the first stored wins."""
     fn = _kernels.get(key)
     if fn is not None:
         _kernel_counts["hits"] += 1
         return fn
-    fn = counted_jit(build_op(node, fdt), "kernel_compilations")
+    fn = counted_jit(make(), "kernel_compilations")
     with _kernels_lock:
         fn = _kernels.setdefault(key, fn)
         _kernel_counts["misses"] += 1
@@ -277,16 +276,20 @@ def kernel(node: Circuit, fdt: str):
     return fn
 
 
-def _broadcast_kernel(shape: tuple):
-    key = ("broadcast", shape)
-    fn = _kernels.get(key)
-    if fn is None:
-        import jax.lax as lax
+def kernel(node: Circuit, fdt: str):
+    """The compiled function computing ``node`` from its children's values: one per (operation,
+    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity)."""
+    t = type(node)
+    if t is Tag or t is SetSymbolicShape:
+        return _identity_op
+    key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
+    return _cached_kernel(key, lambda: build_op(node, fdt))
 
-        fn = counted_jit(lambda v: lax.broadcast(v, shape), "kernel_compilations")
-        with _kernels_lock:
-            fn = _kernels.setdefault(key, fn)
-    return fn
+
+def _broadcast_kernel(shape: tuple):
+    import jax.lax as lax
+
+    return _cached_kernel(("broadcast", shape), lambda: lambda v: lax.broadcast(v, shape))
 
 
 def kernel_info() -> dict:
@@ -437,29 +440,25 @@ def vjp_kernel(node: Circuit, fdt: str, need: tuple):
     vector-Jacobian product of ``node``'s kernel, compiled once per (operation, shapes, precision,
     positions) like the kernels."""
     key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
-    fn = _kernels.get(key)
-    if fn is not None:
-        _kernel_counts["hits"] += 1
-        return fn
-    op = build_op(node, fdt)
 
-    def pull(xs, cotangent):
-        import jax
+    def make():
+        op = build_op(node, fdt)
 
-        def partial_op(*picked):
-            full = list(xs)
-            for i, v in zip(need, picked):
-                full[i] = v
-            return op(*full)
+        def pull(xs, cotangent):
+            import jax
 
-        _, back = jax.vjp(partial_op, *[xs[i] for i in need])
-        return back(cotangent)
+            def partial_op(*picked):
+                full = list(xs)
+                for i, v in zip(need, picked):
+                    full[i] = v
+                return op(*full)
 
-    fn = counted_jit(pull, "kernel_compilations")
-    with _kernels_lock:
-        fn = _kernels.setdefault(key, fn)
-        _kernel_counts["misses"] += 1
-    return fn
+            _, back = jax.vjp(partial_op, *[xs[i] for i in need])
+            return back(cotangent)
+
+        return pull
+
+    return _cached_kernel(key, make)
 
 
 def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,

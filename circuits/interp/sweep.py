@@ -418,7 +418,7 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'eager'")
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
-    if inputs and isinstance(inputs, Mapping) and has_batch_axis(circuit, inputs):
+    if has_batch_axis(circuit, inputs):
         return _sweep_batched(circuit, variants, inputs, fdt, progress)
     common, direct, own = _plan(circuit, variants, fdt)
     if mode == "eager" or (mode == "auto" and not _all_compiled(own, batch_size)):
