@@ -87,7 +87,6 @@ def shipped(rows):
 
 
 def attribution_batch(rows, w, toks, c, model):
-    import torch
 
     import circuits as C
     from circuits.interp import attribute
@@ -110,13 +109,10 @@ def attribution_batch(rows, w, toks, c, model):
         out = {}
         for i in range(64):
             heads_c, _ = model.head_outputs(corrupt[i])
-            with torch.enable_grad():
-                outs, x, deltas = _torch_heads_grad(model, clean[i])
-                loss = model_loss_grad(model, clean[i], x).sum()
-                grads = torch.autograd.grad(loss, deltas)
+            outs, grads = model.head_gradients(clean[i])
             for l in range(2):
                 for h in range(4):
-                    d = (heads_c[l][h] - outs[l][h].detach()) * grads[l][h]
+                    d = (heads_c[l][h] - outs[l][h]) * grads[l][h]
                     out[f"b{l}.a.head{h}"] = out.get(f"b{l}.a.head{h}", 0.0) + float(d.sum())
         return out
 
@@ -127,40 +123,6 @@ def attribution_batch(rows, w, toks, c, model):
     rows.append(("shipped: attribution over 64 prompts (8 heads, warm)",
                  f"{dt_c * 1e3:.1f} ms vs a torch loop {dt_t * 1e3:.1f} ms: ratio {dt_c / dt_t:.2f} (target <= 1)"))
     del C
-
-
-def _torch_heads_grad(model, tokens):
-    import torch
-
-    from .handwritten_torch import _ln
-
-    w = model.w
-    toks = torch.as_tensor(np.asarray(tokens))
-    inp = toks[:-2]
-    n = inp.shape[0]
-    x = w["t.w.tok_embeds"][inp]
-    pos = w["t.w.pos_embeds"][:n]
-    outs, deltas = [], []
-    for l in range(model.n_layers):
-        h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
-        out = model._attend(l, (h + pos, h + pos), h, n)
-        delta = torch.zeros_like(out, requires_grad=True)  # d metric / d delta = d metric / d head outputs
-        out = out + delta
-        outs.append(out)
-        deltas.append(delta)
-        x = x + out.sum(0)
-    return outs, x, deltas
-
-
-def model_loss_grad(model, tokens, x):
-    import torch
-
-    from .handwritten_torch import _ln
-
-    w = model.w
-    toks = torch.as_tensor(np.asarray(tokens))
-    logits = _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
-    return -torch.log_softmax(logits, -1).gather(1, toks[1:-1, None])[:, 0]
 
 
 NEW_PROCESS = r"""

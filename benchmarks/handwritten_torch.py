@@ -42,33 +42,53 @@ class TorchAttnOnly:
     def mask(self):
         return self.w["t.a.c.causal_mask"]
 
-    @torch.no_grad()
-    def head_outputs(self, tokens, ablate=None):
-        """Per-layer head outputs ``[heads, positions, d_model]`` and the final residual."""
+    def _forward(self, tokens, ablate=None, deltas=False):
+        """Per-layer head outputs, the final residual, and (``deltas=True``) a zero added to each
+        layer's head outputs whose gradient is the metric's gradient with respect to them."""
         w = self.w
         toks = torch.as_tensor(np.asarray(tokens))
         inp = toks[:-2]
         n = inp.shape[0]
         x = w["t.w.tok_embeds"][inp]
         pos = w["t.w.pos_embeds"][:n]
-        outs = []
+        outs, zeros = [], []
         for l in range(self.n_layers):
             h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
             out = self._attend(l, (h + pos, h + pos), h, n)
             if ablate is not None and ablate[0] == l:
                 out = out.clone()
                 out[ablate[1]] = 0
+            if deltas:
+                zeros.append(torch.zeros_like(out, requires_grad=True))
+                out = out + zeros[-1]
             outs.append(out)
             x = x + out.sum(0)
-        return outs, x
+        return outs, x, zeros
 
     @torch.no_grad()
-    def loss_from(self, tokens, x):
+    def head_outputs(self, tokens, ablate=None):
+        """Per-layer head outputs ``[heads, positions, d_model]`` and the final residual."""
+        outs, x, _ = self._forward(tokens, ablate)
+        return outs, x
+
+    def _loss(self, tokens, x):
         w = self.w
         toks = torch.as_tensor(np.asarray(tokens))
         logits = _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
         lp = torch.log_softmax(logits, -1)
         return -lp.gather(1, toks[1:-1, None])[:, 0]
+
+    @torch.no_grad()
+    def loss_from(self, tokens, x):
+        return self._loss(tokens, x)
+
+    def head_gradients(self, tokens):
+        """Head outputs (detached) and d(total loss)/d(head outputs), per layer: one forward and
+        one backward pass (what attribution patching needs)."""
+        with torch.enable_grad():
+            outs, x, zeros = self._forward(tokens, deltas=True)
+            grads = torch.autograd.grad(self._loss(tokens, x).sum(), zeros)
+        return [o.detach() for o in outs], grads
 
     @torch.no_grad()
     def ablated_loss(self, tokens, layer, head):
