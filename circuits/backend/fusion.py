@@ -261,18 +261,24 @@ def _fused(node: GeneralFunction, g: GenIndex, z: Circuit, idx: Circuit, own_z: 
     if picked is None:
         picked = GeneralFunction(g.name, z, idx)
         lse = GeneralFunction("logsumexp", z)
+    out = gathered_minus_logsumexp(picked, lse, g, idx, name=node.name)
+    if out.shape != node.shape:  # a layout this module does not know: leave it
+        return node
+    return out
+
+
+def gathered_minus_logsumexp(picked: Circuit, lse: Circuit, g, idx: Circuit, name=None) -> Circuit:
+    """``picked - lse``: a gathered logit minus its ``logsumexp`` (the value of a gather ``g`` of
+    ``log_softmax``), ``lse`` given unit axes where the index's axes sit in ``picked`` (a gather
+    that is not batched puts them where the last axis was, or first).  Shared by this lowering and
+    the ``rewrites`` rule that does the same as a rewrite."""
     if g.layout != "batch" and idx.shape:
-        # the gathered axes sit where z's last axis was (or first): give logsumexp unit axes there
         lead = " ".join(f"a{i}" for i in range(len(lse.shape)))
         units = " ".join("1" for _ in idx.shape)
         spec = f"{lead} -> {units} {lead}" if g.layout == "first" else f"{lead} -> {lead} {units}"
         lse = Rearrange(lse, spec.strip())
     ids = tuple(range(len(lse.shape)))
-    negated = Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids)
-    out = Add(picked, negated, name=node.name)
-    if out.shape != node.shape:  # a layout this module does not know: leave it
-        return node
-    return out
+    return Add(picked, Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids), name=name)
 
 
 def fuse_gathers(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tuple[list[Circuit], dict]:

@@ -18,9 +18,10 @@ part of ``simp``; ``rewrites.optimize`` runs them (never into a node that other 
 
 from __future__ import annotations
 
+from circuits.backend.fusion import gathered_minus_logsumexp
 from circuits.errors import CircuitError
 from circuits.functions import GenIndex
-from circuits.nodes import Add, Einsum, GeneralFunction, Rearrange, Scalar
+from circuits.nodes import Einsum, GeneralFunction
 
 from ..engine import rule
 from ._common import same_type, sole_holder
@@ -48,17 +49,7 @@ def gather_of_log_softmax(node):
     (z,) = lsm.children
     if ax != len(z.shape) - 1:
         return None
-    picked = GeneralFunction(g.name, z, idx)
-    lse = GeneralFunction("logsumexp", z)
-    if g.layout != "batch" and idx.shape:
-        # The gathered axes sit where z's last axis was (or first): give logsumexp unit axes there.
-        lead = " ".join(f"a{i}" for i in range(len(lse.shape)))
-        units = " ".join("1" for _ in idx.shape)
-        spec = f"{lead} -> {units} {lead}" if g.layout == "first" else f"{lead} -> {lead} {units}"
-        lse = Rearrange(lse, spec.strip())
-    ids = tuple(range(len(lse.shape)))
-    neg_lse = Einsum(lse, Scalar(-1.0), in_axes=(ids, ()), out_axes=ids)
-    out = Add(picked, neg_lse)
+    out = gathered_minus_logsumexp(GeneralFunction(g.name, z, idx), GeneralFunction("logsumexp", z), g, idx)
     return same_type(node, out)
 
 
