@@ -100,8 +100,10 @@ def test_imported_circuit_prints_saves_and_loads(imported, tmp_path):
     back = C.load(tmp_path / "m.circuit")
     assert back == circuit
     ids = _random_ids(5, 61, (2, 9))
-    np.testing.assert_array_equal(C.evaluate(back, {"input_ids": ids.numpy()}),
-                                  C.evaluate(circuit, {"input_ids": ids.numpy()}))
+    # one tier pinned: 'auto' may move to the whole program between the two calls (a background
+    # compilation finishing), and the tiers agree to float rounding, not bit for bit
+    np.testing.assert_array_equal(C.evaluate(back, {"input_ids": ids.numpy()}, mode="jit"),
+                                  C.evaluate(circuit, {"input_ids": ids.numpy()}, mode="jit"))
 
 
 def _as_loaded(kind):
