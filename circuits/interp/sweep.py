@@ -54,7 +54,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..backend.incremental import RunInfo, has_batch_axis, run_ops
+from ..backend.incremental import RunInfo, has_batch_axis
 from ..backend.ops import broadcast_scalar
 from ..backend.program import ARGUMENT_TYPES, Program
 from ..backend.runtime import (
@@ -69,6 +69,7 @@ from ..backend.runtime import (
     raise_problems,
     symbol_values,
 )
+from ..backend.variants import run_variants
 from ..errors import CircuitError, printable
 from ..nodes import Add, Array, Circuit, Scalar, Symbol
 from ..text.html import escape
@@ -420,9 +421,15 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     if has_batch_axis(circuit, inputs):
         return _sweep_batched(circuit, variants, inputs, fdt, progress)
+    structure = (circuit.hash, tuple(v.hash for v in variants.values()), fdt, batch_size)
+    if mode == "eager" or (mode == "auto" and structure not in _SWEPT_WHOLE):
+        return _sweep_op_by_op(circuit, variants, inputs, fdt, progress)
     common, direct, own = _plan(circuit, variants, fdt)
-    if mode == "eager" or (mode == "auto" and not _all_compiled(own, batch_size)):
-        return _sweep_op_by_op(circuit, variants, inputs, fdt, progress, len(common))
+    if mode == "auto" and not _all_compiled(own, batch_size):
+        return _sweep_op_by_op(circuit, variants, inputs, fdt, progress)
+    _SWEPT_WHOLE[structure] = True
+    while len(_SWEPT_WHOLE) > 256:
+        _SWEPT_WHOLE.pop(next(iter(_SWEPT_WHOLE)))
     needed: dict[bytes, Circuit] = {}
     for part in own.values():
         for a in part.args:
@@ -478,31 +485,35 @@ def _sweep_batched(circuit, variants, inputs, fdt, progress) -> SweepResult:
     return SweepResult(results, base, info)
 
 
+# Sweeps (base, variants, precision, batch size) run through compiled programs in this process:
+# 'auto' looks for those programs only for these (planning a sweep costs about what running it
+# op by op does).
+_SWEPT_WHOLE: dict = {}
+
+
 def _all_compiled(own: dict, batch_size) -> bool:
     """Whether every group of the sweep has its compiled program already (plain or vmapped)."""
     keys = {part.program.key for part in own.values()}
     return all(is_compiled((key, "run")) or is_compiled_any((key, "vmap")) for key in keys)
 
 
-def _sweep_op_by_op(circuit, variants, inputs, fdt, progress, common_nodes) -> SweepResult:
-    """Every variant op by op over the value cache: the common work once, each its own part."""
+def _sweep_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
+    """Every variant op by op over the value cache, the variants' changed nodes computed as rows
+    of one kernel per base node (``circuits.backend.variants``): the common work once."""
     bar = _progress(len(variants), progress)
-    results = {}
-    computed = 0
     try:
         with precision(fdt):
             info = RunInfo()
-            (base,) = run_ops([circuit], inputs, fdt, info=info)
+            base, values = run_variants(circuit, list(variants.values()), inputs, fdt, info=info)
             base = np.asarray(base)
-            for name, v in variants.items():
-                (value,) = run_ops([v], inputs, fdt, info=info)
+            results = {}
+            for name, value in zip(variants, values):
                 results[name] = np.asarray(value)
                 if bar is not None:
                     bar.update(1)
-            computed = info.computed
     finally:
         if bar is not None:
             bar.close()
-    info = {"variants": len(variants), "programs": 0, "common_nodes": common_nodes, "chunks": 0, "optimized": 0,
-            "tier": "ops", "computed": computed}
+    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
+            "tier": "ops", "computed": info.computed}
     return SweepResult(results, base, info)
