@@ -6,6 +6,8 @@ Runs only in the side-by-side environment (see ``benchmarks/tl_models.py`` for t
 
     /work/ac-env/bin/python -m benchmarks.bench_autocircuit [--prompts 8] [--tau 0.01]
 
+(``--prompts 1``: our side takes the one example as the circuit's own tokens, no batch axis.)
+
 - check: TransformerLens' logits equal ``attn_only(w, tokens, logits=True)``'s (max |diff|);
 - EAP: auto-circuit's ``mask_gradient_prune_scores`` (``grad_function='logprob'``,
   ``answer_function='avg_val'``, ``mask_val=0``: the gradient of ``-m`` for ``m`` the mean
@@ -134,12 +136,16 @@ def main(argv=None):
         return sorted(n for n, s in ac_scores(ps).items() if s == float("inf"))
 
     # ---- ours
-    sym = tokens_symbol(clean.shape[1])
-    loss = attn_only(w, sym, unique_names=True)
-    logits = attn_only(w, sym, unique_names=True, logits=True)
+    if len(clean) == 1:  # one example: the circuit over the tokens themselves (no batch axis)
+        loss = attn_only(w, clean[0], unique_names=True)
+        logits = attn_only(w, clean[0], unique_names=True, logits=True)
+        feed, src = {}, {"toks_int_var": corrupt[0]}
+    else:  # a batch: Symbols bound to the rows (discover's inputs=)
+        sym = tokens_symbol(clean.shape[1])
+        loss = attn_only(w, sym, unique_names=True)
+        logits = attn_only(w, sym, unique_names=True, logits=True)
+        feed, src = {"inputs": {"toks_int_var": clean}}, {"toks_int_var": corrupt}
     g = edges(loss)
-    feed = {"inputs": {"toks_int_var": clean}}
-    src = {"toks_int_var": corrupt}
     mean_logprob = np.full(loss.shape, -1.0 / n_pos, np.float32)  # m = -mean loss
 
     def our_eap():

@@ -26,17 +26,24 @@ import numpy as np
 ENV_RECIPE = __doc__[__doc__.index("    python3.11"): __doc__.index("then, from")].rstrip()
 
 
+SKIPPED = 77  # the exit status of a benchmark that cannot run here (``run_all`` skips it)
+
+
 def require(*modules: str) -> None:
-    """Exit with the environment recipe when one of ``modules`` does not import."""
+    """Exit (status ``SKIPPED``) with the environment recipe when one of ``modules`` does not
+    import."""
     import importlib
 
     for name in modules:
         try:
             importlib.import_module(name)
         except ImportError as e:
-            sys.exit(f"{name} is not importable here ({e}). This benchmark runs in its own environment "
-                     f"(never the project's .venv); build it with:\n\n{ENV_RECIPE}\n\nand run it as "
-                     f"`/work/ac-env/bin/python -m {sys.modules['__main__'].__spec__.name}` from a worktree root.")
+            main = getattr(sys.modules["__main__"], "__spec__", None)
+            module = main.name if main is not None else "benchmarks.<name>"
+            print(f"{name} is not importable here ({e}). This benchmark runs in its own environment "
+                  f"(never the project's .venv); build it with:\n\n{ENV_RECIPE}\n\nand run it as "
+                  f"`/work/ac-env/bin/python -m {module}` from a worktree root.", file=sys.stderr)
+            raise SystemExit(SKIPPED)
 
 
 def hooked_induction(weights: dict, *, edges: bool = False):
