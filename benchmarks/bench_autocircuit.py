@@ -15,6 +15,8 @@ Runs only in the side-by-side environment (see ``benchmarks/tl_models.py`` for t
   ``discover(loss, ..., metric=-1/positions, method='eap')`` (the gradient of ``m``): the scores
   should be opposite, edge by edge (their ``'A0.2->A1.0.K'`` is our ``'b0.a.head2 ->
   b1.a.head0.a.k'``, ``'Resid Start'`` our ``'embeds'``, ``'Resid End'`` our ``'output'``);
+- EAP-IG-mask: the same with ``integrated_grad_samples=10`` against ``method='eap-ig-mask'``
+  (``steps=10``): auto-circuit's mask gradients add up over its 11 samples, ours are their mean;
 - ACDC: auto-circuit's ``acdc_prune_scores`` at one threshold (KL divergence to the clean
   output over every position, resample ablation from the corrupted prompts) against
   ``discover(logits, ..., 'kl', method='acdc', tau=...)``; the kept edge sets are compared.
@@ -172,6 +174,24 @@ def main(argv=None):
         ("EAP time, auto-circuit: first call / warm", f"{t_first * 1e3:.1f} ms / {t_warm * 1e3:.1f} ms"),
         ("EAP time, ours: first call / warm", f"{o_first * 1e3:.1f} ms / {o_warm * 1e3:.1f} ms"),
         ("EAP warm ratio ours / auto-circuit", f"{o_warm / t_warm:.2f}"),
+    ]
+
+    # ---- EAP-IG-mask: auto-circuit's integrated gradients over the masks (k/steps, k = 0..steps);
+    # its mask gradients add up over the samples, ours are their mean
+    steps = 10
+    theirs_ig, t_first, t_warm = _timed(lambda: ac_scores(mask_gradient_prune_scores(
+        pm, loader, None, grad_function="logprob", answer_function="avg_val", integrated_grad_samples=steps,
+        ablation_type=AblationType.RESAMPLE, clean_corrupt="corrupt")), runs=1)
+    ours_ig, o_first, o_warm = _timed(lambda: discover(loss, src, mean_logprob, method="eap-ig-mask", steps=steps,
+                                                       **feed), runs=1)
+    a = np.array([ours_ig[n] for n in g]) * (steps + 1)
+    b = np.array([theirs_ig[n] for n in g])
+    rows += [
+        (f"EAP-IG-mask ({steps} steps): max |ours * {steps + 1} + theirs| / max |ours * {steps + 1}|",
+         f"{float(np.abs(a + b).max() / np.abs(a).max()):.1e}"),
+        ("EAP-IG-mask time, auto-circuit: first call / warm", f"{t_first * 1e3:.1f} ms / {t_warm * 1e3:.1f} ms"),
+        ("EAP-IG-mask time, ours: first call / warm", f"{o_first * 1e3:.1f} ms / {o_warm * 1e3:.1f} ms"),
+        ("EAP-IG-mask warm ratio ours / auto-circuit", f"{o_warm / t_warm:.2f}"),
     ]
 
     # ---- ACDC
