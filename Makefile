@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-all bench clean venv system-deps lint
+.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ lint: $(STAMP)
 
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs -m slow tests
+
+# Every interpretability test in each tier (op by op, whole programs).
+test-tiers: $(STAMP)
+	CIRCUITS_ALL_TIERS=1 $(PY) -m pytest -n $(JOBS) -rs -m "not slow" tests/interp
 
 test-all: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs --doctest-modules circuits rewrites tests

@@ -231,7 +231,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
            [ 1., 11.]], dtype=float32)
     """
     fdt = float_dtype(dtype)
-    check_mode(mode)
+    mode = check_mode(mode)
     if batch_size is not None and int(batch_size) < 1:
         raise EvaluationError(f"batch_size={batch_size}: give a positive number of rows")
     devs = _devices(devices)

@@ -90,7 +90,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     (3, 2)
     """
     fdt = float_dtype(dtype)
-    check_mode(mode)
+    mode = check_mode(mode)
     if has_batch_axis(circuit, inputs):
         from .batched import evaluate_batched
 

@@ -88,7 +88,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     (array([1., 1.], dtype=float32), array([1., 3.], dtype=float32))
     """
     fdt = float_dtype(dtype)
-    check_mode(mode)
+    mode = check_mode(mode)
     single = isinstance(wrt, (str, Circuit))
     items = as_items(wrt)
     if not items:

@@ -424,10 +424,17 @@ _cache_size = 128
 _stats = collections.Counter()
 
 
+# The tier every mode='auto' call takes instead while ``circuits.backend.tiers.pinned`` is in
+# force (a list: one slot shared by every module and thread).
+PINNED_TIER: list = [None]
+
+
 def check_mode(mode: str) -> str:
-    """The ``mode=`` option, checked."""
+    """The ``mode=`` option, checked; ``'auto'`` is the pinned tier while one is pinned."""
     if mode not in MODES:
         raise EvaluationError(f"mode={mode!r}: use one of {', '.join(MODES)}")
+    if mode == "auto" and PINNED_TIER[0] is not None:
+        return PINNED_TIER[0]
     return mode
 
 

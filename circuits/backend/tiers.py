@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import threading
 
+from .runtime import MODES, PINNED_TIER
+
 __all__ = ["JIT_AFTER", "BACKGROUND", "last_run", "record", "whole_program_ready", "note_op_run",
-           "wait_for_background", "tier_info", "clear_tiers"]
+           "wait_for_background", "tier_info", "clear_tiers", "pinned"]
 
 # A circuit evaluated op by op this many times (with other inputs each time) gets its whole
 # program compiled; from then on ``mode='auto'`` runs that.
@@ -137,3 +140,31 @@ def tier_info() -> dict:
 def clear_tiers() -> None:
     with _lock:
         _roots.clear()
+
+
+@contextlib.contextmanager
+def pinned(mode: str):
+    """Within the block, every ``mode='auto'`` call (``evaluate``, ``grad``, ``evaluate_batched``,
+    ``sweep`` and what calls them: ``attribute``, ``patch``...) runs in tier ``mode``
+    (``'eager'``: op by op; ``'jit'``: whole programs): for bitwise reproducibility across a
+    block of code, and for running a test suite in each tier.
+
+    >>> import numpy as np
+    >>> from circuits import Symbol, GeneralFunction
+    >>> from circuits.backend import evaluate
+    >>> y = GeneralFunction('cos', Symbol((2,), name='x_pinned'))
+    >>> with pinned('jit'):
+    ...     _ = evaluate(y, {'x_pinned': np.ones(2)})
+    >>> last_run()['tier']
+    'jit'
+    """
+    if mode not in MODES or mode == "auto":
+        from ..errors import EvaluationError
+
+        raise EvaluationError(f"pinned(mode={mode!r}): use 'eager' or 'jit'")
+    before = PINNED_TIER[0]
+    PINNED_TIER[0] = mode
+    try:
+        yield
+    finally:
+        PINNED_TIER[0] = before

@@ -59,6 +59,7 @@ from ..backend.ops import broadcast_scalar
 from ..backend.program import ARGUMENT_TYPES, Program
 from ..backend.runtime import (
     bind_arguments,
+    check_mode,
     check_symbol_value,
     float_dtype,
     is_compiled,
@@ -417,6 +418,7 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         raise CircuitError(f"sweep: batch_size={batch_size}: give a positive number of variants")
     if mode not in ("auto", "jit", "eager"):
         raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'eager'")
+    mode = check_mode(mode)
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     if has_batch_axis(circuit, inputs):

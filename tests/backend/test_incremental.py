@@ -308,3 +308,25 @@ def test_the_shipped_model_ablations_and_path_patches_agree_across_tiers():
     ev(c)
     np.testing.assert_allclose(ev(ablate(c, "b1.a.head0")), evaluate(ablate(c, "b1.a.head0"), mode="jit"), rtol=2e-5,
                                atol=2e-6)
+
+
+def test_a_pinned_tier_holds_for_every_auto_call_in_the_block():
+    from circuits.interp import sweep
+
+    x = Symbol((2, 3), name="x_pinned_block")
+    out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_pinned_block"))
+    inputs = {x: np.ones((2, 3), np.float32)}
+    with tiers.pinned("jit"):
+        evaluate(out, inputs)
+        assert last_run()["tier"] == "jit"
+        assert sweep(out, {"twice": Add(out, out)}, inputs, progress=False).info["tier"] == "jit"
+        evaluate(out, inputs, mode="eager")  # an explicit mode is kept
+        assert last_run()["tier"] in ("ops", "cache")
+    with tiers.pinned("eager"):
+        evaluate(out, {x: np.zeros((2, 3), np.float32)})
+        assert last_run()["tier"] == "ops"
+    evaluate(out, {x: np.full((2, 3), 5.0, np.float32)})
+    assert last_run()["tier"] == "ops"  # unpinned again: a first op-by-op run
+    with pytest.raises(EvaluationError, match="pinned"):
+        with tiers.pinned("auto"):
+            pass
