@@ -72,7 +72,28 @@ def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str
     items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
     if not items:
         raise SelectionError(f"no {what} given: pass a name, a matcher, a node, or a list of them")
-    return [(site_label(node, s), node) for s in items for node in [resolve_site(circuit, s, what)]]
+    if len(items) == 1:
+        return [(site_label(node, items[0]), node) for node in [resolve_site(circuit, items[0], what)]]
+    # Many sites (every head of a model): one walk of the circuit for all the names and nodes;
+    # a name that does not name exactly one node goes through resolve_site for its error.
+    by_name: dict = {}
+    present: set = set()
+    for n in toposort(circuit):
+        present.add(n.hash)
+        if n.name is not None:
+            by_name.setdefault(n.name, []).append(n)
+    out = []
+    for s in items:
+        found = None
+        if isinstance(s, str):
+            hits = by_name.get(s, ())
+            found = hits[0] if len(hits) == 1 else None
+        elif isinstance(s, Circuit) and s.hash in present:
+            found = s
+        if found is None:
+            found = resolve_site(circuit, s, what)
+        out.append((site_label(found, s), found))
+    return out
 
 
 def _spell(site) -> str:

@@ -157,3 +157,20 @@ def test_targets_are_read_from_their_own_array(weights):
         attn_only(weights, TOKS, targets=other[:5])
     with pytest.raises(C.CircuitError, match="targets must be a 1-d int array"):
         attn_only(weights, TOKS, targets=other.astype(float))
+
+
+def test_many_sites_resolve_as_each_alone_and_report_the_bad_one(weights):
+    from circuits.interp.sites import resolve_site, resolve_sites
+
+    c = attn_only(weights, TOKS, unique_names=True)
+    d = attn_only(weights, TOKS)  # names shared between heads
+    node = C.toposort(c)[5]
+    sites = [f"b{l}.a.head{h}" for l in range(2) for h in range(3)] + [node, Name("b1.a.head0")]
+    assert [n for _, n in resolve_sites(c, sites)] == [resolve_site(c, s) for s in sites]
+    with pytest.raises(C.SelectionError, match="'b1.a.head9'.*matched 0 nodes"):
+        resolve_sites(c, ["b0.a.head0", "b1.a.head9"])
+    shared = collections.Counter(n.name for n in C.toposort(d) if n.name is not None).most_common(1)[0][0]
+    with pytest.raises(C.SelectionError, match="matched [2-9]"):
+        resolve_sites(d, ["b0.a.head0", shared])
+    with pytest.raises(C.SelectionError, match="not a node"):
+        resolve_sites(c, ["b0.a.head0", C.Scalar(7.0)])
