@@ -552,9 +552,14 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
             parts = vjp_kernel(node, fdt, need)(tuple(env[c.hash] for c in kids), g)
         for i, part in zip(need, parts):
             k = kids[i].hash
-            ct[k] = part if k not in ct else ct[k] + part
+            ct[k] = part if k not in ct else _add_kernel(part.shape, part.dtype)(ct[k], part)
     grads = [ct[w.hash] if w.hash in ct else _filled(0, w.shape, fdt) for w in wrt]
     return out, grads
+
+
+def _add_kernel(shape: tuple, dtype):
+    """``a + b`` compiled once per shape (an eager ``+`` takes JAX's slow dispatch path)."""
+    return _cached_kernel(("add", shape, str(dtype)), lambda: lambda a, b: a + b)
 
 
 def _filled(value: int, shape: tuple, fdt: str):
