@@ -20,6 +20,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
+from circuits.backend import tiers
 from tests.deep import build_deep_chain
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -31,6 +32,11 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+# A process's first evaluation is special (circuits.backend.tiers.COLD_START): no test should
+# depend on being the first in its worker; tests/backend/test_persistent.py tests it in fresh
+# processes.
+tiers.COLD_START = False
 
 
 # Enough for pytest, JAX tracing, sympy and the library's own (bounded) call depth; a recursion

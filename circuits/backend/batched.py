@@ -31,9 +31,9 @@ from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
 from .runtime import (
     bind_arguments,
+    cached_program,
     check_mode,
     float_dtype,
-    items_key_of,
     maybe_jit,
     package_outputs,
     precision,
@@ -97,39 +97,18 @@ def _row_bytes(program: Program, fdt: str, batched_args) -> int:
     return peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
 
 
-# Lowered programs of recent calls, detached (no interior node kept alive), with the cost
-# model's row bytes per set of batched arguments: a circuit evaluated on batch after batch (a
-# masked search, a sweep over datasets) is lowered once.
-_LOWERED: collections.OrderedDict = collections.OrderedDict()
-_LOWERED_SIZE = 8
+# The cost model's bytes of temporaries for one row, by (program key, precision, batch axes): a
+# circuit evaluated on batch after batch (a masked search) is lowered and costed once (its
+# program comes from the cache of live circuits' programs, which keeps no tensor alive).
+_ROW_BYTES: collections.OrderedDict = collections.OrderedDict()
+_ROW_BYTES_SIZE = 1024
 _lowered_lock = threading.Lock()
 
 
-def _lowered(circuit: Circuit, fdt: str, also, batch_heads: bool):
-    """``(program, items, row bytes by batched-argument positions, whether the program has its
-    nodes)`` for ``circuit``, from the cache when it was lowered before."""
-    ikey = items_key_of(also)
-    key = (circuit.hash, fdt, ikey, bool(batch_heads)) if ikey is not None else None
-    if key is not None:
-        with _lowered_lock:
-            found = _LOWERED.get(key)
-            if found is not None:
-                _LOWERED.move_to_end(key)
-                return (*found, False)
-    program, items = program_with_also(circuit, fdt, also, batch_heads)
-    rows: dict = {}
-    if key is not None:
-        with _lowered_lock:
-            _LOWERED[key] = (program.detached(), items, rows)
-            while len(_LOWERED) > _LOWERED_SIZE:
-                _LOWERED.popitem(last=False)
-    return program, items, rows, True
-
-
 def clear_lowered() -> None:
-    """Forget the lowered programs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
+    """Forget the row costs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
     with _lowered_lock:
-        _LOWERED.clear()
+        _ROW_BYTES.clear()
 
 
 def _devices(devices):
@@ -239,19 +218,24 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
     heads = batch_heads and mode != "eager"
     if devs is None and mesh is None:
-        program, items, rows, full = _lowered(circuit, fdt, also, heads)
+        program, items = cached_program(circuit, fdt, also, heads)
     else:  # placement reads the program's nodes
-        (program, items), rows, full = program_with_also(circuit, fdt, also, heads), {}, True
+        program, items = program_with_also(circuit, fdt, also, heads)
     with precision(fdt):
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         fn = _batched_function(program, axes, mode)
-        row = rows.get(axes)
+        row_key = (program.key, fdt, axes)
+        with _lowered_lock:
+            row = _ROW_BYTES.get(row_key)
         if row is None:
-            if not full:
-                program = program_with_also(circuit, fdt, also, heads)[0]
-            row = rows[axes] = _row_bytes(program, fdt, [n for n, ax in zip(program.arg_nodes(), axes) if ax == 0])
+            full = program if program.nodes is not None else program_with_also(circuit, fdt, also, heads)[0]
+            row = _row_bytes(full, fdt, [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0])
+            with _lowered_lock:
+                _ROW_BYTES[row_key] = row
+                while len(_ROW_BYTES) > _ROW_BYTES_SIZE:
+                    _ROW_BYTES.popitem(last=False)
         plan = plan_batch(program, total, fdt, batch_size, memory_budget, row_bytes=row)
         chunk = plan.chunk
         log.info("evaluate_batched: %s", plan.reason)

@@ -26,7 +26,9 @@ import numpy as np
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
+from . import tiers
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops
+from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
 from .runtime import (
     as_items,
@@ -42,7 +44,7 @@ from .runtime import (
     resolve_nodes,
     worth_compiling,
 )
-from .tiers import note_op_run, record, whole_program_ready
+from .tiers import mark_ready, note_op_run, record, whole_program_ready
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
@@ -100,9 +102,21 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     out = _outputs if return_jax else _numpy_outputs
     items_key = items_key_of(also)
     tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
+    cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
         program = None
-        if mode == "jit" or (mode == "auto" and items_key is not None and whole_program_ready(tier_key)):
+        if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
+                and cached_values([circuit], inputs, fdt) is None:
+            # The first evaluation in this process: a program an earlier process compiled whole
+            # runs whole at once (JAX's persistent cache holds its compilation).
+            program, items = cached_program(circuit, fdt, also, batch_heads)
+            if worth_compiling(program, (program.key, "run")):
+                mark_ready(tier_key)
+                tiers.COLD_START = False
+            else:
+                program = None
+        if program is None and (mode == "jit" or (mode == "auto" and items_key is not None
+                                                  and whole_program_ready(tier_key))):
             if mode == "auto" and cache and not also:
                 # A value known for these inputs is returned as it is, whichever tier computed it:
                 # the same call gives the same bits before and after the compiled program is ready.
@@ -115,6 +129,8 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             args = bind_arguments(program, inputs, fdt)
             record("jit")
             values = program_function(program, "jit")(args)
+            if not also:
+                note_compiled(_mark(circuit, fdt, batch_heads))
             if mode == "auto" and cache and not also:
                 remember([circuit], values, inputs, fdt)
             return out(values, items)
@@ -124,7 +140,12 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
         values = run_ops(roots, inputs, fdt, cache=cache, info=info)
     record("ops" if info.computed else "cache", info.computed, info.reused)
     if mode == "auto" and info.computed and items_key is not None:
-        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs))
+        # A new process's first op-by-op evaluation of a small program compiles it whole in the
+        # background, for the next process (see circuits.backend.persistent).
+        now = cold and info.computed <= COLD_COMPILE_MAX_OPS
+        if cold:
+            tiers.COLD_START = False
+        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs), now=now)
     return out(values, items)
 
 
@@ -139,7 +160,15 @@ def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) 
         args = bind_arguments(program, inputs, fdt)
         for value in program_function(program, "jit")(args):
             value.block_until_ready()
+        if not also:
+            note_compiled(_mark(circuit, fdt, batch_heads))
     return True
+
+
+def _mark(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes:
+    """What marks ``circuit``'s whole program as compiled across processes (its content hash and
+    the options: a program's own key holds ids, which differ between processes)."""
+    return circuit.hash + fdt.encode() + (b"+heads" if batch_heads else b"")
 
 
 def _outputs(outs, items):

@@ -209,10 +209,10 @@ def free_symbols(*roots: Circuit) -> tuple:
     >>> [s.name for s in free_symbols(Add(x, x), y)] == sorted(['x', 'y'], key=lambda n: {'x': x, 'y': y}[n].hash)
     True
     """
-    return _prepared(roots)[1]
+    return prepared(roots)[1]
 
 
-def _prepared(roots) -> tuple[list, tuple]:
+def prepared(roots) -> tuple[list, tuple]:
     """``roots`` with their Modules substituted (when they hold any), and their free Symbols."""
     roots = list(roots)
     _fill_free(roots)
@@ -260,7 +260,7 @@ def _identity_op(x):
     return x
 
 
-def _cached_kernel(key, make):
+def cached_kernel(key, make):
     """The kernel cached under ``key``: ``counted_jit(make())`` on a miss (the least recently made
     go first beyond ``_KERNELS_SIZE``); of threads racing on a miss, the first stored wins."""
     fn = _kernels.get(key)
@@ -283,13 +283,13 @@ def kernel(node: Circuit, fdt: str):
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
     key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
-    return _cached_kernel(key, lambda: build_op(node, fdt))
+    return cached_kernel(key, lambda: build_op(node, fdt))
 
 
 def _broadcast_kernel(shape: tuple):
     import jax.lax as lax
 
-    return _cached_kernel(("broadcast", shape), lambda: lambda v: lax.broadcast(v, shape))
+    return cached_kernel(("broadcast", shape), lambda: lambda v: lax.broadcast(v, shape))
 
 
 def kernel_info() -> dict:
@@ -315,7 +315,7 @@ def fingerprint(value) -> bytes:
     return h.digest(16)
 
 
-class _Keys:
+class CacheKeys:
     """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
     no Symbol, else with the digest of the values bound to the Symbols below it."""
 
@@ -337,7 +337,7 @@ class _Keys:
         return (node.hash, self.fdt, combo[0])
 
 
-def _bind(free: tuple, inputs: Mapping | None, fdt: str, problems: list) -> tuple[dict, dict]:
+def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list) -> tuple[dict, dict]:
     """The values bound to the Symbols ``free`` (checked, on the device) and their fingerprints,
     both by Symbol hash; what is wrong goes to ``problems``."""
     raw = symbol_values(free, inputs, problems)
@@ -365,12 +365,12 @@ def cached_values(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) ->
     >>> [float(v) for v in cached_values([y], {'x': np.ones(2)}, 'float32')[0]]
     [2.0, 2.0]
     """
-    roots, free = _prepared(roots)
+    roots, free = prepared(roots)
     problems: list[str] = []
-    _, fps = _bind(free, inputs, fdt, problems)
+    _, fps = bind_symbols(free, inputs, fdt, problems)
     if problems or len(fps) != len(free):
         return None
-    keys = _Keys(fdt, fps)
+    keys = CacheKeys(fdt, fps)
     out = []
     for r in roots:
         value = VALUES.get(keys(r))
@@ -382,12 +382,12 @@ def cached_values(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) ->
 
 def remember(roots: Sequence[Circuit], values: Sequence, inputs: Mapping | None, fdt: str) -> None:
     """Offer ``values`` (of ``roots``, computed elsewhere: a compiled program) to the value cache."""
-    roots, free = _prepared(roots)
+    roots, free = prepared(roots)
     problems: list[str] = []
-    _, fps = _bind(free, inputs, fdt, problems)
+    _, fps = bind_symbols(free, inputs, fdt, problems)
     if problems or len(fps) != len(free):
         return
-    keys = _Keys(fdt, fps)
+    keys = CacheKeys(fdt, fps)
     for r, v in zip(roots, values):
         VALUES.put(keys(r), v)
 
@@ -409,10 +409,10 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them)."""
-    roots, free = _prepared(roots)
+    roots, free = prepared(roots)
     problems: list[str] = []
-    bound, fps = _bind(free, inputs, fdt, problems)
-    keys = _Keys(fdt, fps)
+    bound, fps = bind_symbols(free, inputs, fdt, problems)
+    keys = CacheKeys(fdt, fps)
     env: dict = {}
     get = VALUES.get
     if cache:
@@ -505,7 +505,7 @@ def vjp_kernel(node: Circuit, fdt: str, need: tuple):
 
         return pull
 
-    return _cached_kernel(key, make)
+    return cached_kernel(key, make)
 
 
 def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,
@@ -516,7 +516,7 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     a node of ``wrt`` is not in the circuit as evaluated (its Modules substituted)."""
     import jax.numpy as jnp
 
-    (root,), _ = _prepared([root])
+    (root,), _ = prepared([root])
     order = toposort(root)
     wanted = {w.hash for w in wrt}
     present = {n.hash for n in order}
@@ -559,7 +559,7 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
 
 def _add_kernel(shape: tuple, dtype):
     """``a + b`` compiled once per shape (an eager ``+`` takes JAX's slow dispatch path)."""
-    return _cached_kernel(("add", shape, str(dtype)), lambda: lambda a, b: a + b)
+    return cached_kernel(("add", shape, str(dtype)), lambda: lambda a, b: a + b)
 
 
 def _filled(value: int, shape: tuple, fdt: str):

@@ -23,7 +23,17 @@ import stat
 import threading
 import warnings
 
-__all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cache_info"]
+__all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cache_info", "compiled_before",
+           "note_compiled", "COLD_COMPILE_MAX_OPS"]
+
+# A program compiled whole is marked (an empty file named by its structural key, beside JAX's
+# cache): a new process whose first evaluation is of a marked program runs it whole at once, its
+# compilation loaded from JAX's cache.  A new process's first op-by-op evaluation of a program of
+# at most this many nodes compiles it whole in the background (once per process), so that the
+# next process finds it.
+COLD_COMPILE_MAX_OPS = 1000
+_MARKS = "circuits-programs"
+_noted: set = set()
 
 ENV = "CIRCUITS_COMPILATION_CACHE"
 _OFF = ("off", "0", "false", "no", "none", "")
@@ -103,3 +113,37 @@ def ensure_persistent_cache() -> str | None:
 def persistent_cache_info() -> dict:
     """``directory`` (None when off) and ``reason`` (why it is on or off)."""
     return {"directory": _state["directory"], "reason": _state["reason"]}
+
+
+def _mark_path(key: bytes) -> str | None:
+    directory = ensure_persistent_cache()
+    if directory is None:
+        return None
+    return os.path.join(directory, _MARKS, key.hex())
+
+
+def compiled_before(key: bytes) -> bool:
+    """Whether a process compiled the program of structural key ``key`` whole, with this cache.
+
+    >>> compiled_before(b'never compiled')
+    False
+    """
+    path = _mark_path(key)
+    return path is not None and os.path.exists(path)
+
+
+def note_compiled(key: bytes) -> None:
+    """Mark the program of structural key ``key`` as compiled whole (nothing when the cache is off;
+    a mark that cannot be written is skipped)."""
+    if key in _noted:
+        return
+    _noted.add(key)
+    path = _mark_path(key)
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError:
+        pass

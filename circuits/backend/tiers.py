@@ -33,7 +33,7 @@ import threading
 from .runtime import MODES, PINNED_TIER
 
 __all__ = ["JIT_AFTER", "BACKGROUND", "last_run", "record", "whole_program_ready", "note_op_run",
-           "wait_for_background", "tier_info", "clear_tiers", "pinned"]
+           "wait_for_background", "tier_info", "clear_tiers", "pinned", "mark_ready"]
 
 # A circuit evaluated op by op this many times (with other inputs each time) gets its whole
 # program compiled; from then on ``mode='auto'`` runs that.
@@ -41,6 +41,12 @@ JIT_AFTER = 2
 # Compile whole programs in a background thread (the calls go on op by op meanwhile); False
 # compiles in the call that reaches ``JIT_AFTER``.
 BACKGROUND = True
+
+# True until this process's first evaluation ran: that one takes the whole program at once when
+# an earlier process compiled it, else runs op by op and compiles it in the background for the
+# next process (``circuits.backend.persistent``).  False turns this off (the test suite does, so
+# that no test depends on running first in its worker).
+COLD_START = True
 
 _ROOTS_SIZE = 256
 _roots: collections.OrderedDict = collections.OrderedDict()  # root key -> _Root
@@ -80,10 +86,22 @@ def whole_program_ready(key):
         return entry.result
 
 
-def note_op_run(key, compile_whole) -> None:
+def mark_ready(key, result=True) -> None:
+    """Note that the whole program for ``key`` is compiled (it ran whole at once)."""
+    with _lock:
+        entry = _roots.get(key)
+        if entry is None:
+            entry = _roots[key] = _Root()
+            while len(_roots) > _ROOTS_SIZE:
+                _roots.popitem(last=False)
+        entry.state, entry.result = "ready", result
+
+
+def note_op_run(key, compile_whole, *, now: bool = False) -> None:
     """Count an op-by-op run of the circuit ``key`` names; at ``JIT_AFTER`` runs call
     ``compile_whole()`` (in a background thread when ``BACKGROUND``), which compiles its whole
-    program and returns what ``whole_program_ready`` hands out afterwards (None: not compiled)."""
+    program and returns what ``whole_program_ready`` hands out afterwards (None: not compiled);
+    ``now=True`` calls it at this run."""
     with _lock:
         entry = _roots.get(key)
         if entry is None:
@@ -92,7 +110,7 @@ def note_op_run(key, compile_whole) -> None:
                 _roots.popitem(last=False)
         _roots.move_to_end(key)
         entry.runs += 1
-        if entry.runs < JIT_AFTER or entry.state != "counting":
+        if (entry.runs < JIT_AFTER and not now) or entry.state != "counting":
             return
         entry.state = "compiling"
     if BACKGROUND:

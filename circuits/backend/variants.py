@@ -41,7 +41,7 @@ import numpy as np
 from ..dtypes import is_float
 from ..nodes import Circuit, SetSymbolicShape, Tag
 from ..traversal import toposort
-from .incremental import VALUES, RunInfo, _bind, _cached_kernel, _Keys, _prepared, kernel, run_ops
+from .incremental import VALUES, CacheKeys, RunInfo, bind_symbols, cached_kernel, kernel, prepared, run_ops
 from .ops import build_op
 from .program import node_key_part
 from .runtime import raise_problems
@@ -91,13 +91,13 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
     changed nodes computed as rows (see the module docstring).  Every input is checked first."""
     info = info if info is not None else RunInfo()
-    roots, free = _prepared([base, *variants])
+    roots, free = prepared([base, *variants])
     base, variants = roots[0], roots[1:]
     problems: list[str] = []
-    _, fps = _bind(free, inputs, fdt, problems)
+    _, fps = bind_symbols(free, inputs, fdt, problems)
     raise_problems(problems)
     (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
-    keys = _Keys(fdt, fps)
+    keys = CacheKeys(fdt, fps)
     out: list = [None] * len(variants)
     todo = []
     for i, v in enumerate(variants):
@@ -215,10 +215,15 @@ class _Group:
                     arg, axis = self._assemble(part, size, i, n, loc, known)
                     args.append(arg)
                     axes.append(axis)
+                computed += 1
+                if all(a is None for a in axes):  # rows that differ only in name: one value
+                    value = kernel(n, fdt)(*args)
+                    for key in part:
+                        loc[key] = (value, None)
+                    continue
                 value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
                 for r, key in enumerate(part):
                     loc[key] = (value, r)
-                computed += 1
             for h in drop.get(j, ()):
                 for key in self.by_partner[h]:
                     loc.pop(key, None)
@@ -278,7 +283,7 @@ def _pick(array, r: int):
 
         return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
 
-    return _cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
 
 
 def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
@@ -290,7 +295,7 @@ def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
 
         return jax.vmap(build_op(node, fdt), in_axes=axes)
 
-    return _cached_kernel(key, make)
+    return cached_kernel(key, make)
 
 
 def _merge_kernel(shapes: tuple, batched: tuple, size: int):
@@ -307,4 +312,4 @@ def _merge_kernel(shapes: tuple, batched: tuple, size: int):
 
         return merge
 
-    return _cached_kernel(key, make)
+    return cached_kernel(key, make)

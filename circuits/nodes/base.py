@@ -123,8 +123,9 @@ class Circuit:
     # Whether the node's payload, shape and dtype depend on its children only through their
     # shapes and dtypes: ``with_children`` then copies them instead of validating again
     # (a variant rebuilds every ancestor of what it changed).  The payload is the class's own
-    # ``__slots__``.
-    rebuilds_by_shape: ClassVar[bool] = False
+    # ``__slots__``.  A class may make it a method of the node instead (GeneralFunction: not for
+    # a gather, whose index values are checked when it is built).
+    rebuilds_by_shape: ClassVar = False
 
     name: str | None
     children: tuple["Circuit", ...]
@@ -282,7 +283,8 @@ class Circuit:
         if len(children) == len(old):
             if all(a is b for a, b in zip(children, old)):
                 return self
-            if type(self).__dict__.get("rebuilds_by_shape") and all(
+            rule = type(self).__dict__.get("rebuilds_by_shape")
+            if rule and (rule is True or rule(self)) and all(
                     isinstance(a, Circuit) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(children, old)):
                 # Children of the same shapes and dtypes: what the constructor derived from
                 # them (the payload as validated, the shape, the dtype) holds as it is.

@@ -62,7 +62,10 @@ class GeneralFunction(Circuit):
     """
 
     __slots__ = ("function",)
-    rebuilds_by_shape = True
+
+    def rebuilds_by_shape(self) -> bool:
+        """A gather's index values (an Array's) are checked when it is built: not by shape."""
+        return self.function.index_arg is None
     type_name = "GeneralFunction"
     child_count = (0, None)
     passes_index = False

@@ -71,3 +71,38 @@ def test_an_unusable_directory_warns_and_evaluation_goes_on(tmp_path, kind):
     got = probe(str(path), tmp_path)
     assert got["value"] == [1.0, 1.0, 1.0] and got["directory"] is None
     assert len(got["warnings"]) == 1 and expect in got["warnings"][0] and "CIRCUITS_COMPILATION_CACHE" in got["warnings"][0]
+
+
+NEW_PROCESS = r"""
+import json
+import numpy as np
+import circuits as C
+from circuits.backend import last_run, tiers
+x = C.Array(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3), name='x_new_process')
+c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.0), name='out')
+value = C.evaluate(c)
+first = last_run()['tier']
+tiers.wait_for_background(120)
+print(json.dumps({"value": np.asarray(value).tolist(), "tier": first}))
+"""
+
+
+def test_a_new_process_runs_whole_what_an_earlier_one_compiled(tmp_path):
+    """A process's first op-by-op evaluation of a small program compiles it whole in the
+    background and marks it; the next process's first evaluation of it runs whole at once
+    (its compilation from JAX's cache) with the same value."""
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path / "cache"))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", NEW_PROCESS], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert [r["tier"] for r in runs] == ["ops", "jit"]
+    assert os.listdir(tmp_path / "cache" / "circuits-programs")
+    import numpy as np
+
+    np.testing.assert_allclose(runs[1]["value"], runs[0]["value"], rtol=1e-6)
+    off = dict(env, CIRCUITS_COMPILATION_CACHE="off")
+    out = subprocess.run([sys.executable, "-c", NEW_PROCESS], env=off, capture_output=True, text=True, timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1])["tier"] == "ops"  # no cache, no marks

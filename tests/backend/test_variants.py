@@ -112,3 +112,14 @@ def test_bad_inputs_are_reported_before_anything_runs():
     y = C.GeneralFunction("exp", x)
     with pytest.raises(C.EvaluationError, match="x_variants"):
         run_variants(y, [C.Add(y, y)], {"x_variants": np.zeros(4)}, "float32")
+
+
+def test_rows_that_differ_only_in_name():
+    """Two variants rebuild one node over the very same children, under other names: every
+    child of the chunk is unbatched (a vmap over nothing) — computed once for both."""
+    x = C.Symbol((3,), name="x_names")
+    inner = C.Einsum.from_spec("a,->a", x, C.Scalar(2.0), name="inner")
+    y = C.GeneralFunction("exp", inner, name="y")
+    vs = [C.traversal.replace(y, {inner: C.Einsum.from_spec("a,->a", x, C.Scalar(3.0), name=f"inner_{k}")})
+          for k in range(3)]
+    _check(y, vs, {"x_names": np.ones(3, np.float32)})
