@@ -12,7 +12,6 @@ from circuits import Add, Module, Symbol, parse, parse_many
 from circuits.check import check
 from circuits.testing import circuits_with_inputs
 from rewrites.push_modules import PushDownModuleError, default_namer, push_down_modules
-
 from tests.deep import build_deep_chain
 
 from .rewrite_helpers import RULE_SETTINGS, assert_same
