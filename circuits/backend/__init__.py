@@ -19,7 +19,18 @@ Modules, in dependency order:
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
-- ``symbolic``: the sympy interpreter behind ``symbolic_equal``.
+- ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
+- ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).
+
+This package is the backend's one door: the layers above it (models, analysis, rewrites,
+interp, importers) import what they need from ``circuits.backend``, never from its submodules
+(``tests/test_layers.py`` checks it).  Besides the evaluation entry points they get ``Lowered``
+(profile's segments, sweep's programs, the attribution graph's traced function), the op-by-op
+tier (``run_ops``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
+with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), the lowerings
+that ``rewrites`` also offers as rewrites (``batch_heads``, ``gathered_minus_logsumexp``) and
+``float_dtype`` (the ``dtype=`` option, checked) with ``precision`` (the context JAX computes in
+for it).
 
 The package is not named ``evaluate``: that is the public function ``circuits.evaluate``.
 
@@ -32,10 +43,16 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 from .batched import evaluate_batched
 from .caches import cache_stats, clear_cache, set_cache_size
 from .eager import Eager
+from .einsum import einsum_steps
 from .evaluation import Compiled, compile, evaluate, make_jaxpr
+from .fusion import gathered_minus_logsumexp
 from .gradients import grad, value_and_grad
+from .head_batching import batch_heads
+from .incremental import RunInfo, has_batch_axis, run_ops
+from .lowered import Lowered
+from .memory import einsum_temp_bytes, live_bytes, value_bytes
 from .program import Program
-from .runtime import JIT_MAX_OPS
+from .runtime import JIT_MAX_OPS, float_dtype, precision
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 from .tiers import last_run
 
@@ -43,4 +60,7 @@ __all__ = [
     "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",
     "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run",
     "symbolic_equal", "symbolic_evaluate", "SymbolTable",
+    # the door for the layers above (see the module docstring)
+    "Lowered", "float_dtype", "precision", "run_ops", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
+    "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp",
 ]

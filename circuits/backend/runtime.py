@@ -43,7 +43,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit, Scalar, Symbol
 from .fusion import lower as batch_heads_lowering  # heads batched, then gathered log_softmax fused
 from .fusion import worth_lowering as has_head_sums
-from .program import Program
+from .program import ARGUMENT_TYPES, Program
 
 __all__ = [
     "float_dtype", "precision", "bind_arguments", "symbol_values", "check_symbol_value", "leaf_value",
@@ -376,7 +376,8 @@ def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batche
     Arrays and Scalars give their device values (uploaded on first use, then reused).
     ``batched=True`` accepts a leading batch axis on Symbol values and also returns which
     arguments carry one.  ``given`` (node hash -> value) holds the values of the program's
-    ``given_slots``, taken as they are.
+    ``given_slots``, taken as they are (but a given Array or Symbol is still checked against
+    the index range of a gather it feeds).
     """
     problems: list[str] = []
     nodes = program.arg_nodes()
@@ -401,8 +402,9 @@ def bind_arguments(program: Program, inputs: Mapping | None, fdt: str, *, batche
     if ranges:
         for slot, node, v in zip(program.arg_slots, nodes, values):
             r = ranges.get(node.hash)
-            # a given value (computed earlier, e.g. a cached Index of the tokens) was checked then
-            if r is not None and v is not None and slot not in given_slots:
+            # a given computed value (e.g. a cached Index of the tokens) was checked when it was
+            # computed; a given leaf (a sweep's own tokens) is checked here like any argument
+            if r is not None and v is not None and (slot not in given_slots or type(node) in ARGUMENT_TYPES):
                 check_index_values(node, v, r, problems)
     raise_problems(problems)
     if batched:
