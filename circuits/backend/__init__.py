@@ -8,8 +8,12 @@ Modules, in dependency order:
 - ``program``: the value-free ``Skeleton`` (ops, wiring, one interpreter loop, traceable) and the
   ``Program`` (a circuit in toposort order with its Arrays and Scalars as arguments, keyed by
   name- and value-blind structure);
-- ``runtime``: precision, argument binding and checks, the one jit policy (``maybe_jit``) and the
-  one compile cache (``cached_jit``);
+- ``binding``: precision, checking and binding argument values (``bind_arguments``), and the
+  values on the device that every path shares;
+- ``lowering``: a circuit to the program ``evaluate`` runs (``also=`` nodes, per-head sums
+  batched), the programs of live circuits cached;
+- ``runtime``: the one jit policy (``maybe_jit``) and the one compile cache (``cached_jit``);
+  it re-exports binding's and lowering's names for the modules that import them from there;
 - ``incremental``: op-by-op evaluation through kernels cached per operation, over a
   process-wide value cache keyed by node identity and bound values;
 - ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
@@ -41,6 +45,7 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 """
 
 from .batched import evaluate_batched
+from .binding import float_dtype, precision
 from .caches import cache_stats, clear_cache, set_cache_size
 from .eager import Eager
 from .einsum import einsum_steps
@@ -52,7 +57,7 @@ from .incremental import RunInfo, has_batch_axis, run_ops
 from .lowered import Lowered
 from .memory import einsum_temp_bytes, live_bytes, value_bytes
 from .program import Program
-from .runtime import JIT_MAX_OPS, float_dtype, precision
+from .runtime import JIT_MAX_OPS
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 from .tiers import last_run
 
