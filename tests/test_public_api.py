@@ -118,7 +118,7 @@ def test_backend_door_names():
         "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad", "value_and_grad",
         "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run", "symbolic_equal",
         "symbolic_evaluate", "SymbolTable",
-        "Lowered", "float_dtype", "precision", "run_ops", "RunInfo", "has_batch_axis", "einsum_steps",
+        "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps",
         "value_bytes", "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp",
     }
     for name in backend.__all__:

@@ -16,6 +16,8 @@ Modules, in dependency order:
   it re-exports binding's and lowering's names for the modules that import them from there;
 - ``incremental``: op-by-op evaluation through kernels cached per operation, over a
   process-wide value cache keyed by node identity and bound values;
+- ``variants``: ``run_variants``, a sweep's variants op by op, their changed nodes as rows of one
+  kernel per base node;
 - ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
   ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
@@ -30,7 +32,7 @@ This package is the backend's one door: the layers above it (models, analysis, r
 interp, importers) import what they need from ``circuits.backend``, never from its submodules
 (``tests/test_layers.py`` checks it).  Besides the evaluation entry points they get ``Lowered``
 (profile's segments, sweep's programs, the attribution graph's traced function), the op-by-op
-tier (``run_ops``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
+tier (``run_variants``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
 with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), the lowerings
 that ``rewrites`` also offers as rewrites (``batch_heads``, ``gathered_minus_logsumexp``) and
 ``float_dtype`` (the ``dtype=`` option, checked) with ``precision`` (the context JAX computes in
@@ -53,19 +55,20 @@ from .evaluation import Compiled, compile, evaluate, make_jaxpr
 from .fusion import gathered_minus_logsumexp
 from .gradients import grad, value_and_grad
 from .head_batching import batch_heads
-from .incremental import RunInfo, has_batch_axis, run_ops
+from .incremental import RunInfo, has_batch_axis
 from .lowered import Lowered
 from .memory import einsum_temp_bytes, live_bytes, value_bytes
 from .program import Program
 from .runtime import JIT_MAX_OPS
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 from .tiers import last_run
+from .variants import run_variants
 
 __all__ = [
     "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",
     "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run",
     "symbolic_equal", "symbolic_evaluate", "SymbolTable",
     # the door for the layers above (see the module docstring)
-    "Lowered", "float_dtype", "precision", "run_ops", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
+    "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
     "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp",
 ]

@@ -58,7 +58,7 @@ from .runtime import (
 )
 
 __all__ = [
-    "run_ops", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
+    "run_ops", "cached_values", "remember", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
     "DEFAULT_VALUE_BYTES",
 ]
 
@@ -337,6 +337,61 @@ class _Keys:
         return (node.hash, self.fdt, combo[0])
 
 
+def _bind(free: tuple, inputs: Mapping | None, fdt: str, problems: list) -> tuple[dict, dict]:
+    """The values bound to the Symbols ``free`` (checked, on the device) and their fingerprints,
+    both by Symbol hash; what is wrong goes to ``problems``."""
+    raw = symbol_values(free, inputs, problems)
+    bound: dict = {}
+    fps: dict = {}
+    for sym in free:
+        if sym.hash in raw:
+            value, _ = check_symbol_value(sym, raw[sym.hash], fdt, problems)
+            if value is not None:
+                bound[sym.hash] = value
+                fps[sym.hash] = fingerprint(value)
+    return bound, fps
+
+
+def cached_values(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) -> list | None:
+    """The values of ``roots`` when the value cache holds every one of them (for these inputs),
+    else None; nothing is computed, and inputs that do not bind are a miss, not an error.
+
+    >>> from circuits import Add
+    >>> x = Symbol((2,), name='x')
+    >>> y = Add(x, x)
+    >>> cached_values([y], {'x': np.ones(2)}, 'float32') is None
+    True
+    >>> _ = run_ops([y], {'x': np.ones(2)}, 'float32')
+    >>> [float(v) for v in cached_values([y], {'x': np.ones(2)}, 'float32')[0]]
+    [2.0, 2.0]
+    """
+    roots, free = _prepared(roots)
+    problems: list[str] = []
+    _, fps = _bind(free, inputs, fdt, problems)
+    if problems or len(fps) != len(free):
+        return None
+    keys = _Keys(fdt, fps)
+    out = []
+    for r in roots:
+        value = VALUES.get(keys(r))
+        if value is None:
+            return None
+        out.append(value)
+    return out
+
+
+def remember(roots: Sequence[Circuit], values: Sequence, inputs: Mapping | None, fdt: str) -> None:
+    """Offer ``values`` (of ``roots``, computed elsewhere: a compiled program) to the value cache."""
+    roots, free = _prepared(roots)
+    problems: list[str] = []
+    _, fps = _bind(free, inputs, fdt, problems)
+    if problems or len(fps) != len(free):
+        return
+    keys = _Keys(fdt, fps)
+    for r, v in zip(roots, values):
+        VALUES.put(keys(r), v)
+
+
 # ---------------------------------------------------------------------------- op-by-op evaluation
 class RunInfo:
     """What one op-by-op evaluation did: ``computed`` nodes, ``reused`` cached values."""
@@ -356,15 +411,7 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     the walk reached (the gradients read them)."""
     roots, free = _prepared(roots)
     problems: list[str] = []
-    raw = symbol_values(free, inputs, problems)
-    bound: dict = {}
-    fps: dict = {}
-    for sym in free:
-        if sym.hash in raw:
-            value, _ = check_symbol_value(sym, raw[sym.hash], fdt, problems)
-            if value is not None:
-                bound[sym.hash] = value
-                fps[sym.hash] = fingerprint(value)
+    bound, fps = _bind(free, inputs, fdt, problems)
     keys = _Keys(fdt, fps)
     env: dict = {}
     get = VALUES.get

@@ -25,6 +25,7 @@ class Add(Circuit):
     """
 
     __slots__ = ()
+    rebuilds_by_shape = True
     type_name = "Add"
     child_count = (0, None)
     passes_index = False

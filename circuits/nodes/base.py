@@ -120,6 +120,11 @@ class Circuit:
     # Set by subclasses.
     type_name: ClassVar[str] = "Circuit"
     prints_shape: ClassVar[bool] = False
+    # Whether the node's payload, shape and dtype depend on its children only through their
+    # shapes and dtypes: ``with_children`` then copies them instead of validating again
+    # (a variant rebuilds every ancestor of what it changed).  The payload is the class's own
+    # ``__slots__``.
+    rebuilds_by_shape: ClassVar[bool] = False
 
     name: str | None
     children: tuple["Circuit", ...]
@@ -274,8 +279,17 @@ class Circuit:
         ``_interchangeable_with``)."""
         children = tuple(children)
         old = self.children
-        if len(children) == len(old) and all(a is b for a, b in zip(children, old)):
-            return self
+        if len(children) == len(old):
+            if all(a is b for a, b in zip(children, old)):
+                return self
+            if type(self).__dict__.get("rebuilds_by_shape") and all(
+                    isinstance(a, Circuit) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(children, old)):
+                # Children of the same shapes and dtypes: what the constructor derived from
+                # them (the payload as validated, the shape, the dtype) holds as it is.
+                new = _new_object(type(self))
+                for attr in type(self).__slots__:
+                    setattr(new, attr, getattr(self, attr))
+                return new._set_common(children, self.shape, self.dtype, self.name)
         return self._rebuild(children, self.name)
 
     def rename(self, name: str | None) -> "Circuit":

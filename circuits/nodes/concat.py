@@ -18,6 +18,7 @@ class Concat(Circuit):
     """
 
     __slots__ = ("axis",)
+    rebuilds_by_shape = True
     type_name = "Concat"
     child_count = (0, None)
     passes_index = True

@@ -62,6 +62,7 @@ class GeneralFunction(Circuit):
     """
 
     __slots__ = ("function",)
+    rebuilds_by_shape = True
     type_name = "GeneralFunction"
     child_count = (0, None)
     passes_index = False

@@ -226,6 +226,7 @@ class Index(Circuit):
     """
 
     __slots__ = ("index",)
+    rebuilds_by_shape = True
     type_name = "Index"
     prints_shape = True
     child_count = (1, 1)

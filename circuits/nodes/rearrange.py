@@ -235,6 +235,7 @@ class Rearrange(Circuit):
     """
 
     __slots__ = ("in_groups", "out_groups", "given_sizes", "sizes")
+    rebuilds_by_shape = True
     type_name = "Rearrange"
     child_count = (1, 1)
     passes_index = True

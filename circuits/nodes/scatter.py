@@ -23,6 +23,7 @@ class Scatter(Circuit):
     """
 
     __slots__ = ("index",)
+    rebuilds_by_shape = True
     type_name = "Scatter"
     passes_index = False
     prints_shape = True

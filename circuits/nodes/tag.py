@@ -18,6 +18,7 @@ class Tag(Circuit):
     """
 
     __slots__ = ("uuid",)
+    rebuilds_by_shape = True
     type_name = "Tag"
     child_count = (1, 1)
     passes_index = True

@@ -121,6 +121,24 @@ def test_a_background_compilation_is_taken_when_ready():
                                rtol=1e-6)
 
 
+def test_a_value_known_for_the_inputs_is_returned_whichever_tier_is_ready(monkeypatch):
+    """The same call gives the same bits before and after the whole program is compiled (the tiers
+    differ by float rounding): a cached value for these inputs is returned before the compiled
+    program runs, and the compiled program's values are kept for the next same call."""
+    monkeypatch.setattr(tiers, "BACKGROUND", False)
+    x = Symbol((2, 3), name="x_same_bits")
+    out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_same_bits"))
+    first = [evaluate(out, {x: np.full((2, 3), 0.1 * k, np.float32)}) for k in range(tiers.JIT_AFTER)]
+    assert tiers.whole_program_ready(("run", out.hash, "float32", (), True))
+    again = evaluate(out, {x: np.full((2, 3), 0.0, np.float32)})
+    assert last_run()["tier"] == "cache"
+    assert again.tobytes() == first[0].tobytes()
+    fresh = evaluate(out, {x: np.full((2, 3), 7.0, np.float32)})
+    assert last_run()["tier"] == "jit"
+    assert evaluate(out, {x: np.full((2, 3), 7.0, np.float32)}).tobytes() == fresh.tobytes()
+    assert last_run()["tier"] == "cache"
+
+
 def test_a_new_variant_of_a_known_model_compiles_nothing_new():
     x = Symbol((2, 3), name="x_kernels")
     out = layered(x)

@@ -17,6 +17,7 @@ import circuits.nodes
 from circuits.backend.ops import OP_BUILDERS
 from circuits.backend.program import ARGUMENT_TYPES
 from circuits.backend.symbolic import SYMBOLIC_RULES, symbolic_evaluate
+from circuits.check import check
 from circuits.expand import expand
 from circuits.io.values import gather_index_bounds
 from circuits.nodes import NODE_TYPES, Circuit
@@ -183,3 +184,22 @@ def test_its_expansion_rule_batches_it_exactly(node_type, data):
     want = C.evaluate_batched(unbatched, {free_leaf: values, **{k: np.broadcast_to(v, (2, *v.shape))
                                                                 for k, v in others.items()}}, dtype="float64")
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+
+
+@TYPES
+@FEW
+@given(data=st.data())
+def test_a_rebuild_over_same_shaped_children_equals_the_constructor(node_type, data):
+    """``with_children`` copies the payload of a type marked ``rebuilds_by_shape`` when the new
+    children have the old ones' shapes and dtypes: the node is the one the constructor builds."""
+    c = data.draw(small(node_type))
+    if not c.children:
+        return
+    kids = [C.Symbol(k.shape, name=f"rebuilt{i}", dtype=k.dtype) for i, k in enumerate(c.children)]
+    fast = c.with_children(kids)
+    slow = c._rebuild(tuple(kids), c.name)
+    assert fast is slow or fast.hash == slow.hash
+    assert (fast.shape, fast.dtype, fast.name) == (slow.shape, slow.dtype, slow.name)
+    for attr in type(c).__slots__:
+        assert repr(getattr(fast, attr)) == repr(getattr(slow, attr))
+    check(fast)

@@ -1,0 +1,310 @@
+"""Many variants of one circuit, op by op, their changed nodes computed as rows of one kernel.
+
+A sweep's variants (ablations, patches, path patches of one circuit) are the circuit with some
+nodes rebuilt: the same operations over other values.  ``run_variants`` lines each variant up with
+the base circuit, from the roots down:
+
+- a variant node equal to its base partner is *unchanged*: its value is the base's (from the
+  value cache);
+- a variant node computing the same operation as its partner (same type, payload and shapes) over
+  other children is a *row* of that partner;
+- any other variant node (a patched-in value, an ablation constant, other tokens) is *given*: it is
+  evaluated op by op on its own (``run_ops``, through the value cache, so what several variants
+  share is computed once).
+
+The rows of one base node (one per distinct variant node: variants that share a rebuilt node share
+its row) are computed together, by the base node's kernel ``vmap``-ed over a leading row axis, in
+chunks of at most ``ROWS`` rows whose size is a power of two, so a few kernels serve every layer of
+a model; a child that is unchanged in every row of a chunk is passed once, unbatched (a weight is
+never copied).  The twelve head patches of one GPT-2 layer then run the layers above it as twelve
+rows of each matmul, not as twelve forwards, and layer 0 is computed once for all of them.
+
+Values are freed after their last reader; variants are run in groups whose rows fit
+``GROUP_BYTES``.  Each variant's value is offered to the value cache, and a variant whose value
+is cached is not computed again.
+
+>>> import numpy as np, circuits as C
+>>> x = C.Symbol((3,), name='x')
+>>> y = C.GeneralFunction('exp', C.Einsum.from_spec('a,->a', x, C.Scalar(2.0)), name='y')
+>>> twice = [C.traversal.replace(y, {C.Scalar(2.0): C.Scalar(float(k))}) for k in range(3)]
+>>> base, values = run_variants(y, twice, {'x': np.ones(3)}, 'float32')
+>>> np.allclose(np.stack(values), np.exp(np.arange(3.0))[:, None]), np.allclose(base, np.exp(2.0))
+(True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..dtypes import is_float
+from ..nodes import Circuit, SetSymbolicShape, Tag
+from ..traversal import toposort
+from .incremental import VALUES, RunInfo, _bind, _cached_kernel, _Keys, _prepared, kernel, run_ops
+from .ops import build_op
+from .program import node_key_part
+from .runtime import raise_problems
+
+__all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
+
+# Rows computed by one kernel call at most (a power of two); fewer when the node is big.
+ROWS = 16
+# Bytes the rows of one chunk may take (node size x rows).
+CHUNK_BYTES = 64 << 20
+# Bytes the rows of the biggest node may take for one group of variants (about three such
+# values are alive at once: a node's rows, its parent's, and what is being assembled).
+GROUP_BYTES = 1 << 30
+
+_IDENTITY = (Tag, SetSymbolicShape)
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+class _Partners:
+    """``node_key_part`` of base nodes, computed once each (a variant node is compared with it)."""
+
+    def __init__(self):
+        self.keys: dict = {}
+
+    def compatible(self, n: Circuit, m: Circuit) -> bool:
+        """Whether ``m`` computes ``n``'s operation (over other children): a row of ``n``."""
+        if type(m) is not type(n) or not n.children or len(m.children) != len(n.children) \
+                or m.shape != n.shape or m.dtype != n.dtype:
+            return False
+        for a, b in zip(n.children, m.children):
+            if a.shape != b.shape:
+                return False
+        k = self.keys.get(n.hash)
+        if k is None:
+            k = self.keys[n.hash] = node_key_part(n)
+        return node_key_part(m) == k
+
+
+def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | None, fdt: str, *,
+                 cache: bool = True, info: RunInfo | None = None) -> tuple:
+    """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
+    changed nodes computed as rows (see the module docstring).  Every input is checked first."""
+    info = info if info is not None else RunInfo()
+    roots, free = _prepared([base, *variants])
+    base, variants = roots[0], roots[1:]
+    problems: list[str] = []
+    _, fps = _bind(free, inputs, fdt, problems)
+    raise_problems(problems)
+    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
+    keys = _Keys(fdt, fps)
+    out: list = [None] * len(variants)
+    todo = []
+    for i, v in enumerate(variants):
+        if v.hash == base.hash:
+            out[i] = base_value
+            continue
+        found = VALUES.get(keys(v)) if cache else None
+        if found is not None:
+            out[i] = found
+            info.reused += 1
+        else:
+            todo.append(i)
+    if todo:
+        order = toposort(base)
+        partners = _Partners()
+        size = max((_bytes(n, fdt) for n in order if n.children), default=1)
+        group = max(ROWS, (GROUP_BYTES // (3 * max(size, 1))) // ROWS * ROWS)
+        for start in range(0, len(todo), group):
+            picked = todo[start:start + group]
+            values = _Group(base, order, partners, fdt).run([variants[i] for i in picked], inputs, cache, info)
+            for i, value in zip(picked, values):
+                out[i] = value
+                if cache:
+                    VALUES.put(keys(variants[i]), value)
+    return base_value, out
+
+
+def _bytes(node: Circuit, fdt: str) -> int:
+    itemsize = np.dtype(fdt if is_float(node.dtype) else node.dtype).itemsize
+    return int(np.prod(node.shape, dtype=np.int64)) * itemsize
+
+
+class _Group:
+    """One group of variants: aligned with the base, then computed partner by partner."""
+
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str):
+        self.base = base
+        self.order = order
+        self.partners = partners
+        self.fdt = fdt
+        self.rows: dict = {}  # (variant node hash, partner hash) -> variant node
+        self.by_partner: dict = {}  # partner hash -> [row key], in the order the variants came
+        self.given: dict = {}  # variant node hash -> node, evaluated on its own
+        self.clean: dict = {}  # base node hash -> node, read unchanged by some row
+
+    def _align(self, v: Circuit):
+        """The rows and given nodes of variant ``v``; what its value will be read from."""
+        if not self.partners.compatible(self.base, v):
+            self.given[v.hash] = v
+            return ("given", v.hash)
+        stack = [(self.base, v)]
+        rows, by_partner, given, clean = self.rows, self.by_partner, self.given, self.clean
+        compatible = self.partners.compatible
+        while stack:
+            n, m = stack.pop()
+            key = (m.hash, n.hash)
+            if key in rows:
+                continue
+            rows[key] = m
+            by_partner.setdefault(n.hash, []).append(key)
+            for cn, cm in zip(n.children, m.children):
+                if cm.hash == cn.hash:
+                    clean[cn.hash] = cn
+                elif (cm.hash, cn.hash) in rows:
+                    continue
+                elif compatible(cn, cm):
+                    stack.append((cn, cm))
+                else:
+                    given[cm.hash] = cm
+        return ("row", (v.hash, self.base.hash))
+
+    def run(self, variants: list, inputs, cache: bool, info: RunInfo) -> list:
+        fdt = self.fdt
+        reads = [self._align(v) for v in variants]
+        leaves = [*self.clean.values(), *self.given.values()]
+        known: dict = {}
+        if leaves:
+            values = run_ops(leaves, inputs, fdt, cache=cache, info=info)
+            known = {n.hash: (v, None) for n, v in zip(leaves, values)}
+        # Where each row's value is: (array, None) for a plain value, (array, r) for row r of a
+        # chunk.  A partner's rows are dropped after the last partner that reads them.
+        loc: dict = {}
+        steps = [n for n in self.order if n.hash in self.by_partner]
+        last: dict = {}
+        for j, n in enumerate(steps):
+            for c in n.children:
+                last[c.hash] = j
+        drop: dict = {}
+        for h, j in last.items():
+            if h in self.by_partner and h != self.base.hash:
+                drop.setdefault(j, []).append(h)
+        computed = 0
+        for j, n in enumerate(steps):
+            row_keys = self.by_partner[n.hash]
+            if type(n) in _IDENTITY:
+                for key in row_keys:
+                    loc[key] = self._source(key, 0, n, loc, known)
+                continue
+            if len(row_keys) == 1:
+                key = row_keys[0]
+                args = []
+                for i in range(len(n.children)):
+                    array, r = self._source(key, i, n, loc, known)
+                    args.append(array if r is None else _pick(array, r))
+                loc[key] = (kernel(n, fdt)(*args), None)
+                computed += 1
+                continue
+            chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))
+            chunk = 1 << (chunk.bit_length() - 1)  # a power of two
+            for start in range(0, len(row_keys), chunk):
+                part = row_keys[start:start + chunk]
+                size = min(chunk, _pow2_at_least(len(part)))
+                args, axes = [], []
+                for i in range(len(n.children)):
+                    arg, axis = self._assemble(part, size, i, n, loc, known)
+                    args.append(arg)
+                    axes.append(axis)
+                value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
+                for r, key in enumerate(part):
+                    loc[key] = (value, r)
+                computed += 1
+            for h in drop.get(j, ()):
+                for key in self.by_partner[h]:
+                    loc.pop(key, None)
+        info.computed += computed
+        out = []
+        for kind, ref in reads:
+            array, r = known[ref] if kind == "given" else loc[ref]
+            out.append(array if r is None else _pick(array, r))
+        return out
+
+    def _source(self, key, i: int, n: Circuit, loc: dict, known: dict):
+        """Where child ``i`` of row ``key`` (a row of ``n``) is: ``(array, row or None)``."""
+        cm = self.rows[key].children[i]
+        cn = n.children[i]
+        if cm.hash == cn.hash:
+            return known[cn.hash]
+        found = loc.get((cm.hash, cn.hash))
+        if found is not None:
+            return found
+        return known[cm.hash]
+
+    def _assemble(self, part: list, size: int, i: int, n: Circuit, loc: dict, known: dict):
+        """Child ``i`` of the rows ``part`` of ``n`` (padded to ``size`` rows): ``(value, None)``
+        when every row reads the same plain value, else ``(stacked rows, 0)``."""
+        sources = [self._source(key, i, n, loc, known) for key in part]
+        first = sources[0]
+        if first[1] is None and all(s[0] is first[0] and s[1] is None for s in sources):
+            return first[0], None
+        if first[1] == 0 and first[0].shape[0] == size and \
+                all(s[0] is first[0] and s[1] == r for r, s in enumerate(sources)):
+            return first[0], 0  # the rows of one chunk, in order (padding rows read its padding)
+        arrays: list = []
+        offsets: dict = {}
+        index = []
+        for array, r in sources:
+            at = offsets.get(id(array))
+            if at is None:
+                at = offsets[id(array)] = (len(arrays), sum(_row_count(a) for a in arrays))
+                arrays.append((array, r is not None))
+            index.append(at[1] + (r or 0))
+        index += [index[-1]] * (size - len(index))
+        batched = tuple(b for _, b in arrays)
+        fn = _merge_kernel(tuple((a.shape, str(a.dtype)) for a, _ in arrays), batched, size)
+        return fn(np.asarray(index, np.int32), *[a for a, _ in arrays]), 0
+
+
+def _row_count(entry) -> int:
+    array, batched = entry
+    return array.shape[0] if batched else 1
+
+
+def _pick(array, r: int):
+    """Row ``r`` of ``array`` (one kernel per shape: a static slice would compile per row)."""
+
+    def make():
+        import jax.lax as lax
+
+        return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+    return _cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+
+
+def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+    """``node``'s kernel over ``size`` rows: ``vmap`` with the children's row axes ``axes``."""
+    key = ("rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, axes, size)
+
+    def make():
+        import jax
+
+        return jax.vmap(build_op(node, fdt), in_axes=axes)
+
+    return _cached_kernel(key, make)
+
+
+def _merge_kernel(shapes: tuple, batched: tuple, size: int):
+    """``(index, *sources) -> concatenate(sources as rows)[index]``: rows picked from chunks and
+    plain values (one row each)."""
+    key = ("merge", shapes, batched, size)
+
+    def make():
+        import jax.numpy as jnp
+
+        def merge(index, *sources):
+            rows = [s if b else s[None] for s, b in zip(sources, batched)]
+            return jnp.concatenate(rows, axis=0)[index] if len(rows) > 1 else rows[0][index]
+
+        return merge
+
+    return _cached_kernel(key, make)
