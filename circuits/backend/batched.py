@@ -17,7 +17,9 @@ array([[ 0.,  1.,  2.],
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 from typing import Mapping, NamedTuple
 
 import numpy as np
@@ -26,7 +28,7 @@ from ..errors import EvaluationError
 from ..nodes import Circuit
 from .batch_tuning import tail_sizes, tune_chunk
 from .binding import bind_arguments, float_dtype, precision
-from .lowering import package_outputs, program_with_also
+from .lowering import items_key_of, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
 from .runtime import check_mode, maybe_jit
@@ -54,7 +56,7 @@ class BatchPlan(NamedTuple):
 
 
 def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = None,
-               memory_budget: int | None = None, batched_args=()) -> BatchPlan:
+               memory_budget: int | None = None, batched_args=(), row_bytes: int | None = None) -> BatchPlan:
     """The chunk size: ``batch_size`` when given, else as many rows as fit ``memory_budget``
     (default ``DEFAULT_MEMORY_BUDGET``) by the cost model, at least one and at most ``total``.
 
@@ -65,9 +67,7 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     >>> p.chunk, p.row_bytes      # exp(x): 4096 bytes a row, and the row of x: 4096 more
     (5, 8192)
     """
-    roots = [program.nodes[i] for i in program.outputs]
-    order = [n for n in program.nodes if type(n) not in INPUT_TYPES]
-    row = peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
+    row = _row_bytes(program, fdt, batched_args) if row_bytes is None else row_bytes
     if batch_size is not None:
         chunk = min(int(batch_size), total) or 1
         return BatchPlan(chunk, row, None, f"batch_size={batch_size} given")
@@ -81,6 +81,48 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     if fit < 1:
         why += " (one row is over the budget: running one at a time)"
     return BatchPlan(chunk, row, budget, why)
+
+
+def _row_bytes(program: Program, fdt: str, batched_args) -> int:
+    """The cost model's bytes of temporaries for one row (``program`` with its nodes)."""
+    roots = [program.nodes[i] for i in program.outputs]
+    order = [n for n in program.nodes if type(n) not in INPUT_TYPES]
+    return peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
+
+
+# Lowered programs of recent calls, detached (no interior node kept alive), with the cost
+# model's row bytes per set of batched arguments: a circuit evaluated on batch after batch (a
+# masked search, a sweep over datasets) is lowered once.
+_LOWERED: collections.OrderedDict = collections.OrderedDict()
+_LOWERED_SIZE = 8
+_lowered_lock = threading.Lock()
+
+
+def _lowered(circuit: Circuit, fdt: str, also, batch_heads: bool):
+    """``(program, items, row bytes by batched-argument positions, whether the program has its
+    nodes)`` for ``circuit``, from the cache when it was lowered before."""
+    ikey = items_key_of(also)
+    key = (circuit.hash, fdt, ikey, bool(batch_heads)) if ikey is not None else None
+    if key is not None:
+        with _lowered_lock:
+            found = _LOWERED.get(key)
+            if found is not None:
+                _LOWERED.move_to_end(key)
+                return (*found, False)
+    program, items = program_with_also(circuit, fdt, also, batch_heads)
+    rows: dict = {}
+    if key is not None:
+        with _lowered_lock:
+            _LOWERED[key] = (program.detached(), items, rows)
+            while len(_LOWERED) > _LOWERED_SIZE:
+                _LOWERED.popitem(last=False)
+    return program, items, rows, True
+
+
+def clear_lowered() -> None:
+    """Forget the lowered programs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
+    with _lowered_lock:
+        _LOWERED.clear()
 
 
 def _devices(devices):
@@ -185,17 +227,25 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     check_mode(mode)
     if batch_size is not None and int(batch_size) < 1:
         raise EvaluationError(f"batch_size={batch_size}: give a positive number of rows")
-    program, items = program_with_also(circuit, fdt, also, batch_heads and mode != "eager")
     devs = _devices(devices)
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
+    heads = batch_heads and mode != "eager"
+    if devs is None and mesh is None:
+        program, items, rows, full = _lowered(circuit, fdt, also, heads)
+    else:  # placement reads the program's nodes
+        (program, items), rows, full = program_with_also(circuit, fdt, also, heads), {}, True
     with precision(fdt):
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         fn = _batched_function(program, axes, mode)
-        plan = plan_batch(program, total, fdt, batch_size, memory_budget,
-                          [n for n, ax in zip(program.arg_nodes(), axes) if ax == 0])
+        row = rows.get(axes)
+        if row is None:
+            if not full:
+                program = program_with_also(circuit, fdt, also, heads)[0]
+            row = rows[axes] = _row_bytes(program, fdt, [n for n, ax in zip(program.arg_nodes(), axes) if ax == 0])
+        plan = plan_batch(program, total, fdt, batch_size, memory_budget, row_bytes=row)
         chunk = plan.chunk
         log.info("evaluate_batched: %s", plan.reason)
         if verbose:

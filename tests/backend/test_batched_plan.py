@@ -51,3 +51,24 @@ def test_seed_sized_logits_run_in_small_chunks():
     plan = plan_batch(Program([loss], "float32"), 32, "float32", batched_args=[toks])
     assert 2 * 300 * 50259 * 4 < plan.row_bytes < 3 * 300 * 50259 * 4
     assert plan.chunk == 2
+
+
+def test_a_circuit_evaluated_on_batch_after_batch_is_lowered_once(monkeypatch):
+    """A masked search calls evaluate_batched on one circuit many times: it is lowered (program,
+    head batching, fusion, the cost model) on the first call only, until clear_cache."""
+    from circuits.backend import batched, clear_cache
+
+    x = C.Symbol((3,), name="x_lowered_once")
+    c = C.GeneralFunction("exp", C.Einsum.from_spec("a,->a", x, C.Scalar(3.0)))
+    calls = []
+    real = batched.program_with_also
+    monkeypatch.setattr(batched, "program_with_also", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for k in range(3):
+        out = batched.evaluate_batched(c, {x: np.full((4, 3), float(k), np.float32)})
+        np.testing.assert_allclose(out, np.exp(3.0 * np.full((4, 3), float(k))), rtol=1e-6)
+    assert len(calls) == 1
+    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)}, also=[c.children[0]])
+    assert len(calls) == 2  # another output set is another program
+    clear_cache("compiled")
+    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)})
+    assert len(calls) == 3
