@@ -138,3 +138,48 @@ def fill_structure_hashes(root: Circuit) -> None:
             continue
         node._blind_hash = structure_hash(
             node._hash_prefix, node._structure_bytes(), b"".join([c._blind_hash for c in node.children]))
+
+
+def trampoline(visit: Callable, key: Callable, request: tuple):
+    """``visit(*request)``'s result, where ``visit`` is written as a recursion but runs on an
+    explicit stack: as deep as memory allows, never the Python stack.
+
+    ``visit(*args)`` is a generator function: to get the result for other arguments it yields
+    them (a tuple) and receives that result; it returns its own.  Results are memoized under
+    ``key(*args)``: a request made again (a shared node, reached twice) is answered without
+    running ``visit`` again.  ``rewrites.push_modules`` walks circuits this way.
+
+    >>> def depth(n):            # the recursion depth(n) = depth(n - 1) + 1, 100,000 levels deep
+    ...     if n == 0:
+    ...         return 0
+    ...     return (yield (n - 1,)) + 1
+    >>> trampoline(depth, lambda n: n, (100_000,))
+    100000
+    >>> calls = []
+    >>> def fib(n):              # each fib(k) computed once, memoized under k
+    ...     calls.append(n)
+    ...     if n < 2:
+    ...         return n
+    ...     return (yield (n - 1,)) + (yield (n - 2,))
+    >>> trampoline(fib, lambda n: n, (90,)), len(calls)
+    (2880067194370816120, 91)
+    """
+    memo: dict = {}
+    root = key(*request)
+    stack = [(root, visit(*request))]
+    sent = None
+    while stack:
+        k, gen = stack[-1]
+        try:
+            request = gen.send(sent)
+        except StopIteration as done:
+            memo[k] = sent = done.value
+            stack.pop()
+            continue
+        rk = key(*request)
+        if rk in memo:
+            sent = memo[rk]
+        else:
+            stack.append((rk, visit(*request)))
+            sent = None
+    return memo[root]

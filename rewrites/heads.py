@@ -25,7 +25,7 @@ True
 
 from __future__ import annotations
 
-from circuits.backend.head_batching import batch_heads as _lower
+from circuits.backend import batch_heads as _lower
 from circuits.nodes import Circuit
 
 __all__ = ["batch_heads"]

@@ -63,7 +63,7 @@ from circuits.nodes import Circuit, Module, ModuleSpec, Symbol
 from circuits.nodes.expansion import expand_with_map, insert_axes, move_axes_behind
 from circuits.nodes.module import gains_into_symbols, map_sizes
 from circuits.select import as_matcher
-from circuits.traversal import toposort
+from circuits.traversal import toposort, trampoline
 
 __all__ = ["push_down_modules", "default_namer", "PushDownModuleError"]
 
@@ -135,72 +135,98 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
     """
     if not isinstance(circuit, Circuit):
         raise TypeError(f"push_down_modules takes a circuit node, got {type(circuit).__name__}")
-    namer = default_namer() if namer is None else namer
-    order = toposort(circuit)
-    symbols = _symbols_below(order)
-    end_depth = traversal if isinstance(traversal, int) and not isinstance(traversal, bool) else None
-    stop = set() if traversal is None or end_depth is not None else as_matcher(traversal).matches(circuit, order)
-    skip = set() if skip_module is None else as_matcher(skip_module).matches(circuit, order)
-    trim = remove_unused_inputs and elim_no_input_modules
+    pusher = _Pusher(circuit, traversal, skip_module, flatten_modules, namer, remove_unused_inputs,
+                     elim_no_input_modules)
+    return trampoline(pusher.visit, pusher.key, (circuit, (), 0))[0]
 
-    def keep(pairs, used):
+
+def _bound_in(frames) -> dict:
+    """Symbol hash -> (spec, pushed argument) of every Symbol the enclosing ``frames`` bind
+    (outermost first: an inner binding overrides)."""
+    out = {}
+    for f in frames:
+        for spec, arg in zip(f.specs, f.flat):
+            out[spec.symbol.hash] = (spec, arg)
+    return out
+
+
+class _Pusher:
+    """One ``push_down_modules`` call: its options, what it knows of the circuit (the Symbols
+    under each node, where pushing stops, which modules it skips) and ``visit``, the walk as a
+    recursion that ``circuits.traversal.trampoline`` runs on an explicit stack (results memoized
+    per node, innermost frame and, for ``traversal=k``, depth: see ``key``)."""
+
+    def __init__(self, circuit, traversal, skip_module, flatten_modules, namer, remove_unused_inputs,
+                 elim_no_input_modules):
+        self.namer = default_namer() if namer is None else namer
+        order = toposort(circuit)
+        self.symbols = _symbols_below(order)
+        self.end_depth = traversal if isinstance(traversal, int) and not isinstance(traversal, bool) else None
+        self.stop = (set() if traversal is None or self.end_depth is not None
+                     else as_matcher(traversal).matches(circuit, order))
+        self.skip = set() if skip_module is None else as_matcher(skip_module).matches(circuit, order)
+        self.flatten = flatten_modules
+        self.remove_unused = remove_unused_inputs
+        self.elim_no_input = elim_no_input_modules
+        self.trim = remove_unused_inputs and elim_no_input_modules
+        self.origin: dict = {}  # a body node rebuilt with its module's sizes -> the node it was (for stop and skip)
+
+    def key(self, node, frames, depth):
+        """What a result depends on: the node, the innermost frame (which names all the enclosing
+        ones) and, when pushing stops at a depth, the depth."""
+        return (node.hash, frames[-1].key if frames else None, depth if self.end_depth is not None else None)
+
+    def keep(self, pairs, used):
         """The (spec, argument) pairs a module made where pushing stops keeps."""
-        return [(sp, a) for sp, a in pairs if sp.symbol.hash in used] if remove_unused_inputs else list(pairs)
+        return [(sp, a) for sp, a in pairs if sp.symbol.hash in used] if self.remove_unused else list(pairs)
 
-    origin: dict = {}  # a body node rebuilt with its module's sizes -> the node it was (for stop and skip)
-
-    def concrete_spec(module):
+    def concrete_spec(self, module):
         specs, body, done = _concrete_spec(module)
         for old, (new, _) in done.items():
             if new.hash != old:
-                origin[new.hash] = origin.get(old, old)
+                self.origin[new.hash] = self.origin.get(old, old)
         return specs, body
 
-    def syms_of(node):
-        s = symbols.get(node.hash)
+    def syms_of(self, node):
+        s = self.symbols.get(node.hash)
         if s is None:  # a node built here (nested wrapping): walk it
             s = frozenset(n.hash for n in toposort(node) if type(n) is Symbol)
         return s
 
-    def bound_in(frames):
-        out = {}
-        for f in frames:  # outermost first: an inner binding overrides
-            for spec, arg in zip(f.specs, f.flat):
-                out[spec.symbol.hash] = (spec, arg)
-        return out
+    def name(self, node, frames):
+        """The name of ``node`` rebuilt inside ``frames`` (``namer``, innermost module first)."""
+        return self.namer(node, [f.module for f in reversed(frames)])
 
-    def finalize(node, frames):
+    def finalize(self, node, frames):
         """``node`` where pushing stops: wrapped in the modules whose Symbols it uses."""
-        flat = flatten_modules
+        flat = self.flatten
         if any(f.rename for f in frames):
             # inside a skipped module whose arguments took enclosing batch axes: one flat Module
             # (nested ones could not place those axes)
-            used = syms_of(node)
+            used = self.syms_of(node)
             renames = {s.symbol: a for f in frames if f.rename for s, a in zip(f.specs, f.flat)
                        if s.symbol.hash in used}
             frames, flat = tuple(f for f in frames if not f.rename), True
             if renames:
-                return _finalize_renamed(node, renames, frames, bound_in(frames), used, namer)
+                return _finalize_renamed(node, renames, frames, _bound_in(frames), used, self.namer)
         if not frames:
             return node, False
-        modules = [f.module for f in reversed(frames)]
         if flat:
-            used = syms_of(node)
-            pairs = keep(bound_in(frames).values(), used)
-            if not any(sp.symbol.hash in used for sp, _ in pairs) and elim_no_input_modules:
+            used = self.syms_of(node)
+            pairs = self.keep(_bound_in(frames).values(), used)
+            if not any(sp.symbol.hash in used for sp, _ in pairs) and self.elim_no_input:
                 return node, False
             spec = ModuleSpec(node, [s for s, _ in pairs], check_all_inputs_used=False)
-            return Module(spec, *(a for _, a in pairs), name=namer(node, modules)), True
+            return Module(spec, *(a for _, a in pairs), name=self.name(node, frames)), True
         out, created = node, False
         for i in range(len(frames) - 1, -1, -1):  # innermost module first; the outer ones wrap it
             f = frames[i]
-            used = syms_of(out)
-            pairs = keep(zip(f.specs, f.base), used)
+            used = self.syms_of(out)
+            pairs = self.keep(zip(f.specs, f.base), used)
             have = 0
-            if any(sp.symbol.hash in used for sp, _ in pairs) or not elim_no_input_modules:
+            if any(sp.symbol.hash in used for sp, _ in pairs) or not self.elim_no_input:
                 out = Module(ModuleSpec(out, [s for s, _ in pairs], check_all_inputs_used=False),
-                             *(a for _, a in pairs),
-                             name=namer(node, [g.module for g in reversed(frames[i:])]))
+                             *(a for _, a in pairs), name=self.name(node, frames[i:]))
                 created, have = True, len(out.batch_shape)
             batch = f.module.batch_shape
             if f.batched and have < len(batch) and any(g.batched for g in frames[:i]):
@@ -209,51 +235,23 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
                 out, created = insert_axes(out, 0, batch[:len(batch) - have]), True
         return out, created
 
-    memo: dict = {}
-
-    def visit(node, frames, depth):
-        """A generator: yields ``(child, frames, depth)`` requests, receives ``(result,
-        created)``, returns its own ``(result, created)``."""
+    def visit(self, node, frames, depth):
+        """A generator (see ``trampoline``): yields ``(child, frames, depth)`` requests, receives
+        their ``(result, created)``, returns its own ``(result, created)``."""
         h = node.hash
-        if frames:
-            bound = bound_in(frames)
-            used = syms_of(node)
-            if trim and not any(k in used for k in bound):
-                frames = ()  # nothing here depends on the enclosing modules
-        if end_depth is not None and depth >= end_depth or h in stop or origin.get(h) in stop:
-            return finalize(node, frames)
+        if frames and self.trim and not any(k in self.syms_of(node) for k in _bound_in(frames)):
+            frames = ()  # nothing here depends on the enclosing modules
+        if self.end_depth is not None and depth >= self.end_depth or h in self.stop or self.origin.get(h) in self.stop:
+            return self.finalize(node, frames)
         if type(node) is Symbol and frames:
-            hit = bound_in(frames).get(h)
+            hit = _bound_in(frames).get(h)
             if hit is not None:
                 return hit[1], False
-        skipped = h in skip or origin.get(h) in skip
+        skipped = h in self.skip or self.origin.get(h) in self.skip
         if type(node) is Module and not skipped:
-            outer_key = frames[-1].key if frames else None
-            flat = []
-            for a in node.args:
-                flat.append((yield (a, frames, depth + 1))[0])
-            base = flat
-            if frames and not flatten_modules:
-                base = []
-                for a in node.args:
-                    base.append((yield (a, (), depth + 1))[0])
-            specs, body = concrete_spec(node)
-            if node.batch_shape and any(f.batched for f in frames):
-                # Batch axes from two levels of modules (rust's fuse_modules): this module's
-                # batch axes go between an enclosing argument's batch axes and its own, and this
-                # module's arguments that gained enclosing batch axes get all of its own.
-                frames, flat = _fuse_batch(frames, specs, node.args, flat, node.batch_shape)
-                outer_key = frames[-1].key
-            frame = _Frame(node, specs, flat, base, outer_key)
-            out, created = yield (body, tuple(frames) + (frame,), depth + 1)
-            n = len(node.shape)
-            if out.shape[len(out.shape) - n:] != node.shape:  # batch axes of arguments it does not use
-                out, created = _broadcast_front(out, node.shape), True
-            if created:
-                out = out.rename(namer(node, [f.module for f in reversed(frames)]))
-            return out, created
+            return (yield from self.push_module(node, frames, depth))
         if type(node) is Module and frames:
-            bound = bound_in(frames)
+            bound = _bound_in(frames)
             for a in node.spec.arg_specs:
                 if a.symbol.hash in bound:
                     raise PushDownModuleError(
@@ -266,43 +264,50 @@ def push_down_modules(circuit: Circuit, traversal=None, *, skip_module=None, fla
         if all(k is c for k, c in zip(kids, node.children)):
             return node, False
         if type(node) is Module and any(k.shape != c.shape for k, c in zip(kids, node.children)):
-            # A skipped module whose arguments or body gain the enclosing batch axes (rust's
-            # expand of a Module): each argument's gained axes move behind its own batch axes
-            # into its Symbol, the body is pushed again with those Symbols, and the module's own
-            # batch axes go back behind the gained ones.
-            specs, args, renames = gains_into_symbols(node, kids[1:])
-            rename = _Frame(node, [a for a in node.spec.arg_specs if a.symbol in renames], list(renames.values()),
-                            list(renames.values()), frames[-1].key if frames else None, rename=True)
-            body = (yield (node.body, tuple(frames) + (rename,), depth + 1))[0]
-            mod = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=node.name)
-            gained = len(body.shape) - len(node.body.shape)
-            out = move_axes_behind(mod, len(mod.batch_shape), gained) if gained and mod.batch_shape else mod
-            return out.rename(namer(node, [f.module for f in reversed(frames)])), True
-        out = _rebuild(node, kids)
-        return out.rename(namer(node, [f.module for f in reversed(frames)])), True
+            return (yield from self.widen_skipped(node, kids, frames, depth))
+        return _rebuild(node, kids).rename(self.name(node, frames)), True
 
-    def key(node, frames, depth):
-        return (node.hash, frames[-1].key if frames else None, depth if end_depth is not None else None)
+    def push_module(self, node, frames, depth):
+        """``visit`` of a Module being pushed: its arguments pushed, then its body inside one
+        more frame."""
+        outer_key = frames[-1].key if frames else None
+        flat = []
+        for a in node.args:
+            flat.append((yield (a, frames, depth + 1))[0])
+        base = flat
+        if frames and not self.flatten:
+            base = []
+            for a in node.args:
+                base.append((yield (a, (), depth + 1))[0])
+        specs, body = self.concrete_spec(node)
+        if node.batch_shape and any(f.batched for f in frames):
+            # Batch axes from two levels of modules (rust's fuse_modules): this module's
+            # batch axes go between an enclosing argument's batch axes and its own, and this
+            # module's arguments that gained enclosing batch axes get all of its own.
+            frames, flat = _fuse_batch(frames, specs, node.args, flat, node.batch_shape)
+            outer_key = frames[-1].key
+        frame = _Frame(node, specs, flat, base, outer_key)
+        out, created = yield (body, tuple(frames) + (frame,), depth + 1)
+        n = len(node.shape)
+        if out.shape[len(out.shape) - n:] != node.shape:  # batch axes of arguments it does not use
+            out, created = _broadcast_front(out, node.shape), True
+        if created:
+            out = out.rename(self.name(node, frames))
+        return out, created
 
-    root_key = key(circuit, (), 0)
-    stack = [(root_key, visit(circuit, (), 0))]
-    send = None
-    while stack:
-        k, gen = stack[-1]
-        try:
-            request = gen.send(send)
-        except StopIteration as done:
-            memo[k] = done.value
-            stack.pop()
-            send = done.value
-            continue
-        rk = key(*request)
-        if rk in memo:
-            send = memo[rk]
-        else:
-            stack.append((rk, visit(*request)))
-            send = None
-    return memo[root_key][0]
+    def widen_skipped(self, node, kids, frames, depth):
+        """``visit`` of a skipped module whose arguments or body gain the enclosing batch axes
+        (rust's expand of a Module): each argument's gained axes move behind its own batch axes
+        into its Symbol, the body is pushed again with those Symbols, and the module's own batch
+        axes go back behind the gained ones."""
+        specs, args, renames = gains_into_symbols(node, kids[1:])
+        rename = _Frame(node, [a for a in node.spec.arg_specs if a.symbol in renames], list(renames.values()),
+                        list(renames.values()), frames[-1].key if frames else None, rename=True)
+        body = (yield (node.body, tuple(frames) + (rename,), depth + 1))[0]
+        mod = Module(ModuleSpec(body, specs, check_all_inputs_used=False), *args, name=node.name)
+        gained = len(body.shape) - len(node.body.shape)
+        out = move_axes_behind(mod, len(mod.batch_shape), gained) if gained and mod.batch_shape else mod
+        return out.rename(self.name(node, frames)), True
 
 
 def _symbols_below(order) -> dict:

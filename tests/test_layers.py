@@ -6,6 +6,10 @@
 Every import is checked, module-level and function-level alike. The one sanctioned exception is
 the node protocol's convenience methods (``c.to_text()``, ``c.evaluate()``, ``c.get(...)``), which
 import their implementations lazily from ``circuits/nodes/base.py``: they are listed in ALLOWED.
+
+The backend has one door: a module above it imports ``circuits.backend`` (the package, whose
+``__all__`` is the backend's public surface: ``Lowered`` for a lowered program), never one of its
+submodules (``circuits.backend.runtime``, ``.program``...).
 """
 
 import ast
@@ -71,9 +75,8 @@ def imports_of(path: Path):
             else:
                 target = node.module
             yield node.lineno, target
-            if node.module is None or node.level:  # `from . import x` may import a submodule
-                for alias in node.names:
-                    yield node.lineno, f"{target}.{alias.name}"
+            for alias in node.names:  # `from . import x`, `from circuits.backend import runtime` may import a submodule
+                yield node.lineno, f"{target}.{alias.name}"
 
 
 def violations():
@@ -97,6 +100,49 @@ def violations():
 
 def test_no_module_imports_a_higher_layer():
     assert violations() == []
+
+
+BACKEND = ROOT / "circuits" / "backend"
+
+
+def backend_submodule(target: str):
+    """The backend submodule ``target`` names (``circuits.backend.runtime``, or a name inside one),
+    None for the package itself and the names it exports."""
+    parts = target.split(".")
+    if parts[:2] != ["circuits", "backend"] or len(parts) < 3:
+        return None
+    sub = BACKEND.joinpath(*parts[2:3])
+    return ".".join(parts[:3]) if sub.with_suffix(".py").exists() or sub.is_dir() else None
+
+
+def backdoors():
+    """Imports of a backend submodule from a module above the backend."""
+    found = []
+    backend_layer = layer_of("circuits.backend")[0]
+    files = sorted([*ROOT.joinpath("circuits").rglob("*.py"), *ROOT.joinpath("rewrites").rglob("*.py")])
+    for path in files:
+        me = module_name(path)
+        mine = layer_of(me)
+        if mine is None or mine[0] <= backend_layer:
+            continue
+        seen = set()
+        for line, target in imports_of(path):
+            sub = backend_submodule(target)
+            if sub is not None and (line, sub) not in seen:
+                seen.add((line, sub))
+                found.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {sub}; import it from circuits.backend")
+    return found
+
+
+def test_modules_above_the_backend_use_its_one_door():
+    assert backdoors() == []
+
+
+def test_the_door_check_tells_a_submodule_from_an_exported_name():
+    assert backend_submodule("circuits.backend.runtime") == "circuits.backend.runtime"
+    assert backend_submodule("circuits.backend.runtime.bind_arguments") == "circuits.backend.runtime"
+    assert backend_submodule("circuits.backend.evaluate") is None  # `from ..backend import evaluate`
+    assert backend_submodule("circuits.backend") is None
 
 
 def test_every_package_has_a_layer():

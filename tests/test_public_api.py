@@ -107,3 +107,19 @@ def test_circuit_selection_methods():
     assert [n.name for n in c.paths("x")[0]] == ["y", "e", "x"]
     z = c.update("x", lambda n: C.Array(np.zeros(2, np.float32), name="x"))
     np.testing.assert_allclose(C.evaluate(z), [1.0, 1.0])
+
+
+def test_backend_door_names():
+    # circuits.backend is the backend's one door for the layers above it (tests/test_layers.py):
+    # what it exports is a decision too
+    import circuits.backend as backend
+
+    assert set(backend.__all__) == {
+        "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad", "value_and_grad",
+        "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run", "symbolic_equal",
+        "symbolic_evaluate", "SymbolTable",
+        "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps",
+        "value_bytes", "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
+    }
+    for name in backend.__all__:
+        assert getattr(backend, name) is not None

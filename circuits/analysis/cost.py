@@ -44,14 +44,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..backend.einsum import einsum_steps
-from ..backend.memory import INPUT_TYPES, einsum_temp_bytes, live_bytes, value_bytes
-from ..backend.runtime import float_dtype
+from ..backend import Lowered, einsum_steps, einsum_temp_bytes, float_dtype, live_bytes, value_bytes
 from ..errors import CircuitError
 from ..nodes import Add, Circuit, Einsum, GeneralFunction, Index, Tag
 from ..shapes import shape_text
 from ..text.html import escape
 from ..traversal import toposort
+
+INPUT_TYPES = Lowered.ARGUMENT_TYPES  # Arrays, Scalars and Symbols: inputs, not computed
 
 __all__ = ["cost", "Cost", "NodeCost", "KINDS", "format_bytes"]
 

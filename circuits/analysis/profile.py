@@ -40,8 +40,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..backend.program import ARGUMENT_TYPES, Program
-from ..backend.runtime import bind_arguments, cached_jit, float_dtype, precision
+from ..backend import Lowered, Program, float_dtype, precision
+from ..backend import compile as compile_circuit
 from ..errors import CircuitError, EvaluationError
 from ..nodes import Circuit
 
@@ -77,7 +77,7 @@ def _segments(program: Program, roots: Sequence[Circuit]):
     """Segment heads in toposort order: named computed nodes, roots, and unnamed nodes that
     several segments use."""
     nodes = program.nodes
-    computed = [i for i, n in enumerate(nodes) if type(n) not in ARGUMENT_TYPES]
+    computed = [i for i, n in enumerate(nodes) if type(n) not in Lowered.ARGUMENT_TYPES]
     consumers: dict[int, list[int]] = {}
     for i in computed:
         for j in program.child_slots[i]:
@@ -206,19 +206,20 @@ def profile(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32",
     import jax
 
     fdt = float_dtype(dtype)
+    whole = Lowered(circuit, fdt).program
     with precision(fdt):
-        whole = Program([circuit], fdt)
         heads = _segments(whole, [circuit])
         head_hashes = {whole.nodes[i].hash for i in heads}
         position = {whole.nodes[i].hash: k for k, i in enumerate(heads)}
         plans = []
         for i in heads:
             node = whole.nodes[i]
-            prog = Program([node], fdt, given=head_hashes - {node.hash})
+            segment = Lowered(node, fdt, given=head_hashes - {node.hash})
+            prog = segment.program
             given = {prog.nodes[s].hash: None for s in prog.given_slots}
-            args = bind_arguments(prog, inputs, fdt, given=given)
+            args = segment.bind(inputs, given=given)
             slots = [(k, position[prog.nodes[s].hash]) for k, s in enumerate(prog.arg_slots) if s in prog.given_slots]
-            fn = cached_jit((prog.key, "run"), lambda prog=prog: prog.skeleton().run)
+            fn = segment.function("jit")
             plans.append((fn, args, slots))
         # a segment's value is dropped after the last segment that reads it
         last_reader = {}
@@ -252,8 +253,6 @@ def profile(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32",
         wall = (time.perf_counter() - start) / int(repeat)
         plain = None
         if baseline:
-            from ..backend.evaluation import compile as compile_circuit
-
             f = compile_circuit(circuit, dtype=fdt)
             f(inputs)
             start = time.perf_counter()

@@ -8,10 +8,16 @@ Modules, in dependency order:
 - ``program``: the value-free ``Skeleton`` (ops, wiring, one interpreter loop, traceable) and the
   ``Program`` (a circuit in toposort order with its Arrays and Scalars as arguments, keyed by
   name- and value-blind structure);
-- ``runtime``: precision, argument binding and checks, the one jit policy (``maybe_jit``) and the
-  one compile cache (``cached_jit``);
+- ``binding``: precision, checking and binding argument values (``bind_arguments``), and the
+  values on the device that every path shares;
+- ``lowering``: a circuit to the program ``evaluate`` runs (``also=`` nodes, per-head sums
+  batched), the programs of live circuits cached;
+- ``runtime``: the one jit policy (``maybe_jit``) and the one compile cache (``cached_jit``);
+  it re-exports binding's and lowering's names for the modules that import them from there;
 - ``incremental``: op-by-op evaluation through kernels cached per operation, over a
   process-wide value cache keyed by node identity and bound values;
+- ``variants``: ``run_variants``, a sweep's variants op by op, their changed nodes as rows of one
+  kernel per base node;
 - ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
   ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
@@ -19,7 +25,18 @@ Modules, in dependency order:
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
-- ``symbolic``: the sympy interpreter behind ``symbolic_equal``.
+- ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
+- ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).
+
+This package is the backend's one door: the layers above it (models, analysis, rewrites,
+interp, importers) import what they need from ``circuits.backend``, never from its submodules
+(``tests/test_layers.py`` checks it).  Besides the evaluation entry points they get ``Lowered``
+(profile's segments, sweep's programs, the attribution graph's traced function), the op-by-op
+tier (``run_variants``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
+with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), the lowerings
+that ``rewrites`` also offers as rewrites (``batch_heads``, ``gathered_minus_logsumexp``) and
+``float_dtype`` (the ``dtype=`` option, checked) with ``precision`` (the context JAX computes in
+for it).
 
 The package is not named ``evaluate``: that is the public function ``circuits.evaluate``.
 
@@ -30,17 +47,28 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 """
 
 from .batched import evaluate_batched
+from .binding import float_dtype, precision
 from .caches import cache_stats, clear_cache, set_cache_size
 from .eager import Eager
+from .einsum import einsum_steps
 from .evaluation import Compiled, compile, evaluate, make_jaxpr
+from .fusion import gathered_minus_logsumexp
 from .gradients import grad, value_and_grad
+from .head_batching import batch_heads
+from .incremental import RunInfo, has_batch_axis
+from .lowered import Lowered
+from .memory import einsum_temp_bytes, live_bytes, value_bytes
 from .program import Program
-from .runtime import JIT_MAX_OPS
+from .runtime import JIT_MAX_OPS, check_mode
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 from .tiers import last_run
+from .variants import run_variants
 
 __all__ = [
     "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad",
     "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run",
     "symbolic_equal", "symbolic_evaluate", "SymbolTable",
+    # the door for the layers above (see the module docstring)
+    "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
+    "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
 ]

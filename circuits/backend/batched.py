@@ -27,18 +27,11 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .batch_tuning import tail_sizes, tune_chunk
+from .binding import bind_arguments, float_dtype, precision
+from .lowering import cached_program, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
-from .runtime import (
-    bind_arguments,
-    cached_program,
-    check_mode,
-    float_dtype,
-    maybe_jit,
-    package_outputs,
-    precision,
-    program_with_also,
-)
+from .runtime import check_mode, maybe_jit
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
 

@@ -33,9 +33,10 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .binding import bind_arguments, float_dtype, precision
 from .caches import register_eager
+from .lowering import resolve_nodes
 from .program import Program
-from .runtime import bind_arguments, float_dtype, precision, resolve_nodes
 
 __all__ = ["Eager"]
 

@@ -18,7 +18,7 @@ hand-written forward computes:
   the GPT-2 and Llama builders print it) is moved onto the Einsum's operands first.
 
 It is a lowering choice, not a rewrite: ``compile``, ``evaluate`` and ``evaluate_batched`` make
-it where they batch heads (``circuits.backend.runtime.program_with_also``; ``batch_heads=False``
+it where they batch heads (``circuits.backend.lowering.program_with_also``; ``batch_heads=False``
 lowers the circuit as printed), the circuit itself is untouched and the value is the same up to
 float rounding (``tests/backend/test_fusion.py`` checks it against the plain lowering in float32
 and float64, on the seed, GPT-2, Llama and drawn circuits).  A ``log_softmax`` that a node other

@@ -23,18 +23,11 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .binding import bind_arguments, float_dtype, precision
 from .incremental import RunInfo, grads_ops, has_batch_axis
+from .lowering import as_items, resolve_nodes
 from .program import Program
-from .runtime import (
-    as_items,
-    bind_arguments,
-    check_mode,
-    float_dtype,
-    maybe_jit,
-    precision,
-    resolve_nodes,
-    worth_compiling,
-)
+from .runtime import check_mode, maybe_jit, worth_compiling
 from .tiers import note_op_run, record, whole_program_ready
 
 __all__ = ["grad", "value_and_grad"]

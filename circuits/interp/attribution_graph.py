@@ -301,21 +301,19 @@ def _check_affine(targets: Sequence[Circuit], leaves: set[bytes]) -> None:
 
 def _jax_function(targets: Sequence[Circuit], leaves: Sequence[Symbol], values: Mapping[str, np.ndarray], fdt: str):
     """``(f, clean leaves)``: ``f(*leaf values) -> tuple of target values``, a traceable function."""
-    from ..backend.program import Program
-    from ..backend.runtime import bind_arguments, precision
+    from ..backend import Lowered
 
-    program = Program(list(targets), fdt)
-    with precision(fdt):
-        args = bind_arguments(program, {s.name: values[s.name] for s in leaves}, fdt)
-    slots = {n.hash: i for i, n in enumerate(program.arg_nodes())}
+    lowered = Lowered(list(targets), fdt)
+    args = lowered.bind({s.name: values[s.name] for s in leaves})
+    slots = {n.hash: i for i, n in enumerate(lowered.args)}
     where = [slots[s.hash] for s in leaves]
-    skeleton = program.skeleton()
+    run = lowered.traceable()
 
     def f(*leaf_values):
         a = list(args)
         for i, v in zip(where, leaf_values):
             a[i] = v
-        return tuple(skeleton.run(a))
+        return tuple(run(a))
 
     return f, [args[i] for i in where]
 
@@ -345,8 +343,7 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     >>> [n['id'] for n in g.nodes if n['kind'] == 'logit']
     ['logit_3_3']
     """
-    from ..backend import evaluate
-    from ..backend.runtime import precision
+    from ..backend import evaluate, precision
 
     if saes:
         for site, sae in saes.items():

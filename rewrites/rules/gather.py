@@ -18,7 +18,7 @@ part of ``simp``; ``rewrites.optimize`` runs them (never into a node that other 
 
 from __future__ import annotations
 
-from circuits.backend.fusion import gathered_minus_logsumexp
+from circuits.backend import gathered_minus_logsumexp
 from circuits.errors import CircuitError
 from circuits.functions import GenIndex
 from circuits.nodes import Einsum, GeneralFunction

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
-from circuits.backend import compile, evaluate, evaluate_batched, runtime, value_and_grad
+from circuits.backend import binding, compile, evaluate, evaluate_batched, value_and_grad
 from circuits.backend.program import Skeleton
 
 
@@ -37,15 +37,15 @@ def model(seed: int, tag: str):
 
 @pytest.fixture
 def uploads(monkeypatch):
-    """Every value ``runtime._upload`` sends to the device, in order."""
+    """Every value ``binding._upload`` sends to the device, in order."""
     seen = []
-    real = runtime._upload
+    real = binding._upload
 
     def counted(value):
         seen.append(np.asarray(value))
         return real(value)
 
-    monkeypatch.setattr(runtime, "_upload", counted)
+    monkeypatch.setattr(binding, "_upload", counted)
     return seen
 
 
@@ -160,20 +160,20 @@ def test_each_precision_has_its_own_device_value(uploads):
 
 def test_device_values_die_with_their_tensor():
     gc.collect()
-    before = runtime.device_cache_info()["arrays"]
+    before = binding.device_cache_info()["arrays"]
     node = Array(weights(50), name="w_dies")
     evaluate(GeneralFunction("exp", node))
-    assert runtime.device_cache_info()["arrays"] == before + 1
+    assert binding.device_cache_info()["arrays"] == before + 1
     del node
     gc.collect()
-    assert runtime.device_cache_info()["arrays"] == before
+    assert binding.device_cache_info()["arrays"] == before
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="aliasing is what the CPU backend does")
 def test_on_the_cpu_the_device_value_is_the_host_value():
     # no second copy of a tensor on the CPU: the device value aliases the Array's own buffer
     node = Array(weights(60, (64, 64)), name="w_alias")
-    device = runtime.leaf_value(node, "float32", [])
+    device = binding.leaf_value(node, "float32", [])
     assert node.value.ctypes.data % 64 == 0
     assert device.unsafe_buffer_pointer() == node.value.ctypes.data
 
@@ -182,7 +182,7 @@ def test_threads_share_one_upload(uploads):
     node = Array(weights(80, (8, 8)), name="w_threads")
     circuit = GeneralFunction("exp", node)
     evaluate(circuit)  # compiled once; the device value is dropped below, the code stays
-    runtime._on_device.clear()
+    binding._on_device.clear()
     del uploads[:]
     results, barrier = [], threading.Barrier(4)
 
@@ -198,6 +198,6 @@ def test_threads_share_one_upload(uploads):
     for r in results:
         np.testing.assert_allclose(r, np.exp(node.value), rtol=1e-6)
     assert len(results) == 4
-    assert runtime.device_cache_info()["arrays"] >= 1
-    value = runtime.leaf_value(node, "float32", [])
-    assert all(runtime.leaf_value(node, "float32", []) is value for _ in range(3))
+    assert binding.device_cache_info()["arrays"] >= 1
+    value = binding.leaf_value(node, "float32", [])
+    assert all(binding.leaf_value(node, "float32", []) is value for _ in range(3))

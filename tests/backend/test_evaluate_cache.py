@@ -11,7 +11,7 @@ import pytest
 
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar, Symbol, evaluate
 from circuits.backend import program as program_module
-from circuits.backend.runtime import cached_program, program_cache_info
+from circuits.backend.lowering import cached_program, program_cache_info
 from circuits.errors import EvaluationError
 
 
@@ -104,7 +104,7 @@ def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():
     cache's own lock is held (any allocation may start it): its callback must still get in."""
     import threading
 
-    from circuits.backend import runtime
+    from circuits.backend import lowering
 
     c, _ = small(seed=11)
     evaluate(c, {"x": np.zeros(4)}, mode="jit")
@@ -115,7 +115,7 @@ def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():
 
     def collect_under_lock():
         nonlocal cycle
-        with runtime._programs_lock:
+        with lowering._programs_lock:
             cycle = None
             gc.collect()
 

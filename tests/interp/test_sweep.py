@@ -297,3 +297,23 @@ def test_a_sweep_over_a_dataset_gives_values_batch_axis_first(model):
         for i in range(3):
             np.testing.assert_allclose(result[name][i], C.evaluate(v, {sym: batch[i]}), rtol=2e-5, atol=2e-6)
     assert result.base.shape == (3, *clean.shape)
+
+
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_a_variant_patched_from_tokens_outside_the_vocabulary_is_refused_as_evaluate_refuses_it(model, mode):
+    # Regression (issue 23 item 7): the compiled sweep bound a variant's own leaves with its own copy
+    # of the argument binding and skipped the index-range check, so such a variant gave NaN.
+    w, toks, _ = model
+    clean = attn_only(w, toks)
+    tokens = clean.get_unique("toks_int_var")
+    bad = toks.copy()
+    bad[3] = VOCAB + 5
+    as_array = replace(clean, {tokens: C.Array(bad.astype(tokens.dtype), name=tokens.name)})
+    sym = C.Symbol(tokens.shape, name="bad_toks", dtype=tokens.dtype)
+    as_symbol = replace(clean, {tokens: sym})
+    for variant, inputs in ((as_array, None), (as_symbol, {"bad_toks": bad})):
+        with pytest.raises(EvaluationError, match=f"holds index {VOCAB + 5}, outside \\[0, {VOCAB}\\)") as evaluated:
+            C.evaluate(variant, inputs)
+        with pytest.raises(EvaluationError, match=f"holds index {VOCAB + 5}, outside \\[0, {VOCAB}\\)") as swept:
+            sweep(clean, {"ok": clean, "bad": variant}, inputs, mode=mode)
+        assert str(evaluated.value).splitlines()[1:] == str(swept.value).splitlines()[1:]

@@ -12,6 +12,7 @@ from circuits import Add, Module, Symbol, parse, parse_many
 from circuits.check import check
 from circuits.testing import circuits_with_inputs
 from rewrites.push_modules import PushDownModuleError, default_namer, push_down_modules
+from tests.deep import build_deep_chain
 
 from .rewrite_helpers import RULE_SETTINGS, assert_same
 
@@ -267,6 +268,35 @@ def test_deep_chain_inside_a_module():
     out = push_down_modules(m)
     assert distinct(out, Module) == [] and distinct(out, Symbol) == []
     np.testing.assert_allclose(value(out), value(m))
+
+
+def keep_names(node, modules):
+    return node.name
+
+
+@pytest.mark.usefixtures("low_recursion_limit")
+@pytest.mark.parametrize("depth, traversal", [
+    (10_000, None),
+    pytest.param(50_000, None, marks=pytest.mark.slow),
+    pytest.param(50_000, 30_001, marks=pytest.mark.slow),  # stops at the Add of level 19,999
+])
+def test_tens_of_thousands_of_levels_push_down_without_recursion(depth, traversal):
+    # the shared deep chain (tests/deep.py) as the body of a module binding its leaf, pushed with
+    # 250 frames of Python stack to spare.  The oracle: the chain built again on the argument
+    # (pushed all the way), or, stopped at a depth, a module around the part below it, which
+    # substitutes to the same.
+    x = Symbol((2,), name="x")
+    arg = C.Array(np.array([0.5, -0.25], np.float32), name="arg")
+    m = Module(C.ModuleSpec(build_deep_chain(depth, tag="deep.", leaf=x), [C.ModuleArgSpec(x)]), arg, name="deep")
+    out = push_down_modules(m, traversal=traversal, namer=keep_names)
+    by_hand = build_deep_chain(depth, tag="deep.", leaf=arg)
+    if traversal is None:
+        assert out.name == "deep" and out.children == by_hand.children
+    else:
+        (inner,) = distinct(out, Module)
+        level = depth - traversal  # the Module is at depth 0, the chain's top (level depth - 1) at 1
+        assert inner.body.name == f"deep.n{level}" and inner.args == (arg,)
+        assert C.substitute_all_modules(out).children == by_hand.children
 
 
 @RULE_SETTINGS

@@ -1,0 +1,186 @@
+"""A circuit to the program ``evaluate`` runs: the nodes ``also=`` names (by node or by name)
+as extra outputs, sums of per-head subcircuits batched (``circuits.backend.head_batching``),
+and the programs of live circuits cached, so a warm ``evaluate`` skips the lowering.
+
+>>> from circuits import Add, Symbol
+>>> x = Symbol((2,), name='x')
+>>> program, items = program_with_also(Add(x, x, name='y'), 'float32', 'x')
+>>> [n.name for n in program.nodes], items
+(['x', 'y'], ['x'])
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import threading
+import weakref
+
+from ..errors import SelectionError
+from ..nodes import Circuit
+from .fusion import lower as batch_heads_lowering  # heads batched, then gathered log_softmax fused
+from .fusion import worth_lowering as has_head_sums
+from .program import Program
+
+__all__ = [
+    "resolve_nodes", "as_items", "program_with_also", "cached_program", "program_cache_info", "package_outputs",
+    "items_key_of",
+]
+
+
+# ---------------------------------------------------------------------------- nodes by name
+def as_items(also) -> list:
+    """The ``also=`` (or ``wrt=``) option as a list: one node or name, or a sequence of them."""
+    if also is None:
+        return []
+    return [also] if isinstance(also, (str, Circuit)) else list(also)
+
+
+def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
+    """A program computing ``circuit`` then the nodes ``also`` names; and the items as given.
+
+    ``batch_heads=True`` lowers sums of per-head subcircuits to one computation over a head axis
+    (``circuits.backend.head_batching``); nodes named by ``also`` keep their values."""
+    items = as_items(also)
+    program = Program([circuit], fdt)
+    wanted = resolve_nodes(program, items, "also") if items else []
+    if batch_heads and has_head_sums(program.nodes):
+        (root,), kept = batch_heads_lowering([circuit], wanted)
+        if root is not circuit:
+            return Program([root, *(kept[n.hash] for n in wanted)], fdt), items
+    if wanted:
+        program = program.with_outputs([circuit, *wanted])
+    return program, items
+
+
+# ---------------------------------------------------------------------------- programs of live circuits
+# ``evaluate`` called again on a circuit it has seen reuses the circuit's lowered program: no new
+# walk, key or argument table, so a warm ``evaluate`` costs what a ``Compiled`` call costs.  An
+# entry is keyed by the identity of the root (checked through a weak reference), holds a
+# *detached* program (its leaves, its skeleton; no interior node, so not the root), and goes
+# when the root dies; at most ``_PROGRAMS_SIZE`` roots are kept, the least recently used go first.
+
+_PROGRAMS_SIZE = 64
+_PROGRAMS_PER_ROOT = 8
+_programs: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # id(root) -> (weakref, {key: entry})
+# Reentrant: a root's weak reference callback (``_drop_program``) can run in the thread that holds
+# the lock, when the garbage collector frees a circuit during an update of the table.
+_programs_lock = threading.RLock()
+
+
+def items_key_of(also):
+    """A hashable key for the ``also=`` option (names, or nodes by hash); None when an item is
+    neither.
+
+    >>> items_key_of(['a'])
+    (('name', 'a'),)
+    """
+    return _items_key(as_items(also))
+
+
+def _items_key(items: list):
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append(("name", item))
+        elif isinstance(item, Circuit):
+            out.append(("node", item.hash))
+        else:
+            return None
+    return tuple(out)
+
+
+def _drop_program(key, ref):
+    if _programs is None:  # interpreter shutdown: the module's globals are already gone
+        return
+    with _programs_lock:
+        found = _programs.get(key)
+        if found is not None and found[0] is ref:
+            del _programs[key]
+
+
+def cached_program(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
+    """``program_with_also`` for evaluation, from the cache of live circuits' programs (the
+    program comes back detached: ready to bind and run, without its interior nodes).
+
+    >>> from circuits import Add, Symbol
+    >>> x = Symbol((2,), name='x')
+    >>> c = Add(x, x)
+    >>> cached_program(c, 'float32', None)[0] is cached_program(c, 'float32', None)[0]
+    True
+    """
+    items = as_items(also)
+    ikey = _items_key(items)
+    if not circuit.children or ikey is None:  # a leaf would keep itself alive in its own entry
+        return program_with_also(circuit, fdt, also, batch_heads)
+    rkey, pkey = id(circuit), (fdt, ikey, bool(batch_heads))
+    found = _programs.get(rkey)
+    if found is not None and found[0]() is circuit:
+        entry = found[1].get(pkey)
+        if entry is not None:
+            with _programs_lock:
+                if rkey in _programs:
+                    _programs.move_to_end(rkey)
+            return entry, items
+    program, items = program_with_also(circuit, fdt, also, batch_heads)
+    detached = program.detached()
+    with _programs_lock:
+        found = _programs.get(rkey)
+        if found is None or found[0]() is not circuit:
+            ref = weakref.ref(circuit, lambda r, k=rkey: _drop_program(k, r))
+            found = _programs[rkey] = (ref, {})
+        per_root = found[1]
+        per_root[pkey] = detached
+        while len(per_root) > _PROGRAMS_PER_ROOT:
+            del per_root[next(iter(per_root))]
+        _programs.move_to_end(rkey)
+        while len(_programs) > _PROGRAMS_SIZE:
+            _programs.popitem(last=False)
+    return detached, items
+
+
+def program_cache_info() -> dict:
+    """How many live circuits have a cached program (``roots``) and how many programs in all."""
+    with _programs_lock:
+        entries = list(_programs.values())
+        return {"roots": len(entries), "programs": sum(len(v[1]) for v in entries)}
+
+
+def package_outputs(outs: list, items: list):
+    """The root's value alone, or ``(value, {item: value})`` when ``also=`` named ``items``."""
+    if not items:
+        return outs[0]
+    return outs[0], dict(zip(items, outs[1:]))
+
+
+def resolve_nodes(program: Program, items, what: str) -> list[Circuit]:
+    """Nodes of ``program`` named by ``items`` (nodes, or names matching exactly one distinct
+    node); raises ``SelectionError`` naming the item otherwise."""
+    out = []
+    by_name: dict[str, list[Circuit]] | None = None
+    for item in items:
+        if isinstance(item, Circuit):
+            if item.hash not in program.slot_of:
+                raise SelectionError(f"{what}: {item.line()} is not a node of this circuit")
+            out.append(item)
+            continue
+        if not isinstance(item, str):
+            raise SelectionError(f"{what}: expected nodes or node names, got {item!r}")
+        if by_name is None:
+            by_name = {}
+            for n in program.nodes:
+                if n.name is not None:
+                    by_name.setdefault(n.name, []).append(n)
+        found = by_name.get(item, [])
+        if not found:
+            close = difflib.get_close_matches(item, list(by_name), n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise SelectionError(f"{what}: no node named {item!r} in this circuit{hint}")
+        if len(found) > 1:
+            lines = "\n  ".join(n.line() for n in found[:5])
+            raise SelectionError(
+                f"{what}: name {item!r} is ambiguous, {len(found)} distinct nodes have it:\n  {lines}\n"
+                "pass the node itself instead of its name"
+            )
+        out.append(found[0])
+    return out
