@@ -196,19 +196,21 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     edges(circuit)  # a model without heads is an error before anything runs
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
-    masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
-    obj = _Objective(m, feed, dtype, batch_size)
+    clean = clean_for(circuit, metric, feed, dtype)
     n = len(g)
     info: dict = {}
     found = None
+    if method == "eap":
+        scores = _eap(g, source, ablation, metric, clean, feed, dtype)
+        return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
+    masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
+    m = metric_node(masked, metric, clean=clean)
+    obj = _Objective(m, feed, dtype, batch_size)
     if method == "exact":
         values = obj.values(np.concatenate([np.zeros((1, n), np.float32), np.eye(n, dtype=np.float32)]))
         scores = values[1:] - values[0]
-    elif method == "eap":
-        scores = obj.grad(np.zeros(n, np.float32))
     elif method == "eap-ig-mask":
-        scores = obj.mean_grad([np.full(n, k / steps, np.float32) for k in range(steps + 1)])
+        scores = _eap_ig_mask(g, m, source, ablation, feed, steps, dtype)
         info["steps"] = steps
     elif method == "eap-ig":
         scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
@@ -271,6 +273,9 @@ def clean_for(circuit: Circuit, metric, feed: dict, dtype):
     return sym
 
 
+_VALUES: dict = {}  # (metric node hash, dtype) -> MaskedValues: a warm discover re-lowers nothing
+
+
 class _Objective:
     """The mean metric over the batch (or the one example) of the masked program, and its
     gradient with respect to the mask."""
@@ -282,29 +287,28 @@ class _Objective:
         self._compiled = None
 
     def values(self, masks: np.ndarray, extra: dict | None = None) -> np.ndarray:
-        """The metric for each mask row ``[K, edges] -> [K]``, one batched evaluation."""
-        from ..backend import evaluate_batched
-
+        """The metric for each mask row ``[K, edges] -> [K]``: one compiled program, run on
+        chunks of masks (all masks up to 256 example rows, padded to a multiple of CHUNK, so
+        that the calls of this program, all edges for 'exact', a curve's sizes, share it)."""
         masks = np.asarray(masks, np.float32)
-        feed = {self.mask: np.repeat(masks, self.rows, axis=0)}
-        for sym, v in self.feed.items():
-            feed[sym] = np.concatenate([v] * len(masks))
-        feed.update(extra or {})
-        # One chunk for all rows up to 256, rounded up to a multiple of CHUNK (padded), so that the
-        # calls of this program (all edges for 'exact', a curve's sizes) share one compiled function.
-        total = len(masks) * self.rows
-        chunk = self.batch_size or min(256, -(-total // CHUNK) * CHUNK)
-        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk, mode="jit"), np.float64)
-        return out.reshape(len(masks), self.rows).mean(axis=1)
+        rows = self.batch_size or min(256, -(-len(masks) * self.rows // CHUNK) * CHUNK)
+        chunk = max(1, rows // self.rows)
+        return self._values()(masks, {**self.feed, **(extra or {})}, chunk)
 
     def value(self, mask: np.ndarray) -> float:
-        if self.feed:
-            return float(self.values(mask[None])[0])
-        if self._compiled is None:
-            from ..backend import compile as compile_circuit
+        return float(self._values()(np.asarray(mask, np.float32)[None], self.feed, 1)[0])
 
-            self._compiled = compile_circuit(self.m, dtype=self.dtype)  # always jitted
-        return float(self._compiled({self.mask: mask}))
+    def _values(self):
+        if self._compiled is None:
+            from .edge_scores import MaskedValues
+
+            self._compiled = _VALUES.get((self.m.hash, str(self.dtype)))
+            if self._compiled is None:
+                self._compiled = MaskedValues(self.m, self.mask, self.dtype)
+                if len(_VALUES) >= 8:
+                    _VALUES.pop(next(iter(_VALUES)))
+                _VALUES[(self.m.hash, str(self.dtype))] = self._compiled
+        return self._compiled
 
     def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
         """d metric / d mask at ``mask``, averaged over the rows (one program for all rows)."""
@@ -333,6 +337,35 @@ def _mask_symbol(m: Circuit):
     from ..traversal import toposort
 
     return next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+
+
+def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> np.ndarray:
+    """Syed et al.: every edge's ``(patched sender - sender) . dm/d(destination input)`` from
+    one compiled forward and backward pass of the circuit with each destination reading its own
+    residual sum (``edge_scores``)."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import EdgeScores, scorer_for, split_circuit
+
+    split, resid, senders = split_circuit(g)
+    m = metric_node(split, metric, clean=clean)
+    key = ("eap", m.hash, ablation, _fingerprint(source), str(dtype))
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, source, ablation, dtype))
+    return scorer(feed)
+
+
+def _eap_ig_mask(g: Edges, m: Circuit, source, ablation: str, feed: dict, steps: int, dtype) -> np.ndarray:
+    """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
+    each from one forward and backward pass of the masked program (``edge_scores``: the
+    gradient at every destination's sum times its senders' differences)."""
+    from .edge_graph import _fingerprint, masked_with_parts
+    from .edge_scores import EdgeScores, scorer_for
+
+    parts = masked_with_parts(g, list(range(len(g))), source, ablation)[1]
+    key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, parts["resid"], parts["senders"], None, ablation, dtype,
+                                                   patched=parts["patched"]))
+    mask = _mask_symbol(m)
+    return sum(scorer({**feed, mask: np.full(len(g), k / steps, np.float32)}) for k in range(steps + 1)) / (steps + 1)
 
 
 def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:
