@@ -54,7 +54,7 @@ from .found import FoundCircuit
 __all__ = ["discover", "Discovery", "METHODS", "metric_node"]
 
 METHODS = ("eap", "eap-ig", "eap-ig-mask", "acdc", "exact")
-CHUNK = 32  # rows per batched call of a masked program (see _Objective.values)
+CHUNK = 8  # rows of a batched call of a masked program are a multiple of this (see _Objective.values)
 _AXES = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -333,10 +333,19 @@ class _Objective:
         return total / len(masks)
 
 
-def _mask_symbol(m: Circuit):
-    from ..traversal import toposort
+_MASKS: dict = {}  # metric node hash -> its mask Symbol (a warm discover walks nothing)
 
-    return next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+
+def _mask_symbol(m: Circuit):
+    found = _MASKS.get(m.hash)
+    if found is None:
+        from ..traversal import toposort
+
+        found = next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+        if len(_MASKS) >= 64:
+            _MASKS.pop(next(iter(_MASKS)))
+        _MASKS[m.hash] = found
+    return found
 
 
 def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> np.ndarray:
