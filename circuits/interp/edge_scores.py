@@ -201,52 +201,6 @@ class MaskedValues:
         return np.concatenate(out)[:k]
 
 
-class MaskedValues:
-    """``values(masks [K, edges], feed) -> [K]``: the metric ``m`` of a masked program (one
-    reading the Symbol ``mask``) at each mask, the mean over ``feed``'s rows where its values
-    carry a batch axis; one compiled program (``vmap`` over the masks, and over the rows) per
-    chunk of masks, its layout made once."""
-
-    def __init__(self, m: Circuit, mask: Circuit, dtype):
-        from ..backend.program import Program
-        from ..backend.runtime import float_dtype
-
-        self.fdt = float_dtype(dtype)
-        self.program = Program([m], self.fdt)
-        self.mask = mask
-        self.at = self.program.arg_slots.index(self.program.slot_of[mask.hash])
-
-    def __call__(self, masks: np.ndarray, feed: dict, chunk: int | None = None) -> np.ndarray:
-        import jax
-
-        from ..backend.runtime import bind_arguments, cached_jit, precision
-
-        masks = np.asarray(masks, np.float32)
-        k = len(masks)
-        with precision(self.fdt):
-            args, axes = bind_arguments(self.program, {**feed, self.mask: masks[0]}, self.fdt, batched=True)
-            axes = list(axes)
-            rows = any(a is not None for a in axes)
-            skeleton, at = self.program.skeleton(), self.at
-
-            def make():
-                def one(row, args):
-                    args = list(args)
-                    args[at] = row
-                    return skeleton.run(args)[0]
-
-                def per_mask(row, args):  # the mean over the feed's rows
-                    return jax.vmap(one, in_axes=(None, axes))(row, args).mean(0)
-
-                return jax.vmap(per_mask if rows else one, in_axes=(0, None))
-
-            fn = cached_jit((self.program.key, "masked-values", at, tuple(axes)), make)
-            size = chunk or k
-            padded = np.concatenate([masks, np.zeros((-k % size, masks.shape[1]), np.float32)])
-            out = [np.asarray(fn(padded[i: i + size], args), np.float64) for i in range(0, len(padded), size)]
-        return np.concatenate(out)[:k]
-
-
 def scorer_for(g: Edges, key, make) -> EdgeScores:
     """The ``EdgeScores`` cached on ``g`` under ``key`` (a few per graph), made by ``make()``."""
     cache = g.__dict__.setdefault("_scorers", {})
