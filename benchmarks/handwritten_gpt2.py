@@ -12,12 +12,13 @@ def _ln(x, scale, bias, eps):
     return xc * jax.lax.rsqrt((xc * xc).mean(-1, keepdims=True) + eps) * scale + bias
 
 
-def logits(w, tokens, n_layer, n_head, eps=1e-5):
-    """``[len(tokens), vocab]`` logits (tied unembedding)."""
+def logits(w, tokens, n_layer, n_head, eps=1e-5, embeds=None):
+    """``[len(tokens), vocab]`` logits (tied unembedding); ``embeds``: the residual stream's
+    input ``[len(tokens), d]`` given instead of computed (token plus position embeddings)."""
     p = "transformer."
     n = tokens.shape[0]
     wte = w[p + "wte.weight"]
-    x = wte[tokens] + w[p + "wpe.weight"][:n]
+    x = wte[tokens] + w[p + "wpe.weight"][:n] if embeds is None else embeds
     d = x.shape[-1]
     c = d // n_head
     causal = jnp.tril(jnp.ones((n, n), bool))

@@ -54,7 +54,7 @@ from .found import FoundCircuit
 __all__ = ["discover", "Discovery", "METHODS", "metric_node"]
 
 METHODS = ("eap", "eap-ig", "eap-ig-mask", "acdc", "exact")
-CHUNK = 32  # rows per batched call of a masked program (see _Objective.values)
+CHUNK = 8  # rows of a batched call of a masked program are a multiple of this (see _Objective.values)
 _AXES = "abcdefghijklmnopqrstuvwxyz"
 
 
@@ -196,19 +196,20 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     edges(circuit)  # a model without heads is an error before anything runs
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
-    masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
-    obj = _Objective(m, feed, dtype, batch_size)
-    n = len(g)
+    clean = clean_for(circuit, metric, feed, dtype)
     info: dict = {}
     found = None
+    if method == "eap":
+        scores = _eap(g, source, ablation, metric, clean, feed, dtype)
+        return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
     if method == "exact":
-        values = obj.values(np.concatenate([np.zeros((1, n), np.float32), np.eye(n, dtype=np.float32)]))
-        scores = values[1:] - values[0]
-    elif method == "eap":
-        scores = obj.grad(np.zeros(n, np.float32))
-    elif method == "eap-ig-mask":
-        scores = obj.mean_grad([np.full(n, k / steps, np.float32) for k in range(steps + 1)])
+        scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
+        return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
+    masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
+    m = metric_node(masked, metric, clean=clean)
+    obj = _Objective(m, feed, dtype, batch_size)
+    if method == "eap-ig-mask":
+        scores = _eap_ig_mask(g, m, source, ablation, feed, steps, dtype)
         info["steps"] = steps
     elif method == "eap-ig":
         scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
@@ -271,6 +272,9 @@ def clean_for(circuit: Circuit, metric, feed: dict, dtype):
     return sym
 
 
+_VALUES: dict = {}  # (metric node hash, dtype) -> MaskedValues: a warm discover re-lowers nothing
+
+
 class _Objective:
     """The mean metric over the batch (or the one example) of the masked program, and its
     gradient with respect to the mask."""
@@ -281,30 +285,31 @@ class _Objective:
         self.rows = next(iter(feed.values())).shape[0] if feed else 1
         self._compiled = None
 
-    def values(self, masks: np.ndarray, extra: dict | None = None) -> np.ndarray:
-        """The metric for each mask row ``[K, edges] -> [K]``, one batched evaluation."""
-        from ..backend import evaluate_batched
-
+    def values(self, masks: np.ndarray, extra: dict | None = None, pad: bool = True) -> np.ndarray:
+        """The metric for each mask row ``[K, edges] -> [K]``: one compiled program, run on
+        chunks of masks (all masks up to 256 example rows, padded to a multiple of CHUNK, so
+        that the calls of this program, e.g. a curve's sizes, share it; ``pad=False``: not
+        padded, for a program always run on the same number of masks)."""
         masks = np.asarray(masks, np.float32)
-        feed = {self.mask: np.repeat(masks, self.rows, axis=0)}
-        for sym, v in self.feed.items():
-            feed[sym] = np.concatenate([v] * len(masks))
-        feed.update(extra or {})
-        # One chunk for all rows up to 256, rounded up to a multiple of CHUNK (padded), so that the
-        # calls of this program (all edges for 'exact', a curve's sizes) share one compiled function.
         total = len(masks) * self.rows
-        chunk = self.batch_size or min(256, -(-total // CHUNK) * CHUNK)
-        out = np.asarray(evaluate_batched(self.m, feed, dtype=self.dtype, batch_size=chunk, mode="jit"), np.float64)
-        return out.reshape(len(masks), self.rows).mean(axis=1)
+        rows = self.batch_size or min(256, -(-total // CHUNK) * CHUNK if pad else total)
+        chunk = max(1, rows // self.rows)
+        return self._values()(masks, {**self.feed, **(extra or {})}, chunk)
 
     def value(self, mask: np.ndarray) -> float:
-        if self.feed:
-            return float(self.values(mask[None])[0])
-        if self._compiled is None:
-            from ..backend import compile as compile_circuit
+        return float(self._values()(np.asarray(mask, np.float32)[None], self.feed, 1)[0])
 
-            self._compiled = compile_circuit(self.m, dtype=self.dtype)  # always jitted
-        return float(self._compiled({self.mask: mask}))
+    def _values(self):
+        if self._compiled is None:
+            from .edge_scores import MaskedValues
+
+            self._compiled = _VALUES.get((self.m.hash, str(self.dtype)))
+            if self._compiled is None:
+                self._compiled = MaskedValues(self.m, self.mask, self.dtype)
+                if len(_VALUES) >= 8:
+                    _VALUES.pop(next(iter(_VALUES)))
+                _VALUES[(self.m.hash, str(self.dtype))] = self._compiled
+        return self._compiled
 
     def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
         """d metric / d mask at ``mask``, averaged over the rows (one program for all rows)."""
@@ -329,10 +334,76 @@ class _Objective:
         return total / len(masks)
 
 
-def _mask_symbol(m: Circuit):
-    from ..traversal import toposort
+_MASKS: dict = {}  # metric node hash -> its mask Symbol (a warm discover walks nothing)
 
-    return next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+
+def _mask_symbol(m: Circuit):
+    found = _MASKS.get(m.hash)
+    if found is None:
+        from ..traversal import toposort
+
+        found = next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
+        if len(_MASKS) >= 64:
+            _MASKS.pop(next(iter(_MASKS)))
+        _MASKS[m.hash] = found
+    return found
+
+
+def _exact(circuit, g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, batch_size) -> np.ndarray:
+    """Each edge patched alone, ``m(mask = e_i) - m(clean)``: the edges in at most 4 parts of
+    consecutive destination groups (destinations that read the same senders: a layer's heads),
+    each part one batched evaluation of the masked program covering only its edges, so that
+    what lies upstream of the part's destinations is computed once, not once per edge."""
+    groups: dict[tuple, list[int]] = {}
+    at = 0
+    for d in g._dests:
+        groups.setdefault(tuple(d.sources), []).extend(range(at, at + len(d.sources)))
+        at += len(d.sources)
+    parts = list(groups.values())
+    if len(parts) > 4:  # merged, in order, to about equal numbers of edges
+        size, merged = -(-len(g) // 4), [[]]
+        for part in parts:
+            if len(merged[-1]) >= size:
+                merged.append([])
+            merged[-1].extend(part)
+        parts = merged
+    scores = np.empty(len(g), np.float64)
+    for part in parts:
+        masked = patch_edges(circuit, [g[i] for i in part], source, ablation=ablation, mask=True)
+        obj = _Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
+        k = len(part)
+        values = obj.values(np.concatenate([np.zeros((1, k), np.float32), np.eye(k, dtype=np.float32)]), pad=False)
+        scores[part] = values[1:] - values[0]
+    return scores
+
+
+def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> np.ndarray:
+    """Syed et al.: every edge's ``(patched sender - sender) . dm/d(destination input)`` from
+    one compiled forward and backward pass of the circuit with each destination reading its own
+    residual sum (``edge_scores``)."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import EdgeScores, scorer_for, split_circuit
+
+    split, resid, senders = split_circuit(g)
+    m = metric_node(split, metric, clean=clean)
+    key = ("eap", m.hash, ablation, _fingerprint(source), str(dtype))
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, source, ablation, dtype))
+    return scorer(feed)
+
+
+def _eap_ig_mask(g: Edges, m: Circuit, source, ablation: str, feed: dict, steps: int, dtype) -> np.ndarray:
+    """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
+    each from one forward and backward pass of the masked program (``edge_scores``: the
+    gradient at every destination's sum times its senders' differences)."""
+    from .edge_graph import _fingerprint, masked_with_parts
+    from .edge_scores import EdgeScores, scorer_for
+
+    parts = masked_with_parts(g, list(range(len(g))), source, ablation)[1]
+    key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, parts["resid"], parts["senders"], None, ablation, dtype,
+                                                   patched=parts["patched"]))
+    mask = _mask_symbol(m)
+    return sum(scorer({**feed, mask: np.full(len(g), k / steps, np.float32)}) for k in range(steps + 1)) / (steps + 1)
 
 
 def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:

@@ -357,14 +357,15 @@ def _sum(nodes: list[Circuit], name=None) -> Circuit:
     return nodes[0] if len(nodes) == 1 and name is None else Add(*nodes, name=name)
 
 
-def _rebuild(g: Edges, term_of) -> Circuit:
+def _rebuild(g: Edges, term_of, new: dict | None = None) -> Circuit:
     """The circuit rebuilt with each destination ``d`` for which ``term_of(d, new)`` returns a
-    residual sum reading that sum (the nodes between copied, ``'<name>@<destination>'``)."""
+    residual sum reading that sum (the nodes between copied, ``'<name>@<destination>'``);
+    ``new`` (filled if given): original node hash -> rebuilt node."""
     from ..traversal import replace
 
     dest_at = {d.node.hash: d for d in g._dests if d.label != OUTPUT}
     out_dest = g._dests[-1]
-    new: dict[bytes, Circuit] = {}
+    new = {} if new is None else new
     for n in toposort(g.circuit):
         h = n.hash
         d = dest_at.get(h)
@@ -433,14 +434,7 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
     g = _graph_of(circuit)
     if mask:
         covered = list(range(len(g))) if edges is None else g.resolve(edges)
-        key = (tuple(covered), ablation, _fingerprint(source))
-        masked = g._masked.get(key)
-        if masked is None:
-            masked = _masked(g, covered, source, ablation)
-            if len(g._masked) >= 8:
-                g._masked.pop(next(iter(g._masked)))
-            g._masked[key] = masked
-        return masked
+        return masked_with_parts(g, covered, source, ablation)[0]
     if edges is None:
         raise CircuitError("patch_edges: give a list of edge names (an empty list patches nothing)")
     chosen = g.resolve(edges)
@@ -461,6 +455,20 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
     return _rebuild(g, term_of)
 
 
+def masked_with_parts(g: Edges, covered: list[int], source, ablation: str) -> tuple[Circuit, dict]:
+    """``patch_edges``' masked form over the ``covered`` edge positions and its ``parts`` (see
+    ``_masked``), made once per graph, edge set, ablation and source."""
+    key = (tuple(covered), ablation, _fingerprint(source))
+    found = g._masked.get(key)
+    if found is None:
+        parts: dict = {}
+        found = (_masked(g, covered, source, ablation, parts=parts), parts)
+        if len(g._masked) >= 8:
+            g._masked.pop(next(iter(g._masked)))
+        g._masked[key] = found
+    return found
+
+
 def _fingerprint(source) -> tuple | None:
     """A key for a source mapping: names (or node hashes) and value digests."""
     import hashlib
@@ -478,15 +486,29 @@ def _fingerprint(source) -> tuple | None:
     return tuple(sorted(out, key=repr))
 
 
-def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict | None = None) -> Circuit:
+def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict | None = None,
+            parts: dict | None = None) -> Circuit:
     """The masked form; ``deltas`` (source label -> node) fixes each covered edge's term to
-    ``sender + w * delta`` instead of ``sender + w * (patched sender - sender)``."""
+    ``sender + w * delta`` instead of ``sender + w * (patched sender - sender)``.
+
+    Destinations that read the same covered senders share one stack of sender differences and
+    one einsum ``[dests, senders] x [senders, ...]`` (a matrix product, not one product per
+    destination); each destination's sum ``'<destination>.resid'`` reads its row.  ``parts``
+    (filled if given): ``'resid'`` (destination label -> that sum), ``'senders'`` (source label
+    -> member nodes as the masked circuit computes them), ``'patched'`` (label -> the patched
+    members; without ``deltas``)."""
     weights = Symbol((len(covered),), name=MASK_NAME, dtype="float32")
     slot = {g.names[e]: i for i, e in enumerate(covered)}
     labels = list(dict.fromkeys(g.names[e].split(" -> ", 1)[0] for e in covered))
     patched = _patched_sources(g, labels, source, ablation, None) if covered and deltas is None else {}
     neg = Scalar(-1.0)
-    stacks: dict[tuple, Circuit] = {}
+    covered_srcs = {d.label: tuple(s for s in d.sources if f"{s} -> {d.label}" in slot) for d in g._dests}
+    members: dict[tuple, list[str]] = {}  # senders -> the destinations reading exactly those
+    for d in g._dests:
+        if covered_srcs[d.label]:
+            members.setdefault(covered_srcs[d.label], []).append(d.label)
+    groups: dict[tuple, Circuit] = {}
+    resid_of: dict[str, Circuit] = {}
 
     def row(s, new):
         if deltas is not None:
@@ -496,21 +518,34 @@ def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict
             diff = Add(_sum(patched[s]), Einsum.from_spec(_spec(cur.ndim, "", ","), cur, neg))
         return Rearrange(diff, _stack_spec(diff.ndim), n=1)
 
+    def group_terms(srcs, new) -> Circuit:
+        """``[dests of the group, ...]``: each destination's weighted sum of sender differences."""
+        rows = [row(s, new) for s in srcs]
+        stacked = rows[0] if len(rows) == 1 else Concat(*rows, axis=0)
+        dests = members[srcs]
+        at = np.array([slot[f"{s} -> {label}"] for label in dests for s in srcs], np.int64)
+        w = Rearrange(Index(weights, (at,)), "(g n) -> g n", g=len(dests))
+        axes = _spec(stacked.ndim - 1, "", "")
+        return Einsum.from_spec(f"gn,n{axes}->g{axes}", w, stacked)
+
     def term_of(d: _Dest, new):
-        srcs = [s for s in d.sources if f"{s} -> {d.label}" in slot]
+        srcs = covered_srcs[d.label]
         if not srcs:
             return None
-        key = tuple(srcs)
-        stacked = stacks.get(key)
-        if stacked is None:
-            rows = [row(s, new) for s in srcs]
-            stacked = stacks[key] = rows[0] if len(rows) == 1 else Concat(*rows, axis=0)
-        w = Index(weights, (np.array([slot[f"{s} -> {d.label}"] for s in srcs], np.int64),))
-        axes = _spec(stacked.ndim - 1, "", "")
-        delta = Einsum.from_spec(f"n,n{axes}->{axes}", w, stacked)
-        return Add(new[d.resid.hash], delta, name=f"{d.label}.resid")
+        terms = groups.get(srcs)
+        if terms is None:
+            terms = groups[srcs] = group_terms(srcs, new)
+        delta = Index(terms, (members[srcs].index(d.label),))
+        node = resid_of[d.label] = Add(new[d.resid.hash], delta, name=f"{d.label}.resid")
+        return node
 
-    return _rebuild(g, term_of)
+    new: dict[bytes, Circuit] = {}
+    out = _rebuild(g, term_of, new)
+    if parts is not None:
+        parts["resid"] = resid_of
+        parts["senders"] = {s: [new[m.hash] for m in ms] for s, ms in g._sources.items()}
+        parts["patched"] = patched
+    return out
 
 
 def _spec(ndim: int, prefix: str, suffix: str) -> str:

@@ -153,6 +153,22 @@ def test_kl_metric_over_a_batch(model):
     assert np.abs(eap.scores).max() < 1e-6  # KL is at its minimum on the clean run: no first-order term
 
 
+def test_eap_and_eap_ig_mask_over_a_batch_are_the_mean_of_the_rows(model):
+    """A batch (inputs=) runs one vmapped program: its scores are the mean of the rows' scores
+    (each row's checked against the oracle above)."""
+    w, _, weights = model
+    tok_sym = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
+    batch_loss = attn_only(w, tok_sym, unique_names=True)
+    clean_rows, corrupt_rows = np.stack([CLEAN, CORRUPT]), np.stack([CORRUPT, CLEAN])
+    for method in ("eap", "eap-ig-mask"):
+        rb = discover(batch_loss, {"toks_int_var": corrupt_rows}, weights, method=method, steps=2, dtype="float64",
+                      inputs={"toks_int_var": clean_rows})
+        rows = [discover(attn_only(w, c, unique_names=True), {"toks_int_var": x}, weights, method=method, steps=2,
+                         dtype="float64").scores for c, x in zip(clean_rows, corrupt_rows)]
+        np.testing.assert_allclose(rb.scores, np.mean(rows, axis=0), rtol=1e-9, atol=1e-12)
+        assert np.abs(rb.scores).max() > 1e-3
+
+
 def test_result_object_found_circuits_and_files(model, tmp_path):
     w, loss, weights = model
     r = discover(loss, SRC, weights, method="exact", dtype="float64")
