@@ -35,7 +35,7 @@ from typing import Callable, Collection, Mapping, Sequence
 from ..nodes import Circuit
 from .binding import bind_arguments, float_dtype, precision
 from .program import ARGUMENT_TYPES, Program
-from .runtime import is_compiled, is_compiled_any, maybe_jit
+from .runtime import cached_jit, is_compiled, is_compiled_any, maybe_jit
 
 __all__ = ["Lowered"]
 
@@ -94,6 +94,17 @@ class Lowered:
         """
         with precision(self.dtype):
             return bind_arguments(self.program, inputs, self.dtype, given=given)
+
+    def bind_batched(self, inputs: Mapping | None = None) -> tuple[list, list]:
+        """``(argument values, batch axes)``: as ``bind``, where a Symbol's value may carry one
+        leading batch axis more than the Symbol (its axis is then 0, else None)."""
+        with precision(self.dtype):
+            return bind_arguments(self.program, inputs, self.dtype, batched=True)
+
+    def cached(self, tag: tuple, make: Callable[[], Callable]) -> Callable:
+        """``jax.jit`` of ``make()``, a caller's own function of this program (a gradient, a vmap
+        with a reduction), in the one compile cache under this program's key and ``tag``."""
+        return cached_jit((self.program.key, *tag), make)
 
     def function(self, mode: str = "auto") -> Callable[[list], list]:
         """``args -> outputs``: compiled (from the compile cache) or op by op, as the jit policy

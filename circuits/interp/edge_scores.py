@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backend import Lowered, float_dtype, precision
 from ..errors import CircuitError
 from ..nodes import Add, Circuit
 from .edge_graph import Edges, _patched_sources, _rebuild
@@ -72,9 +73,6 @@ class EdgeScores:
 
     def __init__(self, g: Edges, m: Circuit, resid: dict, senders: dict, source, ablation: str, dtype,
                  patched: dict | None = None):
-        from ..backend.program import Program
-        from ..backend.runtime import float_dtype
-
         if m.shape != ():
             raise CircuitError(f"edge scores need a scalar metric; {m.line()} has shape {list(m.shape)}")
         self.fdt = float_dtype(dtype)
@@ -83,7 +81,8 @@ class EdgeScores:
         labels = g.sources
         clean_nodes = [n for s in labels for n in senders[s]]
         patched_nodes = [n for s in labels for n in patched[s]]
-        program = Program([m, *clean_nodes, *patched_nodes], self.fdt)
+        self.lowered = Lowered([m, *clean_nodes, *patched_nodes], self.fdt)
+        program = self.lowered.program
         missing = [d.label for d in g._dests if resid[d.label].hash not in program.slot_of]
         if missing:
             raise CircuitError(f"edge scores: the metric does not read the residual sums of {missing[:3]}")
@@ -105,7 +104,7 @@ class EdgeScores:
             at += len(dests) * len(srcs)
         self.order = np.array([start[i] + j for i, d in enumerate(g._dests) for j in range(len(d.sources))], np.int32)
         self.counts, self.shapes = counts, shapes
-        self.key = (program.key, "edge-scores", self.slots, self.groups, counts)
+        self.tag = ("edge-scores", self.slots, self.groups, counts)
 
     def _make(self):
         import jax
@@ -138,17 +137,15 @@ class EdgeScores:
         return scores
 
     def __call__(self, feed: dict) -> np.ndarray:
-        from ..backend.runtime import bind_arguments, cached_jit, precision
-
+        args, axes = self.lowered.bind_batched(feed)
         with precision(self.fdt):
-            args, axes = bind_arguments(self.program, feed, self.fdt, batched=True)
             if any(a is not None for a in axes):
                 import jax
 
-                fn = cached_jit(self.key + ("vmap", tuple(axes)),
-                                lambda: lambda a: jax.vmap(self._make(), in_axes=(list(axes),))(a).mean(0))
+                fn = self.lowered.cached(self.tag + ("vmap", tuple(axes)),
+                                         lambda: lambda a: jax.vmap(self._make(), in_axes=(list(axes),))(a).mean(0))
             else:
-                fn = cached_jit(self.key, self._make)
+                fn = self.lowered.cached(self.tag, self._make)
             return np.asarray(fn(args), np.float64)
 
 
@@ -159,23 +156,19 @@ class MaskedValues:
     chunk of masks, its layout made once."""
 
     def __init__(self, m: Circuit, mask: Circuit, dtype):
-        from ..backend.program import Program
-        from ..backend.runtime import float_dtype
-
         self.fdt = float_dtype(dtype)
-        self.program = Program([m], self.fdt)
+        self.lowered = Lowered([m], self.fdt)
+        self.program = self.lowered.program
         self.mask = mask
         self.at = self.program.arg_slots.index(self.program.slot_of[mask.hash])
 
     def __call__(self, masks: np.ndarray, feed: dict, chunk: int | None = None) -> np.ndarray:
         import jax
 
-        from ..backend.runtime import bind_arguments, cached_jit, precision
-
         masks = np.asarray(masks, np.float32)
         k = len(masks)
+        args, axes = self.lowered.bind_batched({**feed, self.mask: masks[0]})
         with precision(self.fdt):
-            args, axes = bind_arguments(self.program, {**feed, self.mask: masks[0]}, self.fdt, batched=True)
             axes = list(axes)
             rows = any(a is not None for a in axes)
             skeleton, at = self.program.skeleton(), self.at
@@ -194,7 +187,7 @@ class MaskedValues:
                     per_mask = one
                 return jax.vmap(per_mask, in_axes=(0, None))
 
-            fn = cached_jit((self.program.key, "masked-values", at, tuple(axes)), make)
+            fn = self.lowered.cached(("masked-values", at, tuple(axes)), make)
             size = chunk or k
             padded = np.concatenate([masks, np.zeros((-k % size, masks.shape[1]), np.float32)])
             out = [np.asarray(fn(padded[i: i + size], args), np.float64) for i in range(0, len(padded), size)]
