@@ -122,6 +122,21 @@ def _batched_function(program: Program, axes: tuple, mode: str):
     return maybe_jit((program.key, "vmap", axes), len(program), mode, make)
 
 
+def _row_function(program: Program, axes: tuple, mode: str):
+    """``args -> outputs`` for a chunk of one row: the program itself on that row (the function
+    ``compile`` and ``evaluate`` use, from the same compile cache), its outputs given a batch axis
+    of one.  A ``vmap`` of one row is slower on the CPU (the seed's loss 1.14x a hand-written
+    ``lax.map``; the row's own program 1.02x: BENCHMARKS.md, issue 24): XLA keeps the unit batch
+    axis in its contractions."""
+    run = maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
+
+    def one_row(part):
+        outs = run([a[0] if ax == 0 else a for a, ax in zip(part, axes)])
+        return [o[None] for o in outs]
+
+    return one_row
+
+
 def _rows(value, start: int, count: int):
     """``count`` rows from ``start``, the last row repeated to fill a short final chunk (so every
     chunk has one shape and one compiled function serves them all)."""
@@ -168,7 +183,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       slower than chunks.  With neither given, the size within that bound is measured on the
       dataset's own rows (``circuits.backend.batch_tuning``; kept per program for later calls).
       The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
-      ``verbose=True``.
+      ``verbose=True``.  A chunk of one row runs the program itself on the row (no ``vmap``).
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
@@ -199,7 +214,14 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
-        fn = _batched_function(program, axes, mode)
+        made: dict = {}  # the vmap and the one-row function, each made on first use
+
+        def fn(part, one_row: bool = False):
+            f = made.get(one_row)
+            if f is None:
+                f = made[one_row] = (_row_function if one_row else _batched_function)(program, axes, mode)
+            return f(part)
+
         plan = plan_batch(program, total, fdt, batch_size, memory_budget,
                           [n for n, ax in zip(program.arg_nodes(), axes) if ax == 0])
         chunk = plan.chunk
@@ -231,7 +253,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
             if placement is not None:
                 placed = placement.place(part, axes)
                 part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
-            outs = fn(part)
+            outs = fn(part, size == 1 and placement is None)
             real = min(size, total - start)
             outs = [o[:real] if real < size else o for o in outs]
             pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
