@@ -302,8 +302,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         if batch_size is None and memory_budget is None and placement is None and mode != "eager":
             import jax
 
-            start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend()), total, chunk,
-                                                     plan.row_bytes, run_chunk)
+            start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend(), group), total, chunk,
+                                                     plan.row_bytes, run_chunk, every_size=group is not None)
             if why is not None:
                 log.info("evaluate_batched: %s", why)
                 if verbose:
