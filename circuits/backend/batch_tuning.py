@@ -10,7 +10,8 @@ How: when ``evaluate_batched`` gets neither ``batch_size`` nor ``memory_budget``
 sizes are 1, 2, 4, ... up to the memory plan's chunk (the cost model's bound stays the cap, so
 a measured size never runs out of memory) and the dataset's size.  Each is called once at its
 size to compile (those rows are real work, kept), then timed on the next rows; the search stops
-at the first size more than ``WORSE`` slower per row than the best so far, or at the cap.  What
+at the first size more than ``WORSE`` slower per row than the best so far (not for a chunk run
+as a map of small vmaps: ``tune_chunk(every_size=True)``), or at the cap.  What
 was measured is kept per program, batch axes, cap and backend, so later calls go on where the
 last one stopped (a 16-row dataset measures sizes 1-4 in its first call, 8 in its second, ...)
 and then use the best size at once.  Small work (``TUNE_FROM_BYTES``) runs as the plan says.
