@@ -14,9 +14,14 @@ sets whose rules live in ``rewrites.rules``, run in order:
    anyway, and a pushed copy would be computed besides (except by a gather of at most
    ``SMALL_GATHER`` of its entries);
 3. clean up (fuse and drop Rearranges, fold again), then nest every Einsum of three or more
-   operands in the cheapest pairwise order (``rewrites.rules.contraction``);
-4. compute a large ``logsumexp`` of an Einsum (a language model's normaliser over its vocabulary)
-   chunk by chunk (``rewrites.rules.chunking``), where no other node reads the Einsum.
+   operands in the cheapest pairwise order (``rewrites.rules.contraction``).
+
+A large ``logsumexp`` of an Einsum (a language model's normaliser over its vocabulary) is left as
+it is: the backend computes it chunk by chunk itself where nothing else reads the Einsum
+(``circuits.backend.fusion``), with chunks measured for the machine, so the optimized circuit
+runs the same code as ``compile`` of the original there (a rewrite's own ``Concat`` of chunks was
+slower: BENCHMARKS.md, issue 24).  ``rewrites.rules.chunking.chunk_logsumexp`` stays in the
+catalogue for a circuit that should print its chunks.
 
 Every step keeps the value exactly (up to float rounding); the result prints, saves and
 evaluates like any circuit.
@@ -47,7 +52,6 @@ from circuits.nodes import Circuit
 from circuits.traversal import parents_map
 
 from .engine import RuleSet, Trace, when
-from .rules.chunking import chunk_logsumexp
 from .rules.contraction import contraction_order
 from .rules.functions import fold_function_of_scalars, fold_last_dim_size
 from .rules.gather import gather_of_log_softmax, push_gather_through_einsum, push_gather_through_function
@@ -62,7 +66,7 @@ FOLD_RULES = RuleSet(fold_last_dim_size, fold_function_of_scalars, fold_index_of
 PUSH_DOWN_RULES = RuleSet(gather_of_log_softmax, push_gather_through_function, push_gather_through_einsum,
                           fuse_index_index, *PUSH_RULES, name="push_down")
 CLEANUP_RULES = RuleSet(fuse_rearrange_rearrange, remove_identity_rearrange, name="cleanup")
-OPTIMIZE_RULES = FOLD_RULES + PUSH_DOWN_RULES + CLEANUP_RULES + RuleSet(contraction_order, chunk_logsumexp)
+OPTIMIZE_RULES = FOLD_RULES + PUSH_DOWN_RULES + CLEANUP_RULES + RuleSet(contraction_order)
 
 #: A gather whose result has at most this fraction of its input's entries is pushed into the
 #: input even when the input is shared: recomputing only the gathered entries costs that fraction.
@@ -91,12 +95,6 @@ def push_down(root: Circuit) -> Strategy:
     return top_down(fixpoint(at_root(RuleSet(rules, name="push_down")), max_steps=MAX_STEPS_AT_A_NODE))
 
 
-def chunk_unshared_logsumexps(root: Circuit) -> Strategy:
-    """``chunk_logsumexp`` where no other node reads the logits (else they are computed in full
-    anyway and chunking only adds work)."""
-    return bottom_up(when(_reads_alone(root), chunk_logsumexp))
-
-
 def schedule(max_steps: int = 20) -> Strategy:
     """The strategies ``optimize`` runs, in order (see the module docstring); ``max_steps``:
     push-down passes (a step of ``fixpoint`` is one pass) before ``RewriteLoopError``."""
@@ -105,7 +103,6 @@ def schedule(max_steps: int = 20) -> Strategy:
         fixpoint(dynamic(push_down), max_steps=max_steps),
         normalize(RuleSet(CLEANUP_RULES, FOLD_RULES, name="cleanup + fold")),
         bottom_up(contraction_order),
-        dynamic(chunk_unshared_logsumexps),
     )
 
 

@@ -125,16 +125,64 @@ def _devices(devices):
     return devices
 
 
-def _batched_function(program: Program, axes: tuple, mode: str):
+#: On the CPU, a chunk of rows whose temporaries (cost model) are at least this many bytes a row
+#: runs as a ``lax.map`` over groups of ``MAP_GROUP`` rows (a scan of small vmaps) instead of one
+#: vmap over the whole chunk: what depends on the weights alone (the unembedding's vocabulary
+#: slices, transposed weights) is computed once per chunk, not once per row, and only a group's
+#: temporaries are live at once.  The seed's loss, 16 rows in one chunk: 6.5 s this way against
+#: 8.9 s as one vmap and 9.6 s row by row (BENCHMARKS.md, issue 24); a hand-written
+#: ``lax.map(..., batch_size=2)`` was the fastest hand-written batch in every run.
+MAP_FROM_BYTES = 1 << 20
+MAP_GROUP = 2
+
+
+def _batched_function(program: Program, axes: tuple, mode: str, group: int | None = None):
     """``args -> outputs`` of ``program`` mapped over the batch axes ``axes`` (compiled or not, as
-    the jit policy decides)."""
+    the jit policy decides): one vmap, or with ``group`` a ``lax.map`` over the rows, ``group``
+    rows vmapped at a time."""
 
     def make():
         import jax
 
-        return jax.vmap(program.skeleton().run, in_axes=(list(axes),))
+        run = program.skeleton().run
+        if group is None:
+            return jax.vmap(run, in_axes=(list(axes),))
+        batched = [i for i, ax in enumerate(axes) if ax == 0]
 
-    return maybe_jit((program.key, "vmap", axes), len(program), mode, make)
+        def mapped(args):
+            def one_row(rows):
+                full = list(args)
+                for i, v in zip(batched, rows):
+                    full[i] = v
+                return run(full)
+
+            return jax.lax.map(one_row, [args[i] for i in batched], batch_size=group)
+
+        return mapped
+
+    key = (program.key, "vmap", axes) if group is None else (program.key, "vmap", axes, "map", group)
+    return maybe_jit(key, len(program), mode, make)
+
+
+def _row_function(program: Program, axes: tuple, mode: str):
+    """``args -> outputs`` for a chunk of one row: the program itself on that row (the function
+    ``compile`` and ``evaluate`` use, from the same compile cache), its outputs given a batch axis
+    of one.  A ``vmap`` of one row is slower on the CPU (the seed's loss 1.14x a hand-written
+    ``lax.map``; the row's own program 1.02x: BENCHMARKS.md, issue 24): XLA keeps the unit batch
+    axis in its contractions."""
+    run = maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
+
+    def one_row(part):
+        outs = run([a[0] if ax == 0 else a for a, ax in zip(part, axes)])
+        return [o[None] for o in outs]
+
+    return one_row
+
+
+def _on_cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
 
 
 def _rows(value, start: int, count: int):
@@ -183,7 +231,9 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       slower than chunks.  With neither given, the size within that bound is measured on the
       dataset's own rows (``circuits.backend.batch_tuning``; kept per program for later calls).
       The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
-      ``verbose=True``.
+      ``verbose=True``.  A chunk of one row runs the program itself on the row (no ``vmap``);
+      on the CPU, a chunk of rows of large work (``MAP_FROM_BYTES``) runs as a ``lax.map`` over
+      groups of ``MAP_GROUP`` rows instead of one ``vmap``.
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
@@ -218,7 +268,6 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         args, axes = bind_arguments(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
-        fn = _batched_function(program, axes, mode)
         row_key = (program.key, fdt, axes)
         with _lowered_lock:
             row = _ROW_BYTES.get(row_key)
@@ -231,6 +280,17 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
                     _ROW_BYTES.popitem(last=False)
         plan = plan_batch(program, total, fdt, batch_size, memory_budget, row_bytes=row)
         chunk = plan.chunk
+        group = (MAP_GROUP if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
+                 and _on_cpu() else None)
+        made: dict = {}  # the chunk function and the one-row function, each made on first use
+
+        def fn(part, one_row: bool = False):
+            f = made.get(one_row)
+            if f is None:
+                f = made[one_row] = (_row_function(program, axes, mode) if one_row
+                                     else _batched_function(program, axes, mode, group))
+            return f(part)
+
         log.info("evaluate_batched: %s", plan.reason)
         if verbose:
             print(f"evaluate_batched: {plan.reason}")
@@ -259,7 +319,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
             if placement is not None:
                 placed = placement.place(part, axes)
                 part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
-            outs = fn(part)
+            outs = fn(part, size == 1 and placement is None)
             real = min(size, total - start)
             outs = [o[:real] if real < size else o for o in outs]
             pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
@@ -269,8 +329,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         if batch_size is None and memory_budget is None and placement is None and mode != "eager":
             import jax
 
-            start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend()), total, chunk,
-                                                     plan.row_bytes, run_chunk)
+            start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend(), group), total, chunk,
+                                                     plan.row_bytes, run_chunk, every_size=group is not None)
             if why is not None:
                 log.info("evaluate_batched: %s", why)
                 if verbose:

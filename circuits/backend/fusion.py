@@ -17,6 +17,11 @@ hand-written forward computes:
 - an ``Index`` of leading axes between the Einsum and the ``log_softmax`` (``logits[:-1]``, as
   the GPT-2 and Llama builders print it) is moved onto the Einsum's operands first.
 
+A ``logsumexp`` of such an Einsum that nothing else reads (what ``rewrites.optimize`` leaves of a
+gathered ``log_softmax``: the rewrite keeps the circuit printable and leaves the chunking to this
+lowering, so an optimized circuit runs the same code as ``compile`` of the original) becomes the
+same fused node.
+
 It is a lowering choice, not a rewrite: ``compile``, ``evaluate`` and ``evaluate_batched`` make
 it where they batch heads (``circuits.backend.lowering.program_with_also``; ``batch_heads=False``
 lowers the circuit as printed), the circuit itself is untouched and the value is the same up to
@@ -51,7 +56,7 @@ from ..traversal import toposort
 from .einsum import einsum_op
 from .head_batching import batch_heads, has_head_sums
 
-__all__ = ["fuse_gathers", "has_gathered_log_softmax", "lower", "worth_lowering", "logsumexp_of_einsum",
+__all__ = ["fuse_gathers", "has_gathered_log_softmax", "has_fusable_logsumexp", "lower", "worth_lowering", "logsumexp_of_einsum",
            "CHUNK_ENTRIES", "CHUNK_FROM_ENTRIES"]
 
 #: Logits of at least this many entries (per evaluation: a batch's vmap multiplies it) have their
@@ -87,6 +92,18 @@ def has_gathered_log_softmax(nodes: Sequence[Circuit]) -> bool:
         if found is not None and _is_log_softmax(found[1]):
             return True
     return False
+
+
+def _is_logsumexp_of_einsum(node: Circuit) -> bool:
+    return (type(node) is GeneralFunction and node.function.name == "logsumexp" and len(node.children) == 1
+            and type(node.children[0]) is Einsum and _vocab_holder(node.children[0]) is not None
+            and node.children[0].dtype != "bool")
+
+
+def has_fusable_logsumexp(nodes: Sequence[Circuit]) -> bool:
+    """Cheap test: a gathered ``log_softmax``, or a ``logsumexp`` over the last axis of an Einsum
+    (what ``rewrites.optimize`` leaves of one: it is fused here, not by the rewrite)?"""
+    return has_gathered_log_softmax(nodes) or any(_is_logsumexp_of_einsum(n) for n in nodes)
 
 
 # ---------------------------------------------------------------------------- the fused logsumexp
@@ -283,7 +300,8 @@ def gathered_minus_logsumexp(picked: Circuit, lse: Circuit, g, idx: Circuit, nam
 
 def fuse_gathers(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tuple[list[Circuit], dict]:
     """``(new_roots, kept)``: ``roots`` with every gather along the last axis of a ``log_softmax``
-    that only such gathers read lowered to the fused form (module docstring), and ``{kept node
+    that only such gathers read lowered to the fused form (module docstring), every
+    ``logsumexp`` of an Einsum that nothing else reads fused likewise, and ``{kept node
     hash: node of the new circuit with its value}`` for the nodes of ``keep`` (``also=``)."""
     roots = list(roots)
     keep_hashes = {n.hash for n in keep}
@@ -312,6 +330,8 @@ def fuse_gathers(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tu
             own = alone(z, lsm) and z.hash not in root_hashes and (
                 type(z) is not Index or (alone(z.children[0], z) and z.children[0].hash not in root_hashes))
             rebuilt = _fused(rebuilt, found[0], new[z.hash], new[node.children[1].hash], own)
+        elif _is_logsumexp_of_einsum(node) and alone(node.children[0], node) and node.children[0].hash not in root_hashes:
+            rebuilt = logsumexp_of_einsum(new[node.children[0].hash]).rename(node.name)
         new[node.hash] = rebuilt
     return [new[r.hash] for r in roots], {n.hash: new[n.hash] for n in keep}
 
@@ -319,7 +339,7 @@ def fuse_gathers(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tu
 # ---------------------------------------------------------------------------- the backend's lowering
 def worth_lowering(nodes: Sequence[Circuit]) -> bool:
     """Whether ``lower`` may change anything: sums of heads or a gathered ``log_softmax``."""
-    return has_head_sums(nodes) or has_gathered_log_softmax(nodes)
+    return has_head_sums(nodes) or has_fusable_logsumexp(nodes)
 
 
 def lower(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tuple[list[Circuit], dict]:
@@ -338,7 +358,7 @@ def lower(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tuple[lis
     kept = {n.hash: n for n in keep}
     if has_head_sums(toposort(*roots)):
         roots, kept = batch_heads(roots, keep)
-    if has_gathered_log_softmax(toposort(*roots)):
+    if has_fusable_logsumexp(toposort(*roots)):
         mid = [kept[n.hash] for n in keep]
         roots, after = fuse_gathers(roots, mid)
         kept = {n.hash: after[m.hash] for n, m in zip(keep, mid)}

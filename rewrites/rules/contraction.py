@@ -2,7 +2,10 @@
 
 opt_einsum chooses the order from the operand shapes alone (``contract_path(..., shapes=True)``),
 so the rule never reads a tensor.  Each intermediate keeps the axis ids still needed by the
-operands not yet contracted or by the output, in order of first appearance.  This rule undoes
+operands not yet contracted or by the output: the output's axes first, in the output's order (so
+the attention scores ``qc,kc,,qk->qk`` nest as ``[q, k]`` products, not as a ``[k, q]`` one that
+the backend must transpose back: ``optimize`` made the seed 5% slower than ``compile`` that way),
+then the others in order of first appearance.  This rule undoes
 ``flatten_einsum``, so it is not part of ``simp``; ``rewrites.optimize`` runs it last.
 
 >>> from circuits import Einsum, Symbol
@@ -55,7 +58,10 @@ def contraction_order(node):
             out = node.out_axes
         else:
             needed = set(node.out_axes).union(*[axes for _, axes in operands])
-            out = tuple(dict.fromkeys(a for _, axes in picked for a in axes if a in needed))
+            seen = tuple(dict.fromkeys(a for _, axes in picked for a in axes if a in needed))
+            # the output's axes first, in its order (a later product with the intermediate then
+            # needs no transpose), then the rest in order of first appearance
+            out = tuple(a for a in node.out_axes if a in seen) + tuple(a for a in seen if a not in node.out_axes)
         inner = Einsum(*[c for c, _ in picked], in_axes=[axes for _, axes in picked], out_axes=out)
         operands.append((inner, out))
     (result, axes), = operands

@@ -73,6 +73,60 @@ def test_batched_intermediates_eager_mode_and_jax_output():
     np.testing.assert_allclose(np.asarray(as_jax), value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_row_chunks_run_the_rows_own_program(dtype):
+    """A chunk of one row is the program itself on the row (the function evaluate compiles), not
+    a vmap of one: same values as the loop, shared input kept, also= and return_jax as before."""
+    from circuits.backend.runtime import is_compiled, is_compiled_any, program_with_also
+
+    c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="one_row")
+    xs = rng.standard_normal((3, 3)).astype(dtype)
+    y = rng.standard_normal(3).astype(dtype)
+    value, extra = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, also=[c.children[0]])
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(value, loop(c, [{"x": x, "y": y} for x in xs], dtype=dtype), **tol)
+    logits = (xs.astype(np.float64) + y) @ W.numpy().astype(np.float64)  # numpy oracle
+    np.testing.assert_allclose(list(extra.values())[0], logits, **tol)
+    assert value.shape == (3, 5) and value.dtype == np.dtype(dtype)
+    program, _ = program_with_also(c, dtype, [c.children[0]], True)
+    assert is_compiled((program.key, "run")) and not is_compiled_any((program.key, "vmap"))
+    as_jax = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, return_jax=True)
+    assert hasattr(as_jax, "sharding") and as_jax.shape == (3, 5)
+    np.testing.assert_allclose(np.asarray(as_jax), value, **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypatch):
+    """On the CPU a chunk of rows of large work runs as lax.map over groups of MAP_GROUP rows
+    (every row here counts as large): the same values as the loop and numpy, a short last chunk,
+    an odd chunk (a group and a remainder), also= and return_jax."""
+    from circuits.backend import batched
+    from circuits.backend.runtime import clear_compile_cache, is_compiled, program_with_also
+
+    monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
+    clear_compile_cache()
+    c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="mapped")
+    xs = rng.standard_normal((7, 3)).astype(dtype)
+    y = rng.standard_normal(3).astype(dtype)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    want = loop(c, [{"x": x, "y": y} for x in xs], dtype=dtype)
+    logits = (xs.astype(np.float64) + y) @ W.numpy().astype(np.float64)  # numpy oracle
+    for size in (3, 4, 7):
+        value, extra = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=size, mode=mode,
+                                        also=[c.children[0]])
+        assert value.shape == (7, 5) and value.dtype == np.dtype(dtype)
+        np.testing.assert_allclose(value, want, **tol)
+        np.testing.assert_allclose(list(extra.values())[0], logits, **tol)
+    program, _ = program_with_also(c, dtype, [c.children[0]], True)
+    axes = tuple(0 if n is X else None for n in program.arg_nodes())
+    assert is_compiled((program.key, "vmap", axes, "map", batched.MAP_GROUP)) == (mode == "jit")
+    as_jax = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=4, mode=mode, return_jax=True)
+    assert hasattr(as_jax, "sharding")
+    np.testing.assert_allclose(np.asarray(as_jax), want, **tol)
+    clear_compile_cache()
+
+
 def test_empty_dataset_gives_empty_result():
     got = evaluate_batched(OUT, {"x": np.zeros((0, 3)), "y": np.zeros(3)})
     assert got.shape == (0, 5) and got.dtype == np.float32

@@ -196,3 +196,66 @@ def test_out_of_range_token_is_still_an_error():
     bad[3] = 53
     with pytest.raises(C.EvaluationError, match="toks_int_var"):
         C.evaluate(loss, {"toks_int_var": bad})
+
+
+# ---------------------------------------------------------------------------- logsumexp of an Einsum
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_logsumexp_of_einsum_fused_equals_plain(dtype, chunked, request):
+    """What rewrites.optimize leaves of a gathered log_softmax: a logsumexp of the logits'
+    Einsum, fused (and chunked) by the backend where nothing else reads the logits."""
+    if chunked:
+        request.getfixturevalue("small_chunks")
+    rng = np.random.default_rng(4)
+    x = C.Array(rng.standard_normal((6, 5)).astype(dtype), name="x")
+    w = C.Array(rng.standard_normal((41, 5)).astype(dtype), name="w")
+    z = C.Einsum.from_spec("sh,vh->sv", x, w, name="z")
+    lse = C.GeneralFunction("logsumexp", z, name="lse")
+    assert fusion.has_fusable_logsumexp(C.toposort(lse)) and not fusion.has_gathered_log_softmax(C.toposort(lse))
+    assert "'lse' GeneralFunction logsumexp_of_einsum" in _lines(lse)
+    _check(lse, dtype)
+    # the logits asked for, or read by another node: computed whole, the logsumexp reads them
+    assert "'lse' GeneralFunction logsumexp" in _lines(lse, "z")
+    _check(lse, dtype, also=["z"])
+    both = C.Add(lse, C.Einsum.from_spec("sv->s", z), name="both")
+    assert not any("logsumexp_of_einsum" in line for line in _lines(both))
+    _check(both, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("build", [lambda d: attn_only(*_seed()), _gpt2, _llama], ids=["seed", "gpt2", "llama"])
+def test_optimized_losses_run_the_fused_node(build, dtype, small_chunks):
+    """rewrites.optimize turns the gathered log_softmax into a logsumexp of the logits and leaves
+    the chunking to the backend: its program holds the same fused node as compile's."""
+    from rewrites import optimize
+
+    loss = build(dtype)
+    fast = optimize(loss)
+    assert "GeneralFunction logsumexp_of_einsum" in [line.split("' ", 1)[-1] for line in _lines(fast)]
+    assert not any(isinstance(n, C.Concat) for n in C.toposort(fast))
+    np.testing.assert_allclose(C.evaluate(fast, dtype=dtype), C.evaluate(loss, dtype=dtype, batch_heads=False),
+                               **TOL[dtype])
+
+
+@st.composite
+def logsumexps_of_einsums(draw):
+    """``logsumexp`` of a drawn circuit ``[s, h]`` times an unembedding ``[v, h]``; the inputs."""
+    s, v, h = draw(st.integers(1, 4)), draw(st.integers(2, 9)), draw(st.integers(1, 4))
+    case = draw(circuits_with_inputs((s, h), max_nodes=10))
+    unembed = C.Array(draw(arrays((v, h), "float64")), name="unembed")
+    z = C.Einsum.from_spec("sh,vh->sv", case.circuit, unembed, name="logits")
+    return C.GeneralFunction("logsumexp", z, name="lse"), case.inputs
+
+
+def test_drawn_logsumexps_fused_equal_plain(small_chunks):
+    @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(logsumexps_of_einsums(), st.sampled_from(["float32", "float64"]))
+    def run(case, dtype):
+        circuit, inputs = case
+        (lowered,), _ = fusion.lower([circuit])
+        assert lowered.line() == "'lse' GeneralFunction logsumexp_of_einsum"
+        got = C.evaluate(lowered, inputs, dtype=dtype, batch_heads=False)
+        want = C.evaluate(circuit, inputs, dtype=dtype, batch_heads=False)
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+    run()

@@ -212,22 +212,31 @@ def test_chunk_logsumexp_must_not_fire():
     assert chunk_logsumexp.fn(C.GeneralFunction("logsumexp", x), chunks=2) is None
 
 
-def test_optimize_chunks_only_unshared_logits(monkeypatch):
-    from rewrites.rules import chunking
+def _lowered_lines(circuit):
+    from circuits.backend.runtime import program_with_also
 
-    monkeypatch.setattr(chunking, "CHUNK_MIN_ENTRIES", 16)
-    monkeypatch.setattr(chunking, "CHUNK_ENTRIES", 8)
+    program, _ = program_with_also(circuit, "float32", None, True)
+    return [n.line() for n in program.nodes]
+
+
+def test_optimize_leaves_chunking_to_the_backend():
+    """optimize keeps a logsumexp of logits as it is (no Concat of chunks of its own); the backend
+    fuses it (chunked on the CPU) where nothing else reads the logits: the same code as compile."""
     rng = np.random.default_rng(0)
     x = C.Array(rng.standard_normal((3, 4)).astype(np.float32), name="x")
     w = C.Array(rng.standard_normal((10, 4)).astype(np.float32), name="w")
     z = C.Einsum.from_spec("sh,vh->sv", x, w, name="z")
     lse = C.GeneralFunction("logsumexp", z, name="lse")
-    chunked = optimize(lse)
-    assert any(isinstance(n, C.Concat) for n in C.toposort(chunked))
-    np.testing.assert_allclose(C.evaluate(chunked), C.evaluate(lse), rtol=1e-5)
-    # z also read elsewhere: its full value is computed anyway, so no chunking
+    out = optimize(lse)
+    assert not any(isinstance(n, C.Concat) for n in C.toposort(out))
+    assert "'lse' GeneralFunction logsumexp_of_einsum" in _lowered_lines(out)
+    for dtype, tol in (("float32", 1e-5), ("float64", 1e-12)):
+        np.testing.assert_allclose(C.evaluate(out, dtype=dtype), C.evaluate(lse, dtype=dtype, batch_heads=False),
+                                   rtol=tol)
+    # z also read elsewhere: its full value is computed anyway, so the logsumexp reads it
     shared = C.Add(lse, C.Einsum.from_spec("sv->s", z), name="both")
-    assert not any(isinstance(n, C.Concat) for n in C.toposort(optimize(shared)))
+    lines = _lowered_lines(optimize(shared))
+    assert "'lse' GeneralFunction logsumexp" in lines and not any("logsumexp_of_einsum" in x for x in lines)
 
 
 # ---------------------------------------------------------------------------- gather through einsum
@@ -284,13 +293,15 @@ def test_push_gather_through_einsum_must_not_fire():
     assert push_gather_through_einsum.fn(C.GeneralFunction("gen_index_at_0", x, t)) is None
 
 
-def test_optimize_pushes_a_small_gather_into_shared_logits_then_chunks(monkeypatch):
+def test_optimize_pushes_a_small_gather_into_shared_logits_then_the_backend_fuses(monkeypatch):
     """The seed's shape in small: log_softmax's gather becomes one dot product per position,
-    and the logsumexp then reads the logits alone, so it is chunked."""
-    from rewrites.rules import chunking
+    and the logsumexp then reads the logits alone, so the backend fuses (and chunks) it."""
+    from circuits.backend import fusion
+    from circuits.backend.runtime import clear_compile_cache
 
-    monkeypatch.setattr(chunking, "CHUNK_MIN_ENTRIES", 64)
-    monkeypatch.setattr(chunking, "CHUNK_ENTRIES", 64)
+    monkeypatch.setattr(fusion, "CHUNK_FROM_ENTRIES", 1)
+    monkeypatch.setattr(fusion, "CHUNK_ENTRIES", 64)
+    clear_compile_cache()
     rng = np.random.default_rng(0)
     x = C.Array(rng.standard_normal((5, 4)).astype(np.float32), name="x")
     w = C.Array(rng.standard_normal((80, 4)).astype(np.float32), name="w")
@@ -300,10 +311,12 @@ def test_optimize_pushes_a_small_gather_into_shared_logits_then_chunks(monkeypat
     fast = optimize(ll)
     kinds = {n.function_name for n in C.toposort(fast) if isinstance(n, C.GeneralFunction)}
     assert "log_softmax" not in kinds and "gen_index_at_0_c" in kinds
-    assert any(isinstance(n, C.Concat) for n in C.toposort(fast))
-    # no node of the optimized circuit holds the whole [5, 80] logit matrix
-    assert all(n.shape != (5, 80) for n in C.toposort(fast))
+    assert any("logsumexp_of_einsum" in line for line in _lowered_lines(fast))
+    # no node of the optimized circuit holds the whole [5, 80] log-probabilities
+    assert all(not (isinstance(n, C.GeneralFunction) and n.function_name == "log_softmax")
+               for n in C.toposort(fast))
     np.testing.assert_allclose(C.evaluate(fast), C.evaluate(ll), rtol=1e-5)
+    clear_compile_cache()
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -315,7 +328,7 @@ def test_optimize_is_a_schedule_of_strategies():
     assert isinstance(s, Strategy)
     assert repr(s).split(" >> ") == [
         "normalize(fold)", "fixpoint(dynamic(push_down), max_steps=20)", "normalize(cleanup + fold)",
-        "bottom_up(contraction_order)", "dynamic(chunk_unshared_logsumexps)",
+        "bottom_up(contraction_order)",
     ]
 
 

@@ -67,3 +67,22 @@ def test_contraction_order_does_not_fire_on_pairs():
     must_not_fire(contraction_order, Einsum.from_spec("ab,bc->ac", x, w))
     must_not_fire(contraction_order, Einsum.from_spec("ab->b", x))
     must_not_fire(contraction_order, Einsum.from_spec("->"))
+
+
+
+def test_intermediates_keep_the_outputs_axis_order():
+    """Attention scores ``qc,kc,,qk->qk`` (the seed's shapes): the pairwise product of queries
+    and keys comes out ``[q, k]`` like the output, not ``[k, q]`` (which the backend would
+    transpose back, per head: optimize made the seed slower than compile that way)."""
+    from circuits import evaluate
+
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((300, 32)), rng.standard_normal((300, 32))
+    mask = np.tril(np.ones((300, 300)))
+    scores = Einsum.from_spec("qc,kc,,qk->qk", Array(q, name="q"), Array(k, name="k"), Scalar(0.125),
+                              Array(mask, name="mask"), name="scores")
+    nested = contraction_order.fn(scores)
+    (product,) = [n for n in toposort(nested) if isinstance(n, Einsum) and n.shape == (300, 300)
+                  and n is not nested and "mask" not in [c.name for c in n.children]]
+    np.testing.assert_allclose(evaluate(product, dtype="float64"), 0.125 * q @ k.T, rtol=1e-12)  # not its transpose
+    np.testing.assert_allclose(evaluate(nested, dtype="float64"), 0.125 * (q @ k.T) * mask, rtol=1e-12)
