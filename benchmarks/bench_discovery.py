@@ -29,7 +29,7 @@ from circuits.models import attn_only, gpt2, induction_tokens, induction_weights
 from circuits.models.gpt2 import random_gpt2_weights
 from circuits.models.induction import REPEATED_HALF
 
-from .common import report
+from .common import interleaved_medians, report
 from .handwritten_attn_only import _embed, _ln, _unembed
 from .handwritten_gpt2 import logits
 
@@ -47,13 +47,7 @@ def _timed(fn, runs=3):
 # ---------------------------------------------------------------------------- 1. GPT-2 width
 def _interleaved(fns: dict, runs: int) -> dict:
     """Median seconds of each function, runs interleaved (a noisy machine slows all alike)."""
-    times = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) for k, v in times.items()}
+    return interleaved_medians(fns, runs=runs, warmup=0)
 
 
 def gpt2_eap(small: bool, runs: int = 5):

@@ -89,12 +89,20 @@ def whole_program_ready(key):
 def mark_ready(key, result=True) -> None:
     """Note that the whole program for ``key`` is compiled (it ran whole at once)."""
     with _lock:
-        entry = _roots.get(key)
-        if entry is None:
-            entry = _roots[key] = _Root()
-            while len(_roots) > _ROOTS_SIZE:
-                _roots.popitem(last=False)
+        entry = _entry(key)
         entry.state, entry.result = "ready", result
+
+
+def _entry(key) -> _Root:
+    """The entry of ``key``, made (and the oldest dropped beyond ``_ROOTS_SIZE``) when there is
+    none, as the most recently used; call with ``_lock`` held."""
+    entry = _roots.get(key)
+    if entry is None:
+        entry = _roots[key] = _Root()
+        while len(_roots) > _ROOTS_SIZE:
+            _roots.popitem(last=False)
+    _roots.move_to_end(key)
+    return entry
 
 
 def note_op_run(key, compile_whole, *, now: bool = False) -> None:
@@ -103,12 +111,7 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
     program and returns what ``whole_program_ready`` hands out afterwards (None: not compiled);
     ``now=True`` calls it at this run."""
     with _lock:
-        entry = _roots.get(key)
-        if entry is None:
-            entry = _roots[key] = _Root()
-            while len(_roots) > _ROOTS_SIZE:
-                _roots.popitem(last=False)
-        _roots.move_to_end(key)
+        entry = _entry(key)
         entry.runs += 1
         if (entry.runs < JIT_AFTER and not now) or entry.state != "counting":
             return
