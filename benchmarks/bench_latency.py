@@ -38,11 +38,38 @@ def _time(fn):
     return time.perf_counter() - t, out
 
 
+def shipped_variants(c, corrupt, ablated, patched):
+    """Times of the shipped model's new experiments, each first run of a variant new to the
+    process against a reference computing the same value (checked): every zero-ablation of a head
+    (``ablated(layer, head)``) and every path patch b0.a.head2 -> a layer-1 head's q, k or v
+    (``patched(head, role)``); ``(ours, theirs)`` for the ablations, then for the path patches."""
+    import circuits as C
+    from circuits.interp import ablate, path_patch
+
+    abl_c, abl_t = [], []
+    for l in range(2):
+        for h in range(4):
+            dt, value = _time(lambda: C.evaluate(ablate(c, f"b{l}.a.head{h}")))
+            abl_c.append(dt)
+            dt, ref = _time(lambda: ablated(l, h))
+            abl_t.append(dt)
+            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+    pp_c, pp_t = [], []
+    for h in range(4):
+        for role in "qkv":
+            dt, value = _time(lambda: C.evaluate(path_patch(c, "b0.a.head2", f"b1.a.head{h}.a.{role}",
+                                                            {"toks_int_var": corrupt})))
+            pp_c.append(dt)
+            dt, ref = _time(lambda: patched(h, role))
+            pp_t.append(dt)
+            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+    return abl_c, abl_t, pp_c, pp_t
+
+
 def shipped(rows):
     import torch
 
     import circuits as C
-    from circuits.interp import ablate, path_patch
     from circuits.models import attn_only, induction_weights
 
     from .handwritten_torch import TorchAttnOnly
@@ -60,23 +87,9 @@ def shipped(rows):
     for _ in range(3):  # torch warm
         model.ablated_loss(toks, 0, 0)
         model.path_patched_loss(toks, corrupt, 2, 0, "k")
-    abl_c, abl_t = [], []
-    for l in range(2):
-        for h in range(4):
-            dt, value = _time(lambda: C.evaluate(ablate(c, f"b{l}.a.head{h}")))
-            abl_c.append(dt)
-            dt, ref = _time(lambda: model.ablated_loss(toks, l, h))
-            abl_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
-    pp_c, pp_t = [], []
-    for h in range(4):
-        for role in "qkv":
-            dt, value = _time(lambda: C.evaluate(path_patch(c, "b0.a.head2", f"b1.a.head{h}.a.{role}",
-                                                            {"toks_int_var": corrupt})))
-            pp_c.append(dt)
-            dt, ref = _time(lambda: model.path_patched_loss(toks, corrupt, 2, h, role))
-            pp_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+    abl_c, abl_t, pp_c, pp_t = shipped_variants(
+        c, corrupt, lambda l, h: model.ablated_loss(toks, l, h),
+        lambda h, role: model.path_patched_loss(toks, corrupt, 2, h, role))
     a_c, a_t = np.median(abl_c), np.median(abl_t)
     p_c, p_t = np.median(pp_c), np.median(pp_t)
     rows.append(("shipped: new zero-ablation (8 heads, median)",

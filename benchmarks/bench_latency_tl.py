@@ -34,17 +34,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
+from .bench_latency import _time, shipped_variants
 from .tl_models import require
-
-
-def _time(fn):
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
 
 
 def _loss(logits, tokens):
@@ -58,7 +52,6 @@ def shipped(rows):
     import torch
 
     import circuits as C
-    from circuits.interp import ablate, path_patch
     from circuits.models import attn_only, induction_weights
 
     from .tl_models import hooked_induction
@@ -102,23 +95,7 @@ def shipped(rows):
     for _ in range(3):  # TransformerLens warm
         tl_ablate(0, 0)
         tl_path_patch(2, 0, "k")
-    abl_c, abl_t = [], []
-    for l in range(2):
-        for h in range(4):
-            dt, value = _time(lambda: C.evaluate(ablate(c, f"b{l}.a.head{h}")))
-            abl_c.append(dt)
-            dt, ref = _time(lambda: tl_ablate(l, h))
-            abl_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
-    pp_c, pp_t = [], []
-    for h in range(4):
-        for role in "qkv":
-            dt, value = _time(lambda: C.evaluate(path_patch(c, "b0.a.head2", f"b1.a.head{h}.a.{role}",
-                                                            {"toks_int_var": corrupt})))
-            pp_c.append(dt)
-            dt, ref = _time(lambda: tl_path_patch(2, h, role))
-            pp_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+    abl_c, abl_t, pp_c, pp_t = shipped_variants(c, corrupt, tl_ablate, lambda h, role: tl_path_patch(2, h, role))
     a_c, a_t = statistics.median(abl_c), statistics.median(abl_t)
     p_c, p_t = statistics.median(pp_c), statistics.median(pp_t)
     rows += [

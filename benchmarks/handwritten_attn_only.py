@@ -25,18 +25,7 @@ def _unembed(w, x):
 
 
 def logits(w, tokens, n_layers=2):
-    x, pos, mask = _embed(w, tokens)
-    for l in range(n_layers):
-        h = _ln(x, w[f"a{l}.ln.w.scale"], w[f"a{l}.ln.w.bias"])
-        qk = h + pos
-        q = jnp.einsum("sd,hcd->hsc", qk, w[f"a{l}.w.q"])
-        k = jnp.einsum("sd,hcd->hsc", qk, w[f"a{l}.w.k"])
-        v = jnp.einsum("sd,hcd->hsc", h, w[f"a{l}.w.v"])
-        scores = jnp.einsum("hqc,hkc->hqk", q, k) * jax.lax.rsqrt(jnp.float32(q.shape[-1]))
-        scores = scores * mask - 10000.0 * (1 - mask)
-        probs = jax.nn.softmax(scores, -1)
-        x = x + jnp.einsum("hqk,hkc,hdc->qd", probs, v, w[f"a{l}.w.o"])
-    return _unembed(w, x)
+    return final_residual(w, tokens, n_layers) @ w["t.w.unembed"].T
 
 
 def loss_naive(w, tokens, n_layers=2):
