@@ -27,7 +27,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from . import tiers
-from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops
+from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
 from .runtime import (
@@ -104,9 +104,9 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
     cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
-        program = None
+        program = keys = None
         if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
-                and cached_values([circuit], inputs, fdt) is None:
+                and cached_values(keys := value_keys([circuit], inputs, fdt)) is None:
             # The first evaluation in this process: a program an earlier process compiled whole
             # runs whole at once (JAX's persistent cache holds its compilation).
             program, items = cached_program(circuit, fdt, also, batch_heads)
@@ -120,7 +120,8 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             if mode == "auto" and cache and not also:
                 # A value known for these inputs is returned as it is, whichever tier computed it:
                 # the same call gives the same bits before and after the compiled program is ready.
-                found = cached_values([circuit], inputs, fdt)
+                keys = keys or value_keys([circuit], inputs, fdt)
+                found = cached_values(keys)
                 if found is not None:
                     record("cache", 0, 1)
                     return out(found, [])
@@ -132,7 +133,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             if not also:
                 note_compiled(_mark(circuit, fdt, batch_heads))
             if mode == "auto" and cache and not also:
-                remember([circuit], values, inputs, fdt)
+                remember(keys or value_keys([circuit], inputs, fdt), values)
             return out(values, items)
         items = as_items(also)
         roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]

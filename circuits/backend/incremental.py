@@ -58,7 +58,7 @@ from .runtime import (
 )
 
 __all__ = [
-    "run_ops", "cached_values", "remember", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
+    "run_ops", "value_keys", "cached_values", "remember", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
     "DEFAULT_VALUE_BYTES",
 ]
 
@@ -352,44 +352,48 @@ def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list) 
     return bound, fps
 
 
-def cached_values(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) -> list | None:
-    """The values of ``roots`` when the value cache holds every one of them (for these inputs),
-    else None; nothing is computed, and inputs that do not bind are a miss, not an error.
-
-    >>> from circuits import Add
-    >>> x = Symbol((2,), name='x')
-    >>> y = Add(x, x)
-    >>> cached_values([y], {'x': np.ones(2)}, 'float32') is None
-    True
-    >>> _ = run_ops([y], {'x': np.ones(2)}, 'float32')
-    >>> [float(v) for v in cached_values([y], {'x': np.ones(2)}, 'float32')[0]]
-    [2.0, 2.0]
-    """
+def value_keys(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) -> list | None:
+    """The value cache's keys of ``roots`` for these inputs (None when the inputs do not bind:
+    a miss, not an error); for ``cached_values`` and ``remember``, hashing the inputs once."""
     roots, free = prepared(roots)
     problems: list[str] = []
     _, fps = bind_symbols(free, inputs, fdt, problems)
     if problems or len(fps) != len(free):
         return None
     keys = CacheKeys(fdt, fps)
+    return [keys(r) for r in roots]
+
+
+def cached_values(keys: list | None) -> list | None:
+    """The values under ``keys`` (``value_keys``) when the value cache holds every one, else
+    None; nothing is computed.
+
+    >>> from circuits import Add
+    >>> x = Symbol((2,), name='x')
+    >>> y = Add(x, x)
+    >>> cached_values(value_keys([y], {'x': np.ones(2)}, 'float32')) is None
+    True
+    >>> _ = run_ops([y], {'x': np.ones(2)}, 'float32')
+    >>> [float(v) for v in cached_values(value_keys([y], {'x': np.ones(2)}, 'float32'))[0]]
+    [2.0, 2.0]
+    """
+    if keys is None:
+        return None
     out = []
-    for r in roots:
-        value = VALUES.get(keys(r))
+    for key in keys:
+        value = VALUES.get(key)
         if value is None:
             return None
         out.append(value)
     return out
 
 
-def remember(roots: Sequence[Circuit], values: Sequence, inputs: Mapping | None, fdt: str) -> None:
-    """Offer ``values`` (of ``roots``, computed elsewhere: a compiled program) to the value cache."""
-    roots, free = prepared(roots)
-    problems: list[str] = []
-    _, fps = bind_symbols(free, inputs, fdt, problems)
-    if problems or len(fps) != len(free):
-        return
-    keys = CacheKeys(fdt, fps)
-    for r, v in zip(roots, values):
-        VALUES.put(keys(r), v)
+def remember(keys: list | None, values: Sequence) -> None:
+    """Offer ``values`` (computed elsewhere: a compiled program) to the value cache under ``keys``
+    (``value_keys``; nothing when None)."""
+    if keys is not None:
+        for key, v in zip(keys, values):
+            VALUES.put(key, v)
 
 
 # ---------------------------------------------------------------------------- op-by-op evaluation
