@@ -95,12 +95,12 @@ def _row_bytes(program: Program, fdt: str, batched_args) -> int:
 # program comes from the cache of live circuits' programs, which keeps no tensor alive).
 _ROW_BYTES: collections.OrderedDict = collections.OrderedDict()
 _ROW_BYTES_SIZE = 1024
-_lowered_lock = threading.Lock()
+_row_bytes_lock = threading.Lock()
 
 
-def clear_lowered() -> None:
+def clear_row_costs() -> None:
     """Forget the row costs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
-    with _lowered_lock:
+    with _row_bytes_lock:
         _ROW_BYTES.clear()
 
 
@@ -269,12 +269,12 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         row_key = (program.key, fdt, axes)
-        with _lowered_lock:
+        with _row_bytes_lock:
             row = _ROW_BYTES.get(row_key)
         if row is None:
             full = program if program.nodes is not None else program_with_also(circuit, fdt, also, heads)[0]
             row = _row_bytes(full, fdt, [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0])
-            with _lowered_lock:
+            with _row_bytes_lock:
                 _ROW_BYTES[row_key] = row
                 while len(_ROW_BYTES) > _ROW_BYTES_SIZE:
                     _ROW_BYTES.popitem(last=False)

@@ -67,11 +67,11 @@ def clear_cache(what: str = "all") -> None:
     if what not in _WHAT:
         raise EvaluationError(f"clear_cache(what={what!r}): use one of {', '.join(map(repr, _WHAT))}")
     if what in ("all", "compiled"):
-        from .batched import clear_lowered
+        from .batched import clear_row_costs
 
         clear_compile_cache()
         clear_tiers()
-        clear_lowered()
+        clear_row_costs()
     if what in ("all", "values"):
         VALUES.clear()
         for evaluator in list(_EAGERS):
