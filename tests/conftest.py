@@ -39,6 +39,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 tiers.COLD_START = False
 
 
+@pytest.fixture(autouse=True)
+def _background_compilations_end_with_their_test():
+    """A whole-program compilation that 'auto' starts in the background ends within the test that
+    started it, so no other test's count of compilations sees it land."""
+    yield
+    tiers.wait_for_background()
+
+
 # Enough for pytest, JAX tracing, sympy and the library's own (bounded) call depth; a recursion
 # over a 50,000-deep chain needs 50,000 frames.
 RECURSION_HEADROOM = 250
