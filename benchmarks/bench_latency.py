@@ -53,7 +53,7 @@ def shipped_variants(c, corrupt, ablated, patched):
             abl_c.append(dt)
             dt, ref = _time(lambda: ablated(l, h))
             abl_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5)
     pp_c, pp_t = [], []
     for h in range(4):
         for role in "qkv":
@@ -62,8 +62,15 @@ def shipped_variants(c, corrupt, ablated, patched):
             pp_c.append(dt)
             dt, ref = _time(lambda: patched(h, role))
             pp_t.append(dt)
-            np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(value, ref, rtol=1e-4, atol=1e-5)
     return abl_c, abl_t, pp_c, pp_t
+
+
+def torch_device() -> str:
+    """Where the torch side runs: the GPU when torch sees one (with JAX on the same card), else the CPU."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def shipped(rows):
@@ -81,15 +88,15 @@ def shipped(rows):
     corrupt = rng.integers(1, 64, 34)
     c = attn_only(w, toks, unique_names=True)
     clean = C.evaluate(c)
-    model = TorchAttnOnly(w)
-    np.testing.assert_allclose(model.loss_from(toks, model.head_outputs(toks)[1]).numpy(), clean, rtol=1e-4,
+    model = TorchAttnOnly(w, device=torch_device())
+    np.testing.assert_allclose(model.loss_from(toks, model.head_outputs(toks)[1]).cpu().numpy(), clean, rtol=1e-4,
                                atol=1e-5)
     for _ in range(3):  # torch warm
         model.ablated_loss(toks, 0, 0)
         model.path_patched_loss(toks, corrupt, 2, 0, "k")
     abl_c, abl_t, pp_c, pp_t = shipped_variants(
-        c, corrupt, lambda l, h: model.ablated_loss(toks, l, h),
-        lambda h, role: model.path_patched_loss(toks, corrupt, 2, h, role))
+        c, corrupt, lambda l, h: model.ablated_loss(toks, l, h).cpu().numpy(),
+        lambda h, role: model.path_patched_loss(toks, corrupt, 2, h, role).cpu().numpy())
     a_c, a_t = np.median(abl_c), np.median(abl_t)
     p_c, p_t = np.median(pp_c), np.median(pp_t)
     rows.append(("shipped: new zero-ablation (8 heads, median)",
@@ -182,18 +189,20 @@ def gpt2_small(rows, n_tokens=32):
     torch.manual_seed(0)
     config = transformers.GPT2Config(use_cache=False, attn_implementation="eager")
     model = transformers.GPT2LMHeadModel(config).eval()
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    model = model.to(torch_device())
+    device = model.device
     rng = np.random.default_rng(0)
     toks = rng.integers(0, config.vocab_size, n_tokens)
     corrupt = rng.integers(0, config.vocab_size, n_tokens)
-    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     c = gpt2(config.to_dict(), state, toks, loss=True, split_heads=True)
     C.evaluate(c)
     sites = [f"h{l}.attn.head{h}" for l in range(12) for h in range(12)]
 
     def torch_loss():
         with torch.no_grad():
-            logits = model(torch.as_tensor(toks)[None]).logits[0]
-        return -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None]))[:, 0]
+            logits = model(torch.as_tensor(toks, device=device)[None]).logits[0]
+        return -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
 
     def hook_loop():
         corrupted = gpt2_merged_heads(model, corrupt)
@@ -203,7 +212,7 @@ def gpt2_small(rows, n_tokens=32):
             for h in range(12):
                 handle = gpt2_head_hooks(model, l, h, corrupted[l][:, h * size:(h + 1) * size])
                 try:
-                    out[f"h{l}.attn.head{h}"] = torch_loss().numpy()
+                    out[f"h{l}.attn.head{h}"] = torch_loss().cpu().numpy()
                 finally:
                     handle.remove()
         return out
@@ -230,8 +239,8 @@ def gpt2_small(rows, n_tokens=32):
 
         handles = [b.attn.c_proj.register_forward_pre_hook(keep) for b in model.transformer.h]
         try:
-            logits = model(torch.as_tensor(toks)[None]).logits[0]
-            loss = -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None]))[:, 0]
+            logits = model(torch.as_tensor(toks, device=device)[None]).logits[0]
+            loss = -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
             loss.sum().backward()
         finally:
             for hd in handles:
@@ -259,12 +268,17 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     args = parser.parse_args(argv)
     rows: list = []
-    w, toks, corrupt, c, model = shipped(rows)
-    if not args.quick:
-        attribution_batch(rows, w, toks, c, model)
-        new_process(rows)
-        gpt2_small(rows)
-    report("interactive latency (issue 20)", rows)
+    import jax
+
+    try:  # the rows measured so far are reported even if a later part fails
+        w, toks, corrupt, c, model = shipped(rows)
+        if not args.quick:
+            attribution_batch(rows, w, toks, c, model)
+            new_process(rows)
+            gpt2_small(rows)
+    finally:
+        report(f"interactive latency (issue 20): circuits on {jax.devices()[0].device_kind}, torch on "
+               f"{torch_device()}", rows)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,13 @@ def _ln(x, scale, bias, eps=1e-5):
 class TorchAttnOnly:
     """The seed model in torch (float32, eager): ``loss(tokens, ...)`` is the per-token loss."""
 
-    def __init__(self, weights: dict, n_layers: int = 2):
-        self.w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}
+    def __init__(self, weights: dict, n_layers: int = 2, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.w = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in weights.items()}
         self.n_layers = n_layers
+
+    def _tokens(self, tokens):
+        return torch.as_tensor(np.asarray(tokens), device=self.device)
 
     def _attend(self, l, qk_in, v_in, n):
         w = self.w
@@ -46,7 +50,7 @@ class TorchAttnOnly:
         """Per-layer head outputs, the final residual, and (``deltas=True``) a zero added to each
         layer's head outputs whose gradient is the metric's gradient with respect to them."""
         w = self.w
-        toks = torch.as_tensor(np.asarray(tokens))
+        toks = self._tokens(tokens)
         inp = toks[:-2]
         n = inp.shape[0]
         x = w["t.w.tok_embeds"][inp]
@@ -73,7 +77,7 @@ class TorchAttnOnly:
 
     def _loss(self, tokens, x):
         w = self.w
-        toks = torch.as_tensor(np.asarray(tokens))
+        toks = self._tokens(tokens)
         logits = _ln(x, w["final.ln.w.scale"], w["final.ln.w.bias"]) @ w["t.w.unembed"].T
         lp = torch.log_softmax(logits, -1)
         return -lp.gather(1, toks[1:-1, None])[:, 0]
@@ -101,7 +105,7 @@ class TorchAttnOnly:
         ``role`` ('q', 'k' or 'v') input: the corrupted run, then the patched forward."""
         w = self.w
         corrupted, _ = self.head_outputs(corrupted_tokens)
-        toks = torch.as_tensor(np.asarray(tokens))
+        toks = self._tokens(tokens)
         inp = toks[:-2]
         n = inp.shape[0]
         x = w["t.w.tok_embeds"][inp]
@@ -140,7 +144,7 @@ def gpt2_merged_heads(model, tokens) -> list:
                for block in model.transformer.h]
     try:
         with torch.no_grad():
-            model(torch.as_tensor(tokens)[None])
+            model(torch.as_tensor(tokens, device=model.device)[None])
     finally:
         for h in handles:
             h.remove()
