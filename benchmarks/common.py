@@ -35,7 +35,7 @@ def interleaved_medians(fns: dict, *, runs: int = 20, warmup: int = 2) -> dict:
 
 def report(title: str, rows: list[tuple[str, str]]) -> None:
     print(title)
-    width = max(len(k) for k, _ in rows)
+    width = max((len(k) for k, _ in rows), default=0)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
 
@@ -48,3 +48,36 @@ def agreement_tolerance() -> float:
     import jax
 
     return 1e-4 if jax.default_backend() == "cpu" else 5e-3
+
+
+class CompileClock:
+    """Seconds JAX spent tracing, lowering and compiling (XLA's backend compile), summed from
+    ``jax.monitoring``'s duration events since this clock was made: ``clock.read()`` gives
+    ``{'trace': s, 'lower': s, 'compile': s, 'compiles': n}``, to split a first call's time into
+    compilation and the rest."""
+
+    EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+              "/jax/core/compile/backend_compile_duration": "compile"}
+
+    def __init__(self):
+        import jax
+
+        self.totals = {"trace": 0.0, "lower": 0.0, "compile": 0.0, "compiles": 0}
+        self._live = True
+
+        def listen(event, duration, **_):
+            part = self.EVENTS.get(event)
+            if part is not None and self._live:
+                self.totals[part] += duration
+                self.totals["compiles"] += part == "compile"
+
+        jax.monitoring.register_event_duration_secs_listener(listen)
+
+    def read(self) -> dict:
+        return dict(self.totals)
+
+    def since(self, before: dict) -> str:
+        now = self.read()
+        return (f"{now['compiles'] - before['compiles']} XLA compiles: {now['compile'] - before['compile']:.2f} s "
+                f"compiling, {now['trace'] - before['trace'] + now['lower'] - before['lower']:.2f} s tracing and lowering")

@@ -317,12 +317,16 @@ def fingerprint(value) -> bytes:
 
 class CacheKeys:
     """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
-    no Symbol, else with the digest of the values bound to the Symbols below it."""
+    no Symbol, else with the digest of the values bound to the Symbols below it.  The precision is
+    the float dtype and JAX's matmul precision in force (``jax.default_matmul_precision``): a value
+    computed in TF32 is never returned where ``'highest'`` is asked for."""
 
     __slots__ = ("fdt", "fps", "combos")
 
     def __init__(self, fdt: str, fps: dict):
-        self.fdt = fdt
+        import jax
+
+        self.fdt = (fdt, jax.config.jax_default_matmul_precision)
         self.fps = fps
         self.combos: dict = {}
 

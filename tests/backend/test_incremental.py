@@ -62,6 +62,29 @@ def test_other_bound_values_are_other_keys_and_a_mutated_input_is_never_stale():
     assert last_run()["tier"] == "cache"
 
 
+def test_a_value_computed_at_one_matmul_precision_is_not_returned_at_another():
+    # A GPU found it: under jax.default_matmul_precision('highest') the value computed earlier in
+    # TF32 came back from the value cache. On the CPU both precisions give the same numbers, so
+    # what is checked is that the value is computed again, not read.
+    import jax
+
+    x = Symbol((2, 3), name="x_matmul_precision")
+    out = layered(x)
+    xv = rng.standard_normal((2, 3)).astype(np.float32)
+    evaluate(out, {x: xv}, mode="eager")
+    evaluate(out, {x: xv}, mode="eager")
+    assert last_run()["tier"] == "cache"
+    for setting in ("highest", "bfloat16"):
+        with jax.default_matmul_precision(setting):
+            got = evaluate(out, {x: xv}, mode="eager")
+            assert last_run() == {"tier": "ops", "computed": 3, "reused": 0}, setting
+            evaluate(out, {x: xv}, mode="eager")
+            assert last_run()["tier"] == "cache"
+        np.testing.assert_allclose(got, numpy_layered(xv, W.numpy()), rtol=1e-2, atol=1e-2)
+    evaluate(out, {x: xv}, mode="eager")
+    assert last_run()["tier"] == "cache"
+
+
 def test_rebinding_weights_with_bind_and_replace_gives_new_values():
     x = Symbol((2, 3), name="x_bind")
     xv = rng.standard_normal((2, 3)).astype(np.float32)
