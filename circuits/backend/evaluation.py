@@ -44,7 +44,7 @@ from .runtime import (
     resolve_nodes,
     worth_compiling,
 )
-from .tiers import mark_ready, note_op_run, record, whole_program_ready
+from .tiers import in_background, mark_ready, note_op_run, record, whole_program_ready
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
@@ -105,6 +105,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
         program = keys = None
+        warm = False
         if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
                 and cached_values(keys := value_keys([circuit], inputs, fdt)) is None:
             # The first evaluation in this process: a program an earlier process compiled whole
@@ -113,6 +114,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             if worth_compiling(program, (program.key, "run")):
                 mark_ready(tier_key)
                 tiers.COLD_START = False
+                warm = cache and tiers.BACKGROUND
             else:
                 program = None
         if program is None and (mode == "jit" or (mode == "auto" and items_key is not None
@@ -134,9 +136,13 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
                 note_compiled(_mark(circuit, fdt, batch_heads))
             if mode == "auto" and cache and not also:
                 remember(keys or value_keys([circuit], inputs, fdt), values)
+            if warm:
+                _warm_ops(circuit, inputs, fdt)
             return out(values, items)
         items = as_items(also)
         roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
+        if _warming is not None and cache:
+            _warming.join()  # what it loads and keeps is what this run would compute again
         info = RunInfo()
         values = run_ops(roots, inputs, fdt, cache=cache, info=info)
     record("ops" if info.computed else "cache", info.computed, info.reused)
@@ -148,6 +154,28 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             tiers.COLD_START = False
         note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs), now=now)
     return out(values, items)
+
+
+def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
+    """After a new process's first evaluation ran whole from JAX's persistent cache: evaluate the
+    circuit below its root op by op in the background, so that the op kernels are loaded and the
+    clean values kept, and the first intervention that follows (an ablation of one head) computes
+    only what it reaches instead of every node.  The inputs are copied now (the caller may write
+    to its arrays); the thread runs in the caller's float and matmul precision."""
+    import jax
+
+    inputs = None if inputs is None else {k: np.array(v, copy=True) for k, v in inputs.items()}
+    matmul = jax.config.jax_default_matmul_precision
+
+    def warm():
+        with precision(fdt), jax.default_matmul_precision(matmul):
+            run_ops(list(circuit.children), inputs, fdt, cache=True, info=RunInfo())
+
+    global _warming
+    _warming = in_background(warm)
+
+
+_warming = None  # the thread of _warm_ops, while it may still run
 
 
 def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) -> bool | None:

@@ -33,7 +33,7 @@ import threading
 from .runtime import MODES, PINNED_TIER
 
 __all__ = ["JIT_AFTER", "BACKGROUND", "last_run", "record", "whole_program_ready", "note_op_run",
-           "wait_for_background", "tier_info", "clear_tiers", "pinned", "mark_ready"]
+           "in_background", "wait_for_background", "tier_info", "clear_tiers", "pinned", "mark_ready"]
 
 # A circuit evaluated op by op this many times (with other inputs each time) gets its whole
 # program compiled; from then on ``mode='auto'`` runs that.
@@ -124,6 +124,25 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
         thread.start()
     else:
         _compile(entry, compile_whole)
+
+
+def in_background(fn, name: str = "circuits-warm") -> threading.Thread:
+    """Call ``fn()`` in a daemon thread that ``wait_for_background`` waits for (and the
+    interpreter's exit); an error in it is dropped, since nothing waits for its result: what it
+    does must be work that a later call redoes where it is needed (warming caches)."""
+
+    def guarded():
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a warm-up that fails leaves the caches cold; the
+            pass  # evaluation that needs them computes (and raises) in the caller's thread
+
+    thread = threading.Thread(target=guarded, name=name, daemon=True)
+    with _lock:
+        _threads[:] = [t for t in _threads if t.is_alive()]
+        _threads.append(thread)
+    thread.start()
+    return thread
 
 
 def _compile(entry: _Root, compile_whole):

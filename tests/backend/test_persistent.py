@@ -83,7 +83,10 @@ c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.
 value = C.evaluate(c)
 first = last_run()['tier']
 tiers.wait_for_background(120)
-print(json.dumps({"value": np.asarray(value).tolist(), "tier": first}))
+variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
+changed = C.evaluate(variant)
+print(json.dumps({"value": np.asarray(value).tolist(), "tier": first, "variant": last_run(),
+                  "changed": np.asarray(changed).tolist()}))
 """
 
 
@@ -103,6 +106,11 @@ def test_a_new_process_runs_whole_what_an_earlier_one_compiled(tmp_path):
     import numpy as np
 
     np.testing.assert_allclose(runs[1]["value"], runs[0]["value"], rtol=1e-6)
+    # the first process computed the variant over the values kept by its op-by-op run; in the
+    # second, the whole program left no values, and a background op-by-op run below the root
+    # kept them: the variant computes only its new root there too
+    assert runs[0]["variant"] == runs[1]["variant"] == {"tier": "ops", "computed": 1, "reused": 1}
+    np.testing.assert_allclose(runs[1]["changed"], np.asarray(runs[1]["value"]) + 1.0, rtol=1e-6)
     off = dict(env, CIRCUITS_COMPILATION_CACHE="off")
     out = subprocess.run([sys.executable, "-c", NEW_PROCESS], env=off, capture_output=True, text=True, timeout=300)
     assert json.loads(out.stdout.strip().splitlines()[-1])["tier"] == "ops"  # no cache, no marks
