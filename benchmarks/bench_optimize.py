@@ -50,7 +50,7 @@ def main(runs: int = 20, positions: int = 300, vocab: int = 50259, d_model: int 
     fast = C.compile(optimized)
     hand = jax.jit(loss_naive)
     hand_lse = jax.jit(loss_logsumexp)
-    hand_best = jax.jit(lambda w, t: loss_fused(w, t, chunks=16))
+    hand_best = jax.jit(lambda w, t: loss_fused(w, t, chunks=32, loop=True))
     wj = {k: jax.device_put(v) for k, v in w.items()}
     tj = jax.device_put(toks.astype(np.int32))
     want = np.asarray(hand(wj, tj))

@@ -6,8 +6,9 @@ the ratios, not the times).
 
 The hand-written side is the best a careful JAX user writes (``benchmarks/handwritten_attn_only``):
 heads batched, the true token's logit as one dot product per position minus the vocabulary's
-``logsumexp`` (``loss_fused``), unchunked and chunked over the vocabulary (16, 32, 64 slices):
-the fastest of them is *best hand*; the naive one (``log_softmax`` of the whole logit matrix,
+``logsumexp`` (``loss_fused``), unchunked and chunked over the vocabulary (16, 32, 64 static
+slices, and 8, 16, 32 slices taken one after another in a ``lax.scan``): the fastest of them is
+*best hand*; the naive one (``log_softmax`` of the whole logit matrix,
 then gather) is printed beside it.  For a batch: ``vmap``, ``lax.map`` and ``lax.map`` over
 chunks of ``vmap`` (``batch_size`` 2 and 4) of the best single function, the fastest of them.
 The *physical line* is the model's FLOPs (2 x its matmul multiply-adds, ``circuits.cost``) at
@@ -38,6 +39,7 @@ from .common import agreement_tolerance, report
 from .handwritten_attn_only import loss_fused, loss_naive
 
 CHUNKS = (1, 16, 32, 64)
+LOOP_CHUNKS = (8, 16, 32)
 
 
 def medians(fns: dict, runs: int, warmup: int = 1) -> dict:
@@ -81,13 +83,14 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
     compiled = C.compile(circuit)
     optimized = C.compile(optimize(circuit))
     naive = jax.jit(loss_naive)
-    fused = {c: jax.jit(functools.partial(loss_fused, chunks=c)) for c in CHUNKS}
+    fused = {f"hand{c}": jax.jit(functools.partial(loss_fused, chunks=c)) for c in CHUNKS}
+    fused.update({f"hand loop{c}": jax.jit(functools.partial(loss_fused, chunks=c, loop=True)) for c in LOOP_CHUNKS})
     want = np.asarray(naive(wj, tj))
     for got in [compiled(), optimized(), *(np.asarray(f(wj, tj)) for f in fused.values())]:
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     mm, mm_flops = matmul_case()
     fns = {"compile": compiled, "optimize": optimized, "naive": lambda: naive(wj, tj), "matmul": mm}
-    fns.update({f"hand{c}": (lambda f=f: f(wj, tj)) for c, f in fused.items()})
+    fns.update({k: (lambda f=f: f(wj, tj)) for k, f in fused.items()})
     t = medians(fns, runs)
     rate = mm_flops / t["matmul"]
     physical = flops / rate
@@ -99,6 +102,8 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
         ("one sequence, compile(optimize(c))", f"{t['optimize'] * 1e3:8.1f} ms"),
         ("one sequence, best hand-written", f"{hand * 1e3:8.1f} ms ({_hand_name(hand_key)})"),
         ("one sequence, hand-written by chunks", "  ".join(f"{c}: {t[f'hand{c}'] * 1e3:.1f} ms" for c in CHUNKS)),
+        ("one sequence, hand-written by chunks in a loop",
+         "  ".join(f"{c}: {t[f'hand loop{c}'] * 1e3:.1f} ms" for c in LOOP_CHUNKS)),
         ("one sequence, naive hand-written", f"{t['naive'] * 1e3:8.1f} ms"),
         ("ratio one sequence compile / best hand (target <= 1.05)", f"{t['compile'] / hand:8.3f}"),
         ("ratio one sequence compile / naive hand", f"{t['compile'] / t['naive']:8.3f}"),
@@ -114,13 +119,19 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
         sym_opt = optimize(sym)
         btoks = rng.integers(0, vocab, (batch, positions + 2))
         tb = jax.device_put(btoks.astype(np.int32))
-        single = functools.partial(loss_fused, chunks=int(hand_key[4:]))
-        hands = {
-            "bhand vmap": jax.jit(jax.vmap(single, in_axes=(None, 0))),
-            "bhand lax.map": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t)),
-            "bhand lax.map batch_size 2": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t, batch_size=2)),
-            "bhand lax.map batch_size 4": jax.jit(lambda w, t: jax.lax.map(lambda r: single(w, r), t, batch_size=4)),
-        }
+        hands = {}
+        static = {k: v for k, v in t.items() if k.startswith("hand") and not k.startswith("hand loop")}
+        for key in (min(static, key=static.get), best(t, "hand loop")[0]):  # each form's best single, batched
+            single = functools.partial(loss_fused, **_hand_options(key))
+            name = f"{_hand_options(key)['chunks']}{' loop' if _hand_options(key)['loop'] else ''}"
+            hands.update({
+                f"bhand vmap ({name})": jax.jit(jax.vmap(single, in_axes=(None, 0))),
+                f"bhand lax.map ({name})": jax.jit(lambda w, t, f=single: jax.lax.map(lambda r: f(w, r), t)),
+                f"bhand lax.map batch_size 2 ({name})":
+                    jax.jit(lambda w, t, f=single: jax.lax.map(lambda r: f(w, r), t, batch_size=2)),
+                f"bhand lax.map batch_size 4 ({name})":
+                    jax.jit(lambda w, t, f=single: jax.lax.map(lambda r: f(w, r), t, batch_size=4)),
+            })
         inputs = {"toks_int_var": btoks}
         bfns = {
             "evaluate_batched": lambda: C.evaluate_batched(sym, inputs),
@@ -130,8 +141,8 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
         for k in (k for k in chunk_sizes if k <= batch):
             bfns[f"batch_size {k}"] = functools.partial(C.evaluate_batched, sym, inputs, batch_size=k)
         bfns.update({k: (lambda f=f: f(wj, tb)) for k, f in hands.items()})
-        bwant = np.asarray(hands["bhand vmap"](wj, tb))
-        for k in ("evaluate_batched", "optimize batched", "bhand lax.map"):
+        bwant = np.asarray(next(iter(hands.values()))(wj, tb))
+        for k in ("evaluate_batched", "optimize batched", *list(hands)[1:]):
             np.testing.assert_allclose(np.asarray(bfns[k]()), bwant, rtol=tol, atol=tol)
         for _ in range(4):  # the default chunk is measured over the first calls (batch_tuning): warm it
             bfns["evaluate_batched"]()
@@ -160,9 +171,17 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
     return t
 
 
+def _hand_options(key: str) -> dict:
+    """``loss_fused``'s keywords for a hand-written key: ``hand16``, ``hand loop16``."""
+    loop = key.startswith("hand loop")
+    return {"chunks": int(key[9:] if loop else key[4:]), "loop": loop}
+
+
 def _hand_name(key: str) -> str:
-    c = int(key[4:])
-    return "logit - logsumexp, unchunked" if c == 1 else f"logit - logsumexp in {c} vocabulary chunks"
+    o = _hand_options(key)
+    if o["chunks"] == 1:
+        return "logit - logsumexp, unchunked"
+    return f"logit - logsumexp in {o['chunks']} vocabulary chunks" + (", a lax.scan over them" if o["loop"] else "")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def final_residual(w, tokens, n_layers=2):
 
 def chunked_logsumexp(x, unembed, chunks):
     """``logsumexp(x @ unembed.T, -1)`` a slice of the vocabulary at a time (``chunks`` slices,
-    static: XLA sees ``chunks`` small matmuls whose logits stay in cache), then combined."""
+    static: XLA sees ``chunks`` small matmuls), then combined.  XLA may run the slices at once,
+    every slice's logits live together: see ``looped_logsumexp``."""
     n = unembed.shape[0]
     if chunks <= 1:
         return jax.nn.logsumexp(x @ unembed.T, -1)
@@ -85,11 +86,32 @@ def chunked_logsumexp(x, unembed, chunks):
     return jax.nn.logsumexp(jnp.stack(parts, -1), -1)
 
 
-def loss_fused(w, tokens, n_layers=2, chunks=1):
+def looped_logsumexp(x, unembed, chunks):
+    """``logsumexp(x @ unembed.T, -1)`` in ``chunks`` slices of the vocabulary taken one after
+    another in a ``lax.scan`` (one slice's logits live at a time, so they stay in cache), the
+    remainder after the loop, then combined."""
+    n = unembed.shape[0]
+    size = -(-n // chunks)
+    full = n // size
+
+    def step(carry, start):
+        w = jax.lax.dynamic_slice_in_dim(unembed, start, size, 0)
+        return carry, jax.nn.logsumexp(x @ w.T, -1)
+
+    _, parts = jax.lax.scan(step, None, jnp.arange(full) * size)
+    if full * size < n:
+        tail = jax.nn.logsumexp(x @ unembed[full * size:].T, -1)
+        parts = jnp.concatenate([parts, tail[None]], 0)
+    return jax.nn.logsumexp(parts.T, -1)
+
+
+def loss_fused(w, tokens, n_layers=2, chunks=1, loop=False):
     """The loss as a careful JAX user writes it: heads batched, the true token's logit as one dot
     product per position (its unembedding row gathered) minus the vocabulary's logsumexp
-    (``chunks`` > 1: computed slice by slice), so no [positions, vocab] log_softmax is formed."""
+    (``chunks`` > 1: computed slice by slice, static slices or with ``loop`` a ``lax.scan`` over
+    them), so no [positions, vocab] log_softmax is formed."""
     x = final_residual(w, tokens, n_layers)
     target = tokens[1:-1]
     picked = jnp.einsum("sd,sd->s", x, w["t.w.unembed"][target])
-    return chunked_logsumexp(x, w["t.w.unembed"], chunks) - picked
+    lse = looped_logsumexp if loop and chunks > 1 else chunked_logsumexp
+    return lse(x, w["t.w.unembed"], chunks) - picked

@@ -11,9 +11,10 @@ hand-written forward computes:
 - when ``z`` is an Einsum (activations times the unembedding) that nothing else reads, the
   gathered logit is one dot product per position (the gather moves into the unembedding's rows)
   and the ``logsumexp`` is one fused node over the Einsum's operands: on the CPU it runs the
-  contraction a slice of the vocabulary at a time (``CHUNK_ENTRIES`` entries of logits each) and
-  combines the per-chunk ``logsumexp`` s, so the ``[positions, vocab]`` logits are never held at
-  once and each chunk stays in cache; elsewhere (a GPU) it contracts once and reduces;
+  contraction a slice of the vocabulary at a time (``CHUNK_ENTRIES`` entries of logits each), in
+  a loop (``lax.scan``, one chunk after another) and combines the per-chunk ``logsumexp`` s, so
+  the ``[positions, vocab]`` logits are never held at once and each chunk stays in cache;
+  elsewhere (a GPU) it contracts once and reduces;
 - an ``Index`` of leading axes between the Einsum and the ``log_softmax`` (``logits[:-1]``, as
   the GPT-2 and Llama builders print it) is moved onto the Einsum's operands first.
 
@@ -149,16 +150,28 @@ def _lse_spec(in_axes: tuple, out_axes: tuple) -> FunctionSpec:
         bounds = _chunk_bounds(n, rows) if jax.default_backend() == "cpu" else [(0, n)]
         if len(bounds) == 1:
             return jax.nn.logsumexp(einsum_op(in_axes, out_axes, shapes)(*xs), axis=-1)
-        parts = []
-        ops: dict = {}
-        for start, stop in bounds:
+        size = bounds[0][1]
+        full, tail = divmod(n, size)
+
+        def chunk_lse(w):
             piece = list(xs)
-            piece[holder] = jax.lax.slice_in_dim(xs[holder], start, stop, axis=pos)
-            key = stop - start
-            if key not in ops:
-                ops[key] = einsum_op(in_axes, out_axes, [tuple(p.shape) for p in piece])
-            parts.append(jax.nn.logsumexp(ops[key](*piece), axis=-1))
-        return jax.nn.logsumexp(jnp.stack(parts, axis=-1), axis=-1)
+            piece[holder] = w
+            op = einsum_op(in_axes, out_axes, [tuple(p.shape) for p in piece])
+            return jax.nn.logsumexp(op(*piece), axis=-1)
+
+        def step(carry, i):  # chunk i: ``size`` vocabulary entries from i * size
+            return carry, chunk_lse(jax.lax.dynamic_slice_in_dim(xs[holder], i * size, size, axis=pos))
+
+        # The full chunks one after another in a loop, then the static tail.  Unrolled as static
+        # slices, XLA may run the chunks' products concurrently and keeps every chunk's logits
+        # live at once (64 MB of temporaries for the seed, as much as unchunked, against 11 MB in
+        # the loop): chunking then keeps nothing in cache (BENCHMARKS.md, issue 24).
+        _, parts = jax.lax.scan(step, None, jnp.arange(full))
+        parts = jnp.moveaxis(parts, 0, -1)
+        if tail:
+            last = chunk_lse(jax.lax.slice_in_dim(xs[holder], full * size, n, axis=pos))
+            parts = jnp.concatenate([parts, last[..., None]], axis=-1)
+        return jax.nn.logsumexp(parts, axis=-1)
 
     def cost(arg_shapes, out_shape):
         sizes = _sizes(in_axes, arg_shapes)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits.backend import fusion
+from circuits.backend.evaluation import make_jaxpr
 from circuits.backend.runtime import clear_compile_cache as clear_cache
 from circuits.backend.runtime import program_with_also
 from circuits.models import attn_only, gpt2, llama, random_weights, tokens_symbol
@@ -259,3 +260,51 @@ def test_drawn_logsumexps_fused_equal_plain(small_chunks):
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
     run()
+
+
+# ---------------------------------------------------------------------------- the chunk loop
+LOOP_LAYOUTS = [  # (einsum, shapes of its operands by axis letter); the vocabulary is 'v'
+    "sh,vh->sv",   # the unembedding [vocab, d]: each chunk a block of rows
+    "sh,hv->sv",   # stored [d, vocab]: each chunk a block of columns
+    "bsh,vh->bsv",  # a leading batch axis in the logits
+    "sh,hk,vk->sv",  # three operands, the vocabulary's last
+]
+
+
+def _numpy_logsumexp(z):
+    m = z.max(-1, keepdims=True)
+    return (m + np.log(np.exp(z - m).sum(-1, keepdims=True)))[..., 0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("vocab", [50, 53, 9])  # chunks that fill it exactly, a shorter tail, one full chunk
+@pytest.mark.parametrize("spec", LOOP_LAYOUTS)
+def test_chunk_loop_equals_numpy(spec, vocab, dtype, small_chunks):
+    """The chunked logsumexp runs its full chunks in a loop and the remainder after it: every
+    layout of the vocabulary's operand, with and without a remainder, equals numpy's logsumexp of
+    the whole logits and the plain lowering, evaluated and compiled, gradient included."""
+    size = fusion._chunk_bounds(vocab, 4)[0][1]
+    assert size < vocab  # chunked
+    dims = dict(b=2, s=2, h=3, k=5, v=vocab)
+    rng = np.random.default_rng(vocab)
+    ins, out = spec.split("->")
+    values = [rng.standard_normal([dims[a] for a in op]).astype(dtype) for op in ins.split(",")]
+    arrays_ = [C.Array(v, name=f"w{i}") for i, v in enumerate(values)]
+    lse = C.GeneralFunction("logsumexp", C.Einsum.from_spec(spec, *arrays_, name="z"), name="lse")
+    (lowered,), _ = fusion.lower([lse])
+    assert lowered.line() == "'lse' GeneralFunction logsumexp_of_einsum"
+    assert "scan" in str(make_jaxpr(lowered, dtype=dtype))  # the loop over the full chunks
+    want = _numpy_logsumexp(np.einsum(spec, *values))
+    got = C.evaluate(lse, dtype=dtype)
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    np.testing.assert_allclose(C.compile(lse, dtype=dtype)(), want, **TOL[dtype])
+    _check(lse, dtype)
+    holder = next(f"w{i}" for i, op in enumerate(ins.split(",")) if "v" in op)
+    np.testing.assert_allclose(C.grad(lowered, holder, dtype=dtype), C.grad(lse, holder, dtype=dtype), **TOL[dtype])
+
+
+def test_chunk_loop_layouts_reach_both_branches(small_chunks):
+    """The vocabularies above: one fills its chunks exactly, the others leave a remainder."""
+    tails = {n: n % fusion._chunk_bounds(n, 4)[0][1] for n in (50, 53, 9)}
+    assert tails[50] == 0 and tails[53] > 0 and tails[9] > 0
+    assert 9 // fusion._chunk_bounds(9, 4)[0][1] == 1
