@@ -205,13 +205,13 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     if method == "exact":
         scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
         return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
+    if method == "eap-ig-mask":
+        scores = _eap_ig_mask(g, source, ablation, metric, clean, feed, steps, dtype)
+        return Discovery(g, scores, method, source=source, ablation=ablation, info={"steps": steps})
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
     m = metric_node(masked, metric, clean=clean)
     obj = _Objective(m, feed, dtype, batch_size)
-    if method == "eap-ig-mask":
-        scores = _eap_ig_mask(g, m, source, ablation, feed, steps, dtype)
-        info["steps"] = steps
-    elif method == "eap-ig":
+    if method == "eap-ig":
         scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
         info["steps"] = steps
     else:
@@ -391,19 +391,21 @@ def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> n
     return scorer(feed)
 
 
-def _eap_ig_mask(g: Edges, m: Circuit, source, ablation: str, feed: dict, steps: int, dtype) -> np.ndarray:
+def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
+                 chunk: int | None = None) -> np.ndarray:
     """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
-    each from one forward and backward pass of the masked program (``edge_scores``: the
-    gradient at every destination's sum times its senders' differences)."""
-    from .edge_graph import _fingerprint, masked_with_parts
-    from .edge_scores import EdgeScores, scorer_for
+    from the circuit whose every edge has the weight ``alpha`` (``edge_scores.uniform_circuit``):
+    the gradient at every destination's sum times its senders' differences, the steps ``alpha =
+    k/steps`` run by one program vmapped over ``chunk`` of them (by default as many as fit
+    ``edge_scores.STEPS_BYTES``), the patched senders computed once a call."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import EdgeScores, scorer_for, uniform_circuit
 
-    parts = masked_with_parts(g, list(range(len(g))), source, ablation)[1]
+    circuit, resid, senders, patched, alpha = uniform_circuit(g, source, ablation)
+    m = metric_node(circuit, metric, clean=clean)
     key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
-    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, parts["resid"], parts["senders"], None, ablation, dtype,
-                                                   patched=parts["patched"]))
-    mask = _mask_symbol(m)
-    return sum(scorer({**feed, mask: np.full(len(g), k / steps, np.float32)}) for k in range(steps + 1)) / (steps + 1)
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, None, ablation, dtype, patched=patched))
+    return scorer.integrated(alpha, np.arange(steps + 1) / steps, feed, chunk)
 
 
 def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:
