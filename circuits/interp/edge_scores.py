@@ -224,7 +224,7 @@ class EdgeScores:
         size = int(chunk) if chunk else self.steps_that_fit(symbol, max(rows, 1))
         calls = -(-len(values) // max(1, size))
         size = -(-len(values) // calls)
-        weights = np.zeros(calls * size, np.float32)
+        weights = np.zeros(calls * size, self.fdt)
         weights[: len(values)] = 1.0 / len(values)
         values = np.concatenate([values, np.full(calls * size - len(values), values[-1], np.float32)])
         axes = list(axes)
