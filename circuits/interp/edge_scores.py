@@ -213,8 +213,6 @@ class EdgeScores:
         each matrix product of a step is one of ``chunk`` steps at once.  ``chunk``: by default as
         many steps as the program's activations (its size times the feed's rows) fit in
         ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0."""
-        import jax
-
         values = np.asarray(values, np.float32).reshape(-1)
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
@@ -228,27 +226,33 @@ class EdgeScores:
         weights[: len(values)] = 1.0 / len(values)
         values = np.concatenate([values, np.full(calls * size - len(values), values[-1], np.float32)])
         axes = list(axes)
-
-        def make():
-            scores = self._make()
-
-            def step(value, a):
-                a = list(a)
-                a[at] = value
-                if rows:  # the mean over the feed's rows
-                    return jax.vmap(scores, in_axes=(axes,))(a).mean(0)
-                return scores(a)
-
-            def total(vals, wts, a):
-                return wts @ jax.vmap(step, in_axes=(0, None))(vals, a)
-
-            return total
-
         with precision(self.fdt):
-            fn = self.lowered.cached(self.tag + ("integrated", at, size, tuple(axes)), make)
+            fn = self.lowered.cached(self.tag + ("integrated", at, size, tuple(axes)),
+                                     lambda: self.integrand(at, axes))
             out = [np.asarray(fn(values[i: i + size], weights[i: i + size], args), np.float64)
                    for i in range(0, len(values), size)]
         return np.sum(out, axis=0)
+
+    def integrand(self, at: int, axes: list):
+        """``(values [n], weights [n], args) -> sum_i weights[i] * scores(args with values[i] at
+        argument ``at``)``, traceable: ``integrated``'s compiled function (``axes``: the batch
+        axes of ``args``, the mean over the rows taken per step)."""
+        import jax
+
+        scores = self._make()
+        rows = any(a is not None for a in axes)
+
+        def step(value, args):
+            args = list(args)
+            args[at] = value
+            if rows:
+                return jax.vmap(scores, in_axes=(axes,))(args).mean(0)
+            return scores(args)
+
+        def total(values, weights, args):
+            return weights @ jax.vmap(step, in_axes=(0, None))(values, args)
+
+        return total
 
     def steps_that_fit(self, symbol: Symbol, rows: int = 1) -> int:
         """How many steps of ``integrated`` over ``symbol`` fit in ``STEPS_BYTES``: a step holds

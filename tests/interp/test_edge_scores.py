@@ -41,7 +41,7 @@ def test_uniform_circuit_is_the_masked_circuit_at_alpha(model, ablation):
     g = edges(loss)
     source = {"resample": SRC, "zero": None, "mean": {"toks_int_var": np.stack([CORRUPT, CLEAN[::-1]])}}[ablation]
     circuit, _, _, _, alpha = uniform_circuit(g, source, ablation)
-    masked = patch_edges(loss, None, source, mask=True)
+    masked = patch_edges(loss, None, source, ablation=ablation, mask=True)
     for a in (0.0, 0.3, 1.0):
         got = C.evaluate(circuit, {alpha: np.float32(a)}, dtype="float64", mode="eager")
         want = C.evaluate(masked, {"edges.mask": np.full(len(g), a, np.float32)}, dtype="float64", mode="eager")
