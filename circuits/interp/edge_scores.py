@@ -13,8 +13,10 @@ is done in Python.
 ``split_circuit(g)`` is the circuit of ``g`` with each destination reading its own copy of its
 residual sum (the value is the circuit's own, exactly): the program EAP differentiates.
 ``uniform_circuit(g, source, ablation)`` is the masked circuit at the masks ``alpha * 1`` with
-``alpha`` one scalar input: the program of auto-circuit's integrated gradients, whose steps
-``EdgeScores.integrated`` runs as one vmapped program over a chunk of ``alpha`` values.
+``alpha`` one scalar input: the program of auto-circuit's integrated gradients;
+``interpolated_circuit(g, source, ablation)`` the split circuit with the embeddings interpolated
+by ``alpha``: Hanna et al.'s.  ``EdgeScores.integrated`` runs their steps as one vmapped program
+over a chunk of ``alpha`` values (the chunk sized from the program, ``STEPS_BYTES``).
 
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
@@ -156,7 +158,7 @@ def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict
     def between(p):
         def swap(c):
             back = Add(c, Einsum.from_spec(_scaled(p.ndim), p, Scalar(-1.0)))
-            return Add(p, Einsum.from_spec(_scaled(back.ndim), back, alpha), name=f"{c.name}.interpolated")
+            return Add(p, Einsum.from_spec(_scaled(back.ndim), back, alpha), name=f"{c.name or EMBEDS}.interpolated")
         return swap
 
     swap = {c.hash: between(p) for c, p in zip(g._sources[EMBEDS], patched[EMBEDS])}
