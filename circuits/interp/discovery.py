@@ -269,8 +269,7 @@ _VALUES: dict = {}  # (metric node hash, dtype) -> MaskedValues: a warm discover
 
 
 class _Objective:
-    """The mean metric over the batch (or the one example) of the masked program, and its
-    gradient with respect to the mask."""
+    """The mean metric over the batch (or the one example) of the masked program."""
 
     def __init__(self, m: Circuit, feed: dict, dtype, batch_size):
         self.m, self.feed, self.dtype, self.batch_size = m, feed, dtype, batch_size
@@ -303,28 +302,6 @@ class _Objective:
                     _VALUES.pop(next(iter(_VALUES)))
                 _VALUES[(self.m.hash, str(self.dtype))] = self._compiled
         return self._compiled
-
-    def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
-        """d metric / d mask at ``mask``, averaged over the rows (one program for all rows)."""
-        return self.mean_grad([mask], extra)
-
-    def mean_grad(self, masks: list, extra: dict | None = None) -> np.ndarray:
-        """d metric / d mask averaged over ``masks`` and the rows: the masks (without rows) or
-        the rows (per mask) ride one batch axis, so each call is one compiled program."""
-        from ..backend import value_and_grad
-
-        # mode='jit' whatever the program's size: a masked program is run many times (a big one,
-        # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
-        if not self.feed:
-            feed = {self.mask: np.stack(masks), **(extra or {})}
-            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
-            return np.asarray(grads, np.float64).mean(0)
-        total = np.zeros(masks[0].shape, np.float64)
-        for mask in masks:
-            feed = {self.mask: mask, **self.feed, **(extra or {})}
-            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
-            total += np.asarray(grads, np.float64).reshape(-1, *mask.shape).mean(0)
-        return total / len(masks)
 
 
 _MASKS: dict = {}  # metric node hash -> its mask Symbol (a warm discover walks nothing)
