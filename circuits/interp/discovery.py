@@ -197,28 +197,21 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
     clean = clean_for(circuit, metric, feed, dtype)
-    info: dict = {}
-    found = None
     if method == "eap":
         scores = _eap(g, source, ablation, metric, clean, feed, dtype)
-        return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
+        return Discovery(g, scores, method, source=source, ablation=ablation)
     if method == "exact":
         scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
-        return Discovery(g, scores, method, source=source, ablation=ablation, info=info)
+        return Discovery(g, scores, method, source=source, ablation=ablation)
+    if method in ("eap-ig-mask", "eap-ig"):
+        integrated = _eap_ig_mask if method == "eap-ig-mask" else _eap_ig
+        scores = integrated(g, source, ablation, metric, clean, feed, steps, dtype)
+        return Discovery(g, scores, method, source=source, ablation=ablation, info={"steps": steps})
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    m = metric_node(masked, metric, clean=clean)
-    obj = _Objective(m, feed, dtype, batch_size)
-    if method == "eap-ig-mask":
-        scores = _eap_ig_mask(g, m, source, ablation, feed, steps, dtype)
-        info["steps"] = steps
-    elif method == "eap-ig":
-        scores = _eap_ig(circuit, g, source, ablation, metric, feed, steps, dtype, batch_size)
-        info["steps"] = steps
-    else:
-        scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
-        found = FoundCircuit(g, kept, source, ablation=ablation)
-        info["tau"] = tau
-    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info=info)
+    obj = _Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
+    scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
+    found = FoundCircuit(g, kept, source, ablation=ablation)
+    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info={"tau": tau})
 
 
 def batch_setup(circuit: Circuit, source, inputs, ablation: str):
@@ -276,8 +269,7 @@ _VALUES: dict = {}  # (metric node hash, dtype) -> MaskedValues: a warm discover
 
 
 class _Objective:
-    """The mean metric over the batch (or the one example) of the masked program, and its
-    gradient with respect to the mask."""
+    """The mean metric over the batch (or the one example) of the masked program."""
 
     def __init__(self, m: Circuit, feed: dict, dtype, batch_size):
         self.m, self.feed, self.dtype, self.batch_size = m, feed, dtype, batch_size
@@ -310,28 +302,6 @@ class _Objective:
                     _VALUES.pop(next(iter(_VALUES)))
                 _VALUES[(self.m.hash, str(self.dtype))] = self._compiled
         return self._compiled
-
-    def grad(self, mask: np.ndarray, extra: dict | None = None) -> np.ndarray:
-        """d metric / d mask at ``mask``, averaged over the rows (one program for all rows)."""
-        return self.mean_grad([mask], extra)
-
-    def mean_grad(self, masks: list, extra: dict | None = None) -> np.ndarray:
-        """d metric / d mask averaged over ``masks`` and the rows: the masks (without rows) or
-        the rows (per mask) ride one batch axis, so each call is one compiled program."""
-        from ..backend import value_and_grad
-
-        # mode='jit' whatever the program's size: a masked program is run many times (a big one,
-        # e.g. GPT-2's 10,000 nodes, would otherwise run op by op, ~700x slower on a GPU).
-        if not self.feed:
-            feed = {self.mask: np.stack(masks), **(extra or {})}
-            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
-            return np.asarray(grads, np.float64).mean(0)
-        total = np.zeros(masks[0].shape, np.float64)
-        for mask in masks:
-            feed = {self.mask: mask, **self.feed, **(extra or {})}
-            grads = value_and_grad(self.m, self.mask, feed, dtype=self.dtype, mode="jit")[1]
-            total += np.asarray(grads, np.float64).reshape(-1, *mask.shape).mean(0)
-        return total / len(masks)
 
 
 _MASKS: dict = {}  # metric node hash -> its mask Symbol (a warm discover walks nothing)
@@ -391,64 +361,37 @@ def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> n
     return scorer(feed)
 
 
-def _eap_ig_mask(g: Edges, m: Circuit, source, ablation: str, feed: dict, steps: int, dtype) -> np.ndarray:
+def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
+                 chunk: int | None = None) -> np.ndarray:
     """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
-    each from one forward and backward pass of the masked program (``edge_scores``: the
-    gradient at every destination's sum times its senders' differences)."""
-    from .edge_graph import _fingerprint, masked_with_parts
-    from .edge_scores import EdgeScores, scorer_for
+    from the circuit whose every edge has the weight ``alpha`` (``edge_scores.uniform_circuit``):
+    the gradient at every destination's sum times its senders' differences, the steps ``alpha =
+    k/steps`` run by one program vmapped over ``chunk`` of them (by default as many as fit
+    ``edge_scores.STEPS_BYTES``), the patched senders computed once a call."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import EdgeScores, scorer_for, uniform_circuit
 
-    parts = masked_with_parts(g, list(range(len(g))), source, ablation)[1]
+    circuit, resid, senders, patched, alpha = uniform_circuit(g, source, ablation)
+    m = metric_node(circuit, metric, clean=clean)
     key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
-    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, parts["resid"], parts["senders"], None, ablation, dtype,
-                                                   patched=parts["patched"]))
-    mask = _mask_symbol(m)
-    return sum(scorer({**feed, mask: np.full(len(g), k / steps, np.float32)}) for k in range(steps + 1)) / (steps + 1)
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, None, ablation, dtype, patched=patched))
+    return scorer.integrated(alpha, np.arange(steps + 1) / steps, feed, chunk)
 
 
-def _eap_ig(circuit, g: Edges, source, ablation, metric, feed, steps, dtype, batch_size) -> np.ndarray:
-    """Hanna et al.: gradients at runs whose embeddings go from the source's to the clean ones,
-    times the fixed clean-to-source sender differences (per row for a batch)."""
-    from ..backend import evaluate, evaluate_batched
-    from ..nodes import Symbol
-    from ..traversal import replace
-    from .edge_graph import EMBEDS, _masked, _patched_sources
-    from .sites import one_root
+def _eap_ig(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
+            chunk: int | None = None) -> np.ndarray:
+    """Hanna et al.: the gradients at every destination's sum in the runs whose embeddings go from
+    the source's to the clean ones (``edge_scores.interpolated_circuit``) times the fixed
+    clean-to-source sender differences (per row for a batch), the steps ``alpha = k/steps`` run by
+    one program vmapped over ``chunk`` of them, the clean and patched senders computed once a call."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import EdgeScores, interpolated_circuit, scorer_for
 
-    members = g._sources[EMBEDS]
-    patched = _patched_sources(g, g.sources, source, ablation, None)
-    # Sender differences (patched - clean), evaluated once (per row): fed as Symbols.
-    pairs = [(c, p) for s in g.sources for c, p in zip(g._sources[s], patched[s])]
-    nodes = [c for c, _ in pairs] + [p for _, p in pairs]
-    rows = {k: v for k, v in feed.items() if k.name != "metric.clean_log_probs"}
-    if rows:
-        _, vals = evaluate_batched(one_root(nodes), rows, dtype=dtype, also=nodes, batch_size=batch_size)
-    else:
-        _, vals = evaluate(one_root(nodes), dtype=dtype, also=nodes)
-        vals = {k: np.asarray(v)[None] for k, v in vals.items()}
-    diff, dfeed = {}, {}
-    for s in g.sources:
-        d = sum(np.asarray(vals[p], np.float64) - np.asarray(vals[c], np.float64)
-                for c, p in zip(g._sources[s], patched[s]))
-        sym = Symbol(d.shape[1:], name=f"{s}.delta", dtype="float32")
-        diff[s], dfeed[sym] = sym, d.astype(np.float32)
-    alpha = Symbol((), name="eap_ig.alpha", dtype="float32")
-    interp_embeds = {}
-    for c, p in zip(members, patched[EMBEDS]):
-        ax = _AXES[: c.ndim]
-        back = Add(c, Einsum.from_spec(f"{ax},->{ax}", p, Scalar(-1.0)))
-        interp_embeds[c] = Add(p, Einsum.from_spec(f"{ax},->{ax}", back, alpha), name=f"{c.name}.interpolated")
-    run = replace(_masked(g, list(range(len(g))), None, ablation, deltas=diff), interp_embeds)
-    clean = next((k for k in feed if k.name == "metric.clean_log_probs"), None)
-    if clean is None and isinstance(metric, str):
-        clean = clean_for(circuit, metric, {}, dtype)
-    m = metric_node(run, metric, clean=clean)
-    if feed:
-        obj = _Objective(m, {**feed, **dfeed}, dtype, batch_size)
-    else:
-        obj = _Objective(m, {k: v for k, v in dfeed.items()}, dtype, batch_size)
-    zeros = np.zeros(len(g), np.float32)
-    return sum(obj.grad(zeros, {alpha: np.float32(k / steps)}) for k in range(steps)) / steps
+    circuit, resid, patched, alpha = interpolated_circuit(g, source, ablation)
+    m = metric_node(circuit, metric, clean=clean)
+    key = ("eap-ig", m.hash, ablation, _fingerprint(source), str(dtype))
+    scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, g._sources, None, ablation, dtype, patched=patched))
+    return scorer.integrated(alpha, np.arange(steps) / steps, feed, chunk)
 
 
 def _acdc(obj: _Objective, g: Edges, tau: float, *, signed: bool):

@@ -357,10 +357,11 @@ def _sum(nodes: list[Circuit], name=None) -> Circuit:
     return nodes[0] if len(nodes) == 1 and name is None else Add(*nodes, name=name)
 
 
-def _rebuild(g: Edges, term_of, new: dict | None = None) -> Circuit:
+def _rebuild(g: Edges, term_of, new: dict | None = None, swap: dict | None = None) -> Circuit:
     """The circuit rebuilt with each destination ``d`` for which ``term_of(d, new)`` returns a
     residual sum reading that sum (the nodes between copied, ``'<name>@<destination>'``);
-    ``new`` (filled if given): original node hash -> rebuilt node."""
+    ``new`` (filled if given): original node hash -> rebuilt node; ``swap`` (optional): node
+    hash -> function of its rebuilt node giving what stands in its place (e.g. an interpolation)."""
     from ..traversal import replace
 
     dest_at = {d.node.hash: d for d in g._dests if d.label != OUTPUT}
@@ -372,6 +373,8 @@ def _rebuild(g: Edges, term_of, new: dict | None = None) -> Circuit:
         if d is None and n is g.circuit:
             d = out_dest
         rebuilt = n if not n.children else n.with_children(tuple(new[c.hash] for c in n.children))
+        if swap and h in swap:
+            rebuilt = swap[h](rebuilt)
         if d is not None:
             resid = term_of(d, new)
             if resid is not None:

@@ -12,6 +12,11 @@ is done in Python.
 
 ``split_circuit(g)`` is the circuit of ``g`` with each destination reading its own copy of its
 residual sum (the value is the circuit's own, exactly): the program EAP differentiates.
+``uniform_circuit(g, source, ablation)`` is the masked circuit at the masks ``alpha * 1`` with
+``alpha`` one scalar input: the program of auto-circuit's integrated gradients;
+``interpolated_circuit(g, source, ablation)`` the split circuit with the embeddings interpolated
+by ``alpha``: Hanna et al.'s.  ``EdgeScores.integrated`` runs their steps as one vmapped program
+over a chunk of ``alpha`` values (the chunk sized from the program, ``STEPS_BYTES``).
 
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
@@ -34,10 +39,15 @@ import numpy as np
 
 from ..backend import Lowered, float_dtype, precision
 from ..errors import CircuitError
-from ..nodes import Add, Circuit
-from .edge_graph import Edges, _patched_sources, _rebuild
+from ..nodes import Add, Circuit, Einsum, Scalar, Symbol
+from .edge_graph import Edges, _fingerprint, _patched_sources, _rebuild
 
-__all__ = ["EdgeScores", "MaskedValues", "split_circuit"]
+__all__ = ["EdgeScores", "MaskedValues", "interpolated_circuit", "split_circuit", "uniform_circuit"]
+
+ALPHA_NAME = "edges.alpha"
+# What the steps run at once by ``EdgeScores.integrated`` may hold (their activations, estimated
+# from the program's size); the steps beyond it go to further calls.
+STEPS_BYTES = 2 << 30
 
 
 def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
@@ -58,6 +68,115 @@ def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
     senders = {s: [mapping[m.hash] for m in members] for s, members in g._sources.items()}
     g._split = (circuit, resid, senders)
     return g._split
+
+
+def uniform_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dict, dict, Symbol]:
+    """``(circuit, resid, senders, patched, alpha)``: ``g``'s circuit with every edge at the weight
+    ``alpha`` (a scalar Symbol ``'edges.alpha'``): each destination reads ``'<destination>.resid'``
+    = its residual sum ``+ alpha * (its senders patched - its senders as computed)``, which is
+    ``sum(sender + alpha * (patched sender - sender))``: ``patch_edges``' masked circuit at the mask
+    ``alpha * 1``, with one scalar in place of one weight per edge (so no per-edge mask terms).
+    ``resid``: destination label -> that node; ``senders`` / ``patched``: source label -> member
+    nodes as computed / as patched.  Made once per graph, ablation and source.
+
+    >>> import numpy as np
+    >>> from circuits import evaluate
+    >>> from circuits.models import attn_only, random_weights
+    >>> from circuits.interp import edges, patch_edges
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    >>> g = edges(attn_only(w, np.arange(6), unique_names=True))
+    >>> circuit, resid, senders, patched, alpha = uniform_circuit(g, None, 'zero')
+    >>> masked = patch_edges(g.circuit, None, None, ablation='zero', mask=True)
+    >>> a = evaluate(circuit, {alpha: np.float32(0.3)})
+    >>> bool(np.allclose(a, evaluate(masked, {'edges.mask': np.full(len(g), 0.3, np.float32)}), atol=1e-5))
+    True
+    """
+    cache = g.__dict__.setdefault("_uniform", {})
+    key = (ablation, _fingerprint(source))
+    found = cache.get(key)
+    if found is not None:
+        return found
+    alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
+    patched = _patched_sources(g, g.sources, source, ablation, None)
+    resid: dict[str, Circuit] = {}
+    moved: dict[tuple, Circuit] = {}  # senders -> alpha * (patched - computed), shared by their readers
+
+    def term_of(d, new):
+        srcs = tuple(d.sources)
+        step = moved.get(srcs)
+        if step is None:
+            computed = _add([new[m.hash] for s in srcs for m in g._sources[s]])
+            minus = Einsum.from_spec(_scaled(computed.ndim), computed, Scalar(-1.0))
+            diff = Add(*[p for s in srcs for p in patched[s]], minus)
+            step = moved[srcs] = Einsum.from_spec(_scaled(diff.ndim), diff, alpha)
+        node = resid[d.label] = Add(new[d.resid.hash], step, name=f"{d.label}.resid")
+        return node
+
+    new: dict[bytes, Circuit] = {}
+    circuit = _rebuild(g, term_of, new)
+    senders = {s: [new[m.hash] for m in members] for s, members in g._sources.items()}
+    found = (circuit, resid, senders, patched, alpha)
+    if len(cache) >= 4:
+        cache.pop(next(iter(cache)))
+    cache[key] = found
+    return found
+
+
+def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dict, Symbol]:
+    """``(circuit, resid, patched, alpha)``: Hanna et al.'s runs, ``g``'s circuit with each
+    destination reading its own copy of its residual sum (as ``split_circuit``) and the embeddings
+    interpolated, ``patched + alpha * (clean - patched)`` (``alpha`` the scalar Symbol
+    ``'edges.alpha'``: 0 the source's embeddings, 1 the clean ones), everything else (the
+    loss's targets included) clean.  ``resid``: destination label -> its sum; ``patched``: source
+    label -> patched member nodes.  Made once per graph, ablation and source.
+
+    >>> import numpy as np
+    >>> from circuits import evaluate
+    >>> from circuits.models import attn_only, random_weights
+    >>> from circuits.interp import edges
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    >>> loss = attn_only(w, np.arange(6), unique_names=True)
+    >>> circuit, resid, patched, alpha = interpolated_circuit(edges(loss), None, 'zero')
+    >>> bool(np.allclose(evaluate(circuit, {alpha: np.float32(1)}), evaluate(loss), atol=1e-6))
+    True
+    """
+    cache = g.__dict__.setdefault("_interpolated", {})
+    key = (ablation, _fingerprint(source))
+    found = cache.get(key)
+    if found is not None:
+        return found
+    from .edge_graph import EMBEDS
+
+    alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
+    patched = _patched_sources(g, g.sources, source, ablation, None)
+    resid: dict[str, Circuit] = {}
+
+    def term_of(d, new):
+        node = resid[d.label] = Add(new[d.resid.hash], name=f"{d.label}.resid")
+        return node
+
+    def between(p):
+        def swap(c):
+            back = Add(c, Einsum.from_spec(_scaled(p.ndim), p, Scalar(-1.0)))
+            return Add(p, Einsum.from_spec(_scaled(back.ndim), back, alpha), name=f"{c.name or EMBEDS}.interpolated")
+        return swap
+
+    swap = {c.hash: between(p) for c, p in zip(g._sources[EMBEDS], patched[EMBEDS])}
+    circuit = _rebuild(g, term_of, {}, swap)
+    found = (circuit, resid, patched, alpha)
+    if len(cache) >= 4:
+        cache.pop(next(iter(cache)))
+    cache[key] = found
+    return found
+
+
+def _add(nodes: list) -> Circuit:
+    return nodes[0] if len(nodes) == 1 else Add(*nodes)
+
+
+def _scaled(ndim: int) -> str:
+    ax = "abcdefghijklm"[:ndim]
+    return f"{ax},->{ax}"
 
 
 class EdgeScores:
@@ -135,6 +254,74 @@ class EdgeScores:
             return jnp.concatenate(blocks)[order]
 
         return scores
+
+    def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None) -> np.ndarray:
+        """The mean of the scores over ``values`` of the scalar Symbol ``symbol`` (the steps of an
+        integrated gradient, e.g. ``uniform_circuit``'s ``alpha``), ``feed`` binding the rest as
+        for a call: one compiled program vmapped over ``chunk`` values, called once per chunk, so
+        the work that does not depend on ``symbol`` (the patched senders) is done once a call and
+        each matrix product of a step is one of ``chunk`` steps at once.  ``chunk``: by default as
+        many steps as the program's activations (its size times the feed's rows) fit in
+        ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0."""
+        values = np.asarray(values, np.float32).reshape(-1)
+        if not len(values):
+            raise CircuitError("edge scores: integrated over no values; give at least one step")
+        args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
+        at = self.program.arg_slots.index(self.program.slot_of[symbol.hash])
+        rows = max((np.shape(a)[0] for a, x in zip(args, axes) if x is not None), default=0)
+        size = int(chunk) if chunk else self.steps_that_fit(symbol, max(rows, 1))
+        calls = -(-len(values) // max(1, size))
+        size = -(-len(values) // calls)
+        weights = np.zeros(calls * size, self.fdt)
+        weights[: len(values)] = 1.0 / len(values)
+        values = np.concatenate([values, np.full(calls * size - len(values), values[-1], np.float32)])
+        axes = list(axes)
+        with precision(self.fdt):
+            import jax
+
+            fn = self.lowered.cached(self.tag + ("integrated", at, size, tuple(axes)),
+                                     lambda: self.integrand(at, axes))
+            args = jax.device_put(args)  # once, not once a call (GPT-2's weights: half a GiB)
+            out = [np.asarray(fn(values[i: i + size], weights[i: i + size], args), np.float64)
+                   for i in range(0, len(values), size)]
+        return np.sum(out, axis=0)
+
+    def integrand(self, at: int, axes: list):
+        """``(values [n], weights [n], args) -> sum_i weights[i] * scores(args with values[i] at
+        argument ``at``)``, traceable: ``integrated``'s compiled function (``axes``: the batch
+        axes of ``args``, the mean over the rows taken per step)."""
+        import jax
+
+        scores = self._make()
+        rows = any(a is not None for a in axes)
+
+        def step(value, args):
+            args = list(args)
+            args[at] = value
+            if rows:
+                return jax.vmap(scores, in_axes=(axes,))(args).mean(0)
+            return scores(args)
+
+        def total(values, weights, args):
+            return weights @ jax.vmap(step, in_axes=(0, None))(values, args)
+
+        return total
+
+    def steps_that_fit(self, symbol: Symbol, rows: int = 1) -> int:
+        """How many steps of ``integrated`` over ``symbol`` fit in ``STEPS_BYTES``: a step holds
+        about what its program computes from ``symbol``, per row (the values kept for the backward
+        pass; their gradients and the fused intermediates come and go: at GPT-2 width, 12 layers,
+        XLA's memory analysis gives 0.2 GiB a step where this counts 0.27); what does not depend
+        on it is computed once a call."""
+        program = self.program
+        varies = [False] * len(program.nodes)
+        varies[program.slot_of[symbol.hash]] = True
+        per_step = 0
+        for i, (node, kids) in enumerate(zip(program.nodes, program.child_slots)):
+            if kids and any(varies[j] for j in kids):
+                varies[i] = True
+                per_step += int(np.prod(node.shape)) * np.dtype(self.fdt).itemsize
+        return max(1, STEPS_BYTES // max(rows * per_step, 1))
 
     def __call__(self, feed: dict) -> np.ndarray:
         args, axes = self.lowered.bind_batched(feed)

@@ -77,8 +77,15 @@ def test_eap_ig_mask_is_the_oracles_and_complete(model):
     assert errors[2] < 0.02 * abs(total)
 
 
-def test_eap_ig_is_hanna_et_al(model):
-    w, loss, weights = model
+@pytest.mark.parametrize("budget", [None, 1])
+def test_eap_ig_is_hanna_et_al(model, budget, monkeypatch):
+    """All steps in one vmapped call (the default on this model), and one step a call."""
+    from circuits.interp import edge_scores
+
+    if budget is not None:
+        monkeypatch.setattr(edge_scores, "STEPS_BYTES", budget)
+    w, _, weights = model
+    loss = attn_only(w, CLEAN, unique_names=True)  # a fresh graph: its own compiled chunk
     steps = 3
     corrupt_run, clean_run = sources_on(w, CORRUPT), sources_on(w, CLEAN)
     delta = {s: corrupt_run[s] - clean_run[s] for s in clean_run}

@@ -1,0 +1,94 @@
+"""EAP-IG-mask's batched steps (edge_scores.uniform_circuit, EdgeScores.integrated) against the
+step-by-step computation they replace, independent of them: the gradient of patch_edges' masked
+circuit with respect to its mask, one mask alpha * 1 (and one example row) at a time, through
+the backend's plain value_and_grad; in float64, whatever the chunk of steps run at once."""
+
+import numpy as np
+import pytest
+
+import circuits as C
+from circuits.interp import discover, edge_scores, edges, patch_edges
+from circuits.interp.discovery import _eap_ig_mask
+from circuits.interp.edge_scores import uniform_circuit
+from circuits.models import attn_only, random_weights
+
+SMALL = dict(vocab=13, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+CLEAN = np.array([3, 4, 5, 9, 2, 6, 5, 3])
+CORRUPT = np.array([3, 11, 8, 12, 1, 8, 5, 4])
+SRC = {"toks_int_var": CORRUPT}
+
+
+@pytest.fixture(scope="module")
+def model():
+    w = random_weights(0, dtype=np.float64, **SMALL)
+    weights = np.random.default_rng(3).uniform(-1, 1, len(CLEAN) - 2)
+    return w, attn_only(w, CLEAN, unique_names=True), weights
+
+
+def step_by_step(loss, source, weights, steps):
+    """The mean over alpha = k/steps of d(weights . masked output)/d mask at the mask alpha * 1
+    (alpha in float32, as the mask Symbol holds it)."""
+    masked = patch_edges(loss, None, source, mask=True)
+    n = len(edges(loss))
+    grads = [C.value_and_grad(masked, "edges.mask", {"edges.mask": np.full(n, k / steps, np.float32)}, cotangent=weights,
+                              dtype="float64", mode="eager")[1] for k in range(steps + 1)]
+    return np.mean(np.asarray(grads, np.float64), axis=0)
+
+
+@pytest.mark.parametrize("ablation", ["resample", "zero", "mean"])
+def test_uniform_circuit_is_the_masked_circuit_at_alpha(model, ablation):
+    w, loss, _ = model
+    g = edges(loss)
+    source = {"resample": SRC, "zero": None, "mean": {"toks_int_var": np.stack([CORRUPT, CLEAN[::-1]])}}[ablation]
+    circuit, _, _, _, alpha = uniform_circuit(g, source, ablation)
+    masked = patch_edges(loss, None, source, ablation=ablation, mask=True)
+    for a in (0.0, 0.3, 1.0):
+        got = C.evaluate(circuit, {alpha: np.float32(a)}, dtype="float64", mode="eager")
+        want = C.evaluate(masked, {"edges.mask": np.full(len(g), a, np.float32)}, dtype="float64", mode="eager")
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
+def test_chunked_steps_equal_step_by_step(model, chunk):
+    """steps=4: five masks, run 1, 2 (padded), 3 (padded) or all 5 at a time."""
+    w, loss, weights = model
+    g = edges(loss)
+    got = _eap_ig_mask(g, SRC, "resample", weights, None, {}, 4, "float64", chunk=chunk)
+    np.testing.assert_allclose(got, step_by_step(loss, SRC, weights, 4), rtol=1e-8, atol=1e-11)
+    assert np.abs(got).max() > 1e-3
+
+
+def test_default_chunk_and_a_batch_equal_step_by_step(model, monkeypatch):
+    """Through discover: the chunk from the program's size (all steps at once on this model, one
+    at a time with no memory to spare) and a batch of rows (the mean of each row's steps)."""
+    w, loss, weights = model
+    want = step_by_step(loss, SRC, weights, 3)
+    r = discover(loss, SRC, weights, method="eap-ig-mask", steps=3, dtype="float64")
+    np.testing.assert_allclose(r.scores, want, rtol=1e-8, atol=1e-11)
+    monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1)
+    r1 = discover(attn_only(w, CLEAN, unique_names=True), SRC, weights, method="eap-ig-mask", steps=3,
+                  dtype="float64")
+    np.testing.assert_allclose(r1.scores, want, rtol=1e-8, atol=1e-11)
+
+    tokens = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
+    clean_rows, corrupt_rows = np.stack([CLEAN, CORRUPT, CLEAN[::-1]]), np.stack([CORRUPT, CLEAN, CORRUPT[::-1]])
+    rows = [step_by_step(attn_only(w, c, unique_names=True), {"toks_int_var": x}, weights, 2)
+            for c, x in zip(clean_rows, corrupt_rows)]
+    for budget in (1, 1 << 40):  # a step at a time; all at once
+        monkeypatch.setattr(edge_scores, "STEPS_BYTES", budget)
+        rb = discover(attn_only(w, tokens, unique_names=True), {"toks_int_var": corrupt_rows}, weights,
+                      method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows})
+        np.testing.assert_allclose(rb.scores, np.mean(rows, axis=0), rtol=1e-8, atol=1e-11)
+
+
+def test_steps_that_fit_follow_the_budget(model, monkeypatch):
+    w, loss, weights = model
+    g = edges(loss)
+    _eap_ig_mask(g, SRC, "resample", weights, None, {}, 2, "float32")
+    scorer = next(s for k, s in g._scorers.items() if k[0] == "eap-ig-mask")
+    alpha = uniform_circuit(g, SRC, "resample")[4]
+    monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1)
+    assert scorer.steps_that_fit(alpha) == 1
+    monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1 << 30)
+    many = scorer.steps_that_fit(alpha)
+    assert many > 100 and scorer.steps_that_fit(alpha, rows=4) == many // 4
