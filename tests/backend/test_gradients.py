@@ -86,3 +86,43 @@ def test_gradient_errors():
         grad(PRE, W, {"x": XV}, cotangent=np.ones(3))
     with pytest.raises(EvaluationError, match="wrt"):
         grad(PRE, [], {"x": XV})
+
+
+@pytest.mark.parametrize("fdt", ["float32", "float64"])
+def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(fdt):
+    """The reverse sweep's kernel-free cases (``circuits.backend.backward``): int picks of one
+    child, the same position picked twice, negative and several int axes; Adds broadcasting a
+    leading axis, a size-1 axis and a scalar; a Tag; against ``jax.grad`` of the whole program
+    (``mode='jit'``) and an analytic numpy gradient."""
+    from circuits import Tag
+
+    xv = rng.standard_normal((3, 2, 4))
+    x = Symbol((3, 2, 4), name="x_picks")
+    rows = [Index(x, (0,)), Index(x, (-1,)), Index(x, (0,), name="again"), Index(x, (1, slice(None), 2))]
+    b = Symbol((2, 1), name="b_picks")
+    bv = rng.standard_normal((2, 1))
+    s = Symbol((), name="s_picks")
+    summed = Add(rows[0], rows[1], rows[2], b, s, Index(x, (2, -1)), name="summed")   # [2, 4]
+    tagged = Tag(summed, uuid="00000000-0000-0000-0000-000000000002")
+    out = Einsum.from_spec("ab,a,ab->", tagged, rows[3], tagged)        # sum_a r3[a] * sum_b summed[a,b]^2
+    inputs = {x: xv, b: bv, s: np.array(0.5)}
+    wrt = [x, b, s, "summed"]
+    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
+    v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
+    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(v_ops, v_jit, **tol)
+    for k in wrt:
+        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    # numpy: d out / d summed = 2 r3[a] summed[a, b]; then through the picks and broadcasts
+    sm = 2 * xv[0] + xv[-1] + bv + 0.5 + xv[2, -1][None, :]
+    r3 = xv[1, :, 2]
+    d_sum = 2 * r3[:, None] * sm
+    gx = np.zeros_like(xv)
+    gx[0] += 2 * d_sum
+    gx[-1] += d_sum
+    gx[2, -1] += d_sum.sum(0)
+    gx[1, :, 2] += (sm ** 2).sum(1)
+    np.testing.assert_allclose(g_ops["summed"], d_sum, **tol)
+    np.testing.assert_allclose(g_ops[x], gx, **tol)
+    np.testing.assert_allclose(g_ops[b], d_sum.sum(1, keepdims=True), **tol)
+    np.testing.assert_allclose(g_ops[s], d_sum.sum(), **tol)
