@@ -93,9 +93,9 @@ def picked_positions(node: Index):
     return tuple(axes), tuple(positions)
 
 
-def _put_kernel(shape: tuple, axes: tuple, dtype: str, accumulate: bool):
-    """``(g, positions) -> zeros(shape)`` with ``g`` at ``positions`` on ``axes`` (the cotangent of
-    an int pick), or ``(acc, g, positions) -> acc`` with ``g`` added there (``accumulate``)."""
+def _put_kernel(shape: tuple, axes: tuple, dtype: str):
+    """``(acc, g, positions) -> acc`` with ``g`` added at ``positions`` on ``axes``: the
+    cotangent of an int pick added into its child's (``acc`` zeros for the first)."""
 
     def make():
         import jax.lax as lax
@@ -103,26 +103,16 @@ def _put_kernel(shape: tuple, axes: tuple, dtype: str, accumulate: bool):
 
         rank = len(shape)
 
-        def starts(positions):
-            full = [jnp.int32(0)] * rank
+        def put_add(acc, g, positions):
+            at = [jnp.int32(0)] * rank
             for j, axis in enumerate(axes):
-                full[axis] = positions[j]
-            return full
+                at[axis] = positions[j]
+            block = lax.expand_dims(g, axes)
+            return lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
 
-        if accumulate:
-            def put_add(acc, g, positions):
-                at = starts(positions)
-                block = lax.expand_dims(g, axes)
-                return lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
+        return put_add
 
-            return put_add
-
-        def put(g, positions):
-            return lax.dynamic_update_slice(jnp.zeros(shape, dtype), lax.expand_dims(g, axes), starts(positions))
-
-        return put
-
-    return cached_kernel(("put", shape, axes, dtype, accumulate), make)
+    return cached_kernel(("put", shape, axes, dtype), make)
 
 
 def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str):
@@ -225,10 +215,8 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
             k = kids[0]
             if k.hash in on_path:
                 axes, positions = pick
-                if k.hash in ct:
-                    ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype), True)(ct[k.hash], g, positions)
-                else:
-                    ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype), False)(g, positions)
+                acc = ct[k.hash] if k.hash in ct else filled(0, k.shape, fdt)
+                ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype))(acc, g, positions)
             continue
         need = tuple(i for i, c in enumerate(kids) if c.hash in on_path)
         if not need:

@@ -226,7 +226,13 @@ def one_root(nodes: list[Circuit]) -> Circuit:
     """A cheap root over several nodes (the sum of their full sums), so one program computes
     them all (``also=`` reads them back)."""
     sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
-    return Add(*sums)
+    if len(sums) == 1:
+        return Add(*sums)
+    # Pairwise: op by op, one kernel (two scalars added) serves every level, where one Add over
+    # all the sums compiles a kernel per count of nodes.
+    while len(sums) > 1:
+        sums = [Add(*sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    return sums[0]
 
 
 _AXES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
