@@ -17,6 +17,14 @@ common structural nodes take no kernel of their own:
 Every other node runs its kernel's vector-Jacobian product (``vjp_kernel``), compiled once per
 (operation, shapes, precision, children differentiated) and shared across circuits.
 
+Heads run together.  The sweep goes level by level (a node's level is one more than its deepest
+consumer's), and the nodes of one level computing one operation over the same shapes (a layer's
+heads, split) run as rows of one ``vmap``-ed vector-Jacobian product: their children's values
+stacked (a child every row shares passed once, its cotangent the rows' sum), their cotangents
+the rows of the kernel before them where they come in order (no copy), and their picks from one
+stacked value added in by one kernel.  Split-head GPT-2's backward pass makes 598 kernel calls
+(2,004 head by head).
+
 >>> import numpy as np
 >>> from circuits import Array, Einsum, Index, Symbol
 >>> x = Symbol((3, 2), name='x')
@@ -50,25 +58,26 @@ def vjp_kernel(node: Circuit, fdt: str, need: tuple):
     vector-Jacobian product of ``node``'s kernel, compiled once per (operation, shapes, precision,
     positions) like the kernels."""
     key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
+    return cached_kernel(key, lambda: _pull(node, fdt, need))
 
-    def make():
-        op = build_op(node, fdt)
 
-        def pull(xs, cotangent):
-            import jax
+def _pull(node: Circuit, fdt: str, need: tuple):
+    """The plain (uncompiled) function ``vjp_kernel`` compiles."""
+    op = build_op(node, fdt)
 
-            def partial_op(*picked):
-                full = list(xs)
-                for i, v in zip(need, picked):
-                    full[i] = v
-                return op(*full)
+    def pull(xs, cotangent):
+        import jax
 
-            _, back = jax.vjp(partial_op, *[xs[i] for i in need])
-            return back(cotangent)
+        def partial_op(*picked):
+            full = list(xs)
+            for i, v in zip(need, picked):
+                full[i] = v
+            return op(*full)
 
-        return pull
+        _, back = jax.vjp(partial_op, *[xs[i] for i in need])
+        return back(cotangent)
 
-    return cached_kernel(key, make)
+    return pull
 
 
 def picked_positions(node: Index):
@@ -188,41 +197,222 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     env = {root.hash: values[0]}
     env.update(zip(needed, values[1:]))
     out = values[0]
-    ct = {root.hash: filled(1, root.shape, fdt) if cotangent is None else jnp.asarray(cotangent, fdt)}
-
-    def add_to(k: bytes, part) -> None:
-        ct[k] = part if k not in ct else _add_kernel(part.shape, part.dtype)(ct[k], part)
-
-    for node in reversed(order):
-        h = node.hash
-        g = ct.get(h)
-        if g is None or not node.children or h not in on_path:
-            continue
-        kids = node.children
-        t = type(node)
-        if t in _PASS:
-            if kids[0].hash in on_path:
-                add_to(kids[0].hash, g)
-            continue
-        if t is Add:
-            for c in kids:
-                if c.hash in on_path:
-                    add_to(c.hash, g if c.shape == node.shape else
-                           _unbroadcast_kernel(node.shape, c.shape, str(g.dtype))(g))
-            continue
-        pick = picks.get(h)
-        if pick is not None:
-            k = kids[0]
-            if k.hash in on_path:
-                axes, positions = pick
-                acc = ct[k.hash] if k.hash in ct else filled(0, k.shape, fdt)
-                ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype))(acc, g, positions)
-            continue
-        need = tuple(i for i, c in enumerate(kids) if c.hash in on_path)
-        if not need:
-            continue
-        parts = vjp_kernel(node, fdt, need)(tuple(env[c.hash] for c in kids), g)
-        for i, part in zip(need, parts):
-            add_to(kids[i].hash, part)
-    grads = [ct[w.hash] if w.hash in ct else filled(0, w.shape, fdt) for w in wrt]
+    first = filled(1, root.shape, fdt) if cotangent is None else jnp.asarray(cotangent, fdt)
+    sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first})
+    for level in _levels(order, on_path, root):
+        sweep.run_level(level)
+    grads = [sweep.plain(w.hash) if w.hash in sweep.ct else filled(0, w.shape, fdt) for w in wrt]
     return out, grads
+
+
+def _levels(order: list, on_path: set, root: Circuit) -> list:
+    """The nodes the cotangent reaches, in levels: a node's level is one more than its deepest
+    consumer's (the root's is 0), so every contribution to a node's cotangent is made before its
+    level runs, and the nodes of one level (a layer's heads) can run together."""
+    if root.hash not in on_path:
+        return []
+    depth = {root.hash: 0}
+    levels: list = []
+    for node in reversed(order):
+        d = depth.get(node.hash)
+        if d is None or not node.children:
+            continue
+        while len(levels) <= d:
+            levels.append([])
+        levels[d].append(node)
+        for c in node.children:
+            if c.hash in on_path and depth.get(c.hash, -1) < d + 1:
+                depth[c.hash] = d + 1
+    return levels
+
+
+class _Row:
+    """Row ``r`` of a value computed for several nodes at once (not sliced until read alone)."""
+
+    __slots__ = ("array", "r")
+
+    def __init__(self, array, r: int):
+        self.array = array
+        self.r = r
+
+
+class _Sweep:
+    """The reverse sweep's state: cotangents by node hash (a device array or a ``_Row``)."""
+
+    def __init__(self, fdt: str, on_path: set, picks: dict, env: dict, ct: dict):
+        self.fdt, self.on_path, self.picks, self.env, self.ct = fdt, on_path, picks, env, ct
+
+    def plain(self, h: bytes):
+        v = self.ct[h]
+        if type(v) is _Row:
+            v = self.ct[h] = _pick(v.array, v.r)
+        return v
+
+    def add_to(self, k: bytes, part) -> None:
+        ct = self.ct
+        if k not in ct:
+            ct[k] = part
+            return
+        a = self.plain(k)
+        b = _pick(part.array, part.r) if type(part) is _Row else part
+        ct[k] = _add_kernel(a.shape, a.dtype)(a, b)
+
+    def run_level(self, nodes: list) -> None:
+        groups: dict = {}
+        for node in nodes:
+            h = node.hash
+            if h not in self.ct or h not in self.on_path:
+                continue
+            t = type(node)
+            if t in _PASS or t is Add:
+                self._pass(node)
+                continue
+            pick = self.picks.get(h)
+            if pick is not None:
+                k = node.children[0]
+                if k.hash in self.on_path:
+                    groups.setdefault(("put", k.hash, pick[0]), []).append(node)
+                continue
+            need = tuple(i for i, c in enumerate(node.children) if c.hash in self.on_path)
+            if need:
+                key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), need)
+                groups.setdefault(key, []).append(node)
+        for key, group in groups.items():
+            if key[0] == "put":
+                self._put(group)
+            elif len(group) == 1:
+                self._vjp(group[0], key[3])
+            else:
+                self._vjp_rows(group, key[3])
+
+    def _pass(self, node: Circuit) -> None:
+        g = self.ct[node.hash]
+        for c in node.children[:1] if type(node) in _PASS else node.children:
+            if c.hash not in self.on_path:
+                continue
+            if c.shape == node.shape:
+                self.add_to(c.hash, g)
+            else:
+                g = self.plain(node.hash)
+                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, str(g.dtype))(g))
+
+    def _vjp(self, node: Circuit, need: tuple) -> None:
+        env = self.env
+        parts = vjp_kernel(node, self.fdt, need)(tuple(env[c.hash] for c in node.children), self.plain(node.hash))
+        for i, part in zip(need, parts):
+            self.add_to(node.children[i].hash, part)
+
+    def _vjp_rows(self, group: list, need: tuple) -> None:
+        """Nodes of one operation and shapes: their vector-Jacobian products as rows of one
+        ``vmap``-ed kernel; a child shared by every row is passed once."""
+        env, node = self.env, group[0]
+        args, axes = [], []
+        for i in range(len(node.children)):
+            kids = [n.children[i] for n in group]
+            if all(k.hash == kids[0].hash for k in kids):
+                args.append(env[kids[0].hash])
+                axes.append(None)
+            else:
+                args.append(_stack([env[k.hash] for k in kids]))
+                axes.append(0)
+        g, g_axis = self._rows_of([n.hash for n in group])
+        parts = _vjp_rows_kernel(node, self.fdt, need, tuple(axes), g_axis, len(group))(tuple(args), g)
+        for i, part in zip(need, parts):
+            if axes[i] is None:  # one child for every row: its cotangent is their sum
+                self.add_to(node.children[i].hash, _sum_rows_kernel(part.shape, str(part.dtype))(part))
+                continue
+            for r, n in enumerate(group):
+                self.add_to(n.children[i].hash, _Row(part, r))
+
+    def _rows_of(self, hashes: list) -> tuple:
+        """The cotangents of ``hashes`` as one value: ``(value, None)`` when it is one array for
+        all, ``(rows, 0)`` otherwise (the rows of one earlier kernel, in order, taken as they are)."""
+        vals = [self.ct[h] for h in hashes]
+        v0 = vals[0]
+        if type(v0) is not _Row and all(v is v0 for v in vals):
+            return v0, None
+        if type(v0) is _Row and v0.array.shape[0] == len(vals) and all(
+                type(v) is _Row and v.array is v0.array and v.r == r for r, v in enumerate(vals)):
+            return v0.array, 0
+        return _stack([self.plain(h) for h in hashes]), 0
+
+    def _put(self, group: list) -> None:
+        """Int picks of one child on the same axes: their cotangents added into the child's at
+        their positions (one kernel for the group)."""
+        k = group[0].children[0]
+        axes = self.picks[group[0].hash][0]
+        acc = self.plain(k.hash) if k.hash in self.ct else filled(0, k.shape, self.fdt)
+        if len(group) == 1:
+            g = self.plain(group[0].hash)
+            self.ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype))(acc, g, self.picks[group[0].hash][1])
+            return
+        rows, g_axis = self._rows_of([n.hash for n in group])
+        positions = np.stack([self.picks[n.hash][1] for n in group])
+        fn = _put_rows_kernel(k.shape, axes, str(rows.dtype), len(group), g_axis is None)
+        self.ct[k.hash] = fn(acc, rows, positions)
+
+
+def _stack(values: list):
+    """``values`` (one shape) stacked on a new leading axis: one kernel per (count, shape)."""
+    v = values[0]
+    fn = cached_kernel(("stack", len(values), v.shape, str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
+    return fn(*values)
+
+
+def _pick(array, r: int):
+    """Row ``r`` of ``array`` (one kernel per shape, the row passed as data)."""
+
+    def make():
+        import jax.lax as lax
+
+        return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+
+
+def _jnp():
+    import jax.numpy as jnp
+
+    return jnp
+
+
+def _vjp_rows_kernel(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, rows: int):
+    """``vjp_kernel``'s function over ``rows`` rows (``vmap``: children's row axes ``axes``, the
+    cotangent's ``g_axis``); every output has the rows first."""
+    key = ("vjp-rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need, axes,
+           g_axis, rows)
+
+    def make():
+        import jax
+
+        return jax.vmap(_pull(node, fdt, need), in_axes=(axes, g_axis), out_axes=0)
+
+    return cached_kernel(key, make)
+
+
+def _sum_rows_kernel(shape: tuple, dtype: str):
+    return cached_kernel(("sum-rows", shape, dtype), lambda: lambda x: x.sum(0))
+
+
+def _put_rows_kernel(shape: tuple, axes: tuple, dtype: str, rows: int, shared: bool):
+    """``(acc, g rows, positions [rows, len(axes)]) -> acc`` with each row added at its positions
+    (in turn: positions may repeat); ``shared``: one ``g`` for every row."""
+
+    def make():
+        import jax.lax as lax
+        import jax.numpy as jnp
+
+        rank = len(shape)
+
+        def put_rows(acc, g, positions):
+            for r in range(rows):
+                at = [jnp.int32(0)] * rank
+                for j, axis in enumerate(axes):
+                    at[axis] = positions[r, j]
+                block = lax.expand_dims(g if shared else g[r], axes)
+                acc = lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
+            return acc
+
+        return put_rows
+
+    return cached_kernel(("put-rows", shape, axes, dtype, rows, shared), make)

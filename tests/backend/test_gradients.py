@@ -126,3 +126,49 @@ def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(
     np.testing.assert_allclose(g_ops[x], gx, **tol)
     np.testing.assert_allclose(g_ops[b], d_sum.sum(1, keepdims=True), **tol)
     np.testing.assert_allclose(g_ops[s], d_sum.sum(), **tol)
+
+
+@pytest.mark.parametrize("fdt", ["float32", "float64"])
+def test_op_by_op_heads_run_as_rows_and_match_the_whole_program(fdt):
+    """Per-head nodes of one operation and shapes run as rows of one kernel in the reverse sweep
+    (``circuits.backend.backward``): heads picked from one stacked value (a position picked twice),
+    a weight shared by every head, per-head weights, a nonlinearity; against ``jax.grad`` of the
+    whole program (``mode='jit'``) and numpy."""
+    heads = 4
+    xv = rng.standard_normal((heads, 3, 5))
+    wv = rng.standard_normal((heads, 5, 2))
+    sv = rng.standard_normal((5, 5))
+    x = Symbol((heads, 3, 5), name="x_rows")
+    w = Symbol((heads, 5, 2), name="w_rows")
+    shared = Symbol((5, 5), name="s_rows")
+    outs = []
+    for h in list(range(heads)) + [1]:       # head 1 twice: its position picked twice
+        name = f"h{len(outs)}"
+        xh = Index(x, (h,), name=f"{name}.x")
+        mixed = GeneralFunction("tanh", Einsum.from_spec("ad,de->ae", xh, shared, name=f"{name}.mix"), name=f"{name}.act")
+        outs.append(Einsum.from_spec("ae,ef->af", mixed, Index(w, (h,), name=f"{name}.w"), name=name))
+    total = Einsum.from_spec("af,af->", Add(*outs, name="sum"), Add(*outs, name="sum"))
+    inputs = {x: xv, w: wv, shared: sv}
+    wrt = [x, w, shared, "h2"]
+    v_ops, g_ops = value_and_grad(total, wrt, inputs, dtype=fdt, mode="eager")
+    v_jit, g_jit = value_and_grad(total, wrt, inputs, dtype=fdt, mode="jit")
+    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(v_ops, v_jit, **tol)
+    for k in wrt:
+        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    # numpy: total = sum(S^2), S = sum over the picks of tanh(x_h @ s) @ w_h
+    picks = list(range(heads)) + [1]
+    acts = [np.tanh(xv[h] @ sv) for h in picks]
+    big_s = sum(a @ wv[h] for a, h in zip(acts, picks))
+    np.testing.assert_allclose(v_ops, (big_s ** 2).sum(), **tol)
+    d_s = 2 * big_s
+    gx, gw, gs = np.zeros_like(xv), np.zeros_like(wv), np.zeros_like(sv)
+    for a, h in zip(acts, picks):
+        gw[h] += a.T @ d_s
+        d_pre = (d_s @ wv[h].T) * (1 - a ** 2)
+        gx[h] += d_pre @ sv.T
+        gs += xv[h].T @ d_pre
+    np.testing.assert_allclose(g_ops[x], gx, **tol)
+    np.testing.assert_allclose(g_ops[w], gw, **tol)
+    np.testing.assert_allclose(g_ops[shared], gs, **tol)
+    np.testing.assert_allclose(g_ops["h2"], d_s, **tol)
