@@ -80,8 +80,8 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
     target, cotangent = _metric(circuit, metric)
-    present = {n.hash for n in toposort(target)}
-    wrt = [n for n in nodes if n.hash in present]
+    present = None if target is circuit else {n.hash for n in toposort(target)}  # every site is in circuit
+    wrt = [n for n in nodes if present is None or n.hash in present]
     grads = {}
     if wrt:
         _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode)

@@ -215,10 +215,11 @@ def copy_with(roots: Iterable[Circuit], table: Mapping[bytes, Circuit], suffix: 
         elif not node.children or (keep is not None and keep(node)):
             new[h] = node
         else:
-            rebuilt = node.with_children(tuple(new[c.hash] for c in node.children))
-            if rebuilt is not node and node.name is not None:
-                rebuilt = rebuilt.rename(node.name + suffix)
-            new[h] = rebuilt
+            kids = tuple(new[c.hash] for c in node.children)
+            if all(a is b for a, b in zip(kids, node.children)):
+                new[h] = node
+            else:  # rebuilt and renamed in one step
+                new[h] = node.with_children(kids, node.name + suffix if node.name is not None else None)
     return new
 
 
