@@ -32,7 +32,7 @@ from ..errors import CircuitError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
-from .sites import batched_sources, one_root, resolve_sites
+from .sites import batched_sources, paired_root, resolve_sites
 
 __all__ = ["attribute"]
 
@@ -75,7 +75,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     nodes = [n for _, n in resolved]
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate(one_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
+    _, values = evaluate(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
     clean = [np.asarray(values[n], np.float64) for n in nodes]
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
