@@ -24,6 +24,7 @@ Modules, in dependency order:
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
+- ``backward``: gradients op by op (``grads_ops``), the reverse sweep through cached kernels;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
 - ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
 - ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).

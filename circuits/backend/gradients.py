@@ -23,8 +23,9 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
+from .backward import grads_ops
 from .binding import bind_arguments, float_dtype, precision
-from .incremental import RunInfo, grads_ops, has_batch_axis
+from .incremental import RunInfo, has_batch_axis
 from .lowering import as_items, resolve_nodes
 from .program import Program
 from .runtime import check_mode, maybe_jit, worth_compiling

@@ -58,7 +58,7 @@ from .runtime import (
 )
 
 __all__ = [
-    "run_ops", "value_keys", "cached_values", "remember", "grads_ops", "has_batch_axis", "vjp_kernel", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
+    "run_ops", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
     "DEFAULT_VALUE_BYTES",
 ]
 
@@ -487,96 +487,3 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     if keep_all:
         return outs, env, order
     return outs
-
-
-# ---------------------------------------------------------------------------- gradients, op by op
-def vjp_kernel(node: Circuit, fdt: str, need: tuple):
-    """``(child values, cotangent) -> cotangents of the children at positions need``: the
-    vector-Jacobian product of ``node``'s kernel, compiled once per (operation, shapes, precision,
-    positions) like the kernels."""
-    key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
-
-    def make():
-        op = build_op(node, fdt)
-
-        def pull(xs, cotangent):
-            import jax
-
-            def partial_op(*picked):
-                full = list(xs)
-                for i, v in zip(need, picked):
-                    full[i] = v
-                return op(*full)
-
-            _, back = jax.vjp(partial_op, *[xs[i] for i in need])
-            return back(cotangent)
-
-        return pull
-
-    return cached_kernel(key, make)
-
-
-def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,
-              cache: bool = True, info: RunInfo | None = None):
-    """``(value of root, [d sum(cotangent * root) / d value of w for w in wrt])`` op by op: the
-    forward values from the value cache where known, then one reverse sweep of vector-Jacobian
-    products through cached kernels, over the nodes between ``wrt`` and ``root`` only.  None when
-    a node of ``wrt`` is not in the circuit as evaluated (its Modules substituted)."""
-    import jax.numpy as jnp
-
-    (root,), _ = prepared([root])
-    order = toposort(root)
-    wanted = {w.hash for w in wrt}
-    present = {n.hash for n in order}
-    if not wanted <= present:
-        return None  # not in the circuit as evaluated (absent, or inside a substituted Module)
-    on_path: set = set()
-    for node in order:
-        if is_float(node.dtype) and (node.hash in wanted or any(c.hash in on_path for c in node.children)):
-            on_path.add(node.hash)
-    needed = {}
-    for node in order:
-        if node.hash in on_path and node.children:
-            for c in node.children:
-                needed.setdefault(c.hash, c)
-    needed.pop(root.hash, None)
-    values = run_ops([root, *needed.values()], inputs, fdt, cache=cache, info=info)
-    env = {root.hash: values[0]}
-    env.update(zip(needed, values[1:]))
-    out = values[0]
-    ct = {root.hash: _filled(1, root.shape, fdt) if cotangent is None else jnp.asarray(cotangent, fdt)}
-    for node in reversed(order):
-        h = node.hash
-        g = ct.get(h)
-        if g is None or not node.children or h not in on_path:
-            continue
-        kids = node.children
-        need = tuple(i for i, c in enumerate(kids) if c.hash in on_path)
-        if not need:
-            continue
-        if type(node) in (Tag, SetSymbolicShape):
-            parts = (g,)
-        else:
-            parts = vjp_kernel(node, fdt, need)(tuple(env[c.hash] for c in kids), g)
-        for i, part in zip(need, parts):
-            k = kids[i].hash
-            ct[k] = part if k not in ct else _add_kernel(part.shape, part.dtype)(ct[k], part)
-    grads = [ct[w.hash] if w.hash in ct else _filled(0, w.shape, fdt) for w in wrt]
-    return out, grads
-
-
-def _add_kernel(shape: tuple, dtype):
-    """``a + b`` compiled once per shape (an eager ``+`` takes JAX's slow dispatch path)."""
-    return cached_kernel(("add", shape, str(dtype)), lambda: lambda a, b: a + b)
-
-
-def _filled(value: int, shape: tuple, fdt: str):
-    """A device array of ``value`` (made on the device once, then kept in the value cache)."""
-    key = ("filled", value, shape, fdt)
-    found = VALUES.get(key)
-    if found is None:
-        import jax.numpy as jnp
-
-        found = (jnp.ones if value else jnp.zeros)(shape, fdt)
-        VALUES.put(key, found)
-    return found

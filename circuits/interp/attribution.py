@@ -21,6 +21,9 @@ summed), e.g. ``lambda c: Index(c, (-1,))`` for the loss at the last position.
 
 from __future__ import annotations
 
+import collections
+import threading
+import weakref
 from typing import Mapping
 
 import numpy as np
@@ -29,7 +32,7 @@ from ..errors import CircuitError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
-from .sites import batched_sources, one_root, resolve_sites
+from .sites import batched_sources, paired_root, resolve_sites
 
 __all__ = ["attribute"]
 
@@ -55,11 +58,15 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     >>> round(est['e'], 5)
     1.71828
     """
-    from ..backend import evaluate, value_and_grad
+    from ..backend import evaluate, has_batch_axis, value_and_grad
 
+    plan_key = _plan_key(circuit, sites, source, metric, dtype)
     source, extra = batched_sources(circuit, source)
     if extra:
         inputs = {**(inputs or {}), **extra}
+    if extra or has_batch_axis(circuit, inputs):
+        plan = _plan_for(circuit, sites, source, metric, dtype, plan_key)
+        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None)
     resolved = resolve_sites(circuit, sites)
     labels = [label for label, _ in resolved]
     if len(set(labels)) != len(labels):
@@ -68,13 +75,13 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     nodes = [n for _, n in resolved]
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate(one_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
+    _, values = evaluate(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
     clean = [np.asarray(values[n], np.float64) for n in nodes]
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
     target, cotangent = _metric(circuit, metric)
-    present = {n.hash for n in toposort(target)}
-    wrt = [n for n in nodes if n.hash in present]
+    present = None if target is circuit else {n.hash for n in toposort(target)}  # every site is in circuit
+    wrt = [n for n in nodes if present is None or n.hash in present]
     grads = {}
     if wrt:
         _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode)
@@ -82,14 +89,140 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     out = {}
     for label, node, a, a2 in zip(labels, nodes, clean, patched):
         grad = grads.get(node.hash)
-        per_row = a.ndim == len(node.shape) + 1  # a batch of inputs: one estimate per row
-        axes = tuple(range(1, a.ndim)) if per_row else None
-        if grad is None:
-            out[label] = np.zeros(a.shape[0]) if per_row else 0.0
-        else:
-            total = np.sum((a2 - a) * grad, axis=axes)
-            out[label] = total if per_row else float(total)
+        out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad))
     return out
+
+
+# ---------------------------------------------------------------------------- a dataset: one program
+# A dataset's attribution is one compiled program: the clean forward and backward and the source
+# values of the sites, the estimates summed in it (``[rows, sites]`` comes back).  Its plan (sites
+# resolved, source copies built, the program laid out) is kept per live circuit, so a warm call
+# binds the inputs and runs.
+_PLANS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+_PLANS_SIZE = 16
+_plans_lock = threading.RLock()  # reentrant: a weak reference callback may run while it is held
+
+
+def _plan_key(circuit: Circuit, sites, source, metric, dtype):
+    """What a dataset's plan depends on besides the circuit (None: not kept; a matcher site, a
+    metric function, a source value without a batch axis)."""
+    items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
+    site_key = []
+    for s in items:
+        if isinstance(s, str):
+            site_key.append(s)
+        elif isinstance(s, Circuit):
+            site_key.append(s.hash)
+        else:
+            return None
+    if not isinstance(source, Mapping) or (metric is not None and not isinstance(metric, np.ndarray)):
+        return None
+    source_key = []
+    for k, v in source.items():
+        shape = getattr(v, "shape", None)
+        if isinstance(v, Circuit) or shape is None or not isinstance(k, (str, Circuit)):
+            return None
+        source_key.append((k if isinstance(k, str) else k.hash, tuple(shape[1:]), str(v.dtype)))
+    metric_key = None if metric is None else metric.shape
+    return (tuple(site_key), tuple(source_key), metric_key, str(dtype))
+
+
+def _plan_for(circuit: Circuit, sites, source, metric, dtype, key) -> "_Plan":
+    if key is None:
+        return _Plan(circuit, sites, source, metric, dtype)
+    full = (id(circuit), key)
+    with _plans_lock:
+        found = _PLANS.get(full)
+        if found is not None and found[0]() is circuit:
+            _PLANS.move_to_end(full)
+            return found[1]
+    plan = _Plan(circuit, sites, source, metric, dtype)
+    with _plans_lock:
+        _PLANS[full] = (weakref.ref(circuit, lambda ref, k=full: _drop_plan(k, ref)), plan)
+        while len(_PLANS) > _PLANS_SIZE:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _drop_plan(key, ref) -> None:
+    """A circuit died: its plans go (they hold its weights)."""
+    if _PLANS is None:  # interpreter shutdown
+        return
+    with _plans_lock:
+        found = _PLANS.get(key)
+        if found is not None and found[0] is ref:
+            del _PLANS[key]
+
+
+class _Plan:
+    """``plan(inputs) -> {label: per-row estimates}`` for inputs with a leading batch axis: one
+    compiled program computes the clean values, the gradients and the source values of the sites
+    (a ``vmap`` over the rows) and sums each site's estimate in it.  Holds the program detached
+    (its leaves, no interior node)."""
+
+    def __init__(self, circuit: Circuit, sites, source, metric, dtype):
+        from ..backend import Lowered, float_dtype
+
+        self.fdt = float_dtype(dtype)
+        resolved = resolve_sites(circuit, sites)
+        labels = [label for label, _ in resolved]
+        if len(set(labels)) != len(labels):
+            raise CircuitError(f"attribute: sites {labels} name some node twice; give each site once")
+        copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "attribute")
+        nodes = [n for _, n in resolved]
+        target, self.cotangent = _metric(circuit, metric)
+        present = {n.hash for n in toposort(target)}
+        self.labels = labels
+        # Sites the metric does not read have no gradient: their estimates are zeros.
+        self.live = [i for i, n in enumerate(nodes) if n.hash in present]
+        live = [nodes[i] for i in self.live]
+        lowered = Lowered([target, *live, *(copies[n.hash] for n in live)], self.fdt)
+        program = lowered.program
+        self.slots = tuple(program.slot_of[n.hash] for n in live)
+        self.shapes = tuple(n.shape for n in live)
+        lowered.program = program.detached()
+        self.lowered = lowered
+
+    def _make(self, axes: tuple):
+        import jax
+        import jax.numpy as jnp
+
+        skeleton = self.lowered.program.skeleton()
+        slots, shapes, fdt = self.slots, self.shapes, self.fdt
+        k = len(slots)
+        weighted = self.cotangent is not None
+
+        def one(args, cotangent):
+            def metric(deltas):
+                outs = skeleton.run(args, deltas=dict(zip(slots, deltas)))
+                total = jnp.sum(outs[0] * cotangent) if weighted else jnp.sum(outs[0])
+                return total, outs[1:]
+
+            zeros = [jnp.zeros(shape, fdt) for shape in shapes]
+            grads, values = jax.grad(metric, has_aux=True)(zeros)
+            clean, patched = values[:k], values[k:]
+            return jnp.stack([jnp.sum((p - c) * g) for c, p, g in zip(clean, patched, grads)])
+
+        return jax.vmap(one, in_axes=(list(axes), None))
+
+    def __call__(self, inputs, rows: int | None = None) -> dict:
+        """The estimates for ``inputs`` (``rows``: the batch size when only the sources carry it)."""
+        from ..backend import precision
+
+        args, axes = self.lowered.bind_batched(inputs)
+        rows = next((a.shape[0] for a, axis in zip(args, axes) if axis is not None), rows)
+        out = {label: np.zeros(rows) for label in self.labels}
+        if not self.live:
+            return out
+        axes = tuple(axes)
+        with precision(self.fdt):
+            fn = self.lowered.cached(("attribution", self.slots, self.cotangent is not None, axes),
+                                     lambda: self._make(axes))
+            cotangent = None if self.cotangent is None else np.asarray(self.cotangent, self.fdt)
+            estimates = np.asarray(fn(args, cotangent), np.float64)
+        for j, i in enumerate(self.live):
+            out[self.labels[i]] = estimates[:, j]
+        return out
 
 
 def _metric(circuit: Circuit, metric) -> tuple[Circuit, np.ndarray | None]:

@@ -37,7 +37,7 @@ from ..nodes import Add, Array, Circuit, Einsum, Symbol
 from ..select import Matcher, Name, as_matcher, get_unique
 from ..traversal import toposort
 
-__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "batched_sources"]
+__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "paired_root", "batched_sources"]
 
 
 def site_label(node: Circuit, given=None) -> str:
@@ -215,10 +215,11 @@ def copy_with(roots: Iterable[Circuit], table: Mapping[bytes, Circuit], suffix: 
         elif not node.children or (keep is not None and keep(node)):
             new[h] = node
         else:
-            rebuilt = node.with_children(tuple(new[c.hash] for c in node.children))
-            if rebuilt is not node and node.name is not None:
-                rebuilt = rebuilt.rename(node.name + suffix)
-            new[h] = rebuilt
+            kids = tuple(new[c.hash] for c in node.children)
+            if all(a is b for a, b in zip(kids, node.children)):
+                new[h] = node
+            else:  # rebuilt and renamed in one step
+                new[h] = node.with_children(kids, node.name + suffix if node.name is not None else None)
     return new
 
 
@@ -227,6 +228,24 @@ def one_root(nodes: list[Circuit]) -> Circuit:
     them all (``also=`` reads them back)."""
     sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
     return Add(*sums)
+
+
+def paired_root(nodes: list[Circuit]) -> Circuit:
+    """``one_root`` with the sums added pairwise: op by op, one kernel (two scalars added) serves
+    every level, where one Add over all the sums compiles a kernel per count of nodes.
+
+    >>> import numpy as np
+    >>> from circuits import Symbol, evaluate
+    >>> xs = [Symbol((2,), name=n) for n in 'abc']
+    >>> float(evaluate(paired_root(xs), {'a': np.ones(2), 'b': np.ones(2), 'c': np.full(2, 2.0)}))
+    8.0
+    """
+    sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
+    if len(sums) == 1:
+        return Add(*sums)
+    while len(sums) > 1:
+        sums = [Add(*sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    return sums[0]
 
 
 _AXES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"

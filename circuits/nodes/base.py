@@ -56,6 +56,7 @@ _INTERNED: "dict[bytes, _Ref]" = {}
 # the entry of its successor.  Reentrant because a weak reference callback (``_forget``) can run
 # in the thread that holds it, when building a node frees another.
 _INTERN_LOCK = threading.RLock()
+_SAME_NAME = object()  # with_children keeps the node's name
 
 
 def _forget(ref, _table=_INTERNED, _lock=_INTERN_LOCK):
@@ -274,15 +275,18 @@ class Circuit:
         raise ExpandError(f"expand: no expansion rule for {type(self).__name__}: {self.line()}")
 
     # ------------------------------------------------------------------ protocol
-    def with_children(self, children) -> "Circuit":
+    def with_children(self, children, name=_SAME_NAME) -> "Circuit":
         """This node over new children (validated); ``self`` when they are the very same
         children (``is``: an equal child can be a node that may not stand for this one's, see
-        ``_interchangeable_with``)."""
+        ``_interchangeable_with``).  ``name`` renames it in the same step (a copy renamed is
+        built once, not twice)."""
         children = tuple(children)
         old = self.children
+        if name is _SAME_NAME:
+            name = self.name
         if len(children) == len(old):
             if all(a is b for a, b in zip(children, old)):
-                return self
+                return self.rename(name)
             rule = type(self).__dict__.get("rebuilds_by_shape")
             if rule and (rule is True or rule(self)) and all(
                     isinstance(a, Circuit) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(children, old)):
@@ -291,8 +295,8 @@ class Circuit:
                 new = _new_object(type(self))
                 for attr in type(self).__slots__:
                     setattr(new, attr, getattr(self, attr))
-                return new._set_common(children, self.shape, self.dtype, self.name)
-        return self._rebuild(children, self.name)
+                return new._set_common(children, self.shape, self.dtype, name)
+        return self._rebuild(children, name)
 
     def rename(self, name: str | None) -> "Circuit":
         """This node with another name (a different node: names are part of identity)."""

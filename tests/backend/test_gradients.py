@@ -86,3 +86,89 @@ def test_gradient_errors():
         grad(PRE, W, {"x": XV}, cotangent=np.ones(3))
     with pytest.raises(EvaluationError, match="wrt"):
         grad(PRE, [], {"x": XV})
+
+
+@pytest.mark.parametrize("fdt", ["float32", "float64"])
+def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(fdt):
+    """The reverse sweep's kernel-free cases (``circuits.backend.backward``): int picks of one
+    child, the same position picked twice, negative and several int axes; Adds broadcasting a
+    leading axis, a size-1 axis and a scalar; a Tag; against ``jax.grad`` of the whole program
+    (``mode='jit'``) and an analytic numpy gradient."""
+    from circuits import Tag
+
+    xv = rng.standard_normal((3, 2, 4))
+    x = Symbol((3, 2, 4), name="x_picks")
+    rows = [Index(x, (0,)), Index(x, (-1,)), Index(x, (0,), name="again"), Index(x, (1, slice(None), 2))]
+    b = Symbol((2, 1), name="b_picks")
+    bv = rng.standard_normal((2, 1))
+    s = Symbol((), name="s_picks")
+    summed = Add(rows[0], rows[1], rows[2], b, s, Index(x, (2, -1)), name="summed")   # [2, 4]
+    tagged = Tag(summed, uuid="00000000-0000-0000-0000-000000000002")
+    out = Einsum.from_spec("ab,a,ab->", tagged, rows[3], tagged)        # sum_a r3[a] * sum_b summed[a,b]^2
+    inputs = {x: xv, b: bv, s: np.array(0.5)}
+    wrt = [x, b, s, "summed"]
+    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
+    v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
+    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(v_ops, v_jit, **tol)
+    for k in wrt:
+        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    # numpy: d out / d summed = 2 r3[a] summed[a, b]; then through the picks and broadcasts
+    sm = 2 * xv[0] + xv[-1] + bv + 0.5 + xv[2, -1][None, :]
+    r3 = xv[1, :, 2]
+    d_sum = 2 * r3[:, None] * sm
+    gx = np.zeros_like(xv)
+    gx[0] += 2 * d_sum
+    gx[-1] += d_sum
+    gx[2, -1] += d_sum.sum(0)
+    gx[1, :, 2] += (sm ** 2).sum(1)
+    np.testing.assert_allclose(g_ops["summed"], d_sum, **tol)
+    np.testing.assert_allclose(g_ops[x], gx, **tol)
+    np.testing.assert_allclose(g_ops[b], d_sum.sum(1, keepdims=True), **tol)
+    np.testing.assert_allclose(g_ops[s], d_sum.sum(), **tol)
+
+
+@pytest.mark.parametrize("fdt", ["float32", "float64"])
+def test_op_by_op_heads_run_as_rows_and_match_the_whole_program(fdt):
+    """Per-head nodes of one operation and shapes run as rows of one kernel in the reverse sweep
+    (``circuits.backend.backward``): heads picked from one stacked value (a position picked twice),
+    a weight shared by every head, per-head weights, a nonlinearity; against ``jax.grad`` of the
+    whole program (``mode='jit'``) and numpy."""
+    heads = 4
+    xv = rng.standard_normal((heads, 3, 5))
+    wv = rng.standard_normal((heads, 5, 2))
+    sv = rng.standard_normal((5, 5))
+    x = Symbol((heads, 3, 5), name="x_rows")
+    w = Symbol((heads, 5, 2), name="w_rows")
+    shared = Symbol((5, 5), name="s_rows")
+    outs = []
+    for h in list(range(heads)) + [1]:       # head 1 twice: its position picked twice
+        name = f"h{len(outs)}"
+        xh = Index(x, (h,), name=f"{name}.x")
+        mixed = GeneralFunction("tanh", Einsum.from_spec("ad,de->ae", xh, shared, name=f"{name}.mix"), name=f"{name}.act")
+        outs.append(Einsum.from_spec("ae,ef->af", mixed, Index(w, (h,), name=f"{name}.w"), name=name))
+    total = Einsum.from_spec("af,af->", Add(*outs, name="sum"), Add(*outs, name="sum"))
+    inputs = {x: xv, w: wv, shared: sv}
+    wrt = [x, w, shared, "h2"]
+    v_ops, g_ops = value_and_grad(total, wrt, inputs, dtype=fdt, mode="eager")
+    v_jit, g_jit = value_and_grad(total, wrt, inputs, dtype=fdt, mode="jit")
+    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(v_ops, v_jit, **tol)
+    for k in wrt:
+        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    # numpy: total = sum(S^2), S = sum over the picks of tanh(x_h @ s) @ w_h
+    picks = list(range(heads)) + [1]
+    acts = [np.tanh(xv[h] @ sv) for h in picks]
+    big_s = sum(a @ wv[h] for a, h in zip(acts, picks))
+    np.testing.assert_allclose(v_ops, (big_s ** 2).sum(), **tol)
+    d_s = 2 * big_s
+    gx, gw, gs = np.zeros_like(xv), np.zeros_like(wv), np.zeros_like(sv)
+    for a, h in zip(acts, picks):
+        gw[h] += a.T @ d_s
+        d_pre = (d_s @ wv[h].T) * (1 - a ** 2)
+        gx[h] += d_pre @ sv.T
+        gs += xv[h].T @ d_pre
+    np.testing.assert_allclose(g_ops[x], gx, **tol)
+    np.testing.assert_allclose(g_ops[w], gw, **tol)
+    np.testing.assert_allclose(g_ops[shared], gs, **tol)
+    np.testing.assert_allclose(g_ops["h2"], d_s, **tol)

@@ -203,3 +203,8 @@ def test_a_rebuild_over_same_shaped_children_equals_the_constructor(node_type, d
     for attr in type(c).__slots__:
         assert repr(getattr(fast, attr)) == repr(getattr(slow, attr))
     check(fast)
+    # renamed in the same step: the constructor's node under the new name
+    named = c.with_children(kids, "renamed")
+    assert named.hash == c._rebuild(tuple(kids), "renamed").hash and named.name == "renamed"
+    assert c.with_children(c.children, "renamed").hash == c.rename("renamed").hash
+    check(named)
