@@ -38,9 +38,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import is_float
-from ..nodes import Circuit, SetSymbolicShape, Tag
+from ..dtypes import is_float, is_int
+from ..nodes import Array, Circuit, SetSymbolicShape, Symbol, Tag
 from ..traversal import toposort
+from .binding import check_index_values
 from .incremental import VALUES, CacheKeys, RunInfo, bind_symbols, cached_kernel, kernel, prepared, run_ops
 from .ops import build_op
 from .program import node_key_part
@@ -94,15 +95,13 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     roots, free = prepared([base, *variants])
     base, variants = roots[0], roots[1:]
     problems: list[str] = []
-    _, fps = bind_symbols(free, inputs, fdt, problems)
+    bound, fps = bind_symbols(free, inputs, fdt, problems)
     raise_problems(problems)
-    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
     keys = CacheKeys(fdt, fps)
     out: list = [None] * len(variants)
     todo = []
     for i, v in enumerate(variants):
         if v.hash == base.hash:
-            out[i] = base_value
             continue
         found = VALUES.get(keys(v)) if cache else None
         if found is not None:
@@ -110,6 +109,7 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
             info.reused += 1
         else:
             todo.append(i)
+    groups = []
     if todo:
         order = toposort(base)
         partners = _Partners()
@@ -117,12 +117,60 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
         group = max(ROWS, (GROUP_BYTES // (3 * max(size, 1))) // ROWS * ROWS)
         for start in range(0, len(todo), group):
             picked = todo[start:start + group]
-            values = _Group(base, order, partners, fdt).run([variants[i] for i in picked], inputs, cache, info)
-            for i, value in zip(picked, values):
-                out[i] = value
-                if cache:
-                    VALUES.put(keys(variants[i]), value)
+            groups.append((picked, _Group(base, order, partners, fdt, [variants[i] for i in picked])))
+        _check_indices(order, [g for _, g in groups], bound, problems)
+        raise_problems(problems)
+    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
+    for i, v in enumerate(variants):
+        if v.hash == base.hash:
+            out[i] = base_value
+    for picked, g in groups:
+        values = g.run(inputs, cache, info)
+        for i, value in zip(picked, values):
+            out[i] = value
+            if cache:
+                VALUES.put(keys(variants[i]), value)
     return base_value, out
+
+
+def _check_indices(order: list, groups: list, bound: dict, problems: list) -> None:
+    """Range-check the int leaves the variants bring (other tokens) that reach a gather through
+    rows: a row runs the base's kernel, which does not check indices, so an index outside the
+    gathered axis must be reported here, as ``evaluate`` reports it, not give NaN.  Given nodes
+    are otherwise checked by ``run_ops`` against the gathers inside them.
+
+    Only the rows on an index path matter: rows of a gather, and rows of the base's nodes that
+    pass an index on to one (``gather_index_ranges`` of the base).  They are put in the base's
+    order (children first) after the given int nodes' own subtrees, and their ranges are found
+    by the same walk ``evaluate``'s binding makes; each distinct leaf is then checked once, from
+    its host copy's cached extent (an Array) or its bound value (a Symbol)."""
+    given = {}
+    for g in groups:
+        for h, node in g.given.items():
+            if is_int(node.dtype):
+                given[h] = node
+    if not given:
+        return
+    from ..io.values import gather_index_ranges
+
+    on_path = gather_index_ranges(order)
+    position = {n.hash: i for i, n in enumerate(order)}
+    rows = {}
+    for g in groups:
+        for (mh, nh), m in g.rows.items():
+            spec = getattr(m, "function", None)
+            if nh in on_path or (spec is not None and spec.index_arg is not None):
+                rows[mh] = (position[nh], m)
+    below = toposort(*given.values())
+    ranges = gather_index_ranges([*below, *(m for _, m in sorted(rows.values(), key=lambda pm: pm[0]))])
+    for node in below:
+        r = ranges.get(node.hash)
+        if r is None or node.children or type(node) not in (Array, Symbol):
+            continue
+        value = bound.get(node.hash) if type(node) is Symbol else None
+        if value is None and (type(node) is Symbol or node.value is None):
+            continue  # unbound, or a placeholder: reported where it is evaluated
+        check_index_values(node, value, r, problems)
 
 
 def _bytes(node: Circuit, fdt: str) -> int:
@@ -133,7 +181,7 @@ def _bytes(node: Circuit, fdt: str) -> int:
 class _Group:
     """One group of variants: aligned with the base, then computed partner by partner."""
 
-    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str):
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list):
         self.base = base
         self.order = order
         self.partners = partners
@@ -142,6 +190,7 @@ class _Group:
         self.by_partner: dict = {}  # partner hash -> [row key], in the order the variants came
         self.given: dict = {}  # variant node hash -> node, evaluated on its own
         self.clean: dict = {}  # base node hash -> node, read unchanged by some row
+        self.reads = [self._align(v) for v in variants]
 
     def _align(self, v: Circuit):
         """The rows and given nodes of variant ``v``; what its value will be read from."""
@@ -169,9 +218,8 @@ class _Group:
                     given[cm.hash] = cm
         return ("row", (v.hash, self.base.hash))
 
-    def run(self, variants: list, inputs, cache: bool, info: RunInfo) -> list:
-        fdt = self.fdt
-        reads = [self._align(v) for v in variants]
+    def run(self, inputs, cache: bool, info: RunInfo) -> list:
+        fdt, reads = self.fdt, self.reads
         leaves = [*self.clean.values(), *self.given.values()]
         known: dict = {}
         if leaves:

@@ -123,3 +123,47 @@ def test_rows_that_differ_only_in_name():
     vs = [C.traversal.replace(y, {inner: C.Einsum.from_spec("a,->a", x, C.Scalar(3.0), name=f"inner_{k}")})
           for k in range(3)]
     _check(y, vs, {"x_names": np.ones(3, np.float32)})
+
+
+def _small_gpt2():
+    from circuits.models import gpt2
+    from circuits.models.gpt2 import random_gpt2_weights
+
+    cfg = dict(n_embd=16, n_head=4, n_layer=2, vocab_size=31, n_positions=16, activation_function="gelu_new")
+    toks = np.random.default_rng(4).integers(0, 31, 9)
+    return gpt2(cfg, random_gpt2_weights(cfg), toks, loss=True, split_heads=True), toks
+
+
+@pytest.mark.parametrize("bad_value", [31, -40])
+def test_tokens_outside_the_vocabulary_in_rows_are_refused_as_evaluate_refuses_them(shipped, bad_value):
+    """A variant's own tokens reach a gather through rows of the base's kernels (which do not
+    check indices): they are range-checked once per distinct token array, before anything runs,
+    with the error ``evaluate`` gives.  An Array reaching the gather through an Index (the shipped
+    model), and a Symbol's bound tokens reaching GPT-2's embedding gather directly."""
+    from circuits.interp import ablate, patch
+
+    c, toks = _small_gpt2()
+    bad = toks.copy()
+    bad[2] = bad_value
+    tokens = c.get_unique("tokens")
+    sym = C.Symbol(tokens.shape, name="bad_toks_variants", dtype=tokens.dtype)
+    good = [patch(c, f"h{l}.attn.head{h}", {"tokens": toks[::-1].copy()}) for l in range(2) for h in range(2)]
+    shipped_toks = shipped.get_unique("toks_int_var")
+    shipped_bad = np.asarray(shipped_toks.value).copy()
+    shipped_bad[5] = 64 + 1 if bad_value > 0 else bad_value
+    shipped_good = [ablate(shipped, f"b1.a.head{h}") for h in range(3)]
+    cases = [
+        (c, good, patch(c, "h0.attn.head1", {"tokens": sym}), {"bad_toks_variants": bad}),
+        (shipped, shipped_good, C.traversal.replace(shipped, {shipped_toks: Array(shipped_bad.astype(
+            shipped_toks.dtype), name=shipped_toks.name)}), None),
+    ]
+    for base, fine, variant, inputs in cases:
+        with pytest.raises(C.EvaluationError, match="holds index .*, outside") as evaluated:
+            evaluate(variant, inputs, mode="eager", cache=False)  # the op-by-op tier, as the rows
+        before = RunInfo()
+        with pytest.raises(C.EvaluationError, match="holds index .*, outside") as swept:
+            run_variants(base, [*fine, variant, *fine], inputs, "float32", cache=False, info=before)
+        assert before.computed == 0  # refused before anything ran
+        assert str(evaluated.value).splitlines()[1:] == str(swept.value).splitlines()[1:]
+    # in range, the same variants run (a patch from the clean tokens' Symbol equals the base)
+    _check(c, [*good, patch(c, "h0.attn.head1", {"tokens": sym})], {"bad_toks_variants": toks}, rtol=1e-4, atol=1e-5)
