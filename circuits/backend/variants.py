@@ -255,9 +255,12 @@ class _Group:
                 continue
             chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))
             chunk = 1 << (chunk.bit_length() - 1)  # a power of two
+            # A node with more rows than one chunk pads its last chunk to a full one: one kernel
+            # (one compilation) serves all its chunks, and its chunks line up with its parents'.
+            full = len(row_keys) > chunk
             for start in range(0, len(row_keys), chunk):
                 part = row_keys[start:start + chunk]
-                size = min(chunk, _pow2_at_least(len(part)))
+                size = chunk if full else min(chunk, _pow2_at_least(len(part)))
                 args, axes = [], []
                 for i in range(len(n.children)):
                     arg, axis = self._assemble(part, size, i, n, loc, known)
