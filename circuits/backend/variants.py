@@ -67,6 +67,26 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
+_SLOTS: dict = {}
+
+
+def _payload_slots(t: type):
+    """The payload fields of node type ``t`` (its own slots and those of its bases below
+    ``Circuit``), None when some of them live in a ``__dict__``."""
+    found = _SLOTS.get(t, False)
+    if found is False:
+        names: list = []
+        for k in t.__mro__:
+            if k is Circuit:
+                break
+            if "__slots__" not in k.__dict__:
+                names = None
+                break
+            names.extend(a for a in k.__dict__["__slots__"] if a != "__weakref__")
+        found = _SLOTS[t] = None if names is None else tuple(names)
+    return found
+
+
 class _Partners:
     """``node_key_part`` of base nodes, computed once each (a variant node is compared with it)."""
 
@@ -81,6 +101,13 @@ class _Partners:
         for a, b in zip(n.children, m.children):
             if a.shape != b.shape:
                 return False
+        slots = _payload_slots(type(n))
+        if slots is not None:
+            for a in slots:
+                if getattr(m, a) is not getattr(n, a):
+                    break
+            else:  # the very payload (a rebuilt node copies its partner's): the same operation
+                return True
         k = self.keys.get(n.hash)
         if k is None:
             k = self.keys[n.hash] = node_key_part(n)
