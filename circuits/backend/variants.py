@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..dtypes import is_float, is_int
-from ..nodes import Array, Circuit, SetSymbolicShape, Symbol, Tag
+from ..nodes import Array, Circuit, Index, SetSymbolicShape, Symbol, Tag
 from ..traversal import toposort
 from .binding import check_index_values
 from .incremental import VALUES, CacheKeys, RunInfo, bind_symbols, cached_kernel, kernel, prepared, run_ops
@@ -299,7 +299,11 @@ class _Group:
                     for key in part:
                         loc[key] = (value, None)
                     continue
-                value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
+                at = _int_entries(n)
+                if at is not None:  # an Index picking a head: the head is an argument, not code
+                    value = _rows_index_kernel(n, fdt, tuple(axes), size)(args[0], at)
+                else:
+                    value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
                 for r, key in enumerate(part):
                     loc[key] = (value, r)
             for h in drop.get(j, ()):
@@ -372,6 +376,46 @@ def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
         import jax
 
         return jax.vmap(build_op(node, fdt), in_axes=axes)
+
+    return cached_kernel(key, make)
+
+
+def _int_entries(node: Circuit):
+    """An Index of ints and slices, with at least one int: its ints (made non-negative) as an
+    int32 array; None for any other node."""
+    if type(node) is not Index:
+        return None
+    shape = node.children[0].shape
+    ints = []
+    for axis, e in enumerate(node.index):
+        if type(e) is int:
+            ints.append(e % shape[axis])
+        elif type(e) is not slice:
+            return None
+    return np.asarray(ints, np.int32) if ints else None
+
+
+def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+    """``node``'s Index over ``size`` rows with its int entries given as an argument: the Index
+    ``[h]`` of every head ``h`` of a layer is one kernel, not one each (slices stay static)."""
+    entries = node.index
+    pattern = tuple(None if type(e) is int else (e.start, e.stop, e.step) for e in entries)
+    key = ("rows-index", pattern, node.children[0].shape, str(node.dtype), fdt, axes, size)
+
+    def make():
+        import jax
+        import jax.lax as lax
+
+        static = tuple(slice(None) if type(e) is int else e for e in entries)
+        int_axes = tuple(a for a, e in enumerate(entries) if type(e) is int)
+
+        def index(x, at):
+            x = x[static]  # the slices (int axes kept whole, so no axis moves)
+            for k in reversed(range(len(int_axes))):
+                x = lax.dynamic_index_in_dim(x, at[k], int_axes[k], keepdims=False)
+            return x
+
+        return jax.vmap(index, in_axes=(axes[0], None))
 
     return cached_kernel(key, make)
 

@@ -167,3 +167,27 @@ def test_tokens_outside_the_vocabulary_in_rows_are_refused_as_evaluate_refuses_t
         assert str(evaluated.value).splitlines()[1:] == str(swept.value).splitlines()[1:]
     # in range, the same variants run (a patch from the clean tokens' Symbol equals the base)
     _check(c, [*good, patch(c, "h0.attn.head1", {"tokens": sym})], {"bad_toks_variants": toks}, rtol=1e-4, atol=1e-5)
+
+
+def test_index_rows_take_their_ints_as_arguments():
+    """Rows of Index nodes of ints and slices (a head picked from a layer's heads) run through one
+    kernel per slice pattern, the ints passed in: negative ints, reversed and strided slices, ints
+    on several axes; each value equals its own evaluation."""
+    from circuits.backend import incremental
+
+    x = C.Symbol((4, 5, 6), name="x_index_rows")
+    scale = C.Scalar(2.0)
+    y = C.Einsum.from_spec("abc,->abc", x, scale, name="y")
+    picks = [C.Index(y, (h, slice(None, None, -2)), name=f"pick{h}") for h in (0, 1, -1)]
+    picks += [C.Index(y, (slice(1, 3), h, k), name=f"two{h}{k}") for h, k in ((0, 5), (-2, -6))]
+    base = C.Add(*[C.Einsum.from_spec("".join("abc"[:p.ndim]) + "->", p) for p in picks], name="total")
+    vs = [C.traversal.replace(base, {scale: C.Scalar(float(k))}) for k in range(3, 8)]
+    inputs = {"x_index_rows": np.random.default_rng(5).normal(size=(4, 5, 6)).astype(np.float32)}
+    before = incremental.kernel_info()["kernel_misses"]
+    _check(base, vs, inputs)
+    made = incremental.kernel_info()["kernel_misses"] - before
+    _check(base, vs + [C.traversal.replace(base, {y: C.Array(np.ones((4, 5, 6), np.float32))})], inputs)
+    assert made > 0
+    # the three [h, ::-2] picks share one row kernel, the two [1:3, h, k] picks another
+    keys = [k for k in incremental._kernels if k[0] == "rows-index" and k[2] == (4, 5, 6)]
+    assert {k[1] for k in keys} == {(None, (None, None, -2)), ((1, 3, None), None, None)}
