@@ -34,6 +34,7 @@ is cached is not computed again.
 
 from __future__ import annotations
 
+import collections
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -151,8 +152,14 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     for i, v in enumerate(variants):
         if v.hash == base.hash:
             out[i] = base_value
+    # Rows that several groups share (the corrupted run every patch reads) are computed once.
+    keep = frozenset()
+    if len(groups) > 1:
+        seen = collections.Counter(k for _, g in groups for k in g.rows)
+        keep = frozenset(k for k, count in seen.items() if count > 1)
+    shared: dict = {}
     for picked, g in groups:
-        values = g.run(inputs, cache, info)
+        values = g.run(inputs, cache, info, keep, shared)
         for i, value in zip(picked, values):
             out[i] = value
             if cache:
@@ -245,7 +252,10 @@ class _Group:
                     given[cm.hash] = cm
         return ("row", (v.hash, self.base.hash))
 
-    def run(self, inputs, cache: bool, info: RunInfo) -> list:
+    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None) -> list:
+        """The variants' values.  A single row whose key is in ``keep`` (read by a later group
+        too) is kept in ``shared``, and one found there is not computed again."""
+        shared = shared if shared is not None else {}
         fdt, reads = self.fdt, self.reads
         leaves = [*self.clean.values(), *self.given.values()]
         known: dict = {}
@@ -273,11 +283,17 @@ class _Group:
                 continue
             if len(row_keys) == 1:
                 key = row_keys[0]
+                found = shared.get(key)
+                if found is not None:  # computed by an earlier group (e.g. the corrupted run)
+                    loc[key] = (found, None)
+                    continue
                 args = []
                 for i in range(len(n.children)):
                     array, r = self._source(key, i, n, loc, known)
                     args.append(array if r is None else _pick(array, r))
                 loc[key] = (kernel(n, fdt)(*args), None)
+                if key in keep:
+                    shared[key] = loc[key][0]
                 computed += 1
                 continue
             chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))

@@ -191,3 +191,25 @@ def test_index_rows_take_their_ints_as_arguments():
     # the three [h, ::-2] picks share one row kernel, the two [1:3, h, k] picks another
     keys = [k for k in incremental._kernels if k[0] == "rows-index" and k[2] == (4, 5, 6)]
     assert {k[1] for k in keys} == {(None, (None, None, -2)), ((1, 3, None), None, None)}
+
+
+def test_groups_compute_the_rows_they_share_once(shipped, monkeypatch):
+    """Path patches in many small groups: the corrupted run of the sender, a single row read by
+    every group, is computed by the first group only (fewer kernel calls than the groups run one
+    by one), and every value is still the variant's own."""
+    from circuits.interp import path_patch
+
+    corrupt = np.random.default_rng(2).integers(1, 64, 34)
+    vs = [path_patch(shipped, "b0.a.head2", f"b1.a.head{h}.a.{r}", {"toks_int_var": corrupt})
+          for h in range(4) for r in "qkv"]
+    monkeypatch.setattr(variants, "GROUP_BYTES", 1)
+    monkeypatch.setattr(variants, "ROWS", 2)  # groups of two variants
+    together = _check(shipped, vs)
+    base = RunInfo()
+    run_variants(shipped, [], None, "float32", cache=False, info=base)
+    alone = base.computed
+    for k in range(0, len(vs), 2):
+        info = RunInfo()
+        run_variants(shipped, vs[k:k + 2], None, "float32", cache=False, info=info)
+        alone += info.computed - base.computed  # each run computes the base too
+    assert together.computed < alone
