@@ -34,13 +34,15 @@ is cached is not computed again.
 
 from __future__ import annotations
 
+import collections
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import is_float
-from ..nodes import Circuit, SetSymbolicShape, Tag
+from ..dtypes import is_float, is_int
+from ..nodes import Array, Circuit, Index, SetSymbolicShape, Symbol, Tag
 from ..traversal import toposort
+from .binding import check_index_values
 from .incremental import VALUES, CacheKeys, RunInfo, bind_symbols, cached_kernel, kernel, prepared, run_ops
 from .ops import build_op
 from .program import node_key_part
@@ -66,6 +68,26 @@ def _pow2_at_least(n: int) -> int:
     return p
 
 
+_SLOTS: dict = {}
+
+
+def _payload_slots(t: type):
+    """The payload fields of node type ``t`` (its own slots and those of its bases below
+    ``Circuit``), None when some of them live in a ``__dict__``."""
+    found = _SLOTS.get(t, False)
+    if found is False:
+        names: list = []
+        for k in t.__mro__:
+            if k is Circuit:
+                break
+            if "__slots__" not in k.__dict__:
+                names = None
+                break
+            names.extend(a for a in k.__dict__["__slots__"] if a != "__weakref__")
+        found = _SLOTS[t] = None if names is None else tuple(names)
+    return found
+
+
 class _Partners:
     """``node_key_part`` of base nodes, computed once each (a variant node is compared with it)."""
 
@@ -80,6 +102,13 @@ class _Partners:
         for a, b in zip(n.children, m.children):
             if a.shape != b.shape:
                 return False
+        slots = _payload_slots(type(n))
+        if slots is not None:
+            for a in slots:
+                if getattr(m, a) is not getattr(n, a):
+                    break
+            else:  # the very payload (a rebuilt node copies its partner's): the same operation
+                return True
         k = self.keys.get(n.hash)
         if k is None:
             k = self.keys[n.hash] = node_key_part(n)
@@ -94,15 +123,13 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     roots, free = prepared([base, *variants])
     base, variants = roots[0], roots[1:]
     problems: list[str] = []
-    _, fps = bind_symbols(free, inputs, fdt, problems)
+    bound, fps = bind_symbols(free, inputs, fdt, problems)
     raise_problems(problems)
-    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
     keys = CacheKeys(fdt, fps)
     out: list = [None] * len(variants)
     todo = []
     for i, v in enumerate(variants):
         if v.hash == base.hash:
-            out[i] = base_value
             continue
         found = VALUES.get(keys(v)) if cache else None
         if found is not None:
@@ -110,6 +137,7 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
             info.reused += 1
         else:
             todo.append(i)
+    groups = []
     if todo:
         order = toposort(base)
         partners = _Partners()
@@ -117,12 +145,66 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
         group = max(ROWS, (GROUP_BYTES // (3 * max(size, 1))) // ROWS * ROWS)
         for start in range(0, len(todo), group):
             picked = todo[start:start + group]
-            values = _Group(base, order, partners, fdt).run([variants[i] for i in picked], inputs, cache, info)
-            for i, value in zip(picked, values):
-                out[i] = value
-                if cache:
-                    VALUES.put(keys(variants[i]), value)
+            groups.append((picked, _Group(base, order, partners, fdt, [variants[i] for i in picked])))
+        _check_indices(order, [g for _, g in groups], bound, problems)
+        raise_problems(problems)
+    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
+    for i, v in enumerate(variants):
+        if v.hash == base.hash:
+            out[i] = base_value
+    # Rows that several groups share (the corrupted run every patch reads) are computed once.
+    keep = frozenset()
+    if len(groups) > 1:
+        seen = collections.Counter(k for _, g in groups for k in g.rows)
+        keep = frozenset(k for k, count in seen.items() if count > 1)
+    shared: dict = {}
+    for picked, g in groups:
+        values = g.run(inputs, cache, info, keep, shared)
+        for i, value in zip(picked, values):
+            out[i] = value
+            if cache:
+                VALUES.put(keys(variants[i]), value)
     return base_value, out
+
+
+def _check_indices(order: list, groups: list, bound: dict, problems: list) -> None:
+    """Range-check the int leaves the variants bring (other tokens) that reach a gather through
+    rows: a row runs the base's kernel, which does not check indices, so an index outside the
+    gathered axis must be reported here, as ``evaluate`` reports it, not give NaN.  Given nodes
+    are otherwise checked by ``run_ops`` against the gathers inside them.
+
+    Only the rows on an index path matter: rows of a gather, and rows of the base's nodes that
+    pass an index on to one (``gather_index_ranges`` of the base).  They are put in the base's
+    order (children first) after the given int nodes' own subtrees, and their ranges are found
+    by the same walk ``evaluate``'s binding makes; each distinct leaf is then checked once, from
+    its host copy's cached extent (an Array) or its bound value (a Symbol)."""
+    given = {}
+    for g in groups:
+        for h, node in g.given.items():
+            if is_int(node.dtype):
+                given[h] = node
+    if not given:
+        return
+    from ..io.values import gather_index_ranges
+
+    on_path = gather_index_ranges(order)
+    position = {n.hash: i for i, n in enumerate(order)}
+    rows = {}
+    for g in groups:
+        for (mh, nh), m in g.rows.items():
+            spec = getattr(m, "function", None)
+            if nh in on_path or (spec is not None and spec.index_arg is not None):
+                rows[mh] = (position[nh], m)
+    below = toposort(*given.values())
+    ranges = gather_index_ranges([*below, *(m for _, m in sorted(rows.values(), key=lambda pm: pm[0]))])
+    for node in below:
+        r = ranges.get(node.hash)
+        if r is None or node.children or type(node) not in (Array, Symbol):
+            continue
+        value = bound.get(node.hash) if type(node) is Symbol else None
+        if value is None and (type(node) is Symbol or node.value is None):
+            continue  # unbound, or a placeholder: reported where it is evaluated
+        check_index_values(node, value, r, problems)
 
 
 def _bytes(node: Circuit, fdt: str) -> int:
@@ -133,7 +215,7 @@ def _bytes(node: Circuit, fdt: str) -> int:
 class _Group:
     """One group of variants: aligned with the base, then computed partner by partner."""
 
-    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str):
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list):
         self.base = base
         self.order = order
         self.partners = partners
@@ -142,6 +224,7 @@ class _Group:
         self.by_partner: dict = {}  # partner hash -> [row key], in the order the variants came
         self.given: dict = {}  # variant node hash -> node, evaluated on its own
         self.clean: dict = {}  # base node hash -> node, read unchanged by some row
+        self.reads = [self._align(v) for v in variants]
 
     def _align(self, v: Circuit):
         """The rows and given nodes of variant ``v``; what its value will be read from."""
@@ -169,9 +252,11 @@ class _Group:
                     given[cm.hash] = cm
         return ("row", (v.hash, self.base.hash))
 
-    def run(self, variants: list, inputs, cache: bool, info: RunInfo) -> list:
-        fdt = self.fdt
-        reads = [self._align(v) for v in variants]
+    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None) -> list:
+        """The variants' values.  A single row whose key is in ``keep`` (read by a later group
+        too) is kept in ``shared``, and one found there is not computed again."""
+        shared = shared if shared is not None else {}
+        fdt, reads = self.fdt, self.reads
         leaves = [*self.clean.values(), *self.given.values()]
         known: dict = {}
         if leaves:
@@ -198,18 +283,27 @@ class _Group:
                 continue
             if len(row_keys) == 1:
                 key = row_keys[0]
+                found = shared.get(key)
+                if found is not None:  # computed by an earlier group (e.g. the corrupted run)
+                    loc[key] = (found, None)
+                    continue
                 args = []
                 for i in range(len(n.children)):
                     array, r = self._source(key, i, n, loc, known)
                     args.append(array if r is None else _pick(array, r))
                 loc[key] = (kernel(n, fdt)(*args), None)
+                if key in keep:
+                    shared[key] = loc[key][0]
                 computed += 1
                 continue
             chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))
             chunk = 1 << (chunk.bit_length() - 1)  # a power of two
+            # A node with more rows than one chunk pads its last chunk to a full one: one kernel
+            # (one compilation) serves all its chunks, and its chunks line up with its parents'.
+            full = len(row_keys) > chunk
             for start in range(0, len(row_keys), chunk):
                 part = row_keys[start:start + chunk]
-                size = min(chunk, _pow2_at_least(len(part)))
+                size = chunk if full else min(chunk, _pow2_at_least(len(part)))
                 args, axes = [], []
                 for i in range(len(n.children)):
                     arg, axis = self._assemble(part, size, i, n, loc, known)
@@ -221,7 +315,11 @@ class _Group:
                     for key in part:
                         loc[key] = (value, None)
                     continue
-                value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
+                at = _int_entries(n)
+                if at is not None:  # an Index picking a head: the head is an argument, not code
+                    value = _rows_index_kernel(n, fdt, tuple(axes), size)(args[0], at)
+                else:
+                    value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
                 for r, key in enumerate(part):
                     loc[key] = (value, r)
             for h in drop.get(j, ()):
@@ -294,6 +392,46 @@ def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
         import jax
 
         return jax.vmap(build_op(node, fdt), in_axes=axes)
+
+    return cached_kernel(key, make)
+
+
+def _int_entries(node: Circuit):
+    """An Index of ints and slices, with at least one int: its ints (made non-negative) as an
+    int32 array; None for any other node."""
+    if type(node) is not Index:
+        return None
+    shape = node.children[0].shape
+    ints = []
+    for axis, e in enumerate(node.index):
+        if type(e) is int:
+            ints.append(e % shape[axis])
+        elif type(e) is not slice:
+            return None
+    return np.asarray(ints, np.int32) if ints else None
+
+
+def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+    """``node``'s Index over ``size`` rows with its int entries given as an argument: the Index
+    ``[h]`` of every head ``h`` of a layer is one kernel, not one each (slices stay static)."""
+    entries = node.index
+    pattern = tuple(None if type(e) is int else (e.start, e.stop, e.step) for e in entries)
+    key = ("rows-index", pattern, node.children[0].shape, str(node.dtype), fdt, axes, size)
+
+    def make():
+        import jax
+        import jax.lax as lax
+
+        static = tuple(slice(None) if type(e) is int else e for e in entries)
+        int_axes = tuple(a for a, e in enumerate(entries) if type(e) is int)
+
+        def index(x, at):
+            x = x[static]  # the slices (int axes kept whole, so no axis moves)
+            for k in reversed(range(len(int_axes))):
+                x = lax.dynamic_index_in_dim(x, at[k], int_axes[k], keepdims=False)
+            return x
+
+        return jax.vmap(index, in_axes=(axes[0], None))
 
     return cached_kernel(key, make)
 

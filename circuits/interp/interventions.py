@@ -38,8 +38,8 @@ import numpy as np
 from ..errors import CircuitError
 from ..nodes import Array, Circuit, Symbol
 from ..select import as_matcher
-from ..traversal import replace, toposort
-from .sites import copy_with, one_root, resolve_inputs, resolve_site, resolve_sites
+from ..traversal import toposort
+from .sites import copy_with, one_root, replace_within, resolve_inputs, resolve_site, resolve_sites
 
 __all__ = ["ablate", "patch", "path_patch", "source_copies"]
 
@@ -90,7 +90,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
             values = [v[r] for v, r in zip(batched, rows)]
     table = {node: Array(np.asarray(v).astype(np.dtype(node.dtype)), name=label + SUFFIX[kind])
              for (label, node), v in zip(resolved, values)}
-    return replace(circuit, table)
+    return replace_within(circuit, table)
 
 
 def _values_over_batch(circuit, resolved, data, dtype, batch_size, mode) -> list[np.ndarray]:
@@ -133,7 +133,7 @@ def source_copies(circuit: Circuit, nodes: list[tuple[str, Circuit]], source: Ma
     inputs = resolve_inputs(circuit, source, "source")
     table = {h: v if isinstance(v, Circuit) else Array(v, name=f"{node.name if node.name is not None else 'input'}.source")
              for h, (node, v) in inputs.items()}
-    copies = copy_with([n for _, n in nodes], table, ".source")
+    copies = copy_with([n for _, n in nodes], table, ".source", within=circuit)
     for label, node in nodes:
         if copies[node.hash] is node:
             raise CircuitError(
@@ -170,7 +170,7 @@ def patch(circuit: Circuit, sites, source: Mapping) -> Circuit:
     """
     resolved = resolve_sites(circuit, sites)
     copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "patch")
-    return replace(circuit, {node: copies[node.hash] for _, node in resolved})
+    return replace_within(circuit, {node: copies[node.hash] for _, node in resolved})
 
 
 def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=None) -> Circuit:
@@ -220,4 +220,4 @@ def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=N
                 f"path_patch: receiver {label!r} ({node.line()}) does not depend on the sender "
                 f"{send.line()}{through}; a receiver must be downstream of the sender"
             )
-    return replace(circuit, {node: copies[node.hash] for _, node in resolved})
+    return replace_within(circuit, {node: copies[node.hash] for _, node in resolved})

@@ -26,7 +26,10 @@ what does not depend on them is shared, unchanged, with the original.
 
 from __future__ import annotations
 
+import collections
 import difflib
+import threading
+import weakref
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -34,10 +37,12 @@ import numpy as np
 from ..dtypes import is_float, is_int
 from ..errors import CircuitError, SelectionError, ShapeError
 from ..nodes import Add, Array, Circuit, Einsum, Symbol
+from ..nodes.base import bulk_build
 from ..select import Matcher, Name, as_matcher, get_unique
-from ..traversal import toposort
+from ..traversal import replace, toposort
 
-__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "paired_root", "batched_sources"]
+__all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "paired_root",
+           "batched_sources", "walk", "replace_within"]
 
 
 def site_label(node: Circuit, given=None) -> str:
@@ -50,11 +55,15 @@ def site_label(node: Circuit, given=None) -> str:
 def resolve_site(circuit: Circuit, site, what: str = "site") -> Circuit:
     """The one node of ``circuit`` that ``site`` (a name, matcher or node) names."""
     if isinstance(site, Circuit):
-        if not any(n is site or n.hash == site.hash for n in toposort(circuit)):
+        if not walk(circuit).has(site):
             raise SelectionError(f"{what} {site.line()} is not a node of the circuit rooted at {circuit.line()}")
         return site
     if not isinstance(site, (str, Matcher)):
         raise SelectionError(f"{what} {site!r}: give a node name, a matcher (circuits.select) or a node")
+    if isinstance(site, str):
+        hits = walk(circuit).named(circuit, site)
+        if len(hits) == 1:
+            return hits[0]
     matcher = Name(site) if isinstance(site, str) else as_matcher(site)
     try:
         return get_unique(circuit, matcher)
@@ -72,28 +81,104 @@ def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str
     items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
     if not items:
         raise SelectionError(f"no {what} given: pass a name, a matcher, a node, or a list of them")
-    if len(items) == 1:
-        return [(site_label(node, items[0]), node) for node in [resolve_site(circuit, items[0], what)]]
-    # Many sites (every head of a model): one walk of the circuit for all the names and nodes;
-    # a name that does not name exactly one node goes through resolve_site for its error.
-    by_name: dict = {}
-    present: set = set()
-    for n in toposort(circuit):
-        present.add(n.hash)
-        if n.name is not None:
-            by_name.setdefault(n.name, []).append(n)
     out = []
     for s in items:
-        found = None
-        if isinstance(s, str):
-            hits = by_name.get(s, ())
-            found = hits[0] if len(hits) == 1 else None
-        elif isinstance(s, Circuit) and s.hash in present:
-            found = s
-        if found is None:
-            found = resolve_site(circuit, s, what)
+        found = resolve_site(circuit, s, what)
         out.append((site_label(found, s), found))
     return out
+
+
+class Walk:
+    """What one walk of a circuit tells the interventions (its nodes in toposort order, by name,
+    its inputs), made once per circuit and kept while the circuit lives (``walk``): patching
+    every head of a model resolves 144 sites and inputs, and rebuilds 144 sets of ancestors,
+    without walking the circuit 144 times.  The circuit itself is not held (it is the last node
+    of its order): ``order(circuit)`` gives it back."""
+
+    __slots__ = ("below", "position", "names", "leaves", "__weakref__")
+
+    def __init__(self, circuit: Circuit):
+        order = toposort(circuit)
+        self.below = order[:-1]  # the root is last; kept out so the walk does not keep it alive
+        self.position = {n.hash: i for i, n in enumerate(order)}
+        names: dict = {}
+        for n in order:
+            if n.name is not None:
+                names.setdefault(n.name, []).append(n.hash)
+        self.names = names
+        self.leaves = [n for n in self.below if isinstance(n, (Array, Symbol))]
+
+    def order(self, circuit: Circuit) -> list[Circuit]:
+        return [*self.below, circuit]
+
+    def has(self, node: Circuit) -> bool:
+        return node.hash in self.position
+
+    def named(self, circuit: Circuit, name: str) -> list[Circuit]:
+        """The nodes named ``name``."""
+        order = self.below
+        return [order[self.position[h]] if h != circuit.hash else circuit for h in self.names.get(name, ())]
+
+    def inputs(self, circuit: Circuit) -> list[Circuit]:
+        """The Arrays and Symbols (the root too when it is one)."""
+        return self.leaves + ([circuit] if isinstance(circuit, (Array, Symbol)) else [])
+
+
+_WALKS: "weakref.WeakKeyDictionary[Circuit, Walk]" = weakref.WeakKeyDictionary()
+_walks_lock = threading.Lock()
+
+
+def walk(circuit: Circuit) -> Walk:
+    """The ``Walk`` of ``circuit`` (made on first use, kept while the circuit lives).
+
+    >>> import numpy as np
+    >>> from circuits import Array, Add
+    >>> x = Array(np.ones(2, np.float32), name='x')
+    >>> c = Add(x, x, name='y')
+    >>> [n.name for n in walk(c).leaves], walk(c) is walk(c)
+    (['x'], True)
+    """
+    found = _WALKS.get(circuit)
+    if found is None:
+        found = Walk(circuit)
+        with _walks_lock:
+            found = _WALKS.setdefault(circuit, found)
+    return found
+
+
+def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
+    """``circuits.traversal.replace(circuit, mapping)`` over the circuit's kept ``walk``: only
+    the nodes after the first replaced one in its order are looked at, and only those over a
+    changed child are rebuilt (a patch of a late layer's head rebuilds the few nodes above it).
+
+    >>> import numpy as np
+    >>> from circuits import Array, Add
+    >>> x, z = Array(np.ones(2, np.float32), name='x'), Array(np.zeros(2, np.float32), name='z')
+    >>> c = Add(Add(x, x, name='xx'), x, name='y')
+    >>> replace_within(c, {c.get_unique('xx'): z}).to_text() == replace(c, {c.get_unique('xx'): z}).to_text()
+    True
+    """
+    table = {k.hash: v for k, v in mapping.items()}
+    if not table:
+        return circuit
+    w = walk(circuit)
+    if any(h not in w.position for h in table):
+        return replace(circuit, mapping)
+    order = w.order(circuit)
+    changed: dict[bytes, Circuit] = {}
+    with bulk_build():  # hundreds of nodes built and kept: the collector's passes would double the time
+        for i in range(min(w.position[h] for h in table), len(order)):
+            node = order[i]
+            h = node.hash
+            if h in table:
+                changed[h] = table[h]
+                continue
+            kids = node.children
+            for c in kids:
+                if c.hash in changed:
+                    changed[h] = node.with_children(tuple(changed.get(k.hash, k) for k in kids))
+                    break
+    return changed.get(circuit.hash, circuit)
 
 
 def _spell(site) -> str:
@@ -140,7 +225,7 @@ def resolve_inputs(circuit: Circuit, values: Mapping, what: str, *, batched: boo
     may also be a node of the input's shape and dtype (a Symbol for a batch of sources)."""
     if not isinstance(values, Mapping) or not values:
         raise CircuitError(f"{what}: give a mapping from input names (Arrays or Symbols) to values, got {values!r}")
-    leaves = [n for n in toposort(circuit) if isinstance(n, (Array, Symbol))]
+    leaves = walk(circuit).inputs(circuit)
     out: dict[bytes, tuple[Circuit, np.ndarray]] = {}
     for key, value in values.items():
         node = _find_input(leaves, key, what, circuit)
@@ -202,25 +287,73 @@ def _find_input(leaves: list[Circuit], key, what: str, circuit: Circuit) -> Circ
 
 
 def copy_with(roots: Iterable[Circuit], table: Mapping[bytes, Circuit], suffix: str, *,
-              keep: Callable[[Circuit], bool] | None = None) -> dict[bytes, Circuit]:
+              keep: Callable[[Circuit], bool] | None = None, within: Circuit | None = None) -> dict[bytes, Circuit]:
     """Rebuild ``roots`` over replacements (``{node hash: new node}``): every node that depends on
     a replaced node is rebuilt and, if named, renamed ``name + suffix``; the rest is returned
     as is (shared with the original).  ``keep(node)`` true stops the copy there: that node keeps
-    its own value (a frozen node).  Returns ``{original hash: copy}`` for every node visited."""
+    its own value (a frozen node).  Returns ``{original hash: copy}`` for every node visited.
+
+    ``within`` (the circuit the roots belong to; not with ``keep``) remembers the copies made
+    for this table and suffix while that circuit lives, so copying site after site from one
+    source (patching every head of a model) copies each node once: a later call stops at the
+    nodes copied before (their subtrees are not visited again) and returns them too.
+
+    >>> import numpy as np
+    >>> from circuits import Array, Einsum
+    >>> x = Array(np.ones(2, np.float32), name='x')
+    >>> sq, cube = Einsum.from_spec('a,a->a', x, x, name='sq'), Einsum.from_spec('a,a,a->a', x, x, x, name='cube')
+    >>> table = {x.hash: Array(np.zeros(2, np.float32), name='x.source')}
+    >>> first = copy_with([sq], table, '.source', within=cube)[sq.hash]
+    >>> copy_with([sq], table, '.source', within=cube)[sq.hash] is first, first.name
+    (True, 'sq.source')
+    """
+    memo = _remembered(within, table, suffix) if within is not None and keep is None else None
     new: dict[bytes, Circuit] = {}
-    for node in toposort(*roots, stop=lambda n: n.hash in table or (keep is not None and keep(n))):
-        h = node.hash
-        if h in table:
-            new[h] = table[h]
-        elif not node.children or (keep is not None and keep(node)):
-            new[h] = node
-        else:
-            kids = tuple(new[c.hash] for c in node.children)
-            if all(a is b for a, b in zip(kids, node.children)):
+    if memo is None:
+        stop = lambda n: n.hash in table or (keep is not None and keep(n))  # noqa: E731
+    else:
+        stop = lambda n: n.hash in table or n.hash in memo  # noqa: E731
+    with bulk_build():
+        for node in toposort(*roots, stop=stop):
+            h = node.hash
+            if h in table:
+                new[h] = table[h]
+            elif memo is not None and h in memo:
+                new[h] = memo[h]
+            elif not node.children or (keep is not None and keep(node)):
                 new[h] = node
-            else:  # rebuilt and renamed in one step
-                new[h] = node.with_children(kids, node.name + suffix if node.name is not None else None)
+            else:
+                kids = tuple(new[c.hash] for c in node.children)
+                if all(a is b for a, b in zip(kids, node.children)):
+                    new[h] = node
+                else:  # rebuilt and renamed in one step
+                    new[h] = node.with_children(kids, node.name + suffix if node.name is not None else None)
+    if memo is not None:
+        memo.update(new)
     return new
+
+
+# Copies remembered per circuit (weakly: they go with it) and per (suffix, table): a few tables
+# each, the most recently used kept.
+_REMEMBERED: "weakref.WeakKeyDictionary[Circuit, collections.OrderedDict]" = weakref.WeakKeyDictionary()
+_REMEMBERED_TABLES = 4
+_remembered_lock = threading.Lock()
+
+
+def _remembered(circuit: Circuit, table: Mapping[bytes, Circuit], suffix: str) -> dict:
+    key = (suffix, tuple(sorted((h, v.hash) for h, v in table.items())))
+    with _remembered_lock:
+        tables = _REMEMBERED.get(circuit)
+        if tables is None:
+            tables = _REMEMBERED[circuit] = collections.OrderedDict()
+        memo = tables.get(key)
+        if memo is None:
+            memo = tables[key] = {}
+            while len(tables) > _REMEMBERED_TABLES:
+                tables.popitem(last=False)
+        else:
+            tables.move_to_end(key)
+        return memo
 
 
 def one_root(nodes: list[Circuit]) -> Circuit:

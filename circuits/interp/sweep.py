@@ -55,7 +55,6 @@ from typing import Callable, Mapping
 import numpy as np
 
 from ..backend import Lowered, RunInfo, check_mode, float_dtype, has_batch_axis, precision, run_variants
-from ..dtypes import is_int
 from ..errors import CircuitError, printable
 from ..nodes import Add, Array, Circuit, Scalar, Symbol
 from ..text.html import escape
@@ -471,23 +470,9 @@ def _all_compiled(own: dict, batch_size) -> bool:
     return all(lowered.is_compiled() for lowered in programs.values())
 
 
-def _check_own_indices(circuit, variants, inputs, fdt) -> None:
-    """Variants that bring int leaves of their own (other tokens) are bound through the backend's
-    binder, as one program of them all, before the op-by-op tier runs them: there their gathers
-    are rows of the base's kernels, which do not check indices, so an index outside a gather's
-    axis must raise here, as ``evaluate`` raises, not give NaN.  Variants without new int leaves
-    (ablations, patches of float values) cost one walk of the nodes they add (about 40 ms for
-    224 ablations and path patches of a 2-layer model; binding them all costs about as much)."""
-    base = {n.hash for n in toposort(circuit)}
-    added = toposort(*variants.values(), stop=lambda n: n.hash in base)
-    if any(type(n) in ARGUMENT_TYPES and is_int(n.dtype) and n.hash not in base for n in added):
-        Lowered(list(variants.values()), fdt).bind(inputs)
-
-
 def _sweep_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
     """Every variant op by op over the value cache, the variants' changed nodes computed as rows
     of one kernel per base node (``circuits.backend.variants``): the common work once."""
-    _check_own_indices(circuit, variants, inputs, fdt)
     bar = _progress(len(variants), progress)
     try:
         with precision(fdt):

@@ -123,3 +123,93 @@ def test_rows_that_differ_only_in_name():
     vs = [C.traversal.replace(y, {inner: C.Einsum.from_spec("a,->a", x, C.Scalar(3.0), name=f"inner_{k}")})
           for k in range(3)]
     _check(y, vs, {"x_names": np.ones(3, np.float32)})
+
+
+def _small_gpt2():
+    from circuits.models import gpt2
+    from circuits.models.gpt2 import random_gpt2_weights
+
+    cfg = dict(n_embd=16, n_head=4, n_layer=2, vocab_size=31, n_positions=16, activation_function="gelu_new")
+    toks = np.random.default_rng(4).integers(0, 31, 9)
+    return gpt2(cfg, random_gpt2_weights(cfg), toks, loss=True, split_heads=True), toks
+
+
+@pytest.mark.parametrize("bad_value", [31, -40])
+def test_tokens_outside_the_vocabulary_in_rows_are_refused_as_evaluate_refuses_them(shipped, bad_value):
+    """A variant's own tokens reach a gather through rows of the base's kernels (which do not
+    check indices): they are range-checked once per distinct token array, before anything runs,
+    with the error ``evaluate`` gives.  An Array reaching the gather through an Index (the shipped
+    model), and a Symbol's bound tokens reaching GPT-2's embedding gather directly."""
+    from circuits.interp import ablate, patch
+
+    c, toks = _small_gpt2()
+    bad = toks.copy()
+    bad[2] = bad_value
+    tokens = c.get_unique("tokens")
+    sym = C.Symbol(tokens.shape, name="bad_toks_variants", dtype=tokens.dtype)
+    good = [patch(c, f"h{l}.attn.head{h}", {"tokens": toks[::-1].copy()}) for l in range(2) for h in range(2)]
+    shipped_toks = shipped.get_unique("toks_int_var")
+    shipped_bad = np.asarray(shipped_toks.value).copy()
+    shipped_bad[5] = 64 + 1 if bad_value > 0 else bad_value
+    shipped_good = [ablate(shipped, f"b1.a.head{h}") for h in range(3)]
+    cases = [
+        (c, good, patch(c, "h0.attn.head1", {"tokens": sym}), {"bad_toks_variants": bad}),
+        (shipped, shipped_good, C.traversal.replace(shipped, {shipped_toks: Array(shipped_bad.astype(
+            shipped_toks.dtype), name=shipped_toks.name)}), None),
+    ]
+    for base, fine, variant, inputs in cases:
+        with pytest.raises(C.EvaluationError, match="holds index .*, outside") as evaluated:
+            evaluate(variant, inputs, mode="eager", cache=False)  # the op-by-op tier, as the rows
+        before = RunInfo()
+        with pytest.raises(C.EvaluationError, match="holds index .*, outside") as swept:
+            run_variants(base, [*fine, variant, *fine], inputs, "float32", cache=False, info=before)
+        assert before.computed == 0  # refused before anything ran
+        assert str(evaluated.value).splitlines()[1:] == str(swept.value).splitlines()[1:]
+    # in range, the same variants run (a patch from the clean tokens' Symbol equals the base)
+    _check(c, [*good, patch(c, "h0.attn.head1", {"tokens": sym})], {"bad_toks_variants": toks}, rtol=1e-4, atol=1e-5)
+
+
+def test_index_rows_take_their_ints_as_arguments():
+    """Rows of Index nodes of ints and slices (a head picked from a layer's heads) run through one
+    kernel per slice pattern, the ints passed in: negative ints, reversed and strided slices, ints
+    on several axes; each value equals its own evaluation."""
+    from circuits.backend import incremental
+
+    x = C.Symbol((4, 5, 6), name="x_index_rows")
+    scale = C.Scalar(2.0)
+    y = C.Einsum.from_spec("abc,->abc", x, scale, name="y")
+    picks = [C.Index(y, (h, slice(None, None, -2)), name=f"pick{h}") for h in (0, 1, -1)]
+    picks += [C.Index(y, (slice(1, 3), h, k), name=f"two{h}{k}") for h, k in ((0, 5), (-2, -6))]
+    base = C.Add(*[C.Einsum.from_spec("".join("abc"[:p.ndim]) + "->", p) for p in picks], name="total")
+    vs = [C.traversal.replace(base, {scale: C.Scalar(float(k))}) for k in range(3, 8)]
+    inputs = {"x_index_rows": np.random.default_rng(5).normal(size=(4, 5, 6)).astype(np.float32)}
+    before = incremental.kernel_info()["kernel_misses"]
+    _check(base, vs, inputs)
+    made = incremental.kernel_info()["kernel_misses"] - before
+    _check(base, vs + [C.traversal.replace(base, {y: C.Array(np.ones((4, 5, 6), np.float32))})], inputs)
+    assert made > 0
+    # the three [h, ::-2] picks share one row kernel, the two [1:3, h, k] picks another
+    keys = [k for k in incremental._kernels if k[0] == "rows-index" and k[2] == (4, 5, 6)]
+    assert {k[1] for k in keys} == {(None, (None, None, -2)), ((1, 3, None), None, None)}
+
+
+def test_groups_compute_the_rows_they_share_once(shipped, monkeypatch):
+    """Path patches in many small groups: the corrupted run of the sender, a single row read by
+    every group, is computed by the first group only (fewer kernel calls than the groups run one
+    by one), and every value is still the variant's own."""
+    from circuits.interp import path_patch
+
+    corrupt = np.random.default_rng(2).integers(1, 64, 34)
+    vs = [path_patch(shipped, "b0.a.head2", f"b1.a.head{h}.a.{r}", {"toks_int_var": corrupt})
+          for h in range(4) for r in "qkv"]
+    monkeypatch.setattr(variants, "GROUP_BYTES", 1)
+    monkeypatch.setattr(variants, "ROWS", 2)  # groups of two variants
+    together = _check(shipped, vs)
+    base = RunInfo()
+    run_variants(shipped, [], None, "float32", cache=False, info=base)
+    alone = base.computed
+    for k in range(0, len(vs), 2):
+        info = RunInfo()
+        run_variants(shipped, vs[k:k + 2], None, "float32", cache=False, info=info)
+        alone += info.computed - base.computed  # each run computes the base too
+    assert together.computed < alone

@@ -174,3 +174,56 @@ def test_many_sites_resolve_as_each_alone_and_report_the_bad_one(weights):
         resolve_sites(d, ["b0.a.head0", shared])
     with pytest.raises(C.SelectionError, match="not a node"):
         resolve_sites(c, ["b0.a.head0", C.Scalar(7.0)])
+
+
+def test_replace_within_equals_replace(weights):
+    """The ancestors-only rebuild over the kept walk gives ``traversal.replace``'s circuit: one
+    site, several, nested ones (a site under another), the root itself, and a node from outside
+    the circuit (the plain replace then)."""
+    from circuits.interp.sites import replace_within
+
+    c = attn_only(weights, TOKS, unique_names=True)
+    zero = {n: C.Array(np.zeros(n.shape, np.float32), name=f"{n.name}.z")
+            for n in (c.get_unique(s) for s in ("b0.a.head1", "b1.a.head0", "b1.a", "b0.a.head1.a.k"))}
+    cases = [[k] for k in zero] + [list(zero)]
+    for keys in cases:
+        mapping = {k: zero[k] for k in keys}
+        assert replace_within(c, mapping).hash == C.traversal.replace(c, mapping).hash
+    root = C.Array(np.zeros(c.shape, np.float32), name="root.z")
+    assert replace_within(c, {c: root}) is root
+    outside = C.Array(np.ones(3, np.float32), name="nowhere")
+    assert replace_within(c, {outside: root}) is c
+
+
+def test_patches_from_remembered_copies_equal_fresh_ones(weights):
+    """Copies remembered per circuit and source are reused only for that source: patching
+    from A, then B, then A again gives each the very circuit a patch built with nothing
+    remembered gives; the remembered copies go with the circuit."""
+    import gc
+
+    from circuits.interp import sites
+
+    a, b = (TOKS + 3) % 31, (TOKS * 5) % 31
+    c = attn_only(weights, TOKS + 0, unique_names=True)
+    order = [(s, src) for src in (a, b, a) for s in ("b1.a.head0", "b0.a.head2", "b1.a.head2", "b1.a.head0.a.q")]
+    got = [patch(c, s, {"toks_int_var": src}).hash for s, src in order]
+    assert len(sites._REMEMBERED[c]) == 2  # one table per source
+    for (s, src), h in zip(order, got):
+        sites._REMEMBERED.clear()
+        assert patch(c, s, {"toks_int_var": src}).hash == h
+    before = len(sites._REMEMBERED)
+    del c
+    gc.collect()
+    assert len(sites._REMEMBERED) == before - 1
+
+
+def test_replace_within_a_deep_chain():
+    from circuits.interp.sites import replace_within
+
+    x = C.Array(np.ones(2, np.float32), name="x")
+    node = x
+    for i in range(DEPTH):
+        node = C.Einsum.from_spec("a->a", node, name=f"n{i}")
+    bottom = C.toposort(node)[1]
+    out = replace_within(node, {bottom: C.Array(np.zeros(2, np.float32), name="zero")})
+    assert out.hash == C.traversal.replace(node, {bottom: C.Array(np.zeros(2, np.float32), name="zero")}).hash
