@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
-from . import tiers
+from . import incremental, tiers
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
@@ -141,8 +141,6 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
             return out(values, items)
         items = as_items(also)
         roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
-        if _warming is not None and cache:
-            _warming.join()  # what it loads and keeps is what this run would compute again
         info = RunInfo()
         values = run_ops(roots, inputs, fdt, cache=cache, info=info)
     record("ops" if info.computed else "cache", info.computed, info.reused)
@@ -171,11 +169,7 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
         with precision(fdt), jax.default_matmul_precision(matmul):
             run_ops(list(circuit.children), inputs, fdt, cache=True, info=RunInfo())
 
-    global _warming
-    _warming = in_background(warm)
-
-
-_warming = None  # the thread of _warm_ops, while it may still run
+    incremental.warming = in_background(warm)
 
 
 def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) -> bool | None:

@@ -411,12 +411,26 @@ class RunInfo:
         self.reused = 0
 
 
+# The thread warming the op-by-op tier after a new process's first, whole-program evaluation
+# (``evaluation._warm_ops``): a run that reads the value cache waits for it rather than compiling
+# the same kernels and computing the same values beside it.
+warming: threading.Thread | None = None
+
+
+def wait_for_warming() -> None:
+    w = warming
+    if w is not None and w is not threading.current_thread() and w.is_alive():
+        w.join()
+
+
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
             info: RunInfo | None = None, keep_all: bool = False):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them)."""
+    if cache:
+        wait_for_warming()
     roots, free = prepared(roots)
     problems: list[str] = []
     bound, fps = bind_symbols(free, inputs, fdt, problems)
