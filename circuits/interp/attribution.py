@@ -67,12 +67,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     if extra or has_batch_axis(circuit, inputs):
         plan = _plan_for(circuit, sites, source, metric, dtype, plan_key)
         return plan(inputs, next(iter(extra.values())).shape[0] if extra else None)
-    resolved = resolve_sites(circuit, sites)
-    labels = [label for label, _ in resolved]
-    if len(set(labels)) != len(labels):
-        raise CircuitError(f"attribute: sites {labels} name some node twice; give each site once")
-    copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "attribute")
-    nodes = [n for _, n in resolved]
+    labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
     _, values = evaluate(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
@@ -101,6 +96,17 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
 _PLANS: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
 _PLANS_SIZE = 16
 _plans_lock = threading.RLock()  # reentrant: a weak reference callback may run while it is held
+
+
+def _sites_and_copies(circuit: Circuit, sites, source) -> tuple[list, list, dict]:
+    """The sites' labels and nodes (each site once) and ``{node hash: its copy computed from
+    source}``."""
+    resolved = resolve_sites(circuit, sites)
+    labels = [label for label, _ in resolved]
+    if len(set(labels)) != len(labels):
+        raise CircuitError(f"attribute: sites {labels} name some node twice; give each site once")
+    copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "attribute")
+    return labels, [n for _, n in resolved], copies
 
 
 def _plan_key(circuit: Circuit, sites, source, metric, dtype):
@@ -164,12 +170,7 @@ class _Plan:
         from ..backend import Lowered, float_dtype
 
         self.fdt = float_dtype(dtype)
-        resolved = resolve_sites(circuit, sites)
-        labels = [label for label, _ in resolved]
-        if len(set(labels)) != len(labels):
-            raise CircuitError(f"attribute: sites {labels} name some node twice; give each site once")
-        copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "attribute")
-        nodes = [n for _, n in resolved]
+        labels, nodes, copies = _sites_and_copies(circuit, sites, source)
         target, self.cotangent = _metric(circuit, metric)
         present = {n.hash for n in toposort(target)}
         self.labels = labels

@@ -91,11 +91,10 @@ def uniform_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dic
     >>> bool(np.allclose(a, evaluate(masked, {'edges.mask': np.full(len(g), 0.3, np.float32)}), atol=1e-5))
     True
     """
-    cache = g.__dict__.setdefault("_uniform", {})
-    key = (ablation, _fingerprint(source))
-    found = cache.get(key)
-    if found is not None:
-        return found
+    return _kept(g, "_uniform", (ablation, _fingerprint(source)), lambda: _uniform(g, source, ablation))
+
+
+def _uniform(g: Edges, source, ablation: str) -> tuple:
     alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
     patched = _patched_sources(g, g.sources, source, ablation, None)
     resid: dict[str, Circuit] = {}
@@ -115,11 +114,7 @@ def uniform_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dic
     new: dict[bytes, Circuit] = {}
     circuit = _rebuild(g, term_of, new)
     senders = {s: [new[m.hash] for m in members] for s, members in g._sources.items()}
-    found = (circuit, resid, senders, patched, alpha)
-    if len(cache) >= 4:
-        cache.pop(next(iter(cache)))
-    cache[key] = found
-    return found
+    return circuit, resid, senders, patched, alpha
 
 
 def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dict, Symbol]:
@@ -140,11 +135,10 @@ def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict
     >>> bool(np.allclose(evaluate(circuit, {alpha: np.float32(1)}), evaluate(loss), atol=1e-6))
     True
     """
-    cache = g.__dict__.setdefault("_interpolated", {})
-    key = (ablation, _fingerprint(source))
-    found = cache.get(key)
-    if found is not None:
-        return found
+    return _kept(g, "_interpolated", (ablation, _fingerprint(source)), lambda: _interpolated(g, source, ablation))
+
+
+def _interpolated(g: Edges, source, ablation: str) -> tuple:
     from .edge_graph import EMBEDS
 
     alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
@@ -163,10 +157,18 @@ def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict
 
     swap = {c.hash: between(p) for c, p in zip(g._sources[EMBEDS], patched[EMBEDS])}
     circuit = _rebuild(g, term_of, {}, swap)
-    found = (circuit, resid, patched, alpha)
-    if len(cache) >= 4:
-        cache.pop(next(iter(cache)))
-    cache[key] = found
+    return circuit, resid, patched, alpha
+
+
+def _kept(g: Edges, attr: str, key, make):
+    """``make()``, kept on the graph ``g`` under ``attr`` and ``key`` (the last 4 keys)."""
+    cache = g.__dict__.setdefault(attr, {})
+    found = cache.get(key)
+    if found is None:
+        found = make()
+        if len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[key] = found
     return found
 
 
