@@ -29,6 +29,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import CircuitError
+from ..hashing import content_hash
 from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
@@ -60,13 +61,14 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     """
     from ..backend import evaluate, has_batch_axis, value_and_grad
 
-    plan_key = _plan_key(circuit, sites, source, metric, dtype)
+    given = source
     source, extra = batched_sources(circuit, source)
     if extra:
         inputs = {**(inputs or {}), **extra}
     if extra or has_batch_axis(circuit, inputs):
-        plan = _plan_for(circuit, sites, source, metric, dtype, plan_key)
-        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None)
+        plan = _plan_for(circuit, sites, source, metric, dtype, _plan_key(sites, given, source, metric, dtype))
+        weights = None if metric is None or callable(metric) else np.asarray(metric)
+        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None, weights)
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
@@ -109,9 +111,12 @@ def _sites_and_copies(circuit: Circuit, sites, source) -> tuple[list, list, dict
     return labels, [n for _, n in resolved], copies
 
 
-def _plan_key(circuit: Circuit, sites, source, metric, dtype):
+def _plan_key(sites, given, source, metric, dtype):
     """What a dataset's plan depends on besides the circuit (None: not kept; a matcher site, a
-    metric function, a source value without a batch axis)."""
+    metric function, a node as a source value).  ``given``: the source as the caller gave it;
+    ``source``: after ``batched_sources``.  A source value with a batch axis is bound at each call
+    (its shape is the key), one without is built into the plan's copies (its content is); the
+    metric's weights are passed at each call (their shape is the key)."""
     items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
     site_key = []
     for s in items:
@@ -121,14 +126,18 @@ def _plan_key(circuit: Circuit, sites, source, metric, dtype):
             site_key.append(s.hash)
         else:
             return None
-    if not isinstance(source, Mapping) or (metric is not None and not isinstance(metric, np.ndarray)):
+    if not isinstance(given, Mapping) or (metric is not None and not isinstance(metric, np.ndarray)):
         return None
     source_key = []
-    for k, v in source.items():
+    for k, v in given.items():
         shape = getattr(v, "shape", None)
         if isinstance(v, Circuit) or shape is None or not isinstance(k, (str, Circuit)):
             return None
-        source_key.append((k if isinstance(k, str) else k.hash, tuple(shape[1:]), str(v.dtype)))
+        name = k if isinstance(k, str) else k.hash
+        if source[k] is v:  # no batch axis: built into the plan
+            source_key.append((name, content_hash(v)))
+        else:
+            source_key.append((name, tuple(shape[1:]), str(v.dtype)))
     metric_key = None if metric is None else metric.shape
     return (tuple(site_key), tuple(source_key), metric_key, str(dtype))
 
@@ -171,7 +180,8 @@ class _Plan:
 
         self.fdt = float_dtype(dtype)
         labels, nodes, copies = _sites_and_copies(circuit, sites, source)
-        target, self.cotangent = _metric(circuit, metric)
+        target, cotangent = _metric(circuit, metric)
+        self.weighted = cotangent is not None
         present = {n.hash for n in toposort(target)}
         self.labels = labels
         # Sites the metric does not read have no gradient: their estimates are zeros.
@@ -191,7 +201,7 @@ class _Plan:
         skeleton = self.lowered.program.skeleton()
         slots, shapes, fdt = self.slots, self.shapes, self.fdt
         k = len(slots)
-        weighted = self.cotangent is not None
+        weighted = self.weighted
 
         def one(args, cotangent):
             def metric(deltas):
@@ -206,8 +216,9 @@ class _Plan:
 
         return jax.vmap(one, in_axes=(list(axes), None))
 
-    def __call__(self, inputs, rows: int | None = None) -> dict:
-        """The estimates for ``inputs`` (``rows``: the batch size when only the sources carry it)."""
+    def __call__(self, inputs, rows: int | None, weights: np.ndarray | None) -> dict:
+        """The estimates for ``inputs`` (``rows``: the batch size when only the sources carry it)
+        and the metric's ``weights`` (None: the plain sum)."""
         from ..backend import precision
 
         args, axes = self.lowered.bind_batched(inputs)
@@ -217,9 +228,8 @@ class _Plan:
             return out
         axes = tuple(axes)
         with precision(self.fdt):
-            fn = self.lowered.cached(("attribution", self.slots, self.cotangent is not None, axes),
-                                     lambda: self._make(axes))
-            cotangent = None if self.cotangent is None else np.asarray(self.cotangent, self.fdt)
+            fn = self.lowered.cached(("attribution", self.slots, self.weighted, axes), lambda: self._make(axes))
+            cotangent = None if weights is None else np.asarray(weights, self.fdt)
             estimates = np.asarray(fn(args, cotangent), np.float64)
         for j, i in enumerate(self.live):
             out[self.labels[i]] = estimates[:, j]

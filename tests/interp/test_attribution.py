@@ -124,3 +124,29 @@ def test_a_dataset_runs_one_kept_program_with_metrics_and_sources_alone_batched(
     assert cache_stats()["compilations"] == before
     for s in sites:
         np.testing.assert_allclose(again[s], est[s][::-1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_kept_dataset_plan_follows_new_metric_weights_and_new_unbatched_sources():
+    """The plan kept per circuit bakes in what it is built from: a source value without a batch
+    axis (new values of the same shape are a new plan) but not the metric's weights (passed at
+    each call). Before, both came back stale from the first call's plan."""
+    from circuits.models import tokens_symbol
+
+    w = random_weights(5, vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
+    sym = tokens_symbol(6)
+    c = attn_only(w, sym, unique_names=True)
+    rng = np.random.default_rng(0)
+    clean = rng.integers(0, 11, (3, 6))
+    first, second = rng.integers(0, 11, 6), rng.integers(0, 11, 6)
+    m1, m2 = (rng.standard_normal(c.shape).astype(np.float32) for _ in range(2))
+    sites = ["b0.a.head0", "b1.a.head1"]
+
+    def one_at_a_time(src, metric):
+        return {s: [attribute(c, [s], {sym: src}, inputs={sym: row}, metric=metric)[s] for row in clean]
+                for s in sites}
+
+    for src, metric in [(first, m1), (second, m1), (second, m2), (first, None)]:
+        got = attribute(c, sites, {sym: src}, inputs={sym: clean}, metric=metric)
+        want = one_at_a_time(src, metric)
+        for s in sites:
+            np.testing.assert_allclose(got[s], want[s], rtol=1e-4, atol=1e-5, err_msg=s)
