@@ -160,13 +160,13 @@ def _interpolated(g: Edges, source, ablation: str) -> tuple:
     return circuit, resid, patched, alpha
 
 
-def _kept(g: Edges, attr: str, key, make):
-    """``make()``, kept on the graph ``g`` under ``attr`` and ``key`` (the last 4 keys)."""
+def _kept(g: Edges, attr: str, key, make, size: int = 4):
+    """``make()``, kept on the graph ``g`` under ``attr`` and ``key`` (the last ``size`` keys)."""
     cache = g.__dict__.setdefault(attr, {})
     found = cache.get(key)
     if found is None:
         found = make()
-        if len(cache) >= 4:
+        if len(cache) >= size:
             cache.pop(next(iter(cache)))
         cache[key] = found
     return found
@@ -385,12 +385,5 @@ class MaskedValues:
 
 def scorer_for(g: Edges, key, make) -> EdgeScores:
     """The ``EdgeScores`` cached on ``g`` under ``key`` (a few per graph), made by ``make()``."""
-    cache = g.__dict__.setdefault("_scorers", {})
-    found = cache.get(key)
-    if found is None:
-        found = make()
-        if len(cache) >= 8:
-            cache.pop(next(iter(cache)))
-        cache[key] = found
-    return found
+    return _kept(g, "_scorers", key, make, size=8)
 

@@ -359,8 +359,7 @@ def _remembered(circuit: Circuit, table: Mapping[bytes, Circuit], suffix: str) -
 def one_root(nodes: list[Circuit]) -> Circuit:
     """A cheap root over several nodes (the sum of their full sums), so one program computes
     them all (``also=`` reads them back)."""
-    sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
-    return Add(*sums)
+    return Add(*_full_sums(nodes))
 
 
 def paired_root(nodes: list[Circuit]) -> Circuit:
@@ -373,12 +372,16 @@ def paired_root(nodes: list[Circuit]) -> Circuit:
     >>> float(evaluate(paired_root(xs), {'a': np.ones(2), 'b': np.ones(2), 'c': np.full(2, 2.0)}))
     8.0
     """
-    sums = [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
+    sums = _full_sums(nodes)
     if len(sums) == 1:
         return Add(*sums)
     while len(sums) > 1:
         sums = [Add(*sums[i:i + 2]) if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
     return sums[0]
+
+
+def _full_sums(nodes: list[Circuit]) -> list[Circuit]:
+    return [Einsum.from_spec(_AXES[: len(n.shape)] + "->", n) for n in nodes]
 
 
 _AXES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
