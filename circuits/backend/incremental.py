@@ -411,6 +411,20 @@ class RunInfo:
         self.reused = 0
 
 
+def check_leaf_indices(nodes: Sequence[Circuit], ranges: dict, bound: dict, problems: list) -> None:
+    """Range-check the int leaves among ``nodes`` that reach a gather (``ranges``:
+    ``io.values.gather_index_ranges``): an Array's values, or a Symbol's bound value (``bound``,
+    by Symbol hash); an unbound Symbol or a placeholder Array is reported where it is bound."""
+    for node in nodes:
+        r = ranges.get(node.hash)
+        if r is None or node.children:
+            continue
+        value = bound.get(node.hash) if type(node) is Symbol else None
+        if value is None and (type(node) is Symbol or node.value is None):
+            continue
+        check_index_values(node, value, r, problems)
+
+
 # The thread warming the op-by-op tier after a new process's first, whole-program evaluation
 # (``evaluation._warm_ops``): a run that reads the value cache waits for it rather than compiling
 # the same kernels and computing the same values beside it.
@@ -460,14 +474,7 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     if int_leaves:
         from ..io.values import gather_index_ranges
 
-        ranges = gather_index_ranges(order)
-        for node in order:
-            r = ranges.get(node.hash)
-            if r is not None and not node.children and node.hash not in env:
-                value = bound.get(node.hash) if type(node) is Symbol else None
-                if value is None and (type(node) is Symbol or node.value is None):
-                    continue  # unbound, or a placeholder: reported as such below
-                check_index_values(node, value, r, problems)
+        check_leaf_indices([n for n in order if n.hash not in env], gather_index_ranges(order), bound, problems)
     targets: dict = {}
     for node in order:
         if not node.children and node.hash not in env:

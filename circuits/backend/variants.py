@@ -40,10 +40,19 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..dtypes import is_float, is_int
-from ..nodes import Array, Circuit, Index, SetSymbolicShape, Symbol, Tag
+from ..nodes import Circuit, Index, SetSymbolicShape, Tag
 from ..traversal import toposort
-from .binding import check_index_values
-from .incremental import VALUES, CacheKeys, RunInfo, bind_symbols, cached_kernel, kernel, prepared, run_ops
+from .incremental import (
+    VALUES,
+    CacheKeys,
+    RunInfo,
+    bind_symbols,
+    cached_kernel,
+    check_leaf_indices,
+    kernel,
+    prepared,
+    run_ops,
+)
 from .ops import build_op
 from .program import node_key_part
 from .runtime import raise_problems
@@ -197,14 +206,7 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
                 rows[mh] = (position[nh], m)
     below = toposort(*given.values())
     ranges = gather_index_ranges([*below, *(m for _, m in sorted(rows.values(), key=lambda pm: pm[0]))])
-    for node in below:
-        r = ranges.get(node.hash)
-        if r is None or node.children or type(node) not in (Array, Symbol):
-            continue
-        value = bound.get(node.hash) if type(node) is Symbol else None
-        if value is None and (type(node) is Symbol or node.value is None):
-            continue  # unbound, or a placeholder: reported where it is evaluated
-        check_index_values(node, value, r, problems)
+    check_leaf_indices(below, ranges, bound, problems)
 
 
 def _bytes(node: Circuit, fdt: str) -> int:
