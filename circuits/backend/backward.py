@@ -44,7 +44,7 @@ import numpy as np
 from ..dtypes import is_float
 from ..nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ..traversal import toposort
-from .incremental import VALUES, RunInfo, cached_kernel, prepared, run_ops
+from .incremental import VALUES, RunInfo, cached_kernel, pick_row, prepared, run_ops
 from .ops import build_op
 from .program import node_key_part
 
@@ -82,7 +82,7 @@ def _pull(node: Circuit, fdt: str, need: tuple):
 
 def picked_positions(node: Index):
     """``(int axes, positions)`` when ``node`` picks with ints only (every other axis whole, in
-    order), else None: the Indexes whose cotangent ``_put_kernel`` adds in with the positions as
+    order), else None: the Indexes whose cotangent ``_put_rows_kernel`` adds in with the positions as
     data.
 
     >>> from circuits import Array
@@ -100,28 +100,6 @@ def picked_positions(node: Index):
     if not axes:
         return None
     return tuple(axes), tuple(positions)
-
-
-def _put_kernel(shape: tuple, axes: tuple, dtype: str):
-    """``(acc, g, positions) -> acc`` with ``g`` added at ``positions`` on ``axes``: the
-    cotangent of an int pick added into its child's (``acc`` zeros for the first)."""
-
-    def make():
-        import jax.lax as lax
-        import jax.numpy as jnp
-
-        rank = len(shape)
-
-        def put_add(acc, g, positions):
-            at = [jnp.int32(0)] * rank
-            for j, axis in enumerate(axes):
-                at[axis] = positions[j]
-            block = lax.expand_dims(g, axes)
-            return lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
-
-        return put_add
-
-    return cached_kernel(("put", shape, axes, dtype), make)
 
 
 def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str):
@@ -245,7 +223,7 @@ class _Sweep:
     def plain(self, h: bytes):
         v = self.ct[h]
         if type(v) is _Row:
-            v = self.ct[h] = _pick(v.array, v.r)
+            v = self.ct[h] = pick_row(v.array, v.r)
         return v
 
     def add_to(self, k: bytes, part) -> None:
@@ -254,7 +232,7 @@ class _Sweep:
             ct[k] = part
             return
         a = self.plain(k)
-        b = _pick(part.array, part.r) if type(part) is _Row else part
+        b = pick_row(part.array, part.r) if type(part) is _Row else part
         ct[k] = _add_kernel(a.shape, a.dtype)(a, b)
 
     def run_level(self, nodes: list) -> None:
@@ -344,7 +322,8 @@ class _Sweep:
         acc = self.plain(k.hash) if k.hash in self.ct else filled(0, k.shape, self.fdt)
         if len(group) == 1:
             g = self.plain(group[0].hash)
-            self.ct[k.hash] = _put_kernel(k.shape, axes, str(g.dtype))(acc, g, self.picks[group[0].hash][1])
+            fn = _put_rows_kernel(k.shape, axes, str(g.dtype), 1, True)
+            self.ct[k.hash] = fn(acc, g, self.picks[group[0].hash][1][None])
             return
         rows, g_axis = self._rows_of([n.hash for n in group])
         positions = np.stack([self.picks[n.hash][1] for n in group])
@@ -357,17 +336,6 @@ def _stack(values: list):
     v = values[0]
     fn = cached_kernel(("stack", len(values), v.shape, str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
     return fn(*values)
-
-
-def _pick(array, r: int):
-    """Row ``r`` of ``array`` (one kernel per shape, the row passed as data)."""
-
-    def make():
-        import jax.lax as lax
-
-        return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
-
-    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
 
 
 def _jnp():

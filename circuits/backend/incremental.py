@@ -292,6 +292,18 @@ def _broadcast_kernel(shape: tuple):
     return cached_kernel(("broadcast", shape), lambda: lambda v: lax.broadcast(v, shape))
 
 
+def pick_row(array, r: int):
+    """Row ``r`` of ``array`` (one kernel per shape, the row passed as data: a static slice
+    would compile one per row)."""
+
+    def make():
+        import jax.lax as lax
+
+        return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
+
+    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+
+
 def kernel_info() -> dict:
     """``kernels`` held, ``kernel_hits`` and ``kernel_misses`` (ops whose kernel was made)."""
     with _kernels_lock:

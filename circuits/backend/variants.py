@@ -50,6 +50,7 @@ from .incremental import (
     cached_kernel,
     check_leaf_indices,
     kernel,
+    pick_row,
     prepared,
     run_ops,
 )
@@ -292,7 +293,7 @@ class _Group:
                 args = []
                 for i in range(len(n.children)):
                     array, r = self._source(key, i, n, loc, known)
-                    args.append(array if r is None else _pick(array, r))
+                    args.append(array if r is None else pick_row(array, r))
                 loc[key] = (kernel(n, fdt)(*args), None)
                 if key in keep:
                     shared[key] = loc[key][0]
@@ -331,7 +332,7 @@ class _Group:
         out = []
         for kind, ref in reads:
             array, r = known[ref] if kind == "given" else loc[ref]
-            out.append(array if r is None else _pick(array, r))
+            out.append(array if r is None else pick_row(array, r))
         return out
 
     def _source(self, key, i: int, n: Circuit, loc: dict, known: dict):
@@ -373,17 +374,6 @@ class _Group:
 def _row_count(entry) -> int:
     array, batched = entry
     return array.shape[0] if batched else 1
-
-
-def _pick(array, r: int):
-    """Row ``r`` of ``array`` (one kernel per shape: a static slice would compile per row)."""
-
-    def make():
-        import jax.lax as lax
-
-        return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
-
-    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
 
 
 def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
