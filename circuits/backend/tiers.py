@@ -117,11 +117,7 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
             return
         entry.state = "compiling"
     if BACKGROUND:
-        thread = threading.Thread(target=_compile, args=(entry, compile_whole), name="circuits-compile", daemon=True)
-        with _lock:
-            _threads[:] = [t for t in _threads if t.is_alive()]
-            _threads.append(thread)
-        thread.start()
+        in_background(lambda: _compile(entry, compile_whole), name="circuits-compile")
     else:
         _compile(entry, compile_whole)
 
