@@ -34,6 +34,7 @@ on the node), so a variant pays only for its new nodes.
 from __future__ import annotations
 
 import collections
+import math
 import threading
 from typing import Mapping, Sequence
 
@@ -96,8 +97,10 @@ class ValueCache:
             self._counts["hits"] += 1
             return value
 
-    def put(self, key, value) -> None:
-        size = int(getattr(value, "nbytes", 0))
+    def put(self, key, value, size: int | None = None) -> None:
+        """Keep ``value`` under ``key`` (``size``: its bytes, when the caller knows them)."""
+        if size is None:
+            size = int(getattr(value, "nbytes", 0))
         with self._lock:
             if size > self.max_bytes:
                 return
@@ -276,14 +279,26 @@ def cached_kernel(key, make):
     return fn
 
 
+_by_node: dict = {}  # (node hash, float dtype) -> its kernel: a node's key is made once
+_BY_NODE_SIZE = 65536
+
+
 def kernel(node: Circuit, fdt: str):
     """The compiled function computing ``node`` from its children's values: one per (operation,
-    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity)."""
+    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity).
+    A node met again finds its kernel by its hash, without making the key again."""
+    fn = _by_node.get((node.hash, fdt))
+    if fn is not None:
+        return fn
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
     key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
-    return cached_kernel(key, lambda: build_op(node, fdt))
+    fn = cached_kernel(key, lambda: build_op(node, fdt))
+    if len(_by_node) >= _BY_NODE_SIZE:
+        _by_node.clear()
+    _by_node[(node.hash, fdt)] = fn
+    return fn
 
 
 def _broadcast_kernel(shape: tuple):
@@ -314,6 +329,7 @@ def kernel_info() -> dict:
 def clear_kernels() -> None:
     with _kernels_lock:
         _kernels.clear()
+        _by_node.clear()
 
 
 # ---------------------------------------------------------------------------- binding fingerprints
@@ -512,7 +528,7 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
         env[h] = value
         computed += 1
         if cache:
-            put(keys(node), value)
+            put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
     if info is not None:
         info.computed += computed
         info.reused += reused
