@@ -202,7 +202,11 @@ def leaf_value(node: Circuit, fdt: str, problems: list, targets: dict | None = N
         return None
     entry = _on_device.get(id(host))
     value = None if entry is None else entry.values.get(target)
-    return _array_on_device(host, target) if value is None else value
+    if value is not None:
+        return value
+    if host.nbytes <= _SMALL_BYTES:
+        return _small_on_device(node, host, target)
+    return _array_on_device(host, target)
 
 
 def check_index_values(node: Circuit, value, index_range, problems: list) -> None:
@@ -250,6 +254,12 @@ def _extent(value):
 # may upload the same value at once, and the first stored wins.
 
 _SCALAR_CACHE_SIZE = 4096
+# Small Arrays are also kept by content: the constants interventions make anew each time (a zeroed
+# head, a mean, a patched value) cross to the device once.  Bounded in bytes, oldest first out.
+_SMALL_BYTES = 1 << 18
+_SMALL_CACHE_BYTES = 1 << 26
+_small: dict = {}  # (content hash, shape, dtype, canonical dtype) -> device value, oldest first
+_small_bytes = 0
 _on_device: dict = {}  # id(host value) -> _Entry (its device values by dtype, its extent)
 _scalars_on_device: dict = {}  # (value, canonical dtype) -> device value, oldest first
 _device_lock = threading.Lock()
@@ -325,6 +335,25 @@ def _array_extent(host):
     return entry.extent
 
 
+def _small_on_device(node, host, target):
+    """The device value of a small Array's ``host`` value, shared by every Array of the same
+    contents (``_array_on_device`` when it is not yet known)."""
+    global _small_bytes
+    key = (node.content_hash, host.shape, host.dtype.str, target)
+    found = _small.get(key)
+    if found is None:
+        found = _array_on_device(host, target)
+        with _device_lock:
+            if key not in _small:
+                _small[key] = found
+                _small_bytes += host.nbytes
+                while _small_bytes > _SMALL_CACHE_BYTES and _small:  # the oldest go first
+                    old = next(iter(_small))
+                    _small_bytes -= _small.pop(old).nbytes
+            found = _small[key]
+    return found
+
+
 def _scalar_on_device(value: float, target):
     # 0.0 and -0.0 are equal keys but different values (Scalars hold one NaN object)
     key = (value, target) if value else (struct.pack("<d", value), target)
@@ -341,7 +370,7 @@ def _scalar_on_device(value: float, target):
 def device_cache_info() -> dict:
     """How many host values have device copies (``arrays``) and how many Scalar values
     (``scalars``)."""
-    return {"arrays": len(_on_device), "scalars": len(_scalars_on_device)}
+    return {"arrays": len(_on_device), "scalars": len(_scalars_on_device), "small_arrays": len(_small)}
 
 
 def raise_problems(problems: list, what: str = "cannot evaluate"):

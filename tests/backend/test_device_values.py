@@ -15,6 +15,7 @@ import pytest
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
 from circuits.backend import binding, compile, evaluate, evaluate_batched, value_and_grad
 from circuits.backend.program import Skeleton
+from circuits.backend.runtime import precision
 
 
 def weights(seed: int, shape=(4, 3)):
@@ -46,6 +47,7 @@ def uploads(monkeypatch):
         return real(value)
 
     monkeypatch.setattr(binding, "_upload", counted)
+    monkeypatch.setattr(binding, "_small", {})  # nothing known by content from earlier tests
     return seen
 
 
@@ -183,6 +185,7 @@ def test_threads_share_one_upload(uploads):
     circuit = GeneralFunction("exp", node)
     evaluate(circuit)  # compiled once; the device value is dropped below, the code stays
     binding._on_device.clear()
+    binding._small.clear()  # nor by content
     del uploads[:]
     results, barrier = [], threading.Barrier(4)
 
@@ -201,3 +204,24 @@ def test_threads_share_one_upload(uploads):
     assert binding.device_cache_info()["arrays"] >= 1
     value = binding.leaf_value(node, "float32", [])
     assert all(binding.leaf_value(node, "float32", []) is value for _ in range(3))
+
+
+def test_small_arrays_of_equal_contents_share_one_upload(uploads):
+    # what an intervention makes anew each time (a zeroed head) crosses to the device once
+    first = Array(np.zeros((4, 3), np.float32), name="zero_a")
+    second = Array(np.zeros((4, 3), np.float32), name="zero_b")
+    other = Array(np.ones((4, 3), np.float32), name="ones")
+    assert first.value is not second.value
+    a = binding.leaf_value(first, "float32", [])
+    assert binding.leaf_value(second, "float32", []) is a
+    assert len(uploads) == 1
+    b = binding.leaf_value(other, "float32", [])
+    np.testing.assert_array_equal(np.asarray(b), 1.0)
+    assert len(uploads) == 2
+    # another precision, shape or dtype of the same bytes is its own value
+    with precision("float64"):
+        assert binding.leaf_value(first, "float64", []).dtype == np.float64
+    flat = Array(np.zeros(12, np.float32), name="zero_flat")
+    assert binding.leaf_value(flat, "float32", []).shape == (12,)
+    assert len(uploads) == 4
+    np.testing.assert_array_equal(evaluate(GeneralFunction("exp", second)), 1.0)
