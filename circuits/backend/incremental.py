@@ -44,7 +44,7 @@ import numpy as np
 from ..dtypes import is_float, is_int
 from ..errors import EvaluationError
 from ..expand import substitute_all_modules
-from ..nodes import Array, Circuit, Module, Scalar, SetSymbolicShape, Symbol, Tag
+from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
 from ..shapes import check_allocation, max_alloc_bytes
 from ..traversal import toposort
 from .ops import build_op
@@ -87,7 +87,9 @@ class ValueCache:
         self.max_bytes = check_budget(max_bytes, "value cache budget")
         self._counts = collections.Counter()
 
-    def get(self, key):
+    def get(self, key, raw: bool = False):
+        """The value under ``key``, or None; a row of a stacked value (``Row``) comes back as an
+        array of its own (its stack split once, every sibling row kept split) unless ``raw``."""
         with self._lock:
             value = self._values.get(key)
             if value is None:
@@ -95,7 +97,19 @@ class ValueCache:
                 return None
             self._values.move_to_end(key)
             self._counts["hits"] += 1
+        if raw or type(value) is not Row:
             return value
+        return self._split(value)
+
+    def _split(self, row: "Row"):
+        stack = row.stack
+        rows = stack.split()
+        with self._lock:
+            for key, i in stack.keys:
+                if self._values.get(key) is not None and type(self._values[key]) is Row \
+                        and self._values[key].stack is stack:
+                    self._values[key] = rows[i]
+        return rows[row.index]
 
     def put(self, key, value, size: int | None = None) -> None:
         """Keep ``value`` under ``key`` (``size``: its bytes, when the caller knows them)."""
@@ -157,6 +171,46 @@ VALUES = ValueCache()
 def value_cache_info() -> dict:
     """Counters of the process-wide value cache (see ``circuits.backend.cache_stats``)."""
     return VALUES.info()
+
+
+class Stacked:
+    """The value of several nodes computed as rows of one array (``circuits.backend.rows``):
+    ``keys``, the value-cache keys its rows are kept under with their row numbers."""
+
+    __slots__ = ("value", "keys", "_rows")
+
+    def __init__(self, value):
+        self.value = value
+        self.keys: list = []
+        self._rows = None
+
+    def split(self) -> tuple:
+        """Every row as an array of its own, by one kernel call (made once)."""
+        rows = self._rows
+        if rows is None:
+            shape, dtype = self.value.shape, str(self.value.dtype)
+            rows = self._rows = cached_kernel(("split", shape, dtype), lambda: _splitter(shape[0]))(self.value)
+        return rows
+
+
+def _splitter(n: int):
+    return lambda s: tuple(s[i] for i in range(n))
+
+
+class Row:
+    """Row ``index`` of a ``Stacked`` value, standing for one node's value until something
+    needs it as an array of its own (``materialized``)."""
+
+    __slots__ = ("stack", "index")
+
+    def __init__(self, stack: Stacked, index: int):
+        self.stack = stack
+        self.index = index
+
+
+def materialized(value):
+    """``value`` as an array: a ``Row`` split out of its stack, anything else as it is."""
+    return value.stack.split()[value.index] if type(value) is Row else value
 
 
 # ---------------------------------------------------------------------------- Symbols a node depends on
@@ -279,7 +333,7 @@ def cached_kernel(key, make):
     return fn
 
 
-_by_node: dict = {}  # (node hash, float dtype) -> its kernel: a node's key is made once
+_by_node: dict = {}  # (node hash, float dtype) -> (its kernel's key, its kernel): made once a node
 _BY_NODE_SIZE = 65536
 
 
@@ -287,18 +341,23 @@ def kernel(node: Circuit, fdt: str):
     """The compiled function computing ``node`` from its children's values: one per (operation,
     shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity).
     A node met again finds its kernel by its hash, without making the key again."""
-    fn = _by_node.get((node.hash, fdt))
-    if fn is not None:
-        return fn
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
-    key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
-    fn = cached_kernel(key, lambda: build_op(node, fdt))
-    if len(_by_node) >= _BY_NODE_SIZE:
-        _by_node.clear()
-    _by_node[(node.hash, fdt)] = fn
-    return fn
+    return kernel_entry(node, fdt)[1]
+
+
+def kernel_entry(node: Circuit, fdt: str) -> tuple:
+    """``(key, kernel)`` of ``node`` (not a Tag or a SetSymbolicShape): the key is what nodes
+    computed by one kernel share."""
+    entry = _by_node.get((node.hash, fdt))
+    if entry is None:
+        key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
+        entry = (key, cached_kernel(key, lambda: build_op(node, fdt)))
+        if len(_by_node) >= _BY_NODE_SIZE:
+            _by_node.clear()
+        _by_node[(node.hash, fdt)] = entry
+    return entry
 
 
 def _broadcast_kernel(shape: tuple):
@@ -428,6 +487,51 @@ def remember(keys: list | None, values: Sequence) -> None:
             VALUES.put(key, v)
 
 
+# ---------------------------------------------------------------------------- values known by shapes
+# A layer norm divides by the length of the residual's last axis: ``last_dim_size(resid)`` and
+# its reciprocal depend on the residual's shape alone, yet their hashes change with every change
+# upstream.  Such values are also kept under a key made of shapes, so a variant finds them.
+SHAPE_ONLY = frozenset({"last_dim_size"})  # functions whose value reads only its argument's shape and dtype
+_shape_keys: dict = {}  # node hash -> shape_key (None: the value reads values)
+_SHAPE_DEPTH = 3
+
+
+def shape_key(node: Circuit, depth: int = _SHAPE_DEPTH):
+    """A key for ``node``'s value made of operations and shapes when the value depends on shapes
+    alone (a ``SHAPE_ONLY`` function, Scalars, and up to ``_SHAPE_DEPTH`` operations over those),
+    else None.
+
+    >>> from circuits import GeneralFunction
+    >>> a, b = Symbol((2, 3), name='a'), Symbol((2, 3), name='b')
+    >>> n = lambda x: GeneralFunction('reciprocal', GeneralFunction('last_dim_size', x))
+    >>> shape_key(n(a)) == shape_key(n(b)) is not None, shape_key(GeneralFunction('exp', a))
+    (True, None)
+    """
+    found = _shape_keys.get(node.hash, False)
+    if found is not False:
+        return found
+    t = type(node)
+    key = None
+    if t is Scalar:
+        key = ("scalar", node.hash)
+    elif t is GeneralFunction and node.function.name in SHAPE_ONLY:
+        key = ("shape", node_key_part(node), tuple((c.shape, c.dtype) for c in node.children))
+    elif depth and node.children and t is not Module:
+        kids = []
+        for c in node.children:
+            k = shape_key(c, depth - 1)
+            if k is None:
+                break
+            kids.append(k)
+        else:
+            key = ("of", node_key_part(node), node.shape, tuple(kids))
+    if depth == _SHAPE_DEPTH or key is not None:  # a shallower look may say None wrongly
+        if len(_shape_keys) > 65536:
+            _shape_keys.clear()
+        _shape_keys[node.hash] = key
+    return key
+
+
 # ---------------------------------------------------------------------------- op-by-op evaluation
 class RunInfo:
     """What one op-by-op evaluation did: ``computed`` nodes, ``reused`` cached values."""
@@ -481,9 +585,14 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     get = VALUES.get
     if cache:
         def stop(node):
-            value = get(keys(node))
+            value = get(keys(node), True)  # a kept row stays a row: rows.compute reads it whole
             if value is None:
-                return False
+                by_shape = shape_key(node)
+                if by_shape is None:
+                    return False
+                value = get((by_shape, keys.fdt))
+                if value is None:
+                    return False
             env[node.hash] = value
             return True
 
@@ -504,6 +613,7 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
 
         check_leaf_indices([n for n in order if n.hash not in env], gather_index_ranges(order), bound, problems)
     targets: dict = {}
+    put = VALUES.put
     for node in order:
         if not node.children and node.hash not in env:
             t = type(node)
@@ -511,28 +621,51 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
                 if node.hash in bound:  # else unbound: a problem reported below
                     env[node.hash] = bound[node.hash]
             elif t is Array or t is Scalar:
-                value = leaf_value(node, fdt, problems, targets)
-                if value is not None and t is Scalar and node.shape != ():
-                    value = _broadcast_kernel(node.shape)(value)
+                if t is Scalar and node.shape != () and cache:  # broadcast once, then kept
+                    value = get(keys(node))
+                    if value is None:
+                        value = _broadcast_kernel(node.shape)(leaf_value(node, fdt, problems, targets))
+                        put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
+                else:
+                    value = leaf_value(node, fdt, problems, targets)
+                    if value is not None and t is Scalar and node.shape != ():
+                        value = _broadcast_kernel(node.shape)(value)
                 env[node.hash] = value
     raise_problems(problems)
-    put = VALUES.put
-    computed = reused = 0
+    todo = []
+    reused = 0
     for node in order:
-        h = node.hash
-        if h in env:
+        if node.hash in env:
             if node.children:
                 reused += 1
-            continue
-        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
-        env[h] = value
-        computed += 1
-        if cache:
-            put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
+        else:
+            todo.append(node)
+    computed = len(todo)
+    if keep_all:  # every value as an array of its own (the gradients read them one by one)
+        for node in todo:
+            env[node.hash] = kernel(node, fdt)(*[materialized(env[c.hash]) for c in node.children])
+            if cache:
+                put(keys(node), env[node.hash])
+        env = {h: materialized(v) for h, v in env.items()}
+    else:
+        from .rows import compute
+
+        def store(node, value, stack):
+            if stack is None:
+                put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
+                by_shape = shape_key(node)
+                if by_shape is not None:
+                    put((by_shape, keys.fdt), value, math.prod(node.shape) * value.dtype.itemsize)
+            else:
+                key = keys(node)
+                stack.keys.append((key, value.index))
+                put(key, value, math.prod(node.shape) * stack.value.dtype.itemsize)
+
+        compute(todo, env, fdt, store if cache else None, keys if cache else None)
     if info is not None:
         info.computed += computed
         info.reused += reused
-    outs = [env[r.hash] for r in roots]
+    outs = [materialized(env[r.hash]) for r in roots]
     if keep_all:
         return outs, env, order
     return outs
