@@ -190,6 +190,13 @@ def _rows(rows: list, env: dict, fdt: str, store, keys) -> None:
             continue
         args.append(_stacked(cs, env, fdt, keys))
         axes.append(0)
+    if 0 not in axes:  # the same operation on the same values (nodes differing in name only)
+        value = kernel(first, fdt)(*args)
+        for r in rows:
+            env[r.hash] = value
+            if store is not None:
+                store(r, value, None)
+        return
     key = ("rows", kernel_entry(first, fdt)[0], tuple(axes), n)
 
     def make():

@@ -178,3 +178,10 @@ def test_a_sum_of_kept_rows_leaves_out_an_infinite_row_exactly():
     want = sum(np.exp(xv @ w[h]) + h for h in range(1, 4))
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_nodes_differing_in_name_only_share_one_value():
+    x = Symbol((3,), name="x")
+    twins = [GeneralFunction("exp", x, name=f"twin{i}") for i in range(3)]
+    got = run_ops([Add(*twins)], {"x": np.zeros(3, np.float32)}, "float32")
+    np.testing.assert_allclose(np.asarray(got[0]), 3.0)
