@@ -87,9 +87,7 @@ class ValueCache:
         self.max_bytes = check_budget(max_bytes, "value cache budget")
         self._counts = collections.Counter()
 
-    def get(self, key, raw: bool = False):
-        """The value under ``key``, or None; a row of a stacked value (``Row``) comes back as an
-        array of its own (its stack split once, every sibling row kept split) unless ``raw``."""
+    def get(self, key):
         with self._lock:
             value = self._values.get(key)
             if value is None:
@@ -97,19 +95,7 @@ class ValueCache:
                 return None
             self._values.move_to_end(key)
             self._counts["hits"] += 1
-        if raw or type(value) is not Row:
             return value
-        return self._split(value)
-
-    def _split(self, row: "Row"):
-        stack = row.stack
-        rows = stack.split()
-        with self._lock:
-            for key, i in stack.keys:
-                if self._values.get(key) is not None and type(self._values[key]) is Row \
-                        and self._values[key].stack is stack:
-                    self._values[key] = rows[i]
-        return rows[row.index]
 
     def put(self, key, value, size: int | None = None) -> None:
         """Keep ``value`` under ``key`` (``size``: its bytes, when the caller knows them)."""
@@ -171,46 +157,6 @@ VALUES = ValueCache()
 def value_cache_info() -> dict:
     """Counters of the process-wide value cache (see ``circuits.backend.cache_stats``)."""
     return VALUES.info()
-
-
-class Stacked:
-    """The value of several nodes computed as rows of one array (``circuits.backend.rows``):
-    ``keys``, the value-cache keys its rows are kept under with their row numbers."""
-
-    __slots__ = ("value", "keys", "_rows")
-
-    def __init__(self, value):
-        self.value = value
-        self.keys: list = []
-        self._rows = None
-
-    def split(self) -> tuple:
-        """Every row as an array of its own, by one kernel call (made once)."""
-        rows = self._rows
-        if rows is None:
-            shape, dtype = self.value.shape, str(self.value.dtype)
-            rows = self._rows = cached_kernel(("split", shape, dtype), lambda: _splitter(shape[0]))(self.value)
-        return rows
-
-
-def _splitter(n: int):
-    return lambda s: tuple(s[i] for i in range(n))
-
-
-class Row:
-    """Row ``index`` of a ``Stacked`` value, standing for one node's value until something
-    needs it as an array of its own (``materialized``)."""
-
-    __slots__ = ("stack", "index")
-
-    def __init__(self, stack: Stacked, index: int):
-        self.stack = stack
-        self.index = index
-
-
-def materialized(value):
-    """``value`` as an array: a ``Row`` split out of its stack, anything else as it is."""
-    return value.stack.split()[value.index] if type(value) is Row else value
 
 
 # ---------------------------------------------------------------------------- Symbols a node depends on
@@ -376,6 +322,11 @@ def pick_row(array, r: int):
         return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
 
     return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+
+
+def kernel_made(key) -> bool:
+    """Whether the kernel under ``key`` (``cached_kernel``'s) is made."""
+    return key in _kernels
 
 
 def kernel_info() -> dict:
@@ -570,11 +521,13 @@ def wait_for_warming() -> None:
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
-            info: RunInfo | None = None, keep_all: bool = False):
+            info: RunInfo | None = None, keep_all: bool = False, rows: bool = False):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
-    the walk reached (the gradients read them)."""
+    the walk reached (the gradients read them).  ``rows=True`` runs nodes of one operation as rows
+    of one kernel (``circuits.backend.rows``: what ``evaluate`` does; the gradient and sweep paths
+    batch in their own way, and rows kernels of other groupings would compile anew there)."""
     if cache:
         wait_for_warming()
     roots, free = prepared(roots)
@@ -585,7 +538,7 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     get = VALUES.get
     if cache:
         def stop(node):
-            value = get(keys(node), True)  # a kept row stays a row: rows.compute reads it whole
+            value = get(keys(node))
             if value is None:
                 by_shape = shape_key(node)
                 if by_shape is None:
@@ -641,31 +594,19 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
         else:
             todo.append(node)
     computed = len(todo)
-    if keep_all:  # every value as an array of its own (the gradients read them one by one)
-        for node in todo:
-            env[node.hash] = kernel(node, fdt)(*[materialized(env[c.hash]) for c in node.children])
-            if cache:
-                put(keys(node), env[node.hash])
-        env = {h: materialized(v) for h, v in env.items()}
-    else:
-        from .rows import compute
+    from .rows import compute
 
-        def store(node, value, stack):
-            if stack is None:
-                put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
-                by_shape = shape_key(node)
-                if by_shape is not None:
-                    put((by_shape, keys.fdt), value, math.prod(node.shape) * value.dtype.itemsize)
-            else:
-                key = keys(node)
-                stack.keys.append((key, value.index))
-                put(key, value, math.prod(node.shape) * stack.value.dtype.itemsize)
+    def store(node, value):
+        put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
+        by_shape = shape_key(node)
+        if by_shape is not None:
+            put((by_shape, keys.fdt), value, math.prod(node.shape) * value.dtype.itemsize)
 
-        compute(todo, env, fdt, store if cache else None, keys if cache else None)
+    compute(todo, env, fdt, store if cache else None, keys if cache else None, rows)
     if info is not None:
         info.computed += computed
         info.reused += reused
-    outs = [materialized(env[r.hash]) for r in roots]
+    outs = [env[r.hash] for r in roots]
     if keep_all:
         return outs, env, order
     return outs
