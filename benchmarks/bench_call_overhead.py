@@ -1,0 +1,132 @@
+"""Per-call cost of ``compile``d calls and ``evaluate_batched`` against hand-written ``jax.jit``.
+
+Run: ``.venv/bin/python -m benchmarks.bench_call_overhead [--runs 9] [--calls 200] [--batch 16]``
+(issue 24).  The seed's loss circuit on a tiny model (vocabulary 64, ``d_model`` 16, 8 positions),
+so that the arithmetic is a few microseconds and what is left is the work each call does on the
+host: binding and checking arguments, dispatch, results.  That is what separates ``compile`` from
+the hand-written function on a GPU, where the seed's arithmetic is 0.1 ms (BENCHMARKS.md, "GPU:
+NVIDIA H200 (issues 20 and 24)").
+
+Every row is microseconds per call: ``calls`` calls in a block, blocks of every function
+interleaved ``runs`` times in one process, the fastest block (and the median) reported; each
+call blocks until its result is ready.  The rows:
+
+- *hand*: ``jax.jit(loss_fused)(weights, tokens)`` on device arrays (weights passed as
+  arguments, the way the throughput benchmark's best hand-written function runs);
+- *program*: our compiled program's own jitted function called on its prebuilt argument list
+  (no Python of ours): the floor ``compile`` can reach with the program XLA gets;
+- *compile, tokens in the circuit*: ``f(return_jax=True)`` of ``C.compile(attn_only(w, toks))``
+  (``bench_throughput``'s spelling, but the result left on the device);
+- *compile, device tokens*: ``f({'toks_int_var': tokens}, return_jax=True)``, a Symbol bound to a
+  device array at every call;
+- *compile, numpy in and out*: the same bound to a numpy int64 array, the result as numpy,
+  against the hand-written function given the same numpy array and its result copied to numpy;
+- the batch rows: ``evaluate_batched`` on ``batch`` rows of tokens (device or numpy, default
+  chunk and ``batch_size=batch``) against ``jax.jit(jax.vmap(loss_fused))``.
+
+*ours - hand* is the per-call overhead the library adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import numpy as np
+
+import circuits as C
+from circuits.models import attn_only, random_weights, tokens_symbol
+
+from .common import agreement_tolerance, report
+from .handwritten_attn_only import loss_fused
+
+TOKENS = "toks_int_var"
+
+
+def per_call(fns: dict, runs: int, calls: int, warmup: int = 20) -> dict:
+    """``{name: (fastest, median)}`` microseconds per call of each of ``fns``, blocks of ``calls``
+    calls interleaved ``runs`` times."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            jax.block_until_ready(fn())
+    blocks = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(calls):
+                jax.block_until_ready(fn())
+            blocks[k].append((time.perf_counter() - t) / calls * 1e6)
+    return {k: (min(v), statistics.median(v)) for k, v in blocks.items()}
+
+
+def cases(batch: int = 16, positions: int = 8, vocab: int = 64, d_model: int = 16):
+    """``(single, batched)``: dicts of ``name -> (ours, hand)`` call pairs, checked to agree."""
+    w = random_weights(0, vocab=vocab, d_model=d_model, n_heads=2, head_size=8, max_positions=2 * positions)
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, vocab, positions + 2)
+    btoks = rng.integers(0, vocab, (batch, positions + 2))
+    wj = {k: jax.device_put(v) for k, v in w.items()}
+    tj, tbj = jax.device_put(toks.astype(np.int32)), jax.device_put(btoks.astype(np.int32))
+    hand = jax.jit(loss_fused)
+    bhand = jax.jit(jax.vmap(loss_fused, in_axes=(None, 0)))
+    bound = C.compile(attn_only(w, toks))
+    sym = attn_only(w, tokens_symbol(positions + 2))
+    free = C.compile(sym)
+    args = bound.arguments()
+    bound(return_jax=True)  # compiles, and makes the program's jitted function
+    program = bound._run
+    single = {
+        "program (our jitted function, prebuilt args)": (lambda: program(args)[0], lambda: hand(wj, tj)),
+        "compile, tokens in the circuit": (lambda: bound(return_jax=True), lambda: hand(wj, tj)),
+        "compile, device tokens": (lambda: free({TOKENS: tj}, return_jax=True), lambda: hand(wj, tj)),
+        "compile, numpy in and out": (lambda: free({TOKENS: toks}), lambda: np.asarray(hand(wj, toks))),
+    }
+    batched = {
+        "evaluate_batched, device tokens": (
+            lambda: C.evaluate_batched(sym, {TOKENS: tbj}, return_jax=True), lambda: bhand(wj, tbj)),
+        f"evaluate_batched, device tokens, batch_size={batch}": (
+            lambda: C.evaluate_batched(sym, {TOKENS: tbj}, batch_size=batch, return_jax=True),
+            lambda: bhand(wj, tbj)),
+        "evaluate_batched, numpy in and out": (
+            lambda: C.evaluate_batched(sym, {TOKENS: btoks}), lambda: np.asarray(bhand(wj, btoks))),
+    }
+    tol = agreement_tolerance()
+    for ours, theirs in [*single.values(), *batched.values()]:
+        np.testing.assert_allclose(np.asarray(ours()), np.asarray(theirs()), rtol=tol, atol=tol)
+    return single, batched
+
+
+def main(runs: int = 9, calls: int = 200, batch: int = 16):
+    single, batched = cases(batch)
+    for _ in range(4):  # evaluate_batched measures its default chunk over its first calls: warm it
+        for ours, _ in batched.values():
+            ours()
+    rows = []
+    for title, group in (("one sequence", single), (f"batch of {batch}", batched)):
+        fns = {"hand": next(iter(group.values()))[1]}
+        hands = {}
+        for name, (ours, theirs) in group.items():
+            fns[name] = ours
+            if "numpy" in name:
+                fns[f"hand, {name}"] = hands[name] = theirs
+        t = per_call(fns, runs, calls)
+        for name in group:
+            hand_key = f"hand, {name}" if name in hands else "hand"
+            (ours, ours_med), (hand, hand_med) = t[name], t[hand_key]
+            rows.append((f"{title}: {name}",
+                         f"{ours:7.1f} us (median {ours_med:7.1f})  hand {hand:7.1f} us (median {hand_med:7.1f})"
+                         f"  ours - hand {ours - hand:+7.1f} us"))
+    dev = jax.devices()[0]
+    report(f"per-call cost, tiny seed model, {dev.platform} ({dev.device_kind}): fastest block of {calls} "
+           f"calls over {runs} interleaved runs (median beside it), microseconds per call", rows)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=16)
+    args = parser.parse_args()
+    main(runs=args.runs, calls=args.calls, batch=args.batch)
