@@ -1,6 +1,6 @@
 """Per-call cost of ``compile``d calls and ``evaluate_batched`` against hand-written ``jax.jit``.
 
-Run: ``.venv/bin/python -m benchmarks.bench_call_overhead [--runs 9] [--calls 200] [--batch 16]``
+Run: ``.venv/bin/python -m benchmarks.bench_call_overhead [--runs 30] [--calls 50] [--batch 16]``
 (issue 24).  The seed's loss circuit on a tiny model (vocabulary 64, ``d_model`` 16, 8 positions),
 so that the arithmetic is a few microseconds and what is left is the work each call does on the
 host: binding and checking arguments, dispatch, results.  That is what separates ``compile`` from
@@ -9,7 +9,8 @@ NVIDIA H200 (issues 20 and 24)").
 
 Every row is microseconds per call: ``calls`` calls in a block, blocks of every function
 interleaved ``runs`` times in one process, the fastest block (and the median) reported; each
-call blocks until its result is ready.  The rows:
+call blocks until its result is ready.  *ours - hand* is the median over runs of the
+difference between the two blocks of one run (the machine's load mostly cancels in it).  The rows:
 
 - *hand*: ``jax.jit(loss_fused)(weights, tokens)`` on device arrays (weights passed as
   arguments, the way the throughput benchmark's best hand-written function runs);
@@ -46,8 +47,8 @@ TOKENS = "toks_int_var"
 
 
 def per_call(fns: dict, runs: int, calls: int, warmup: int = 20) -> dict:
-    """``{name: (fastest, median)}`` microseconds per call of each of ``fns``, blocks of ``calls``
-    calls interleaved ``runs`` times."""
+    """``{name: [microseconds per call, one block of calls each run]}`` for each of ``fns``: blocks
+    of ``calls`` calls, every function's block once a run, ``runs`` runs."""
     for fn in fns.values():
         for _ in range(warmup):
             jax.block_until_ready(fn())
@@ -58,7 +59,13 @@ def per_call(fns: dict, runs: int, calls: int, warmup: int = 20) -> dict:
             for _ in range(calls):
                 jax.block_until_ready(fn())
             blocks[k].append((time.perf_counter() - t) / calls * 1e6)
-    return {k: (min(v), statistics.median(v)) for k, v in blocks.items()}
+    return blocks
+
+
+def paired(ours: list, hand: list) -> float:
+    """The median over runs of ``ours - hand`` (blocks of the same run: the load of the shared
+    machine changes from run to run, and mostly cancels within one)."""
+    return statistics.median(o - h for o, h in zip(ours, hand))
 
 
 def cases(batch: int = 16, positions: int = 8, vocab: int = 64, d_model: int = 16):
@@ -98,7 +105,7 @@ def cases(batch: int = 16, positions: int = 8, vocab: int = 64, d_model: int = 1
     return single, batched
 
 
-def main(runs: int = 9, calls: int = 200, batch: int = 16):
+def main(runs: int = 30, calls: int = 50, batch: int = 16):
     single, batched = cases(batch)
     for _ in range(4):  # evaluate_batched measures its default chunk over its first calls: warm it
         for ours, _ in batched.values():
@@ -113,20 +120,20 @@ def main(runs: int = 9, calls: int = 200, batch: int = 16):
                 fns[f"hand, {name}"] = hands[name] = theirs
         t = per_call(fns, runs, calls)
         for name in group:
-            hand_key = f"hand, {name}" if name in hands else "hand"
-            (ours, ours_med), (hand, hand_med) = t[name], t[hand_key]
+            ours, hand = t[name], t[f"hand, {name}" if name in hands else "hand"]
             rows.append((f"{title}: {name}",
-                         f"{ours:7.1f} us (median {ours_med:7.1f})  hand {hand:7.1f} us (median {hand_med:7.1f})"
-                         f"  ours - hand {ours - hand:+7.1f} us"))
+                         f"{min(ours):7.1f} us (median {statistics.median(ours):7.1f})  hand {min(hand):7.1f} us "
+                         f"(median {statistics.median(hand):7.1f})  ours - hand {paired(ours, hand):+7.1f} us"))
     dev = jax.devices()[0]
-    report(f"per-call cost, tiny seed model, {dev.platform} ({dev.device_kind}): fastest block of {calls} "
-           f"calls over {runs} interleaved runs (median beside it), microseconds per call", rows)
+    report(f"per-call cost, tiny seed model, {dev.platform} ({dev.device_kind}), microseconds per call: the "
+           f"fastest block of {calls} calls over {runs} interleaved runs (the median beside it); ours - hand: "
+           "the median of the runs' differences", rows)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=9)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
     main(runs=args.runs, calls=args.calls, batch=args.batch)

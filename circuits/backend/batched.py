@@ -27,8 +27,8 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .batch_tuning import tail_sizes, tune_chunk
-from .binding import bind_arguments, float_dtype, precision
-from .calling import binder_of
+from .binding import float_dtype, precision
+from .calling import bind_once
 from .lowering import cached_program, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
@@ -269,8 +269,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     else:  # placement reads the program's nodes
         program, items = program_with_also(circuit, fdt, also, heads)
     with precision(fdt):
-        bound = binder_of(program, fdt).bind(inputs, batched=True) if devs is None and mesh is None else None
-        args, axes = bound if bound is not None else bind_arguments(program, inputs, fdt, batched=True)
+        args, axes = bind_once(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         row_key = (program.key, fdt, axes)

@@ -44,10 +44,10 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Symbol
-from .binding import check_symbol_value, leaf_value, symbol_values
+from .binding import bind_arguments, check_symbol_value, leaf_value, symbol_values
 from .program import Program
 
-__all__ = ["ArgumentBinder", "binder_of"]
+__all__ = ["ArgumentBinder", "binder_of", "bind_once"]
 
 # At most this many sets of input keys and input signatures are kept per program (then the
 # table starts again: a caller that keys every call differently just takes the full check).
@@ -55,6 +55,13 @@ _MAX_LAYOUTS = 32
 _MAX_SIGNATURES = 256
 
 _binder_lock = threading.Lock()
+
+
+def bind_once(program: Program, inputs, fdt: str, batched: bool = False):
+    """``bind_arguments(program, inputs, fdt, batched=batched)``, through the binder kept with
+    ``program`` when the inputs allow it (the same values, the same errors)."""
+    bound = binder_of(program, fdt).bind(inputs, batched)
+    return bound if bound is not None else bind_arguments(program, inputs, fdt, batched=batched)
 
 
 def binder_of(program: Program, fdt: str) -> "ArgumentBinder":

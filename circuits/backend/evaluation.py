@@ -27,7 +27,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from . import incremental, tiers
-from .calling import ArgumentBinder
+from .calling import ArgumentBinder, bind_once
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
@@ -130,7 +130,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
                     return out(found, [])
             program, items = cached_program(circuit, fdt, also, batch_heads)
         if program is not None:
-            args = bind_arguments(program, inputs, fdt)
+            args = bind_once(program, inputs, fdt)
             record("jit")
             values = program_function(program, "jit")(args)
             if not also:

@@ -154,3 +154,17 @@ def test_inputs_the_fast_path_does_not_take_still_work():
     for _ in range(2):
         np.testing.assert_allclose(h(), 2 * W_VALUE)
     np.testing.assert_allclose(evaluate(CIRCUIT, {"tok": np.array([2, 2]), "x": np.zeros((2, 4))}), W_VALUE[[2, 2]])
+
+
+def test_evaluate_whole_program_binds_through_the_same_binder():
+    tok, x = np.array([1, 0]), np.zeros((2, 4), np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(evaluate(CIRCUIT, {"tok": tok, "x": x}, mode="jit"), oracle(tok, x))
+        tok[:] = tok[::-1]
+        x += 1
+    assert isinstance(evaluate(CIRCUIT, {"tok": tok, "x": x}, mode="jit", return_jax=True), jax.Array)
+    program, _ = cached_program(CIRCUIT, "float32", None, True)
+    assert isinstance(program.call_state, ArgumentBinder)
+    tok[0] = 3
+    with pytest.raises(EvaluationError, match=r"holds index 3, outside \[0, 3\)"):
+        evaluate(CIRCUIT, {"tok": tok, "x": x}, mode="jit")
