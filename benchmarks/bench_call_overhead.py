@@ -25,7 +25,9 @@ difference between the two blocks of one run (the machine's load mostly cancels 
 - the batch rows: ``evaluate_batched`` on ``batch`` rows of tokens (device or numpy, default
   chunk and ``batch_size=batch``) against ``jax.jit(jax.vmap(loss_fused))``.
 
-*ours - hand* is the per-call overhead the library adds.
+*ours - hand* is the per-call overhead the library adds.  Then what one call launches, ours and
+hand-written, from a ``jax.profiler`` trace: XLA executions (one each), and on an accelerator the
+device's kernels and copies.
 """
 
 from __future__ import annotations
@@ -60,6 +62,39 @@ def per_call(fns: dict, runs: int, calls: int, warmup: int = 20) -> dict:
                 jax.block_until_ready(fn())
             blocks[k].append((time.perf_counter() - t) / calls * 1e6)
     return blocks
+
+
+def launches(fn, calls: int = 10) -> str:
+    """XLA executions per call of ``fn`` (and on an accelerator, the device's own events per call:
+    kernels and copies), counted in a ``jax.profiler`` trace of ``calls`` calls; ``'n/a'`` where
+    the profiler cannot write one."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            with jax.profiler.trace(d):
+                for _ in range(calls):
+                    jax.block_until_ready(fn())
+            path = glob.glob(f"{d}/**/*.trace.json.gz", recursive=True)
+            with gzip.open(path[0]) as f:
+                events = json.load(f)["traceEvents"]
+    except Exception as e:  # noqa: BLE001 - a profiler missing or failing: say so, measure the rest
+        return f"n/a ({type(e).__name__})"
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    count = collections.Counter()
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        if "ExecuteHelper" in e.get("name", ""):
+            count["executions"] += 1
+        elif procs.get(e.get("pid"), "").startswith("/device:"):
+            count["device"] += 1
+    out = f"{count['executions'] / calls:g} XLA executions"
+    return out + (f", {count['device'] / calls:g} device events" if count["device"] else "")
 
 
 def paired(ours: list, hand: list) -> float:
@@ -124,6 +159,8 @@ def main(runs: int = 30, calls: int = 50, batch: int = 16):
             rows.append((f"{title}: {name}",
                          f"{min(ours):7.1f} us (median {statistics.median(ours):7.1f})  hand {min(hand):7.1f} us "
                          f"(median {statistics.median(hand):7.1f})  ours - hand {paired(ours, hand):+7.1f} us"))
+        for name, (ours, theirs) in group.items():
+            rows.append((f"{title}: {name}, a call launches", f"ours {launches(ours)}; hand {launches(theirs)}"))
     dev = jax.devices()[0]
     report(f"per-call cost, tiny seed model, {dev.platform} ({dev.device_kind}), microseconds per call: the "
            f"fastest block of {calls} calls over {runs} interleaved runs (the median beside it); ours - hand: "
