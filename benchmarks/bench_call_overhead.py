@@ -165,8 +165,7 @@ def main(runs: int = 60, calls: int = 20, batch: int = 16):
             rows.append((f"{title}: {name}, a call launches", f"ours {launches(ours)}; hand {launches(theirs)}"))
     dev = jax.devices()[0]
     report(f"per-call cost, tiny seed model, {dev.platform} ({dev.device_kind}), microseconds per call: the "
-           f"fastest block of {calls} calls over {runs} interleaved runs (the median beside it); ours - hand: "
-           "the median of the runs' differences", rows)
+           f"fastest block of {calls} calls over {runs} interleaved runs (the median beside it)", rows)
 
 
 if __name__ == "__main__":
