@@ -147,14 +147,15 @@ class ArgumentBinder:
         if _concrete_array(value, kind):
             problems: list[str] = []
             cast, is_batched = check_symbol_value(node, value, self.fdt, problems, None if batched else False)
-            if not problems:
-                target = cast.dtype
-                wrap = None
-                if target.kind in "iu" and not np.can_cast(value.dtype, target):
-                    info = np.iinfo(target)
-                    wrap = (int(info.min), int(info.max) + 1)
-                out = _Signature(None if target == value.dtype else target, 0 if is_batched else None, wrap,
-                                 self._ranges.get(pos), kind is np.ndarray or issubclass(kind, np.ndarray))
+            if problems:  # not kept: the problem may be this value's (an int that would wrap), not its signature's
+                return False
+            target = cast.dtype
+            wrap = None
+            if target.kind in "iu" and not np.can_cast(value.dtype, target):
+                info = np.iinfo(target)
+                wrap = (int(info.min), int(info.max) + 1)
+            out = _Signature(None if target == value.dtype else target, 0 if is_batched else None, wrap,
+                             self._ranges.get(pos), issubclass(kind, np.ndarray))
         if len(self._signatures) >= _MAX_SIGNATURES:
             self._signatures.clear()
         self._signatures[sig] = out

@@ -168,3 +168,13 @@ def test_evaluate_whole_program_binds_through_the_same_binder():
     tok[0] = 3
     with pytest.raises(EvaluationError, match=r"holds index 3, outside \[0, 3\)"):
         evaluate(CIRCUIT, {"tok": tok, "x": x}, mode="jit")
+
+
+def test_a_first_call_refused_for_its_values_does_not_turn_the_fast_path_off():
+    f = compile(CIRCUIT)
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(EvaluationError, match="would wrap silently"):
+        f({"tok": np.array([0, 2 ** 40]), "x": x})  # the first int64 tokens seen: out of int32
+    np.testing.assert_allclose(f({"tok": np.array([0, 1]), "x": x}), W_VALUE[[0, 1]])
+    args = f._binder.bind({"tok": np.array([2, 1]), "x": x})
+    assert args is not None and any(a is x for a in args)
