@@ -30,7 +30,8 @@ it the median over runs of the difference between the two blocks of one run.  Th
 
 *ours - hand* is the per-call overhead the library adds.  Then what one call launches, ours and
 hand-written, from a ``jax.profiler`` trace: XLA executions (one each), and on an accelerator the
-device's kernels and copies.
+device's kernels and copies (``--no-launches`` skips the traces; ``device_check`` skips them, to
+spare the lent machine's minutes: run this module alone there to count kernels).
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def empty_cases(batch: int = 16):
     return group
 
 
-def main(runs: int = 60, calls: int = 20, batch: int = 16):
+def main(runs: int = 60, calls: int = 20, batch: int = 16, launches_too: bool = True):
     single, batched = cases(batch)
     for _ in range(4):  # evaluate_batched measures its default chunk over its first calls: warm it
         for ours, _ in batched.values():
@@ -183,7 +184,7 @@ def main(runs: int = 60, calls: int = 20, batch: int = 16):
                          f"{min(ours):7.1f} us (median {statistics.median(ours):7.1f})  hand {min(hand):7.1f} us "
                          f"(median {statistics.median(hand):7.1f})  ours - hand {min(ours) - min(hand):+7.1f} us "
                          f"(paired median {paired(ours, hand):+7.1f})"))
-        for name, (ours, theirs) in group.items():
+        for name, (ours, theirs) in group.items() if launches_too else ():
             rows.append((f"{title}: {name}, a call launches", f"ours {launches(ours)}; hand {launches(theirs)}"))
     dev = jax.devices()[0]
     report(f"per-call cost, tiny seed model and an empty circuit, {dev.platform} ({dev.device_kind}), microseconds per call: the "
@@ -195,5 +196,6 @@ if __name__ == "__main__":
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--no-launches", action="store_true", help="skip the profiler traces that count launches")
     args = parser.parse_args()
-    main(runs=args.runs, calls=args.calls, batch=args.batch)
+    main(runs=args.runs, calls=args.calls, batch=args.batch, launches_too=not args.no_launches)

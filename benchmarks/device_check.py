@@ -107,8 +107,8 @@ def main(argv=None):
         for name, run in [("bench_throughput", lambda: bench_throughput.main(
                               runs=2, batch=4, batch_runs=1, chunk_sizes=(1, 4), positions=30, vocab=1000)
                               if args.small else bench_throughput.main(runs=10, batch=16, batch_runs=5)),
-                          ("bench_call_overhead", lambda: bench_call_overhead.main(runs=2, calls=10)
-                              if args.small else bench_call_overhead.main()),
+                          ("bench_call_overhead", lambda: bench_call_overhead.main(runs=2, calls=10, launches_too=False)
+                              if args.small else bench_call_overhead.main(launches_too=False)),
                           ("bench_seed_model", lambda: bench_seed_model.main(runs=2, batch=4) if args.small else bench_seed_model.main()),
                           ("bench_optimize", lambda: bench_optimize.main(**small)),
                           ("bench_heads", lambda: bench_heads.main(tuple(args.heads), **small, **heads_small)),
