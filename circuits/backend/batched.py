@@ -189,7 +189,7 @@ def _on_cpu() -> bool:
 def _rows(value, start: int, count: int):
     """``count`` rows from ``start``, the last row repeated to fill a short final chunk (so every
     chunk has one shape and one compiled function serves them all); the value itself when that
-    is all of it (slicing a device array is one more computation)."""
+    is all of it (indexing a device array goes through JAX's indexing in Python at every call)."""
     if start == 0 and value.shape[0] == count:
         return value
     part = value[start:start + count]
