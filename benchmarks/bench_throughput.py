@@ -89,7 +89,10 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
     for got in [compiled(), optimized(), *(np.asarray(f(wj, tj)) for f in fused.values())]:
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     mm, mm_flops = matmul_case()
-    fns = {"compile": compiled, "optimize": optimized, "naive": lambda: naive(wj, tj), "matmul": mm}
+    args = compiled.arguments()
+    run = compiled._run  # the program's jitted function (made by the calls above)
+    fns = {"compile": compiled, "optimize": optimized, "naive": lambda: naive(wj, tj), "matmul": mm,
+           "compile jax": lambda: compiled(return_jax=True), "program": lambda: run(args)[0]}
     fns.update({k: (lambda f=f: f(wj, tj)) for k, f in fused.items()})
     t = medians(fns, runs)
     rate = mm_flops / t["matmul"]
@@ -106,6 +109,9 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
          "  ".join(f"{c}: {t[f'hand loop{c}'] * 1e3:.1f} ms" for c in LOOP_CHUNKS)),
         ("one sequence, naive hand-written", f"{t['naive'] * 1e3:8.1f} ms"),
         ("ratio one sequence compile / best hand (target <= 1.05)", f"{t['compile'] / hand:8.3f}"),
+        # where a gap lies: the result's copy to numpy, our Python per call, the program itself
+        ("ratio one sequence compile(return_jax=True) / best hand", f"{t['compile jax'] / hand:8.3f}"),
+        ("ratio one sequence our program's jitted function alone / best hand", f"{t['program'] / hand:8.3f}"),
         ("ratio one sequence compile / naive hand", f"{t['compile'] / t['naive']:8.3f}"),
         ("ratio one sequence optimize / compile", f"{t['optimize'] / t['compile']:8.3f}"),
         ("ratio one sequence optimize / physical line (target <= 1.5)", f"{t['optimize'] / physical:8.3f}"),
@@ -135,6 +141,7 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
         inputs = {"toks_int_var": btoks}
         bfns = {
             "evaluate_batched": lambda: C.evaluate_batched(sym, inputs),
+            "evaluate_batched jax": lambda: C.evaluate_batched(sym, {"toks_int_var": tb}, return_jax=True),
             "optimize batched": lambda: C.evaluate_batched(sym_opt, inputs),
             "matmul": mm,
         }
@@ -142,10 +149,11 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
             bfns[f"batch_size {k}"] = functools.partial(C.evaluate_batched, sym, inputs, batch_size=k)
         bfns.update({k: (lambda f=f: f(wj, tb)) for k, f in hands.items()})
         bwant = np.asarray(next(iter(hands.values()))(wj, tb))
-        for k in ("evaluate_batched", "optimize batched", *list(hands)[1:]):
+        for k in ("evaluate_batched", "evaluate_batched jax", "optimize batched", *list(hands)[1:]):
             np.testing.assert_allclose(np.asarray(bfns[k]()), bwant, rtol=tol, atol=tol)
         for _ in range(4):  # the default chunk is measured over the first calls (batch_tuning): warm it
             bfns["evaluate_batched"]()
+            bfns["evaluate_batched jax"]()
             bfns["optimize batched"]()
         bt = medians(bfns, batch_runs)
         brate = mm_flops / bt["matmul"]
@@ -160,6 +168,8 @@ def main(runs: int = 7, batch: int = 16, batch_runs: int = 3, chunk_sizes=(1, 2,
             (f"batch of {batch}, best hand-written", f"{bhand * 1e3:8.1f} ms ({bkey[6:]})"),
             (f"batch of {batch}, hand-written", "  ".join(f"{k[6:]}: {bt[k] * 1e3:.0f} ms" for k in hands)),
             ("ratio batch evaluate_batched / best hand (target <= 1.0)", f"{bt['evaluate_batched'] / bhand:8.3f}"),
+            ("ratio batch evaluate_batched, device tokens and result / best hand",
+             f"{bt['evaluate_batched jax'] / bhand:8.3f}"),
             ("ratio batch default chunk / best fixed chunk (target <= 1.1)",
              f"{bt['evaluate_batched'] / fixed[fkey]:8.3f}"),
             ("ratio batch optimize / physical line (target <= 1.5)", f"{bt['optimize batched'] / bphysical:8.3f}"),

@@ -3,7 +3,8 @@ evaluation on the accelerator agrees with the plain-numpy oracle, then runs the 
 optimize, batched, head-batched and sharded benchmarks there, printing the card first.
 ``bench_throughput`` comes first: one sequence, a batch of 16 and ``optimize`` against the best
 hand-written JAX (logit minus a fused logsumexp, heads batched; ``vmap`` / ``lax.map`` / chunked
-``vmap`` for the batch) and the card's own square-matmul rate, its title naming the card.  Runs on
+``vmap`` for the batch) and the card's own square-matmul rate, its title naming the card; then
+``bench_call_overhead``, the microseconds each call adds to the hand-written function's.  Runs on
 the CPU too (the same checks), which is how it is tested (``tests/test_device_check.py``).
 
     python -m benchmarks.device_check                     # checks + benchmarks (< 5 minutes on a GPU)
@@ -92,13 +93,22 @@ def main(argv=None):
     print(f"checks took {time.perf_counter() - t:.1f} s", flush=True)
 
     if not args.quick:
-        from . import bench_heads, bench_optimize, bench_seed_model, bench_sharding, bench_throughput
+        from . import (
+            bench_call_overhead,
+            bench_heads,
+            bench_optimize,
+            bench_seed_model,
+            bench_sharding,
+            bench_throughput,
+        )
 
         small = dict(runs=2, positions=30) if args.small else {}
         heads_small = dict(d_model=64, n_heads=4, head_size=16, vocab=1000) if args.small else {}
         for name, run in [("bench_throughput", lambda: bench_throughput.main(
                               runs=2, batch=4, batch_runs=1, chunk_sizes=(1, 4), positions=30, vocab=1000)
                               if args.small else bench_throughput.main(runs=10, batch=16, batch_runs=5)),
+                          ("bench_call_overhead", lambda: bench_call_overhead.main(runs=2, calls=10, launches_too=False)
+                              if args.small else bench_call_overhead.main(launches_too=False)),
                           ("bench_seed_model", lambda: bench_seed_model.main(runs=2, batch=4) if args.small else bench_seed_model.main()),
                           ("bench_optimize", lambda: bench_optimize.main(**small)),
                           ("bench_heads", lambda: bench_heads.main(tuple(args.heads), **small, **heads_small)),

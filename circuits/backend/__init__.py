@@ -12,6 +12,8 @@ Modules, in dependency order:
   values on the device that every path shares;
 - ``lowering``: a circuit to the program ``evaluate`` runs (``also=`` nodes, per-head sums
   batched), the programs of live circuits cached;
+- ``calling``: arguments bound once per program (``ArgumentBinder``), the per-call fast path of
+  ``Compiled``, ``evaluate_batched`` and ``evaluate``'s whole-program tier;
 - ``runtime``: the one jit policy (``maybe_jit``) and the one compile cache (``cached_jit``);
   it re-exports binding's and lowering's names for the modules that import them from there;
 - ``incremental``: op-by-op evaluation through kernels cached per operation, over a

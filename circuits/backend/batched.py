@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .batch_tuning import tail_sizes, tune_chunk
-from .binding import bind_arguments, float_dtype, precision
+from .binding import float_dtype, precision
+from .calling import bind_once
 from .lowering import cached_program, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
@@ -187,7 +188,10 @@ def _on_cpu() -> bool:
 
 def _rows(value, start: int, count: int):
     """``count`` rows from ``start``, the last row repeated to fill a short final chunk (so every
-    chunk has one shape and one compiled function serves them all)."""
+    chunk has one shape and one compiled function serves them all); the value itself when that
+    is all of it (indexing a device array goes through JAX's indexing in Python at every call)."""
+    if start == 0 and value.shape[0] == count:
+        return value
     part = value[start:start + count]
     short = count - part.shape[0]
     if short:
@@ -265,7 +269,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     else:  # placement reads the program's nodes
         program, items = program_with_also(circuit, fdt, also, heads)
     with precision(fdt):
-        args, axes = bind_arguments(program, inputs, fdt, batched=True)
+        args, axes = bind_once(program, inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         row_key = (program.key, fdt, axes)

@@ -37,13 +37,21 @@ __all__ = [
 # ---------------------------------------------------------------------------- precision
 def float_dtype(dtype) -> str:
     """Normalise the ``dtype=`` option: the float type every float value is computed in."""
+    known = _FLOAT_NAMES.get(dtype) if type(dtype) is str else None  # read at every call: kept
+    if known is not None:
+        return known
     try:
         name = dtype if dtype == "bfloat16" else np.dtype(dtype).name
     except TypeError:
         name = None
     if name not in FLOAT_DTYPES:
         raise EvaluationError(f"dtype={dtype!r}: evaluation precision must be one of {', '.join(FLOAT_DTYPES)}")
+    if type(dtype) is str:
+        _FLOAT_NAMES[dtype] = name  # only the spellings numpy accepts for a float dtype get in
     return name
+
+
+_FLOAT_NAMES: dict = {}
 
 
 def precision(fdt: str):

@@ -27,6 +27,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from . import incremental, tiers
+from .calling import ArgumentBinder, bind_once
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
@@ -129,7 +130,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
                     return out(found, [])
             program, items = cached_program(circuit, fdt, also, batch_heads)
         if program is not None:
-            args = bind_arguments(program, inputs, fdt)
+            args = bind_once(program, inputs, fdt)
             record("jit")
             values = program_function(program, "jit")(args)
             if not also:
@@ -229,6 +230,7 @@ class Compiled:
         self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
         self.placement = None
         self._bound = None  # the arguments, bound once when there is no Symbol to bind
+        self._binder = ArgumentBinder(self.program, self.float_dtype)  # the per-call fast path
         self._run = None
         if mesh is not None:
             from .sharding import Placement, mesh_of
@@ -251,14 +253,21 @@ class Compiled:
         return args
 
     def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
-        args = self.arguments(inputs)
+        """The circuit's value for ``inputs`` (numpy; ``return_jax=True``: a jax array left on
+        the device).  The arguments are bound once (``circuits.backend.calling``): a call with
+        inputs of shapes and dtypes seen before only checks their values' index ranges and
+        runs the compiled function once."""
         with precision(self.float_dtype):
-            if self._run is None:
-                self._run = program_function(self.program, "jit")
-            outs = self._run(args)
-            if return_jax:
-                return package_outputs(outs, self._items)
-            return _numpy_outputs(outs, self._items)
+            args = None if self.placement is not None else self._binder.bind(inputs)
+            if args is None:
+                args = self.arguments(inputs)
+            run = self._run
+            if run is None:
+                run = self._run = program_function(self.program, "jit")
+            outs = run(args)
+        if return_jax:
+            return package_outputs(outs, self._items)
+        return _numpy_outputs(outs, self._items)
 
     def __repr__(self):
         return f"<Compiled {len(self.program)} nodes, {self.float_dtype}: {self.circuit.line()}>"

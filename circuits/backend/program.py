@@ -123,7 +123,7 @@ class Program:
     """
 
     __slots__ = ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "outputs", "float_dtype", "key",
-                 "_body_key", "_skeleton", "_index_ranges", "_arg_nodes", "_free_symbols", "_size")
+                 "_body_key", "_skeleton", "_index_ranges", "_arg_nodes", "_free_symbols", "_size", "call_state")
 
     def __init__(self, roots: Sequence[Circuit], float_dtype: str, given: Collection[bytes] = ()):
         roots = list(roots)
@@ -151,6 +151,7 @@ class Program:
         self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES or i in given_slots)
         self._skeleton = None
         self._index_ranges = None
+        self.call_state = None  # the arguments bound once for calls (circuits.backend.calling)
         self._arg_nodes = tuple(nodes[i] for i in self.arg_slots)
         self._free_symbols = tuple(n for i, n in zip(self.arg_slots, self._arg_nodes)
                                    if type(n) is Symbol and i not in given_slots)
@@ -172,7 +173,7 @@ class Program:
         for name in ("nodes", "slot_of", "child_slots", "arg_slots", "given_slots", "float_dtype", "_body_key",
                      "_index_ranges", "_arg_nodes", "_free_symbols", "_size"):
             setattr(other, name, getattr(self, name))
-        other._skeleton = None
+        other._skeleton = other.call_state = None
         other._set_outputs(list(roots))
         return other
 
@@ -196,7 +197,7 @@ class Program:
         other = object.__new__(Program)
         for name in self.__slots__:
             setattr(other, name, getattr(self, name))
-        other.nodes = other.slot_of = other.child_slots = None
+        other.nodes = other.slot_of = other.child_slots = other.call_state = None
         return other
 
     def arg_nodes(self) -> tuple[Circuit, ...]:
