@@ -82,28 +82,44 @@ class ExactScores:
             own[program.slot_of[resid[d.label].hash]] = (rows, tuple(src_at[s] for s in d.sources))
             at += len(d.sources)
         self.own = own
-        self.rows = self._layout(program, own)
+        self.masks = self._layout(program, own)
+        self._rows = None
         self.tag = ("exact-scores", tuple(sorted((k, v) for k, v in own.items())), self.counts)
 
     @staticmethod
-    def _layout(program, own: dict) -> list[tuple]:
-        """The rows (edge positions, in the order the node's batch holds them) of every slot: the
-        rows of its children, then its own edges' rows (a destination's residual sum)."""
-        rows: list[tuple] = []
+    def _layout(program, own: dict) -> list[int]:
+        """The rows of every slot as a bit mask of edge positions: its children's rows, and a
+        destination's residual sum its own edges' rows (bit masks: a large graph's layout is cheap
+        to size before ``rows_bytes`` turns it down)."""
+        masks: list[int] = []
         for i, kids in enumerate(program.child_slots):
-            merged = tuple(dict.fromkeys(r for j in kids for r in rows[j])) if kids else ()
+            m = 0
+            for j in kids:
+                m |= masks[j]
             if i in own:
-                merged = merged + own[i][0]
-            rows.append(merged)
-        return rows
+                rows = own[i][0]
+                if rows:
+                    m |= ((1 << len(rows)) - 1) << rows[0]
+            masks.append(m)
+        return masks
+
+    @property
+    def rows(self) -> list[tuple]:
+        """The rows (edge positions, in the order its batch holds them) of every slot: increasing,
+        but a destination's residual sum holds the rows from upstream first, then its own."""
+        if self._rows is None:
+            rows = []
+            for i, m in enumerate(self.masks):
+                mine = self.own[i][0] if i in self.own else ()
+                rows.append(_positions(m & ~sum(1 << r for r in mine)) + mine)
+            self._rows = rows
+        return self._rows
 
     def rows_bytes(self) -> int:
         """What the row-sparse run holds: every node's value for its rows."""
-        total = 0
-        for node, rows in zip(self.program.nodes, self.rows):
-            if rows:
-                total += len(rows) * int(np.prod(node.shape)) * max(np.dtype(self.fdt).itemsize, 4)
-        return total
+        size = max(np.dtype(self.fdt).itemsize, 4)
+        return sum(m.bit_count() * int(np.prod(node.shape)) * size
+                   for node, m in zip(self.program.nodes, self.masks) if m)
 
     def _make(self):
         import jax
@@ -194,6 +210,14 @@ class ExactScores:
             else:
                 fn = self.lowered.cached(self.tag, self._make)
             return np.asarray(fn(args), np.float64)
+
+
+def _positions(mask: int) -> tuple:
+    """The set bits of ``mask``, increasing."""
+    if not mask:
+        return ()
+    raw = np.frombuffer(mask.to_bytes((mask.bit_length() + 7) // 8, "little"), np.uint8)
+    return tuple(np.flatnonzero(np.unpackbits(raw, bitorder="little")).tolist())
 
 
 def _runs(where: list) -> tuple:
