@@ -325,25 +325,53 @@ def _exact(circuit, g: Edges, source, ablation: str, metric, clean, feed: dict, 
     split circuit (``exact_scores.ExactScores``: each node computed only for the edges upstream
     of it) where its rows fit ``ROWS_BYTES`` and no ``batch_size`` is asked for, else the masked
     program part by part (``_ExactParts``).  Either is kept on the graph (``scorer_for``) under
-    the metric node's hash (its weights, the clean logits of ``'kl'``), the ablation, the
-    source's fingerprint, the dtype, ``batch_size`` and the feed's rows, so a warm call binds its
-    feed and runs."""
+    the metric (``_metric_key``: the weights' or the clean logits' digest; a function's node
+    hash), the ablation, the source's fingerprint, the dtype, ``batch_size`` and the feed's rows,
+    so a warm call binds its feed and runs."""
     from .edge_graph import _fingerprint
     from .edge_scores import scorer_for, split_circuit
     from .exact_scores import ROWS_BYTES, ExactScores
 
     split, resid, senders = split_circuit(g)
-    m = metric_node(split, metric, clean=clean)
+    what = _metric_key(metric, clean)
+    m = metric_node(split, metric, clean=clean) if what is None else None
     rows = next(iter(feed.values())).shape[0] if feed else 1
-    key = ("exact", m.hash, ablation, _fingerprint(source), str(dtype), batch_size, rows)
+    key = ("exact", what or m.hash, ablation, _fingerprint(source), str(dtype), batch_size, rows)
 
     def make():
-        scorer = ExactScores(g, m, resid, senders, source, ablation, dtype)
+        node = m if m is not None else metric_node(split, metric, clean=clean)
+        scorer = ExactScores(g, node, resid, senders, source, ablation, dtype)
         if batch_size is None and scorer.rows_bytes() * rows <= ROWS_BYTES:
             return scorer
         return _ExactParts(circuit, g, source, ablation, metric, clean, dtype, batch_size)
 
     return scorer_for(g, key, make)(feed)
+
+
+def _metric_key(metric, clean) -> tuple | None:
+    """What ``metric_node(out, metric, clean=clean)`` is made of, as a key without making it: the
+    kind and a digest of the weights or of the clean logits (None: a function or anything else,
+    keyed by its node's hash)."""
+    import hashlib
+
+    def digest(v):
+        if isinstance(v, Circuit):
+            return v.hash
+        a = np.ascontiguousarray(v)
+        if a.dtype.kind not in "biuf":
+            raise TypeError
+        return a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
+
+    try:
+        if metric is None:
+            return ("sum",)
+        if isinstance(metric, str):
+            return ("named", metric, None if clean is None else digest(clean))
+        if callable(metric) or isinstance(metric, Circuit):
+            return None
+        return ("weights", digest(metric))
+    except (TypeError, ValueError):
+        return None
 
 
 class _ExactParts:

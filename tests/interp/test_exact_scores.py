@@ -64,7 +64,8 @@ def test_row_sparse_and_parts_are_the_oracle(model, ablation, batch_size):
 
 def test_kept_scorer_answers_only_for_its_source_metric_and_dtype(model):
     """A second call with another source value (a new array, or the same array changed in place),
-    other metric weights, or another dtype gives that call's scores, not the kept ones."""
+    other metric weights, another metric function, or another dtype gives that call's scores,
+    not the kept ones."""
     w, _, weights = model
     loss = attn_only(w, CLEAN, unique_names=True)
     source = {"toks_int_var": CORRUPT.copy()}
@@ -78,6 +79,11 @@ def test_kept_scorer_answers_only_for_its_source_metric_and_dtype(model):
     other = weights[::-1].copy()
     np.testing.assert_allclose(discover(loss, {"toks_int_var": CORRUPT}, other, method="exact",
                                         dtype="float64").scores, oracle(w, other, sources_on(w, CORRUPT)), **TOL)
+    for at in (2, 3):  # a function metric: keyed by its node (the same program: nothing compiled)
+        onehot = np.eye(len(weights))[at]
+        got = discover(loss, {"toks_int_var": CORRUPT}, lambda out: C.Einsum.from_spec("a,a->", out, C.Array(onehot)),
+                       method="exact", dtype="float64").scores
+        np.testing.assert_allclose(got, oracle(w, onehot, sources_on(w, CORRUPT)), **TOL)
     third = {"toks_int_var": np.array([2, 9, 4, 4, 11, 3, 5, 1])}  # float32 first, then float64
     low = discover(loss, third, weights, method="exact", dtype="float32").scores
     want = oracle(w, weights, sources_on(w, third["toks_int_var"]))
