@@ -6,9 +6,10 @@ other: only the nodes downstream of ``d`` differ from the clean run.  ``ExactSco
 split circuit (``split_circuit``: each destination reading its own copy ``'<destination>.resid'``)
 once clean, then once more *row-sparse*: one row per edge, and each node is computed (its op
 ``vmap``-ed) only for the rows of the edges whose destination lies upstream of it, the other rows
-reading its clean value.  A head of the last layer is computed for its own fifteen edges, not for
-all of them, and what lies upstream of every destination is computed once: the work of one
-forward pass per edge, less what the edge cannot change, in one call.
+reading its clean value.  In the shipped induction model (81 edges) a head of the second layer
+is computed for 27 rows (its own 15 edges and the first layer's 12), the output for all 81, and
+what lies upstream of every destination once: the work of one forward pass per edge, less what
+the edge cannot change (a ninth of it there), in one call.
 
 The rows every node holds are laid out when the scorer is made (the edges are fixed), so a call
 is one compiled function of the program's arguments; ``rows_bytes`` is what the row-sparse run
@@ -133,7 +134,9 @@ class ExactScores:
         rows_of, own, n_edges = self.rows, self.own, self.n_edges
         n_clean, n_patched = self.counts
         metric_slot = program.outputs[0]
-        # per slot: (children's gathers, vmap axes) for the row-sparse step, made once
+        # per slot with rows: how its op reads each child for the rows from upstream (None: the
+        # clean value, unbatched; 'all': the child's batch as it is; runs: see _runs), or None for
+        # a destination's sum that has no rows from upstream; made once
         plan = {}
         for i, kids in enumerate(kids_of):
             rows = rows_of[i]
@@ -186,7 +189,7 @@ class ExactScores:
                             vals.append(_gathered(jnp, env[j], batch[j], how))
                             axes.append(0)
                     parts.append(jax.vmap(ops[i], in_axes=tuple(axes))(*vals))
-                if i in own:
+                if i in own and own[i][0]:
                     shape = env[i].shape
                     parts.append(env[i][None] + jnp.stack([jnp.broadcast_to(diffs[s], shape) for s in own[i][1]]))
                 batch[i] = parts[0] if len(parts) == 1 else jnp.concatenate(parts)
