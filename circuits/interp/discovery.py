@@ -172,7 +172,9 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     """Score every edge of ``circuit``'s head-level graph (``edges``) by ``method`` (see the
     module docstring); ``circuit`` runs clean as built, ``source`` as in ``patch`` (for
     ``ablation='zero'``: None; for ``'mean'``: values with a leading batch axis); ``steps`` for
-    the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``.
+    the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``;
+    ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
+    evaluates the masked program part by part instead of its one row-sparse program).
 
     A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
     values with a leading batch axis and ``source`` gives the corrupted values in the same layout
