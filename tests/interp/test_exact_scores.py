@@ -104,15 +104,17 @@ def test_a_batch_is_the_mean_of_its_rows(model, batch_size):
     np.testing.assert_allclose(r.scores, want, **TOL)
 
 
-def test_mlps_and_a_function_metric_match_one_patched_circuit_per_edge():
-    """GPT-2 with MLPs (MLP destinations, fused projections): each score is the metric of the
-    circuit patched at that edge alone (``patch_edges``) minus the clean metric."""
-    from circuits.models import gpt2
-    from circuits.models.gpt2 import random_gpt2_weights
+@pytest.mark.parametrize("family", ["gpt2", pytest.param("opt", marks=pytest.mark.slow),
+                                    pytest.param("llama", marks=pytest.mark.slow)])
+def test_mlps_and_a_function_metric_match_one_patched_circuit_per_edge(family):
+    """GPT-2, OPT, Llama (grouped-query attention) with MLPs (MLP destinations, fused
+    projections): each score is the metric of the circuit patched at that edge alone
+    (``patch_edges``) minus the clean metric."""
+    from tests.interp.test_discovery_edges import HF_CLEAN, HF_CORRUPT, _hf_models
 
-    cfg = dict(n_embd=8, n_head=2, n_layer=2, vocab_size=11, n_positions=16, activation_function="gelu_new")
-    c = gpt2(cfg, random_gpt2_weights(cfg), np.array([1, 2, 3, 4, 5]), split_heads=True)
-    src = {"tokens": np.array([1, 7, 3, 9, 6])}
+    build, random_w, cfg = _hf_models()[family]
+    c = build(cfg, random_w(cfg), HF_CLEAN, split_heads=True)
+    src = {"tokens": HF_CORRUPT}
     g = edges(c)
 
     def metric(out):
