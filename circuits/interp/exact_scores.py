@@ -126,11 +126,9 @@ class ExactScores:
         import jax
         import jax.numpy as jnp
 
-        from ..backend.ops import broadcast_scalar
-
         program = self.program
         skeleton = program.skeleton()
-        ops, kids_of, arg_slots = skeleton.ops, skeleton.child_slots, skeleton.arg_slots
+        ops, kids_of = skeleton.ops, skeleton.child_slots
         rows_of, own, n_edges = self.rows, self.own, self.n_edges
         n_clean, n_patched = self.counts
         metric_slot = program.outputs[0]
@@ -158,16 +156,12 @@ class ExactScores:
             plan[i] = reads
 
         def scores(args):
-            env: list = [None] * skeleton.size
-            shapes = skeleton.scalar_shapes
-            for slot, value in zip(arg_slots, args):
-                shape = shapes.get(slot)
-                env[slot] = value if shape is None else broadcast_scalar(value, shape)
-            for i in range(skeleton.size):
-                if ops[i] is not None:
-                    env[i] = ops[i](*[env[j] for j in kids_of[i]])
-            outs = [env[i] for i in program.outputs]
-            values = outs[1:]
+            env: list = [None] * skeleton.size  # every slot's clean value
+
+            def keep(i, value):
+                env[i] = value
+
+            values = skeleton.run(args, observe=keep)[1:]
             cl, pa = values[: sum(n_clean)], values[sum(n_clean):]
             diffs, a, b = [], 0, 0
             for nc, np_ in zip(n_clean, n_patched):

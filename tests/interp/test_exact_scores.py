@@ -62,6 +62,20 @@ def test_row_sparse_and_parts_are_the_oracle(model, ablation, batch_size):
     assert len(kept) == 1 and isinstance(kept[0], ExactScores) == (batch_size is None)
 
 
+def test_rows_over_the_budget_take_the_masked_parts(model, monkeypatch):
+    """A circuit whose row-sparse run would hold more than ``ROWS_BYTES`` is scored part by part
+    (the same scores)."""
+    from circuits.interp import exact_scores
+
+    w, loss, weights = model
+    monkeypatch.setattr(exact_scores, "ROWS_BYTES", 1000)
+    other = weights * 2  # a scorer not kept yet
+    r = discover(loss, {"toks_int_var": CORRUPT}, other, method="exact", dtype="float64")
+    np.testing.assert_allclose(r.scores, oracle(w, other, sources_on(w, CORRUPT)), **TOL)
+    kept = [s for k, s in edges(loss)._scorers.items() if k[0] == "exact" and k[5] is None]
+    assert any(type(s).__name__ == "_ExactParts" for s in kept)
+
+
 def test_kept_scorer_answers_only_for_its_source_metric_and_dtype(model):
     """A second call with another source value (a new array, or the same array changed in place),
     other metric weights, another metric function, or another dtype gives that call's scores,
