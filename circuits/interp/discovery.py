@@ -341,10 +341,11 @@ def _exact(circuit, g: Edges, source, ablation: str, metric, clean, feed: dict, 
     key = ("exact", what or m.hash, ablation, _fingerprint(source), str(dtype), batch_size, rows)
 
     def make():
-        node = m if m is not None else metric_node(split, metric, clean=clean)
-        scorer = ExactScores(g, node, resid, senders, source, ablation, dtype)
-        if batch_size is None and scorer.rows_bytes() * rows <= ROWS_BYTES:
-            return scorer
+        if batch_size is None:
+            node = m if m is not None else metric_node(split, metric, clean=clean)
+            scorer = ExactScores(g, node, resid, senders, source, ablation, dtype)
+            if scorer.rows_bytes() * rows <= ROWS_BYTES:
+                return scorer
         return _ExactParts(circuit, g, source, ablation, metric, clean, dtype, batch_size)
 
     return scorer_for(g, key, make)(feed)
