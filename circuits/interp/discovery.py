@@ -5,8 +5,9 @@ much patching it (its sender recomputed from ``source``, or zero / mean ablated:
 changes the metric ``m``.  All methods work on one program: the masked circuit of ``patch_edges``
 (``mask=True``), whose input ``'edges.mask'`` holds one weight per edge (0: clean, 1: patched).
 
-- ``'exact'``: each edge patched alone, ``m(mask = e_i) - m(clean)``, all edges in one batched
-  evaluation of the masked program;
+- ``'exact'``: each edge patched alone, ``m(mask = e_i) - m(clean)``, all edges in one call of
+  one compiled program that computes each node only for the edges upstream of it
+  (``exact_scores``);
 - ``'eap'`` (Syed et al.): ``(sender patched - sender clean) · dm/d(destination input)``, which is
   exactly ``dm/d mask_i`` at the clean point: one forward and one backward pass (auto-circuit
   reports the opposite sign);
@@ -171,7 +172,9 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     """Score every edge of ``circuit``'s head-level graph (``edges``) by ``method`` (see the
     module docstring); ``circuit`` runs clean as built, ``source`` as in ``patch`` (for
     ``ablation='zero'``: None; for ``'mean'``: values with a leading batch axis); ``steps`` for
-    the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``.
+    the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``;
+    ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
+    evaluates the masked program part by part instead of its one row-sparse program).
 
     A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
     values with a leading batch axis and ``source`` gives the corrupted values in the same layout
@@ -320,31 +323,94 @@ def _mask_symbol(m: Circuit):
 
 
 def _exact(circuit, g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, batch_size) -> np.ndarray:
-    """Each edge patched alone, ``m(mask = e_i) - m(clean)``: the edges in at most 4 parts of
-    consecutive destination groups (destinations that read the same senders: a layer's heads),
-    each part one batched evaluation of the masked program covering only its edges, so that
-    what lies upstream of the part's destinations is computed once, not once per edge."""
-    groups: dict[tuple, list[int]] = {}
-    at = 0
-    for d in g._dests:
-        groups.setdefault(tuple(d.sources), []).extend(range(at, at + len(d.sources)))
-        at += len(d.sources)
-    parts = list(groups.values())
-    if len(parts) > 4:  # merged, in order, to about equal numbers of edges
-        size, merged = -(-len(g) // 4), [[]]
-        for part in parts:
-            if len(merged[-1]) >= size:
-                merged.append([])
-            merged[-1].extend(part)
-        parts = merged
-    scores = np.empty(len(g), np.float64)
-    for part in parts:
-        masked = patch_edges(circuit, [g[i] for i in part], source, ablation=ablation, mask=True)
-        obj = _Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
-        k = len(part)
-        values = obj.values(np.concatenate([np.zeros((1, k), np.float32), np.eye(k, dtype=np.float32)]), pad=False)
-        scores[part] = values[1:] - values[0]
-    return scores
+    """Each edge patched alone, ``m(mask = e_i) - m(clean)``: one row-sparse program over the
+    split circuit (``exact_scores.ExactScores``: each node computed only for the edges upstream
+    of it) where its rows fit ``ROWS_BYTES`` and no ``batch_size`` is asked for, else the masked
+    program part by part (``_ExactParts``).  Either is kept on the graph (``scorer_for``) under
+    the metric (``_metric_key``: the weights' or the clean logits' digest; a function's node
+    hash), the ablation, the source's fingerprint, the dtype, ``batch_size`` and the feed's rows,
+    so a warm call binds its feed and runs."""
+    from .edge_graph import _fingerprint
+    from .edge_scores import scorer_for, split_circuit
+    from .exact_scores import ROWS_BYTES, ExactScores
+
+    split, resid, senders = split_circuit(g)
+    what = _metric_key(metric, clean)
+    m = metric_node(split, metric, clean=clean) if what is None else None
+    rows = next(iter(feed.values())).shape[0] if feed else 1
+    key = ("exact", what or m.hash, ablation, _fingerprint(source), str(dtype), batch_size, rows)
+
+    def make():
+        if batch_size is None:
+            node = m if m is not None else metric_node(split, metric, clean=clean)
+            scorer = ExactScores(g, node, resid, senders, source, ablation, dtype)
+            if scorer.rows_bytes() * rows <= ROWS_BYTES:
+                return scorer
+        return _ExactParts(circuit, g, source, ablation, metric, clean, dtype, batch_size)
+
+    return scorer_for(g, key, make)(feed)
+
+
+def _metric_key(metric, clean) -> tuple | None:
+    """What ``metric_node(out, metric, clean=clean)`` is made of, as a key without making it: the
+    kind and a digest of the weights or of the clean logits (None: a function or anything else,
+    keyed by its node's hash)."""
+    import hashlib
+
+    def digest(v):
+        if isinstance(v, Circuit):
+            return v.hash
+        a = np.ascontiguousarray(v)
+        if a.dtype.kind not in "biuf":
+            raise TypeError
+        return a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
+
+    try:
+        if metric is None:
+            return ("sum",)
+        if isinstance(metric, str):
+            return ("named", metric, None if clean is None else digest(clean))
+        if callable(metric) or isinstance(metric, Circuit):
+            return None
+        return ("weights", digest(metric))
+    except (TypeError, ValueError):
+        return None
+
+
+class _ExactParts:
+    """``parts(feed) -> [edges]``: ``'exact'`` for a circuit whose row-sparse run is too large:
+    the edges in at most 4 parts of consecutive destination groups (destinations that read the
+    same senders: a layer's heads), each part one batched evaluation of the masked program
+    covering only its edges (what lies upstream of the part's destinations computed once, not
+    once per edge); the parts' metric nodes are made once."""
+
+    def __init__(self, circuit, g: Edges, source, ablation: str, metric, clean, dtype, batch_size):
+        groups: dict[tuple, list[int]] = {}
+        at = 0
+        for d in g._dests:
+            groups.setdefault(tuple(d.sources), []).extend(range(at, at + len(d.sources)))
+            at += len(d.sources)
+        parts = list(groups.values())
+        if len(parts) > 4:  # merged, in order, to about equal numbers of edges
+            size, merged = -(-len(g) // 4), [[]]
+            for part in parts:
+                if len(merged[-1]) >= size:
+                    merged.append([])
+                merged[-1].extend(part)
+            parts = merged
+        self.n, self.dtype, self.batch_size = len(g), dtype, batch_size
+        self.parts = [(part, metric_node(patch_edges(circuit, [g[i] for i in part], source, ablation=ablation,
+                                                     mask=True), metric, clean=clean)) for part in parts]
+
+    def __call__(self, feed: dict) -> np.ndarray:
+        scores = np.empty(self.n, np.float64)
+        for part, m in self.parts:
+            k = len(part)
+            obj = _Objective(m, feed, self.dtype, self.batch_size)
+            values = obj.values(np.concatenate([np.zeros((1, k), np.float32), np.eye(k, dtype=np.float32)]),
+                                pad=False)
+            scores[part] = values[1:] - values[0]
+        return scores
 
 
 def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> np.ndarray:
