@@ -39,7 +39,7 @@ import numpy as np
 from ..nodes import Add, Array, Circuit, Index, SetSymbolicShape, Tag
 from .incremental import VALUES, cached_kernel, kernel, kernel_entry, kernel_made
 from .ops import build_op
-from .runtime import leaf_value
+from .runtime import leaf_value, precision
 
 __all__ = ["compute"]
 
@@ -205,6 +205,8 @@ class _Run:
         """Make this group's kernels in a background thread (running them once on its values),
         so that the next run takes the group as rows: a new grouping compiles aside, not in the
         call that meets it."""
+        import jax
+
         from . import tiers
 
         key = _rows_key(rows, self.fdt)
@@ -214,7 +216,13 @@ class _Run:
         needed = {c.hash: self.env[c.hash] for r in rows for c in r.children}
         side = _Run(needed, self.fdt, None, self.keys)
         side.at = {h: self.at[h] for h in needed if h in self.at}
-        tiers.in_background(lambda: side.rows(rows), name="circuits-rows")
+        matmul = jax.config.jax_default_matmul_precision
+
+        def make():  # in the caller's float and matmul precision (thread-local settings)
+            with precision(self.fdt), jax.default_matmul_precision(matmul):
+                side.rows(rows)
+
+        tiers.in_background(make, name="circuits-rows")
 
     def rows(self, rows: list) -> None:
         first, env, fdt = rows[0], self.env, self.fdt

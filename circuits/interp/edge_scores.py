@@ -326,16 +326,23 @@ class EdgeScores:
         return max(1, STEPS_BYTES // max(rows * per_step, 1))
 
     def __call__(self, feed: dict) -> np.ndarray:
-        args, axes = self.lowered.bind_batched(feed)
-        with precision(self.fdt):
-            if any(a is not None for a in axes):
-                import jax
+        return run_scorer(self.lowered, self.tag, self.fdt, self._make, feed)
 
-                fn = self.lowered.cached(self.tag + ("vmap", tuple(axes)),
-                                         lambda: lambda a: jax.vmap(self._make(), in_axes=(list(axes),))(a).mean(0))
-            else:
-                fn = self.lowered.cached(self.tag, self._make)
-            return np.asarray(fn(args), np.float64)
+
+def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:
+    """The scores of the program ``make()`` builds over ``lowered``'s arguments, ``feed`` bound
+    (the mean over its rows where its values carry a batch axis: one vmapped program), compiled
+    once per ``tag`` and batch layout."""
+    args, axes = lowered.bind_batched(feed)
+    with precision(fdt):
+        if any(a is not None for a in axes):
+            import jax
+
+            fn = lowered.cached(tag + ("vmap", tuple(axes)),
+                                lambda: lambda a: jax.vmap(make(), in_axes=(list(axes),))(a).mean(0))
+        else:
+            fn = lowered.cached(tag, make)
+        return np.asarray(fn(args), np.float64)
 
 
 class MaskedValues:

@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Lowered, float_dtype, precision
+from ..backend import Lowered, float_dtype
 from ..errors import CircuitError
 from ..nodes import Circuit
 from .edge_graph import Edges, _patched_sources
+from .edge_scores import run_scorer
 
 __all__ = ["ExactScores", "ROWS_BYTES"]
 
@@ -197,16 +198,7 @@ class ExactScores:
 
     def __call__(self, feed: dict) -> np.ndarray:
         """The scores, ``feed`` binding the circuit's Symbols (see the class docstring)."""
-        args, axes = self.lowered.bind_batched(feed)
-        with precision(self.fdt):
-            if any(a is not None for a in axes):
-                import jax
-
-                fn = self.lowered.cached(self.tag + ("vmap", tuple(axes)),
-                                         lambda: lambda a: jax.vmap(self._make(), in_axes=(list(axes),))(a).mean(0))
-            else:
-                fn = self.lowered.cached(self.tag, self._make)
-            return np.asarray(fn(args), np.float64)
+        return run_scorer(self.lowered, self.tag, self.fdt, self._make, feed)
 
 
 def _positions(mask: int) -> tuple:

@@ -191,3 +191,23 @@ def test_a_new_grouping_runs_node_by_node_while_its_kernel_is_made_aside(monkeyp
     assert calls.n < alone  # the rows kernels were made in the background, and now run
     np.testing.assert_allclose(np.asarray(first[0]), sum(oracle(xv)), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(second[0]), np.asarray(first[0]), rtol=1e-6)
+
+
+def test_kernels_made_aside_are_made_in_the_callers_precision(monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(tiers, "BACKGROUND", True)
+    x = Symbol((3,), name="x", dtype="float64")
+    w = Array(W.astype(np.float64), name="w64")
+    total = Add(*heads(x, w))
+    xv = RNG.normal(size=3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        first = C.evaluate(total, {"x": xv}, dtype="float64", mode="eager", cache=False)
+        tiers.wait_for_background()  # the rows kernels, made in float64 (x64 is per thread)
+        second = C.evaluate(total, {"x": xv}, dtype="float64", mode="eager", cache=False)
+    assert not [w for w in seen if "truncated" in str(w.message)]
+    want = sum(np.exp(xv @ W.astype(np.float64)[h]) + h for h in range(4))
+    for got in (first, second):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-12)
