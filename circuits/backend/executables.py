@@ -211,21 +211,26 @@ class KeptKernel:
         exe = self.by_signature.get(signature)
         if exe is None:
             exe, path = self._load_or_compile(args, signature)
+            self.by_signature[signature] = exe or False
             if path is not None:  # read from disk: its first run tells whether it works here
                 try:
                     out = exe(*args)
                 except jax.errors.JaxRuntimeError:
                     _reject(path)
-                    exe = None
-                else:
-                    self.by_signature[signature] = exe
-                    self.exe, self.context = exe, context
-                    return out
-            exe = self.by_signature[signature] = exe or False
-        if exe is False:
+                    self.by_signature[signature] = False
+                    return self._fallback(args)
+                except (TypeError, ValueError):  # arguments on a device it was not loaded for
+                    return self._fallback(args)
+                self.exe, self.context = exe, context
+                return out
+        if exe is None or exe is False:
+            return self._fallback(args)
+        try:
+            out = exe(*args)
+        except (TypeError, ValueError):
             return self._fallback(args)
         self.exe, self.context = exe, context
-        return exe(*args)
+        return out
 
     def _fallback(self, args):
         _counts["fallbacks"] += 1
