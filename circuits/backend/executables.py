@@ -23,8 +23,8 @@ afresh and rewritten; a call whose arguments the loaded executable does not take
 tracers, another device) goes through the jitted kernel, as without this cache.
 
 >>> import numpy as np
->>> from circuits.backend.runtime import counted_jit
->>> k = kept(('exec-demo', (3,)), counted_jit(lambda x: x * 2, 'kernel_compilations'))
+>>> double = lambda x: x * 2
+>>> k = kept(('exec-demo', (3,)), double, counted_jit(double, 'kernel_compilations'))
 >>> [float(v) for v in k(np.ones(3, np.float32))]
 [2.0, 2.0, 2.0]
 """
@@ -42,6 +42,7 @@ import blake3
 import numpy as np
 
 from .persistent import ensure_persistent_cache
+from .runtime import counted_jit
 
 __all__ = ["kept", "stable_key", "executable_info", "FOLDER"]
 
@@ -152,7 +153,7 @@ def _plain_context(context) -> bytes | None:
     parts = []
     for item in context:
         if isinstance(item, core.AxisEnv):
-            if item.axis_sizes:  # inside a named-axis trace
+            if getattr(item, "axis_sizes", True):  # inside a named-axis trace
                 return None
             continue
         if item is None or type(item) in (bool, int, str, float) or isinstance(item, enum.Enum):
@@ -165,27 +166,27 @@ def _plain_context(context) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------- kept kernels
-def kept(key, jitted):
-    """``jitted`` (a ``counted_jit`` kernel) with its executables kept on disk under ``key``
+def kept(key, op, jitted):
+    """``jitted`` (``op``'s ``counted_jit`` kernel) with its executables kept on disk under ``key``
     (see the module docstring); ``jitted`` itself when the key is not stable or the cache is off."""
     directory = ensure_persistent_cache()
     if directory is None:
         return jitted
     stable = stable_key(key)
-    if stable is None:
+    if stable is None or not _setup():
         return jitted
-    return KeptKernel(jitted, stable, os.path.join(directory, FOLDER))
+    return KeptKernel(op, jitted, stable, os.path.join(directory, FOLDER))
 
 
 class KeptKernel:
     """A kernel that runs the executable it loaded (or compiled and stored) for the arguments'
     signature, and falls back to the jitted kernel for calls that executable does not take."""
 
-    __slots__ = ("jitted", "key", "folder", "exe", "context", "by_signature")
+    __slots__ = ("op", "jitted", "key", "folder", "exe", "context", "by_signature")
 
-    def __init__(self, jitted, key: bytes, folder: str):
-        _setup()
-        self.jitted, self.key, self.folder = jitted, key, folder
+    def __init__(self, op, jitted, key: bytes, folder: str):
+        _setup()  # kept() makes one only where this jax can keep kernels
+        self.op, self.jitted, self.key, self.folder = op, jitted, key, folder
         self.exe = None
         self.context = None
         self.by_signature: dict = {}
@@ -251,27 +252,21 @@ class KeptKernel:
         if exe is not None:
             _counts["loads"] += 1
             return exe, path
-        compiled = _compile_fresh(self.jitted, args, "circuits_kernel_" + name[:24])
+        compiled = _compile_fresh(self.op, args, "circuits_kernel_" + name[:24])
         if compiled is None:  # JAX's cache held it under that name too (our entry was lost):
             # once more under a name of its own, so that XLA compiles it and it can be written
-            compiled = _compile_fresh(self.jitted, args, "circuits_kernel_" + os.urandom(12).hex())
+            compiled = _compile_fresh(self.op, args, "circuits_kernel_" + os.urandom(12).hex())
         if compiled is None:
             return None, None
         _store(path, full, compiled)
         return compiled, None
 
 
-def _compile_fresh(jitted, args, name: str):
-    """``jitted`` compiled for ``args`` as a module named ``name`` (JAX's cache is keyed by the
+def _compile_fresh(op, args, name: str):
+    """``op`` compiled for ``args`` as a module named ``name`` (JAX's cache is keyed by the
     module, names included); None when JAX's cache handed back an executable it loaded instead of
     compiling, which XLA cannot serialize again whole (a kept copy would not run)."""
-    import jax
-
-    def kernel(*a):
-        return jitted(*a)
-
-    kernel.__name__ = kernel.__qualname__ = name
-    lowered = jax.jit(kernel).lower(*args)
+    lowered = counted_jit(op, "kernel_compilations", name).lower(*args)
     hits = _local.__dict__.setdefault("hits", 0)
     compiled = lowered.compile()
     return compiled if _local.hits == hits else None
@@ -281,21 +276,29 @@ _local = threading.local()  # JAX cache hits in this thread (_load_or_compile: w
 _listening: list = []
 
 
-def _setup() -> None:
-    """Once per process: find JAX's trace context, count its persistent cache hits per thread."""
+def _setup() -> bool:
+    """Once per process: find JAX's trace context and count its persistent cache hits per thread;
+    False when this jax lacks what keeping kernels needs (they are then only jitted)."""
     if _listening:
-        return
-    import jax
-    from jax._src.config import trace_context
+        return _listening[0]
+    try:
+        import jax
+        from jax._src.config import trace_context
+        from jax.experimental import serialize_executable  # noqa: F401
 
+        jax.typeof, jax.monitoring.register_event_listener, jax.errors.JaxRuntimeError  # noqa: B018
+    except (ImportError, AttributeError):
+        _listening.append(False)
+        return False
     _trace_context[:] = [trace_context]
 
     def on_event(event, **kwargs):
         if event == "/jax/compilation_cache/cache_hits":
             _local.hits = getattr(_local, "hits", 0) + 1
 
-    _listening.append(on_event)
     jax.monitoring.register_event_listener(on_event)
+    _listening.append(True)
+    return True
 
 
 def _reject(path: str) -> None:

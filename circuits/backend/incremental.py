@@ -268,7 +268,8 @@ def cached_kernel(key, make):
     if fn is not None:
         _kernel_counts["hits"] += 1
         return fn
-    fn = kept(key, counted_jit(make(), "kernel_compilations"))  # its executable kept on disk
+    op = make()
+    fn = kept(key, op, counted_jit(op, "kernel_compilations"))  # its executable kept on disk
     with _kernels_lock:
         fn = _kernels.setdefault(key, fn)
         _kernel_counts["misses"] += 1

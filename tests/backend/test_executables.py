@@ -68,8 +68,14 @@ def test_corrupt_entries_are_compiled_afresh_and_rewritten(tmp_path):
     assert third["loads"] == len(entries) and third["traced"] == 0 and third["value"] == first["value"]
 
 
+def test_with_the_cache_switched_off_nothing_is_kept(tmp_path):
+    on, off = run_probe(tmp_path), run_probe("off")
+    assert off["stores"] == off["loads"] == 0 and off["traced"] > 0
+    assert (off["value"], off["grad"]) == (on["value"], on["grad"])
+
+
 def kernel(fn, tmp_path, key=("test-kernel",)):
-    return KeptKernel(counted_jit(fn, "kernel_compilations"), stable_key(key), str(tmp_path / FOLDER))
+    return KeptKernel(fn, counted_jit(fn, "kernel_compilations"), stable_key(key), str(tmp_path / FOLDER))
 
 
 def test_a_kernel_keeps_one_executable_per_argument_signature(tmp_path):
