@@ -252,24 +252,49 @@ class KeptKernel:
         if exe is not None:
             _counts["loads"] += 1
             return exe, path
-        compiled = _compile_fresh(self.op, args, "circuits_kernel_" + name[:24])
-        if compiled is None:  # JAX's cache held it under that name too (our entry was lost):
-            # once more under a name of its own, so that XLA compiles it and it can be written
-            compiled = _compile_fresh(self.op, args, "circuits_kernel_" + os.urandom(12).hex())
-        if compiled is None:
-            return None, None
-        _store(path, full, compiled)
+        # The module's name: the key without the library's source, so that a new version of the
+        # library finds in JAX's cache what it lowers the same way.
+        stem = blake3.blake3(full[:-len(_environment())]).hexdigest(24)
+        compiled, fresh = _compile(self.op, args, "circuits_kernel_" + stem)
+        if fresh:
+            _store(path, full, compiled)
+        else:  # from JAX's cache: XLA cannot serialize such an executable again whole (a kept
+            # copy would not run); it serves this process, and a fresh compilation under a name
+            # of its own is kept in the background
+            from .tiers import in_background
+
+            op = self.op
+            shapes = _stand_ins(args)
+            in_background(lambda: _keep_fresh(op, shapes, path, full), name="circuits-keep")
         return compiled, None
 
 
-def _compile_fresh(op, args, name: str):
-    """``op`` compiled for ``args`` as a module named ``name`` (JAX's cache is keyed by the
-    module, names included); None when JAX's cache handed back an executable it loaded instead of
-    compiling, which XLA cannot serialize again whole (a kept copy would not run)."""
-    lowered = counted_jit(op, "kernel_compilations", name).lower(*args)
+def _stand_ins(args):
+    """Stand-ins of ``args`` for lowering (shapes, dtypes, weak types): no value is held."""
+    import jax
+
+    def stand_in(value):
+        aval = jax.typeof(value)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+    return jax.tree_util.tree_map(stand_in, args)
+
+
+def _keep_fresh(op, shapes, path: str, full: bytes) -> None:
+    """Compile ``op`` afresh (a module name of its own) and keep it (a background thread: its
+    traces are not counted as the kernels' compilations, which a caller may be measuring)."""
+    compiled, fresh = _compile(op, shapes, "circuits_kernel_" + os.urandom(12).hex(), "kept_compilations")
+    if fresh:
+        _store(path, full, compiled)
+
+
+def _compile(op, args, name: str, counter: str = "kernel_compilations") -> tuple:
+    """``(op compiled for args as a module named name, whether XLA compiled it here)``: JAX's
+    cache, keyed by the module (names included), may hand back an executable it loaded instead."""
+    lowered = counted_jit(op, counter, name).lower(*args)
     hits = _local.__dict__.setdefault("hits", 0)
     compiled = lowered.compile()
-    return compiled if _local.hits == hits else None
+    return compiled, _local.hits == hits
 
 
 _local = threading.local()  # JAX cache hits in this thread (_load_or_compile: was it compiled?)
