@@ -261,11 +261,8 @@ class KeptKernel:
         else:  # from JAX's cache: XLA cannot serialize such an executable again whole (a kept
             # copy would not run); it serves this process, and a fresh compilation under a name
             # of its own is kept in the background
-            from .tiers import in_background
-
-            op = self.op
-            shapes = _stand_ins(args)
-            in_background(lambda: _keep_fresh(op, shapes, path, full), name="circuits-keep")
+            op, shapes = self.op, _stand_ins(args)
+            _keep_later(lambda: _keep_fresh(op, shapes, path, full))
         return compiled, None
 
 
@@ -278,6 +275,33 @@ def _stand_ins(args):
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
     return jax.tree_util.tree_map(stand_in, args)
+
+
+_pending: collections.deque = collections.deque()  # kernels to compile afresh and keep
+_worker: list = []  # [the thread keeping them, one at a time]
+_worker_lock = threading.Lock()
+
+
+def _keep_later(job) -> None:
+    """Run ``job`` in the one background thread that keeps kernels (started when none runs)."""
+    from .tiers import in_background
+
+    _pending.append(job)
+    with _worker_lock:
+        if not (_worker and _worker[0].is_alive()):
+            _worker[:] = [in_background(_drain, name="circuits-keep")]
+
+
+def _drain() -> None:
+    while True:
+        try:
+            job = _pending.popleft()
+        except IndexError:
+            return
+        try:
+            job()
+        except Exception:  # noqa: BLE001 - a kernel not kept is compiled again by a later
+            pass  # process; the next job still runs
 
 
 def _keep_fresh(op, shapes, path: str, full: bytes) -> None:
