@@ -70,11 +70,11 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
         weights = None if metric is None or callable(metric) else np.asarray(metric)
         return plan(inputs, next(iter(extra.values())).shape[0] if extra else None, weights)
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
-    # One program computes the clean and the source values of every site.  Its values are read
-    # only after the gradients are asked for: the device computes the source forward while the
-    # backward pass is dispatched.
+    # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode, return_jax=True)
+    _, values = evaluate(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode=mode)
+    clean = [np.asarray(values[n], np.float64) for n in nodes]
+    patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
     target, cotangent = _metric(circuit, metric)
     present = None if target is circuit else {n.hash for n in toposort(target)}  # every site is in circuit
@@ -83,8 +83,6 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     if wrt:
         _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode=mode)
         grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
-    clean = [np.asarray(values[n], np.float64) for n in nodes]
-    patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
     out = {}
     for label, node, a, a2 in zip(labels, nodes, clean, patched):
         grad = grads.get(node.hash)
