@@ -23,6 +23,7 @@ Modules, in dependency order:
 - ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
   ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
+  ``executables``: the op kernels' executables kept there, loaded without tracing;
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;

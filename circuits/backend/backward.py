@@ -125,13 +125,15 @@ def _add_kernel(shape: tuple, dtype):
 
 
 def filled(value: int, shape: tuple, fdt: str):
-    """A device array of ``value`` (made on the device once, then kept in the value cache)."""
+    """A device array of ``value`` (made once, then kept in the value cache; made on the host and
+    put on the device: ``jnp.zeros`` would compile a kernel per shape)."""
     key = ("filled", value, shape, fdt)
     found = VALUES.get(key)
     if found is None:
+        import jax
         import jax.numpy as jnp
 
-        found = (jnp.ones if value else jnp.zeros)(shape, fdt)
+        found = jax.device_put(np.full(shape, value, jnp.dtype(fdt)))
         VALUES.put(key, found)
     return found
 

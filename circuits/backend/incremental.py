@@ -47,6 +47,7 @@ from ..expand import substitute_all_modules
 from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
 from ..shapes import check_allocation, max_alloc_bytes
 from ..traversal import toposort
+from .executables import kept
 from .ops import build_op
 from .program import node_key_part
 from .runtime import (
@@ -270,7 +271,8 @@ def cached_kernel(key, make):
     if fn is not None:
         _kernel_counts["hits"] += 1
         return fn
-    fn = counted_jit(make(), "kernel_compilations")
+    op = make()
+    fn = kept(key, op, counted_jit(op, "kernel_compilations"))  # its executable kept on disk
     with _kernels_lock:
         fn = _kernels.setdefault(key, fn)
         _kernel_counts["misses"] += 1

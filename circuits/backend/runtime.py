@@ -139,10 +139,11 @@ def _counted_jit(fn: Callable) -> Callable:
     return counted_jit(fn, "compilations")
 
 
-def counted_jit(fn: Callable, counter: str) -> Callable:
+def counted_jit(fn: Callable, counter: str, name: str | None = None) -> Callable:
     """``jax.jit(fn)``, every trace (a compilation for XLA) counted under ``counter`` in
     ``cache_stats()`` (``'compilations'`` for whole programs, ``'kernel_compilations'`` for the
-    per-operation kernels of ``circuits.backend.incremental``)."""
+    per-operation kernels of ``circuits.backend.incremental``); ``name``: the compiled module's
+    (``circuits.backend.executables`` names each kept kernel's own)."""
     import jax
 
     from .persistent import ensure_persistent_cache
@@ -154,6 +155,8 @@ def counted_jit(fn: Callable, counter: str) -> Callable:
             _stats[counter] += 1
         return fn(*args)
 
+    if name is not None:
+        traced.__name__ = traced.__qualname__ = name
     return jax.jit(traced)
 
 

@@ -41,6 +41,9 @@ from .registry import (
     registered_names,
     unregister_function,
 )
+from .registry import seal_library as _seal_library
+
+_seal_library()  # everything registered so far is the library's own (registry.is_library_function)
 
 __all__ = [
     "Bounds", "FunctionSpec", "GEN_INDEX_GRAMMAR", "GEN_INDEX_PATTERN", "GenIndex", "family_grammars",

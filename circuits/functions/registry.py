@@ -151,6 +151,30 @@ _FAMILY_RECENT_SIZE = 64
 _FAMILY_LOCK = threading.Lock()
 
 
+# The library's own functions (``seal_library``, when ``circuits.functions`` has registered its
+# built-ins): their names identify their code across processes, given the library's version (the
+# backend keeps their compiled kernels on disk by name).  A user's function never is one.
+_LIBRARY: dict = {}
+_LIBRARY_FAMILIES = [0]  # the first this many families are the library's
+_LIBRARY_MEMBERS: "weakref.WeakSet[FunctionSpec]" = weakref.WeakSet()
+
+
+def seal_library() -> None:
+    """Note every function and family registered so far as the library's own."""
+    _LIBRARY.update(_REGISTRY)
+    _LIBRARY_FAMILIES[0] = len(_FAMILIES)
+
+
+def is_library_function(spec: FunctionSpec) -> bool:
+    """Whether ``spec`` is one of the library's own functions (a built-in, or a member of a
+    built-in family), not one a user registered.
+
+    >>> is_library_function(lookup('exp')), is_library_function(lookup('gen_index_at_0'))
+    (True, True)
+    """
+    return _LIBRARY.get(spec.name) is spec or spec in _LIBRARY_MEMBERS
+
+
 def lookup(name: str) -> FunctionSpec:
     """The spec registered under ``name`` (members of a family are built on first use)."""
     spec = _REGISTRY.get(name)
@@ -178,10 +202,13 @@ def lookup(name: str) -> FunctionSpec:
 
 def _family_member(name: str) -> Optional[FunctionSpec]:
     """A new spec for ``name`` from the family it belongs to (None when it belongs to none)."""
-    for pattern, factory, _ in _FAMILIES:
+    for i, (pattern, factory, _) in enumerate(_FAMILIES):
         m = pattern.fullmatch(name)
         if m:
-            return factory(m)
+            spec = factory(m)
+            if i < _LIBRARY_FAMILIES[0] and isinstance(spec, FunctionSpec):
+                _LIBRARY_MEMBERS.add(spec)
+            return spec
     return None
 
 

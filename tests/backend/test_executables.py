@@ -1,0 +1,149 @@
+"""Kernels kept compiled across processes (circuits.backend.executables): a new process loads a
+kernel's executable instead of tracing it and gets the same bits; a corrupt entry, or one that
+loads but cannot run, is compiled afresh, never a failed evaluation; a user's function, a traced
+call and other argument types take the jitted kernel."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from circuits.backend import executables
+from circuits.backend.executables import FOLDER, KeptKernel, executable_info, stable_key
+from circuits.backend.runtime import counted_jit
+from circuits.backend.tiers import wait_for_background
+
+# A forward op by op and a gradient op by op (vector-Jacobian kernels), in a fresh process.
+PROBE = r"""
+import json, sys
+import numpy as np
+import circuits as C
+from circuits.backend import cache_stats, value_and_grad
+from circuits.backend.executables import executable_info
+from circuits.backend.tiers import wait_for_background
+x = C.Symbol((3, 4), name='x')
+w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
+h = C.GeneralFunction('tanh', C.Einsum.from_spec('ab,bc->ac', x, w), name='h')
+y = C.Einsum.from_spec('ac,ac->', h, h, name='y')
+inputs = {'x': np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
+before = cache_stats()['kernel_compilations']
+value = C.evaluate(y, inputs, mode='eager')
+_, grads = value_and_grad(y, [h], inputs, mode='eager')
+wait_for_background()  # kernels that JAX's cache held are kept in the background
+print(json.dumps({"value": np.asarray(value).tobytes().hex(), "grad": np.asarray(grads[h]).tobytes().hex(),
+                  "traced": cache_stats()['kernel_compilations'] - before, **executable_info()}))
+"""
+
+
+def run_probe(cache) -> dict:
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_loads_the_kernels_traces_none_and_gets_the_same_bits(tmp_path):
+    first = run_probe(tmp_path)
+    assert first["traced"] > 0 and first["stores"] > 0 and first["loads"] == 0
+    assert os.listdir(tmp_path / FOLDER)
+    second = run_probe(tmp_path)
+    assert second["traced"] == 0 and second["loads"] == first["stores"] and second["rejected"] == 0
+    assert (second["value"], second["grad"]) == (first["value"], first["grad"])
+
+
+def test_corrupt_entries_are_compiled_afresh_and_rewritten(tmp_path):
+    first = run_probe(tmp_path)
+    entries = sorted((tmp_path / FOLDER).iterdir())
+    for i, path in enumerate(entries):  # garbage, truncated, empty: every kind of bad entry
+        data = path.read_bytes()
+        path.write_bytes([b"garbage", data[: len(data) // 2], b""][i % 3])
+    second = run_probe(tmp_path)
+    assert (second["value"], second["grad"]) == (first["value"], first["grad"])
+    assert second["rejected"] == len(entries) and second["loads"] == 0 and second["stores"] == len(entries)
+    third = run_probe(tmp_path)
+    assert third["loads"] == len(entries) and third["traced"] == 0 and third["value"] == first["value"]
+
+
+def test_with_the_cache_switched_off_nothing_is_kept(tmp_path):
+    on, off = run_probe(tmp_path), run_probe("off")
+    assert off["stores"] == off["loads"] == 0 and off["traced"] > 0
+    assert (off["value"], off["grad"]) == (on["value"], on["grad"])
+
+
+def kernel(fn, tmp_path, key=("test-kernel",)):
+    return KeptKernel(fn, counted_jit(fn, "kernel_compilations"), stable_key(key), str(tmp_path / FOLDER))
+
+
+def test_a_kernel_keeps_one_executable_per_argument_signature(tmp_path):
+    k = kernel(lambda a, b: a * 2 + b, tmp_path)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(k(x, x), x * 3)
+    got = k(np.arange(4, dtype=np.int32), np.int32(1))  # other dtypes and shapes: another executable
+    assert got.dtype == np.int32 and got.tolist() == [1, 3, 5, 7]
+    np.testing.assert_array_equal(k(x, 1.0), x * 2 + 1)  # a weakly typed scalar
+    wait_for_background()  # one JAX's cache held is kept in the background
+    assert len(os.listdir(tmp_path / FOLDER)) == 3
+    again = kernel(lambda a, b: a * 2 + b, tmp_path)  # another process would load all three
+    loads = executable_info()["loads"]
+    np.testing.assert_array_equal(again(x, x), x * 3)
+    assert executable_info()["loads"] == loads + 1
+
+
+def test_traced_calls_and_other_precisions_take_the_right_path(tmp_path):
+    k = kernel(lambda a, b: a @ b, tmp_path)
+    a = np.linspace(0, 1, 16, dtype=np.float32).reshape(4, 4)
+    plain = np.asarray(k(a, a))
+    # inside a trace: tracers go through the jitted kernel
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda v: k(v, v))(a)), plain, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.vmap(lambda v: k(v, a))(a[None])[0]), plain, rtol=1e-6)
+    # another matmul precision is another trace context: its own executable
+    with jax.default_matmul_precision("highest"):
+        np.testing.assert_allclose(np.asarray(k(a, a)), a.astype(np.float64) @ a, rtol=1e-6)
+    wait_for_background()
+    assert len(os.listdir(tmp_path / FOLDER)) == 2
+
+
+def test_an_entry_that_loads_but_cannot_run_is_removed_and_compiled_afresh(tmp_path, monkeypatch):
+    k = kernel(lambda a: jnp.sin(a), tmp_path)
+    x = np.linspace(0, 1, 5, dtype=np.float32)
+    want = np.asarray(k(x))
+    wait_for_background()
+    (entry,) = (tmp_path / FOLDER).iterdir()
+
+    def broken(*args):
+        raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
+
+    monkeypatch.setattr(executables, "_load", lambda path, full: broken)
+    rejected = executable_info()["rejected"]
+    fresh = kernel(lambda a: jnp.sin(a), tmp_path)
+    np.testing.assert_array_equal(np.asarray(fresh(x)), want)
+    np.testing.assert_array_equal(np.asarray(fresh(x)), want)  # then the jitted kernel
+    assert executable_info()["rejected"] == rejected + 1 and not entry.exists()
+
+
+def test_a_function_a_user_registers_is_not_kept_a_library_one_is():
+    import circuits as C
+    from circuits.backend.program import node_key_part
+    from circuits.functions import register_elementwise, unregister_function
+
+    x = C.Symbol((3,), name='x')
+    key = stable_key((node_key_part(C.GeneralFunction("tanh", x)), (3,), "float32"))
+    assert key is not None and b"tanh" in key
+    register_elementwise("softsign_test_exec", lambda v: v / (1 + jnp.abs(v)))
+    try:
+        mine = C.GeneralFunction("softsign_test_exec", x)
+        assert stable_key((node_key_part(mine), (3,), "float32")) is None
+    finally:
+        unregister_function("softsign_test_exec")
+
+
+@pytest.mark.parametrize("bad", [object(), {"a": 1}, np.zeros(2)])
+def test_keys_holding_anything_but_plain_data_are_not_kept(bad):
+    assert stable_key(("op", (2,), bad)) is None
