@@ -47,7 +47,6 @@ from ..traversal import toposort
 from .incremental import VALUES, RunInfo, cached_kernel, pick_row, prepared, run_ops
 from .ops import build_op
 from .program import node_key_part
-from .rows import stack_kernel
 
 __all__ = ["grads_ops", "vjp_kernel", "picked_positions"]
 
@@ -335,9 +334,10 @@ class _Sweep:
 
 
 def _stack(values: list):
-    """``values`` (one shape) stacked on a new leading axis (``rows.stack_kernel``)."""
+    """``values`` (one shape) stacked on a new leading axis: one kernel per (count, shape)."""
     v = values[0]
-    return stack_kernel(len(values), v.shape, str(v.dtype))(*values)
+    fn = cached_kernel(("stack", len(values), v.shape, str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
+    return fn(*values)
 
 
 def _jnp():

@@ -326,11 +326,6 @@ def pick_row(array, r: int):
     return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
 
 
-def kernel_made(key) -> bool:
-    """Whether the kernel under ``key`` (``cached_kernel``'s) is made."""
-    return key in _kernels
-
-
 def kernel_info() -> dict:
     """``kernels`` held, ``kernel_hits`` and ``kernel_misses`` (ops whose kernel was made)."""
     with _kernels_lock:
@@ -523,13 +518,11 @@ def wait_for_warming() -> None:
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
-            info: RunInfo | None = None, keep_all: bool = False, rows: bool = False):
+            info: RunInfo | None = None, keep_all: bool = False):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
-    the walk reached (the gradients read them).  ``rows=True`` runs nodes of one operation as rows
-    of one kernel (``circuits.backend.rows``: what ``evaluate`` does; the gradient and sweep paths
-    batch in their own way, and rows kernels of other groupings would compile anew there)."""
+    the walk reached (the gradients read them)."""
     if cache:
         wait_for_warming()
     roots, free = prepared(roots)
@@ -596,15 +589,19 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
         else:
             todo.append(node)
     computed = len(todo)
-    from .rows import compute
-
-    def store(node, value):
-        put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
-        by_shape = shape_key(node)
-        if by_shape is not None:
-            put((by_shape, keys.fdt), value, math.prod(node.shape) * value.dtype.itemsize)
-
-    compute(todo, env, fdt, store if cache else None, keys if cache else None, rows)
+    for node in todo:
+        t = type(node)
+        if t is Tag or t is SetSymbolicShape:
+            value = env[node.children[0].hash]
+        else:
+            value = kernel_entry(node, fdt)[1](*[env[c.hash] for c in node.children])
+        env[node.hash] = value
+        if cache:
+            size = math.prod(node.shape) * value.dtype.itemsize
+            put(keys(node), value, size)
+            by_shape = shape_key(node)
+            if by_shape is not None:
+                put((by_shape, keys.fdt), value, size)
     if info is not None:
         info.computed += computed
         info.reused += reused
