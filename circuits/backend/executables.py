@@ -261,8 +261,11 @@ class KeptKernel:
         else:  # from JAX's cache: XLA cannot serialize such an executable again whole (a kept
             # copy would not run); it serves this process, and a fresh compilation under a name
             # of its own is kept in the background
+            import jax
+
             op, shapes = self.op, _stand_ins(args)
-            _keep_later(lambda: _keep_fresh(op, shapes, path, full))
+            settings = (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
+            _keep_later(lambda: _keep_fresh(op, shapes, path, full, plain, settings))
         return compiled, None
 
 
@@ -304,10 +307,18 @@ def _drain() -> None:
             pass  # process; the next job still runs
 
 
-def _keep_fresh(op, shapes, path: str, full: bytes) -> None:
+def _keep_fresh(op, shapes, path: str, full: bytes, plain: bytes, settings: tuple) -> None:
     """Compile ``op`` afresh (a module name of its own) and keep it (a background thread: its
-    traces are not counted as the kernels' compilations, which a caller may be measuring)."""
-    compiled, fresh = _compile(op, shapes, "circuits_kernel_" + os.urandom(12).hex(), "kept_compilations")
+    traces are not counted as the kernels' compilations, which a caller may be measuring).  The
+    thread traces in the caller's x64 mode and matmul precision (``settings``: they are per
+    thread), and keeps nothing when its trace context is not the caller's (``plain``)."""
+    import jax
+
+    x64, matmul = settings
+    with jax.enable_x64(x64), jax.default_matmul_precision(matmul):
+        if _plain_context(_trace_context[0]()) != plain:
+            return
+        compiled, fresh = _compile(op, shapes, "circuits_kernel_" + os.urandom(12).hex(), "kept_compilations")
     if fresh:
         _store(path, full, compiled)
 
@@ -359,6 +370,11 @@ def _reject(path: str) -> None:
         pass
 
 
+def _header(full: bytes) -> bytes:
+    """What an entry for key ``full`` starts with: the format's mark and the key itself."""
+    return _MAGIC + struct.pack("<q", len(full)) + full
+
+
 def _load(path: str, full: bytes):
     """The executable stored at ``path`` for key ``full``; None when there is none or it cannot
     be used (truncated, corrupt, another key, another jax)."""
@@ -368,7 +384,7 @@ def _load(path: str, full: bytes):
     except OSError:
         return None
     try:
-        head = _MAGIC + struct.pack("<q", len(full)) + full
+        head = _header(full)
         if not data.startswith(head):
             raise ValueError("another key")
         blob, in_tree, out_tree = pickle.loads(data[len(head):])
@@ -387,7 +403,7 @@ def _store(path: str, full: bytes, compiled) -> None:
         from jax.experimental.serialize_executable import serialize
 
         blob, in_tree, out_tree = serialize(compiled)
-        data = _MAGIC + struct.pack("<q", len(full)) + full + pickle.dumps((blob, in_tree, out_tree))
+        data = _header(full) + pickle.dumps((blob, in_tree, out_tree))
     except Exception:  # noqa: BLE001 - not serializable (constants, a backend without it): the
         return  # kernel is compiled in each process, as without this cache
     try:

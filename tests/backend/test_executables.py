@@ -147,3 +147,47 @@ def test_a_function_a_user_registers_is_not_kept_a_library_one_is():
 @pytest.mark.parametrize("bad", [object(), {"a": 1}, np.zeros(2)])
 def test_keys_holding_anything_but_plain_data_are_not_kept(bad):
     assert stable_key(("op", (2,), bad)) is None
+
+
+# Kernels in float64 (JAX's x64 mode) and at 'highest' matmul precision: settings per thread.
+PROBE_PRECISION = r"""
+import json
+import jax
+import numpy as np
+import circuits as C
+from circuits.backend.executables import executable_info
+from circuits.backend.tiers import wait_for_background
+x = C.Symbol((3, 4), name='x')
+w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
+y = C.Add(C.Einsum.from_spec('ab,bc->ac', x, w), C.Add(), name='y')   # Add(): a kernel of no argument
+inputs = {'x': np.linspace(-1, 1, 12).reshape(3, 4)}
+with jax.default_matmul_precision('highest'):
+    value = C.evaluate(y, inputs, dtype='float64', mode='eager', cache=False)
+    zero = C.evaluate(C.Add(), dtype='float64', mode='eager', cache=False)
+wait_for_background()  # kernels that JAX's cache held are kept in the background
+print(json.dumps({"dtype": str(value.dtype), "zero": str(zero.dtype), "value": np.asarray(value).tobytes().hex(),
+                  **executable_info()}))
+"""
+
+
+def test_kernels_kept_in_the_background_keep_the_callers_x64_mode_and_precision(tmp_path):
+    # the first process compiles and keeps; with the kept folder gone, the second finds the
+    # compilations in JAX's cache and keeps them afresh in a background thread, which must trace
+    # in float64 at 'highest' as the caller did; the third loads what that thread kept
+    def run():
+        env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path))
+        out = subprocess.run([sys.executable, "-c", PROBE_PRECISION], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert "truncated" not in out.stderr, out.stderr  # nothing traced outside x64 mode
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["dtype"] == "float64" and first["stores"] > 0
+    for name in os.listdir(tmp_path / FOLDER):
+        os.unlink(tmp_path / FOLDER / name)
+    second = run()
+    assert second["stores"] > 0  # kept afresh in the background
+    third = run()
+    assert third["loads"] > 0 and third["rejected"] == 0 and third["fallbacks"] == 0  # each takes float64
+    assert (third["dtype"], third["zero"], third["value"]) == ("float64", "float64", first["value"])
