@@ -208,12 +208,12 @@ class ArgumentBinder:
         """``(min, max)`` of an int input (None when empty): read from a numpy array at every
         call, once per JAX array while it lives."""
         if host:
-            return (int(value.min()), int(value.max())) if value.size else None
+            return _read_extent(value)
         key = id(value)
         found = self._extents.get(key)
         if found is not None and found[0]() is value:
             return found[1]
-        extent = (int(value.min()), int(value.max())) if value.size else None
+        extent = _read_extent(value)
         try:
             ref = weakref.ref(value, lambda r, k=key, extents=self._extents: _forget(extents, k, r))
         except TypeError:
@@ -222,6 +222,11 @@ class ArgumentBinder:
             self._extents.clear()
         self._extents[key] = (ref, extent)
         return extent
+
+
+def _read_extent(value):
+    """``(min, max)`` of an int array, None when empty (a device array's reduced on the device)."""
+    return (int(value.min()), int(value.max())) if value.size else None
 
 
 def _forget(extents: dict, key, ref):

@@ -27,7 +27,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from . import incremental, tiers
-from .calling import ArgumentBinder, bind_once
+from .calling import bind_once, binder_of
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
@@ -230,7 +230,7 @@ class Compiled:
         self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
         self.placement = None
         self._bound = None  # the arguments, bound once when there is no Symbol to bind
-        self._binder = ArgumentBinder(self.program, self.float_dtype)  # the per-call fast path
+        self._binder = binder_of(self.program, self.float_dtype)  # the per-call fast path
         self._run = None
         if mesh is not None:
             from .sharding import Placement, mesh_of

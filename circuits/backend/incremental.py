@@ -281,7 +281,7 @@ def cached_kernel(key, make):
     return fn
 
 
-_by_node: dict = {}  # (node hash, float dtype) -> (its kernel's key, its kernel): made once a node
+_by_node: dict = {}  # (node hash, float dtype) -> its kernel: a node's kernel key is made once
 _BY_NODE_SIZE = 65536
 
 
@@ -292,20 +292,14 @@ def kernel(node: Circuit, fdt: str):
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
-    return kernel_entry(node, fdt)[1]
-
-
-def kernel_entry(node: Circuit, fdt: str) -> tuple:
-    """``(key, kernel)`` of ``node`` (not a Tag or a SetSymbolicShape): the key is what nodes
-    computed by one kernel share."""
-    entry = _by_node.get((node.hash, fdt))
-    if entry is None:
+    fn = _by_node.get((node.hash, fdt))
+    if fn is None:
         key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
-        entry = (key, cached_kernel(key, lambda: build_op(node, fdt)))
+        fn = cached_kernel(key, lambda: build_op(node, fdt))
         if len(_by_node) >= _BY_NODE_SIZE:
             _by_node.clear()
-        _by_node[(node.hash, fdt)] = entry
-    return entry
+        _by_node[(node.hash, fdt)] = fn
+    return fn
 
 
 def _broadcast_kernel(shape: tuple):
@@ -569,33 +563,25 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
                 if node.hash in bound:  # else unbound: a problem reported below
                     env[node.hash] = bound[node.hash]
             elif t is Array or t is Scalar:
-                if t is Scalar and node.shape != () and cache:  # broadcast once, then kept
-                    value = get(keys(node))
-                    if value is None:
-                        value = _broadcast_kernel(node.shape)(leaf_value(node, fdt, problems, targets))
-                        put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
-                else:
+                broadcast = t is Scalar and node.shape != ()
+                value = get(keys(node)) if broadcast and cache else None  # broadcast once, then kept
+                if value is None:
                     value = leaf_value(node, fdt, problems, targets)
-                    if value is not None and t is Scalar and node.shape != ():
+                    if broadcast:
                         value = _broadcast_kernel(node.shape)(value)
+                        if cache:
+                            put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
                 env[node.hash] = value
     raise_problems(problems)
-    todo = []
-    reused = 0
+    computed = reused = 0
     for node in order:
         if node.hash in env:
             if node.children:
                 reused += 1
-        else:
-            todo.append(node)
-    computed = len(todo)
-    for node in todo:
-        t = type(node)
-        if t is Tag or t is SetSymbolicShape:
-            value = env[node.children[0].hash]
-        else:
-            value = kernel_entry(node, fdt)[1](*[env[c.hash] for c in node.children])
+            continue
+        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
         env[node.hash] = value
+        computed += 1
         if cache:
             size = math.prod(node.shape) * value.dtype.itemsize
             put(keys(node), value, size)

@@ -355,15 +355,12 @@ def _metric_key(metric, clean) -> tuple | None:
     """What ``metric_node(out, metric, clean=clean)`` is made of, as a key without making it: the
     kind and a digest of the weights or of the clean logits (None: a function or anything else,
     keyed by its node's hash)."""
-    import hashlib
+    from .edge_graph import _value_digest
 
     def digest(v):
-        if isinstance(v, Circuit):
-            return v.hash
-        a = np.ascontiguousarray(v)
-        if a.dtype.kind not in "biuf":
+        if not isinstance(v, Circuit) and np.asarray(v).dtype.kind not in "biuf":
             raise TypeError
-        return a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
+        return _value_digest(v)
 
     try:
         if metric is None:

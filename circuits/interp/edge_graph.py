@@ -474,19 +474,20 @@ def masked_with_parts(g: Edges, covered: list[int], source, ablation: str) -> tu
 
 def _fingerprint(source) -> tuple | None:
     """A key for a source mapping: names (or node hashes) and value digests."""
-    import hashlib
-
     if source is None or not isinstance(source, Mapping):
         return None
-    out = []
-    for k, v in source.items():
-        key = k.hash if isinstance(k, Circuit) else str(k)
-        if isinstance(v, Circuit):
-            out.append((key, v.hash))
-        else:
-            a = np.ascontiguousarray(v)
-            out.append((key, a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()))
+    out = [(k.hash if isinstance(k, Circuit) else str(k), _value_digest(v)) for k, v in source.items()]
     return tuple(sorted(out, key=repr))
+
+
+def _value_digest(v):
+    """A key for one value: a node's hash, or an array's shape, dtype and a digest of its bytes."""
+    import hashlib
+
+    if isinstance(v, Circuit):
+        return v.hash
+    a = np.ascontiguousarray(v)
+    return a.shape, str(a.dtype), hashlib.blake2b(a.tobytes(), digest_size=16).digest()
 
 
 def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict | None = None,

@@ -88,6 +88,18 @@ def test_gradient_errors():
         grad(PRE, [], {"x": XV})
 
 
+def ops_match_jit(out, wrt, inputs, fdt):
+    """Value and gradients op by op equal the whole program's; ``(op-by-op value, gradients,
+    tolerance)``."""
+    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
+    v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
+    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(v_ops, v_jit, **tol)
+    for k in wrt:
+        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    return v_ops, g_ops, tol
+
+
 @pytest.mark.parametrize("fdt", ["float32", "float64"])
 def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(fdt):
     """The reverse sweep's kernel-free cases (``circuits.backend.backward``): int picks of one
@@ -107,12 +119,7 @@ def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(
     out = Einsum.from_spec("ab,a,ab->", tagged, rows[3], tagged)        # sum_a r3[a] * sum_b summed[a,b]^2
     inputs = {x: xv, b: bv, s: np.array(0.5)}
     wrt = [x, b, s, "summed"]
-    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
-    v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
-    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(v_ops, v_jit, **tol)
-    for k in wrt:
-        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    _, g_ops, tol = ops_match_jit(out, wrt, inputs, fdt)
     # numpy: d out / d summed = 2 r3[a] summed[a, b]; then through the picks and broadcasts
     sm = 2 * xv[0] + xv[-1] + bv + 0.5 + xv[2, -1][None, :]
     r3 = xv[1, :, 2]
@@ -150,12 +157,7 @@ def test_op_by_op_heads_run_as_rows_and_match_the_whole_program(fdt):
     total = Einsum.from_spec("af,af->", Add(*outs, name="sum"), Add(*outs, name="sum"))
     inputs = {x: xv, w: wv, shared: sv}
     wrt = [x, w, shared, "h2"]
-    v_ops, g_ops = value_and_grad(total, wrt, inputs, dtype=fdt, mode="eager")
-    v_jit, g_jit = value_and_grad(total, wrt, inputs, dtype=fdt, mode="jit")
-    tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(v_ops, v_jit, **tol)
-    for k in wrt:
-        np.testing.assert_allclose(g_ops[k], g_jit[k], **tol, err_msg=str(k))
+    v_ops, g_ops, tol = ops_match_jit(total, wrt, inputs, fdt)
     # numpy: total = sum(S^2), S = sum over the picks of tanh(x_h @ s) @ w_h
     picks = list(range(heads)) + [1]
     acts = [np.tanh(xv[h] @ sv) for h in picks]
