@@ -37,6 +37,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # depend on being the first in its worker; tests/backend/test_persistent.py tests it in fresh
 # processes.
 tiers.COLD_START = False
+# Fused groups compile in the background (circuits.backend.groups): off, so that no test's counts
+# see another's compilation land; tests/backend/test_groups.py turns them on.
+tiers.GROUPS = False
 
 
 @pytest.fixture(autouse=True)

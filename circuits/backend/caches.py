@@ -22,6 +22,7 @@ from __future__ import annotations
 import weakref
 
 from ..errors import EvaluationError
+from .groups import clear_groups, group_info
 from .incremental import DEFAULT_VALUE_BYTES, VALUES, clear_kernels, kernel_info
 from .runtime import clear_compile_cache, compile_cache_stats, set_compile_cache_size
 from .tiers import clear_tiers, tier_info
@@ -45,7 +46,8 @@ def cache_stats() -> dict:
     ``values``: the value cache (``hits``, ``misses``, ``stores``, ``evictions``, ``entries``,
     ``bytes``, ``max_bytes``); ``kernels``: per-operation kernels held; ``eager``: the live
     ``Eager`` evaluators' ``entries`` and ``bytes``; ``tiers``: circuits tracked for
-    whole-program compilation.
+    whole-program compilation; ``groups``: the op-by-op tier's fused groups
+    (``circuits.backend.groups``).
     """
     out = compile_cache_stats()
     out["values"] = VALUES.info()
@@ -54,6 +56,7 @@ def cache_stats() -> dict:
     out["eager"] = {"evaluators": len(eagers), "entries": sum(i["entries"] for i in eagers),
                     "bytes": sum(i["bytes"] for i in eagers)}
     out["tiers"] = tier_info()
+    out["groups"] = group_info()
     return out
 
 
@@ -78,6 +81,7 @@ def clear_cache(what: str = "all") -> None:
             evaluator.clear()
     if what in ("all", "kernels"):
         clear_kernels()
+        clear_groups()
 
 
 def set_cache_size(functions: int | None = None, *, values_bytes: int | None = None) -> None:

@@ -143,7 +143,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
         items = as_items(also)
         roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
         info = RunInfo()
-        values = run_ops(roots, inputs, fdt, cache=cache, info=info)
+        values = run_ops(roots, inputs, fdt, cache=cache, info=info, groups=mode == "auto" and tiers.GROUPS)
     record("ops" if info.computed else "cache", info.computed, info.reused)
     if mode == "auto" and info.computed and items_key is not None:
         # A new process's first op-by-op evaluation of a small program compiles it whole in the
@@ -168,7 +168,7 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
 
     def warm():
         with precision(fdt), jax.default_matmul_precision(matmul):
-            run_ops(list(circuit.children), inputs, fdt, cache=True, info=RunInfo())
+            run_ops(list(circuit.children), inputs, fdt, cache=True, info=RunInfo(), groups=tiers.GROUPS)
 
     incremental.warming = in_background(warm)
 

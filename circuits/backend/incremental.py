@@ -47,6 +47,7 @@ from ..expand import substitute_all_modules
 from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
 from ..shapes import check_allocation, max_alloc_bytes
 from ..traversal import toposort
+from . import groups as _groups
 from .executables import kept
 from .ops import build_op
 from .program import node_key_part
@@ -86,40 +87,46 @@ class ValueCache:
         self._sizes: dict = {}
         self._bytes = 0
         self.max_bytes = check_budget(max_bytes, "value cache budget")
-        self._counts = collections.Counter()
+        self._hits = self._misses = self._stores = self._evictions = 0
 
     def get(self, key):
         with self._lock:
             value = self._values.get(key)
             if value is None:
-                self._counts["misses"] += 1
+                self._misses += 1
                 return None
             self._values.move_to_end(key)
-            self._counts["hits"] += 1
+            self._hits += 1
             return value
 
     def put(self, key, value, size: int | None = None) -> None:
         """Keep ``value`` under ``key`` (``size``: its bytes, when the caller knows them)."""
         if size is None:
             size = int(getattr(value, "nbytes", 0))
+        self.put_many(((key, value, size),))
+
+    def put_many(self, entries) -> None:
+        """Keep each ``(key, value, bytes)`` of ``entries``, in order, under one lock."""
         with self._lock:
-            if size > self.max_bytes:
-                return
-            old = self._sizes.pop(key, None)
-            if old is not None:
-                self._bytes -= old
-            self._values[key] = value
-            self._values.move_to_end(key)
-            self._sizes[key] = size
-            self._bytes += size
-            self._counts["stores"] += 1
+            values, sizes, most = self._values, self._sizes, self.max_bytes
+            for key, value, size in entries:
+                if size > most:
+                    continue
+                old = sizes.pop(key, None)
+                if old is not None:
+                    self._bytes -= old
+                    values.move_to_end(key)
+                values[key] = value
+                sizes[key] = size
+                self._bytes += size
+                self._stores += 1
             self._shrink()
 
     def _shrink(self):
         while self._bytes > self.max_bytes and self._values:
             old, _ = self._values.popitem(last=False)
             self._bytes -= self._sizes.pop(old)
-            self._counts["evictions"] += 1
+            self._evictions += 1
 
     def set_max_bytes(self, n: int) -> None:
         n = check_budget(n, "value cache budget")
@@ -135,8 +142,8 @@ class ValueCache:
 
     def info(self) -> dict:
         with self._lock:
-            return {"hits": self._counts["hits"], "misses": self._counts["misses"],
-                    "stores": self._counts["stores"], "evictions": self._counts["evictions"],
+            return {"hits": self._hits, "misses": self._misses,
+                    "stores": self._stores, "evictions": self._evictions,
                     "entries": len(self._values), "bytes": self._bytes, "max_bytes": self.max_bytes}
 
 
@@ -281,25 +288,23 @@ def cached_kernel(key, make):
     return fn
 
 
-_by_node: dict = {}  # (node hash, float dtype) -> its kernel: a node's kernel key is made once
-_BY_NODE_SIZE = 65536
-
-
 def kernel(node: Circuit, fdt: str):
     """The compiled function computing ``node`` from its children's values: one per (operation,
     shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity).
-    A node met again finds its kernel by its hash, without making the key again."""
+    The key's node part is made once per node and kept on it; a variant's node rebuilt over
+    children of the same shapes (``Circuit.with_children``) inherits it."""
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
-    fn = _by_node.get((node.hash, fdt))
-    if fn is None:
-        key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt)
-        fn = cached_kernel(key, lambda: build_op(node, fdt))
-        if len(_by_node) >= _BY_NODE_SIZE:
-            _by_node.clear()
-        _by_node[(node.hash, fdt)] = fn
-    return fn
+    part = node._kernel_part
+    if part is None:
+        part = node._kernel_part = (node_key_part(node), node.shape, tuple(c.shape for c in node.children))
+    key = (*part, fdt)
+    fn = _kernels.get(key)
+    if fn is not None:
+        _kernel_counts["hits"] += 1
+        return fn
+    return cached_kernel(key, lambda: build_op(node, fdt))
 
 
 def _broadcast_kernel(shape: tuple):
@@ -330,7 +335,6 @@ def kernel_info() -> dict:
 def clear_kernels() -> None:
     with _kernels_lock:
         _kernels.clear()
-        _by_node.clear()
 
 
 # ---------------------------------------------------------------------------- binding fingerprints
@@ -434,7 +438,9 @@ def remember(keys: list | None, values: Sequence) -> None:
 # its reciprocal depend on the residual's shape alone, yet their hashes change with every change
 # upstream.  Such values are also kept under a key made of shapes, so a variant finds them.
 SHAPE_ONLY = frozenset({"last_dim_size"})  # functions whose value reads only its argument's shape and dtype
-_shape_keys: dict = {}  # node hash -> shape_key (None: the value reads values)
+# node hash -> (key, height): the key and the depth its look needed; (None, d) where no key was
+# found within depth d (a deeper look may find one).
+_shape_keys: dict = {}
 _SHAPE_DEPTH = 3
 
 
@@ -449,29 +455,36 @@ def shape_key(node: Circuit, depth: int = _SHAPE_DEPTH):
     >>> shape_key(n(a)) == shape_key(n(b)) is not None, shape_key(GeneralFunction('exp', a))
     (True, None)
     """
-    found = _shape_keys.get(node.hash, False)
-    if found is not False:
+    key, height = _shape_entry(node, depth)
+    return key if height <= depth else None
+
+
+def _shape_entry(node: Circuit, depth: int) -> tuple:
+    """``(key, height)`` of ``node`` looked at within ``depth`` operations (see ``_shape_keys``)."""
+    found = _shape_keys.get(node.hash)
+    if found is not None and (found[0] is not None or found[1] >= depth):
         return found
     t = type(node)
-    key = None
+    entry = (None, depth)
     if t is Scalar:
-        key = ("scalar", node.hash)
+        entry = (("scalar", node.hash), 0)
     elif t is GeneralFunction and node.function.name in SHAPE_ONLY:
-        key = ("shape", node_key_part(node), tuple((c.shape, c.dtype) for c in node.children))
+        entry = (("shape", node_key_part(node), tuple((c.shape, c.dtype) for c in node.children)), 0)
     elif depth and node.children and t is not Module:
         kids = []
+        height = 0
         for c in node.children:
-            k = shape_key(c, depth - 1)
-            if k is None:
+            k, h = _shape_entry(c, depth - 1)
+            if k is None or h > depth - 1:
                 break
             kids.append(k)
+            height = max(height, h)
         else:
-            key = ("of", node_key_part(node), node.shape, tuple(kids))
-    if depth == _SHAPE_DEPTH or key is not None:  # a shallower look may say None wrongly
-        if len(_shape_keys) > 65536:
-            _shape_keys.clear()
-        _shape_keys[node.hash] = key
-    return key
+            entry = (("of", node_key_part(node), node.shape, tuple(kids)), height + 1)
+    if len(_shape_keys) > 65536:
+        _shape_keys.clear()
+    _shape_keys[node.hash] = entry
+    return entry
 
 
 # ---------------------------------------------------------------------------- op-by-op evaluation
@@ -511,12 +524,33 @@ def wait_for_warming() -> None:
         w.join()
 
 
+def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list | None) -> None:
+    """Compute ``nodes`` (children before parents) one kernel each into ``env``; each value goes
+    to ``store`` for the value cache (None: not kept)."""
+    for node in nodes:
+        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
+        env[node.hash] = value
+        if store is not None:
+            _keep(node, value, keys, store)
+
+
+def _keep(node: Circuit, value, keys, store: list) -> None:
+    """Add ``(key, value, bytes)`` of ``node`` to ``store``: under its key, and under its shape
+    key when its value depends on shapes alone."""
+    size = math.prod(node.shape) * value.dtype.itemsize
+    store.append((keys(node), value, size))
+    by_shape = shape_key(node)
+    if by_shape is not None:
+        store.append(((by_shape, keys.fdt), value, size))
+
+
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
-            info: RunInfo | None = None, keep_all: bool = False):
+            info: RunInfo | None = None, keep_all: bool = False, groups: bool = False):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
-    the walk reached (the gradients read them)."""
+    the walk reached (the gradients read them).  ``groups=True`` runs the fused groups that are
+    compiled (``circuits.backend.groups``) and queues the others' compilation."""
     if cache:
         wait_for_warming()
     roots, free = prepared(roots)
@@ -573,21 +607,31 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
                             put(keys(node), value, math.prod(node.shape) * value.dtype.itemsize)
                 env[node.hash] = value
     raise_problems(problems)
-    computed = reused = 0
+    todo = []
+    reused = 0
     for node in order:
-        if node.hash in env:
-            if node.children:
-                reused += 1
-            continue
-        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
-        env[node.hash] = value
-        computed += 1
-        if cache:
-            size = math.prod(node.shape) * value.dtype.itemsize
-            put(keys(node), value, size)
-            by_shape = shape_key(node)
-            if by_shape is not None:
-                put((by_shape, keys.fdt), value, size)
+        if node.hash not in env:
+            todo.append(node)
+        elif node.children:
+            reused += 1
+    store: list = []  # (key, value, bytes) for the value cache, stored together at the end
+    if groups and cache and len(todo) >= _groups.MIN_MEMBERS:
+        for members, ins, key in _groups.plan(todo, {r.hash for r in roots}):
+            fn = None
+            if key is not None:
+                args = [env[c.hash] for c in ins]
+                fn = _groups.group_kernel(key, keys.fdt, members, fdt, args)
+            if fn is None:
+                _run_each(members, env, fdt, keys, store)
+            else:
+                for node, value in zip(members, fn(*args)):
+                    env[node.hash] = value
+                    _keep(node, value, keys, store)
+    else:
+        _run_each(todo, env, fdt, keys, store if cache else None)
+    if store:
+        VALUES.put_many(store)
+    computed = len(todo)
     if info is not None:
         info.computed += computed
         info.reused += reused

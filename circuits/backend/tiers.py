@@ -42,6 +42,11 @@ JIT_AFTER = 2
 # compiles in the call that reaches ``JIT_AFTER``.
 BACKGROUND = True
 
+# Op by op, run the fused groups of ``circuits.backend.groups`` (compiled in the background the
+# first time each is met).  The test suite turns this off (a group's compilation would land in
+# another test's counts); tests/backend/test_groups.py turns it on.
+GROUPS = True
+
 # True until this process's first evaluation ran: that one takes the whole program at once when
 # an earlier process compiled it, else runs op by op and compiles it in the background for the
 # next process (``circuits.backend.persistent``).  False turns this off (the test suite does, so

@@ -92,6 +92,14 @@ def bulk_build():
             gc.enable()
 
 
+def _free_or_none(node: "Circuit"):
+    """The Symbols below ``node`` when known (``_free``): none below an Array or a Scalar."""
+    free = node._free
+    if free is None and not node.children and node.type_name != "Symbol":
+        return ()
+    return free
+
+
 # C-level getters: map() with these avoids a Python frame per list comprehension.
 shape_of = operator.attrgetter("shape")
 dtype_of = operator.attrgetter("dtype")
@@ -116,7 +124,8 @@ class Circuit:
       'x' [2,3] Array ...
     """
 
-    __slots__ = ("name", "children", "shape", "dtype", "hash", "_int_hash", "_blind_hash", "_free", "__weakref__")
+    __slots__ = ("name", "children", "shape", "dtype", "hash", "_int_hash", "_blind_hash", "_free", "_kernel_part",
+                 "__weakref__")
 
     # Set by subclasses.
     type_name: ClassVar[str] = "Circuit"
@@ -178,6 +187,7 @@ class Circuit:
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
         self._free = None  # the Symbols below, filled on demand (circuits.backend.incremental)
+        self._kernel_part = None  # what its op kernel is keyed by (circuits.backend.incremental)
         mine = _Ref(self, _forget)
         mine.key = h
         # One atomic insert-if-absent: of threads racing to build this node, one wins.
@@ -295,7 +305,13 @@ class Circuit:
                 new = _new_object(type(self))
                 for attr in type(self).__slots__:
                     setattr(new, attr, getattr(self, attr))
-                return new._set_common(children, self.shape, self.dtype, name)
+                new = new._set_common(children, self.shape, self.dtype, name)
+                if new._kernel_part is None:  # same op over same shapes: the same kernel
+                    new._kernel_part = self._kernel_part
+                if new._free is None and self._free is not None and all(
+                        a is b or _free_or_none(a) is b._free for a, b in zip(children, old)):
+                    new._free = self._free  # children over the same Symbols: the same Symbols
+                return new
         return self._rebuild(children, name)
 
     def rename(self, name: str | None) -> "Circuit":

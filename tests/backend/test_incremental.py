@@ -117,6 +117,22 @@ def test_free_symbols_are_memoised_and_modules_bind_theirs():
     np.testing.assert_allclose(evaluate(m, {"fx": np.ones(2)}, mode="eager"), np.exp(np.ones(2)), rtol=1e-6)
 
 
+def test_a_rebuilt_node_keeps_its_symbols_only_where_its_children_keep_theirs():
+    x, y = Symbol((2,), name="gx"), Symbol((2,), name="gy")
+    weights = Array(np.ones(2, np.float32), name="gw")
+    c = Add(GeneralFunction("exp", x), GeneralFunction("sin", y), GeneralFunction("cos", weights))
+    free_symbols(c)
+    zeros = Array(np.zeros(2, np.float32), name="gz")
+    # The cos of weights (no Symbol) replaced by zeros: the same Symbols, carried over.
+    same = c.with_children([c.children[0], c.children[1], zeros])
+    assert same._free is c._free
+    # sin(y) replaced by zeros: y is gone; exp(x) replaced by exp(y): x is gone.
+    assert [s.name for s in free_symbols(c.with_children([c.children[0], zeros, c.children[2]]))] == ["gx"]
+    swapped = c.with_children([GeneralFunction("exp", y), c.children[1], c.children[2]])
+    assert [s.name for s in free_symbols(swapped)] == ["gy"]
+    np.testing.assert_allclose(evaluate(swapped, {"gy": np.zeros(2)}), 1.0 + 0.0 + np.cos(1.0), rtol=1e-6)
+
+
 # ------------------------------------------------------------------ tiers
 def test_auto_moves_to_the_whole_program_after_jit_after_runs(monkeypatch):
     monkeypatch.setattr(tiers, "BACKGROUND", False)

@@ -1,0 +1,249 @@
+"""Fused groups in the op-by-op tier: a run of small kernels becomes one compiled call.
+
+Op by op, each node costs a kernel call (tens of microseconds on the CPU, launches on a GPU) that
+its arithmetic rarely needs: on the shipped model a whole forward compiled is 0.4 ms, op by op
+10 ms.  So the nodes an evaluation computes are split into *groups*: a node whose value only one
+other computed node reads joins that node's group, so each group is a tree of nodes under the one
+whose value leaves it (a layer's heads with their sum, a layer norm's tail, the loss's chain).  A
+group's kernel is keyed by its structure (its members' operations and shapes, and their wiring),
+not by the nodes, so the groups of a clean run come back in every variant that recomputes them: a
+layer-0 ablation recomputes layer 1 and the unembedding through the groups the clean run made.
+
+A group's kernel returns every member's value (the value cache keeps them all, as op by op).  It is
+compiled in a background thread the first time its structure is met, while that run goes on op by
+op; once ready it is used.  The tiers agree to float rounding (a fused kernel may round
+differently); ``mode='eager'`` never uses groups.  ``tiers.GROUPS`` switches them off.
+
+>>> import numpy as np
+>>> from circuits import Symbol, GeneralFunction
+>>> x = Symbol((3,), name='x')
+>>> y = GeneralFunction('exp', GeneralFunction('sin', GeneralFunction('tanh', x)))
+>>> [len(members) for members, _, _ in plan(toposort(y)[1:], {y.hash})]
+[3]
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from typing import Sequence
+
+from ..dtypes import FLOAT_DTYPES
+from ..nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
+from ..traversal import toposort  # noqa: F401 - the docstring's example
+from .ops import build_op
+
+__all__ = ["plan", "group_kernel", "group_info", "clear_groups", "wait_for_groups", "MIN_MEMBERS"]
+
+# A group of fewer members runs op by op (one call saved is not worth a compilation).
+MIN_MEMBERS = 3
+# Groups larger than this are split (XLA's compile time grows with size; a tree this big is
+# rarely met twice).
+MAX_MEMBERS = 256
+
+_IDENTITY = (Tag, SetSymbolicShape)
+_CONSTANT_LEAVES = (Array, Scalar)  # a Symbol is an input: what it is bound to changes
+
+
+def plan(todo: Sequence[Circuit], roots: set) -> list:
+    """The groups of ``todo`` (the nodes an evaluation computes, children before parents):
+    ``[(members, inputs, key)]`` in an order that runs (each group after those it reads), members
+    in ``todo`` order, ``inputs`` the nodes outside the group its members read (in the order first
+    read), ``key`` its structure (``None`` for a group under ``MIN_MEMBERS``, which runs op by op).
+
+    A node joins the group of the one computed node that reads it; a node read by several, or by
+    none, or in ``roots``, closes a group.  Nodes computed from weights alone (float Arrays and
+    Scalars: a weight's slice for one head, a head-size constant, a mask) and int-valued nodes
+    (the true tokens' index) stay on their own: a variant finds them cached, so in a group they
+    would make the clean run's group another structure than the variant's.  Int Arrays (tokens)
+    and Symbols are inputs, not weights."""
+    n = len(todo)
+    pos = {node.hash: i for i, node in enumerate(todo)}
+    consumer = [None] * n  # the index of the one node reading it; -1: several
+    constant = [False] * n
+    alone = [False] * n
+    kid_pos = []
+    floats = FLOAT_DTYPES
+    for i, node in enumerate(todo):
+        kids = node.children
+        ks = [pos.get(c.hash) for c in kids]
+        kid_pos.append(ks)
+        for p in ks:
+            if p is not None:
+                prev = consumer[p]
+                if prev is None:
+                    consumer[p] = i
+                elif prev != i:
+                    consumer[p] = -1
+        if node.dtype not in floats:
+            alone[i] = True
+            continue
+        for c, p in zip(kids, ks):
+            if not (constant[p] if p is not None else
+                    not c.children and type(c) in _CONSTANT_LEAVES and c.dtype in floats):
+                break
+        else:
+            constant[i] = alone[i] = True
+    group = list(range(n))
+    size = [1] * n
+    for i in range(n - 1, -1, -1):
+        c = consumer[i]
+        if c is not None and c >= 0 and not alone[i] and size[group[c]] < MAX_MEMBERS \
+                and todo[i].hash not in roots:
+            g = group[i] = group[c]
+            size[g] += 1
+    members: dict = {}
+    for i in range(n):
+        g = group[i]
+        found = members.get(g)
+        if found is None:
+            members[g] = [i]
+        else:
+            found.append(i)
+    out = []
+    for root in sorted(members):
+        idx = members[root]
+        nodes = [todo[i] for i in idx]
+        if len(idx) < MIN_MEMBERS:
+            out.append((nodes, None, None))
+            continue
+        slot: dict = {}  # todo index -> member slot
+        inputs: list = []
+        in_slot: dict = {}
+        parts = []
+        for j, i in enumerate(idx):
+            node = todo[i]
+            wires = []
+            for c, p in zip(node.children, kid_pos[i]):
+                if p is not None and group[p] == root:
+                    wires.append(slot[p])
+                else:
+                    s = in_slot.get(c.hash)
+                    if s is None:
+                        s = in_slot[c.hash] = -1 - len(inputs)
+                        inputs.append(c)
+                    wires.append(s)
+            slot[i] = j
+            parts.append((_part(node), tuple(wires)))
+        out.append((nodes, inputs, (tuple(parts), tuple(c.dtype for c in inputs))))
+    return out
+
+
+def _part(node: Circuit):
+    """A member's operation and shapes: its op kernel's key (``Circuit._kernel_part``)."""
+    if type(node) in _IDENTITY:
+        return ("identity", node.shape)
+    part = node._kernel_part
+    if part is None:
+        from .program import node_key_part
+
+        part = node._kernel_part = (node_key_part(node), node.shape, tuple(c.shape for c in node.children))
+    return part
+
+
+def _group_op(members: Sequence[Circuit], wiring: Sequence[tuple], fdt: str):
+    """The function computing every member's value from the inputs' (traceable)."""
+    ops = [(lambda v: v) if type(m) in _IDENTITY else build_op(m, fdt) for m in members]
+    steps = list(zip(ops, wiring))
+
+    def run(*inputs):
+        values = []
+        for op, wires in steps:
+            values.append(op(*[values[w] if w >= 0 else inputs[-1 - w] for w in wires]))
+        return tuple(values)
+
+    return run
+
+
+# ---------------------------------------------------------------------------- kernels, compiled aside
+_lock = threading.Lock()
+_kernels: collections.OrderedDict = collections.OrderedDict()  # (key, context) -> fn | "pending" | False
+_SIZE = 4096
+_queue: collections.deque = collections.deque()
+_worker: list = [None]
+_counts = collections.Counter()
+
+
+def group_kernel(key, context, members, fdt, inputs):
+    """The compiled kernel of the group ``key`` in ``context`` (the float dtype and matmul
+    precision) when it is ready, else None; the first time, its compilation is queued with
+    ``inputs`` (device values of the group's inputs: they shape it)."""
+    k = (key, context)
+    with _lock:
+        found = _kernels.get(k)
+        if found is not None:
+            if found is False or found == "pending":
+                return None
+            _counts["hits"] += 1
+            return found
+        _kernels[k] = "pending"
+        while len(_kernels) > _SIZE:
+            _kernels.popitem(last=False)
+        wiring = [w for _, w in key[0]]
+        _queue.append((k, members, wiring, fdt, context, list(inputs)))
+        _counts["queued"] += 1
+        if _worker[0] is None or not _worker[0].is_alive():
+            from .tiers import in_background
+
+            _worker[0] = in_background(_work, name="circuits-groups")
+    return None
+
+
+def _work():
+    """Compile the queued groups one after another, at a lower priority than the caller's thread
+    where the system allows it (the evaluations go on meanwhile)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (AttributeError, OSError):
+        pass
+    while True:
+        with _lock:
+            if not _queue:
+                _worker[0] = None
+                return
+            job = _queue.popleft()
+        _compile(*job)
+
+
+def _compile(k, members, wiring, fdt, context, inputs) -> None:
+    import jax
+
+    from .binding import precision
+    from .executables import kept
+    from .runtime import counted_jit
+
+    try:
+        op = _group_op(members, wiring, fdt)
+        fn = kept(("group",) + k[0], op, counted_jit(op, "group_compilations"))
+        with precision(fdt), jax.default_matmul_precision(context[1]):
+            for v in fn(*inputs):
+                v.block_until_ready()
+        result = fn
+        _counts["compiled"] += 1
+    except Exception:  # noqa: BLE001 - a group that does not compile stays op by op, where
+        result = False  # the same error (if it is the circuit's) reaches the caller
+        _counts["failed"] += 1
+    with _lock:
+        if k in _kernels:
+            _kernels[k] = result
+
+
+def wait_for_groups() -> None:
+    """Wait until the queued groups are compiled (tests, benchmarks)."""
+    w = _worker[0]
+    if w is not None and w is not threading.current_thread():
+        w.join()
+
+
+def group_info() -> dict:
+    """``groups`` known, ``ready``, ``queued`` and ``compiled`` so far, ``hits``."""
+    with _lock:
+        states = collections.Counter("ready" if callable(v) else str(v) for v in _kernels.values())
+        return {"groups": len(_kernels), "ready": states["ready"], "queued": _counts["queued"],
+                "compiled": _counts["compiled"], "failed": _counts["failed"], "hits": _counts["hits"]}
+
+
+def clear_groups() -> None:
+    with _lock:
+        _kernels.clear()
