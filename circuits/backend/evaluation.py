@@ -157,7 +157,8 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
 
 def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
     """After a new process's first evaluation ran whole from JAX's persistent cache: evaluate the
-    circuit below its root op by op in the background, so that the op kernels are loaded and the
+    circuit op by op in the background (its root too: the fused groups it meets are then those a
+    variant meets), so that the op kernels are loaded and the
     clean values kept, and the first intervention that follows (an ablation of one head) computes
     only what it reaches instead of every node.  The inputs are copied now (the caller may write
     to its arrays); the thread runs in the caller's float and matmul precision."""
@@ -168,7 +169,7 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
 
     def warm():
         with precision(fdt), jax.default_matmul_precision(matmul):
-            run_ops(list(circuit.children), inputs, fdt, cache=True, info=RunInfo(), groups=tiers.GROUPS)
+            run_ops([circuit], inputs, fdt, cache=True, info=RunInfo(), groups=tiers.GROUPS, warm=True)
 
     incremental.warming = in_background(warm)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from typing import Sequence
 
 from ..dtypes import FLOAT_DTYPES
@@ -190,9 +191,33 @@ def group_kernel(key, context, members, fdt, inputs):
     return None
 
 
+# The worker compiles when no evaluation has run for IDLE seconds (a notebook's pauses, a model
+# being loaded), so that it does not slow the evaluations it is meant to speed up.
+IDLE = 0.25
+_active = [0, 0.0]  # evaluations running op by op now; when the last one ended
+
+
+class foreground:
+    """Marks an op-by-op evaluation running (the worker waits for a pause).
+
+    >>> with foreground():
+    ...     _active[0]
+    1
+    """
+
+    def __enter__(self):
+        with _lock:
+            _active[0] += 1
+
+    def __exit__(self, *exc):
+        with _lock:
+            _active[0] -= 1
+            _active[1] = time.monotonic()
+
+
 def _work():
-    """Compile the queued groups one after another, at a lower priority than the caller's thread
-    where the system allows it (the evaluations go on meanwhile)."""
+    """Compile the queued groups one after another in pauses between evaluations, at a lower
+    priority than the caller's thread where the system allows it."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
     except (AttributeError, OSError):
@@ -202,7 +227,11 @@ def _work():
             if not _queue:
                 _worker[0] = None
                 return
-            job = _queue.popleft()
+            busy = _active[0] > 0 or time.monotonic() - _active[1] < IDLE
+            job = None if busy else _queue.popleft()
+        if job is None:
+            time.sleep(IDLE / 5)
+            continue
         _compile(*job)
 
 

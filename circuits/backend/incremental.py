@@ -545,15 +545,22 @@ def _keep(node: Circuit, value, keys, store: list) -> None:
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
-            info: RunInfo | None = None, keep_all: bool = False, groups: bool = False):
+            info: RunInfo | None = None, keep_all: bool = False, groups: bool = False, warm: bool = False):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them).  ``groups=True`` runs the fused groups that are
-    compiled (``circuits.backend.groups``) and queues the others' compilation."""
-    if cache:
+    compiled (``circuits.backend.groups``) and queues the others' compilation.  ``warm=True``
+    computes the roots again though the cache holds them, and keeps the values the cache had."""
+    if cache and not warm:
         wait_for_warming()
+    with _groups.foreground():
+        return _run_ops(roots, inputs, fdt, cache, info, keep_all, groups, warm)
+
+
+def _run_ops(roots, inputs, fdt, cache, info, keep_all, groups, warm):
     roots, free = prepared(roots)
+    again = {r.hash for r in roots} if warm else ()
     problems: list[str] = []
     bound, fps = bind_symbols(free, inputs, fdt, problems)
     keys = CacheKeys(fdt, fps)
@@ -561,6 +568,8 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     get = VALUES.get
     if cache:
         def stop(node):
+            if node.hash in again:
+                return False
             value = get(keys(node))
             if value is None:
                 by_shape = shape_key(node)
@@ -629,6 +638,8 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
                     _keep(node, value, keys, store)
     else:
         _run_each(todo, env, fdt, keys, store if cache else None)
+    if again:  # the roots' values the cache held stay (a call gives the same bits as before)
+        store = [entry for entry in store if entry[0][0] not in again]
     if store:
         VALUES.put_many(store)
     computed = len(todo)

@@ -2,8 +2,10 @@
 
 - **op by op** (``mode='eager'``, and ``'auto'`` for a structure seen for the first time): through
   kernels cached per (operation, shapes, precision) and over the values already known
-  (``circuits.backend.incremental``): a new variant of a known model compiles nothing and computes
-  only what its intervention reaches.
+  (``circuits.backend.incremental``): a new variant of a known model compiles nothing in the call
+  and computes only what its intervention reaches.  In ``'auto'`` the nodes that one other node
+  alone reads run with it as one fused kernel per structure, compiled in the background in a pause
+  the first time it is met (``circuits.backend.groups``, ``GROUPS``).
 - **whole program** (``mode='jit'``, ``compile``, ``evaluate_batched``, ``sweep``; and ``'auto'``
   for a circuit evaluated op by op ``JIT_AFTER`` times already): one XLA program (heads batched,
   everything fused), compiled in a background thread (``BACKGROUND``) while the calls go on op
@@ -159,11 +161,17 @@ def _compile(entry: _Root, compile_whole):
 
 
 def wait_for_background(timeout: float | None = None) -> None:
-    """Wait for the whole-program compilations started in the background (tests, benchmarks)."""
-    with _lock:
-        threads = list(_threads)
-    for t in threads:
-        t.join(timeout)
+    """Wait for the work started in the background (whole-program compilations, fused groups,
+    kernels kept on disk), including what that work starts meanwhile (tests, benchmarks, exit)."""
+    while True:
+        with _lock:
+            threads = [t for t in _threads if t.is_alive() and t is not threading.current_thread()]
+        if not threads:
+            return
+        for t in threads:
+            t.join(timeout)
+        if timeout is not None:
+            return
 
 
 # A compilation still running when the interpreter exits would be torn down inside XLA (an abort,
