@@ -24,6 +24,7 @@ differently); ``mode='eager'`` never uses groups.  ``tiers.GROUPS`` switches the
 
 from __future__ import annotations
 
+import atexit
 import collections
 import os
 import threading
@@ -164,6 +165,8 @@ _SIZE = 4096
 _queue: collections.deque = collections.deque()
 _worker: list = [None]
 _counts = collections.Counter()
+QUEUE_SIZE = 64  # groups waiting to be compiled, at most (each holds its inputs' values)
+_closing = [False, False]  # the process is exiting; the exit handler is registered
 
 
 def group_kernel(key, context, members, fdt, inputs):
@@ -184,11 +187,24 @@ def group_kernel(key, context, members, fdt, inputs):
         wiring = [w for _, w in key[0]]
         _queue.append((k, members, wiring, fdt, context, list(inputs)))
         _counts["queued"] += 1
+        while len(_queue) > QUEUE_SIZE:  # never a pause: the oldest waits no longer (met again, it is queued again)
+            dropped = _queue.popleft()
+            _kernels.pop(dropped[0], None)
         if _worker[0] is None or not _worker[0].is_alive():
             from .tiers import in_background
 
+            if not _closing[1]:
+                atexit.register(_close)  # after tiers' own: runs before it waits for the threads
+                _closing[1] = True
             _worker[0] = in_background(_work, name="circuits-groups")
     return None
+
+
+def _close() -> None:
+    """At exit: compile nothing more (what is queued is for this process only)."""
+    with _lock:
+        _closing[0] = True
+        _queue.clear()
 
 
 # The worker compiles when no evaluation has run for IDLE seconds (a notebook's pauses, a model
@@ -224,13 +240,13 @@ def _work():
         pass
     while True:
         with _lock:
-            if not _queue:
+            if not _queue or _closing[0]:
                 _worker[0] = None
                 return
             busy = _active[0] > 0 or time.monotonic() - _active[1] < IDLE
             job = None if busy else _queue.popleft()
         if job is None:
-            time.sleep(IDLE / 5)
+            time.sleep(min(IDLE / 5, 0.05))
             continue
         _compile(*job)
 

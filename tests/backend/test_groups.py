@@ -118,3 +118,48 @@ def test_grouped_evaluation_agrees_on_generated_circuits(case):
         grouped = evaluate(circuit, inputs, dtype=dtype)  # through the compiled groups
         np.testing.assert_allclose(first, whole, **tol, equal_nan=True)
         np.testing.assert_allclose(grouped, whole, **tol, equal_nan=True)
+
+
+def test_the_queue_is_bounded_and_a_dropped_group_is_queued_again(monkeypatch):
+    from circuits import GeneralFunction, Symbol
+
+    monkeypatch.setattr(groups, "QUEUE_SIZE", 2)
+
+    def chain(n):
+        x = Symbol((n,), name=f"qx{n}")
+        return x, GeneralFunction("exp", GeneralFunction("sin", GeneralFunction("tanh", x)))
+
+    with groups.foreground():  # no pause: nothing compiles meanwhile
+        for n in range(2, 6):
+            x, y = chain(n)
+            evaluate(y, {x: np.ones(n)})
+        assert len(groups._queue) == 2
+    groups.wait_for_groups()
+    assert groups.group_info()["ready"] == 2
+    clear_cache("values")
+    x, y = chain(2)  # dropped from the queue: met again, queued again
+    queued = groups.group_info()["queued"]
+    np.testing.assert_allclose(evaluate(y, {x: np.ones(2)}), np.exp(np.sin(np.tanh(np.ones(2)))), rtol=1e-6)
+    assert groups.group_info()["queued"] == queued + 1
+
+
+def test_a_process_exits_without_compiling_what_is_queued(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from circuits import GeneralFunction, Symbol, evaluate\n"
+        "from circuits.backend import groups, tiers\n"
+        "tiers.COLD_START = False\n"
+        "groups.IDLE = 1e9  # never a pause: the queued group would wait forever\n"
+        "x = Symbol((3,), name='x')\n"
+        "y = GeneralFunction('exp', GeneralFunction('sin', GeneralFunction('tanh', x)))\n"
+        "evaluate(y, {'x': np.ones(3)})\n"
+        "assert groups.group_info()['queued'] == 1\n"
+        "print('done')\n"
+    )
+    env = {**__import__("os").environ, "CIRCUITS_COMPILATION_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done"
