@@ -9,9 +9,11 @@ group's kernel is keyed by its structure (its members' operations and shapes, an
 not by the nodes, so the groups of a clean run come back in every variant that recomputes them: a
 layer-0 ablation recomputes layer 1 and the unembedding through the groups the clean run made.
 
-A group's kernel returns every member's value (the value cache keeps them all, as op by op).  It is
-compiled in a background thread the first time its structure is met, while that run goes on op by
-op; once ready it is used.  The tiers agree to float rounding (a fused kernel may round
+A group's kernel returns every member's value (the value cache keeps them all, as op by op).  The
+first time its structure is met, that run goes on op by op and the group is queued; a background
+thread compiles it at a lower priority in the first pause between evaluations (``IDLE``), and once
+ready it is used.  Nodes computed from weights alone and int-valued nodes are never members (see
+``plan``).  The tiers agree to float rounding (a fused kernel may round
 differently); ``mode='eager'`` never uses groups.  ``tiers.GROUPS`` switches them off.
 
 >>> import numpy as np
@@ -177,7 +179,7 @@ def group_kernel(key, context, members, fdt, inputs):
     with _lock:
         found = _kernels.get(k)
         if found is not None:
-            if found is False or found == "pending":
+            if found is False or isinstance(found, str):  # failed, or "pending"
                 return None
             _counts["hits"] += 1
             return found
