@@ -102,7 +102,7 @@ def test_a_group_that_fails_to_compile_stays_op_by_op(shipped, monkeypatch):
     np.testing.assert_allclose(evaluate(shipped), first, rtol=1e-6)
 
 
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
