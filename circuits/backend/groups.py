@@ -37,6 +37,7 @@ from ..dtypes import FLOAT_DTYPES
 from ..nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
 from ..traversal import toposort  # noqa: F401 - the docstring's example
 from .ops import build_op
+from .program import kernel_part
 
 __all__ = ["plan", "group_kernel", "group_info", "clear_groups", "wait_for_groups", "MIN_MEMBERS"]
 
@@ -135,15 +136,10 @@ def plan(todo: Sequence[Circuit], roots: set) -> list:
 
 
 def _part(node: Circuit):
-    """A member's operation and shapes: its op kernel's key (``Circuit._kernel_part``)."""
+    """A member's operation and shapes: its op kernel's key part (``program.kernel_part``)."""
     if type(node) in _IDENTITY:
         return ("identity", node.shape)
-    part = node._kernel_part
-    if part is None:
-        from .program import node_key_part
-
-        part = node._kernel_part = (node_key_part(node), node.shape, tuple(c.shape for c in node.children))
-    return part
+    return kernel_part(node)
 
 
 def _group_op(members: Sequence[Circuit], wiring: Sequence[tuple], fdt: str):

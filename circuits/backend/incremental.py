@@ -50,7 +50,7 @@ from ..traversal import toposort
 from . import groups as _groups
 from .executables import kept
 from .ops import build_op
-from .program import node_key_part
+from .program import kernel_part, node_key_part
 from .runtime import (
     check_index_values,
     check_symbol_value,
@@ -291,20 +291,11 @@ def cached_kernel(key, make):
 def kernel(node: Circuit, fdt: str):
     """The compiled function computing ``node`` from its children's values: one per (operation,
     shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity).
-    The key's node part is made once per node and kept on it; a variant's node rebuilt over
-    children of the same shapes (``Circuit.with_children``) inherits it."""
+    The key's node part is kept on the node (``program.kernel_part``)."""
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
-    part = node._kernel_part
-    if part is None:
-        part = node._kernel_part = (node_key_part(node), node.shape, tuple(c.shape for c in node.children))
-    key = (*part, fdt)
-    fn = _kernels.get(key)
-    if fn is not None:
-        _kernel_counts["hits"] += 1
-        return fn
-    return cached_kernel(key, lambda: build_op(node, fdt))
+    return cached_kernel((*kernel_part(node), fdt), lambda: build_op(node, fdt))
 
 
 def _broadcast_kernel(shape: tuple):

@@ -33,7 +33,7 @@ from .ops import broadcast_scalar, build_op
 # Node types lowered by substitution before the program is laid out.
 _INLINED = frozenset({Module})
 
-__all__ = ["ARGUMENT_TYPES", "Program", "Skeleton", "node_key_part"]
+__all__ = ["ARGUMENT_TYPES", "Program", "Skeleton", "kernel_part", "node_key_part"]
 
 ARGUMENT_TYPES = (Array, Scalar, Symbol)
 
@@ -50,6 +50,16 @@ def node_key_part(node: Circuit) -> bytes:
         # id(spec): a function re-registered under the same name must not reuse old code.
         return op_key_part("GeneralFunction", node._payload_bytes() + b"\0" + pack_ints((id(node.function),)))
     return op_key_part(node.type_name, node._payload_bytes())
+
+
+def kernel_part(node: Circuit) -> tuple:
+    """What an op kernel computing ``node`` depends on: its key part and the shapes of it and its
+    children.  Made once per node and kept on it (``Circuit._kernel_part``); a node rebuilt over
+    children of the same shapes (``Circuit.with_children``) inherits it."""
+    part = node._kernel_part
+    if part is None:
+        part = node._kernel_part = (node_key_part(node), node.shape, tuple(c.shape for c in node.children))
+    return part
 
 
 # ---------------------------------------------------------------------------- programs
