@@ -16,6 +16,9 @@ DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 DEFAULT_FLOAT = "float32"
 
 
+_NAMED: dict = {}  # numpy dtype -> its name (``dtype.name`` is a slow property)
+
+
 def normalize_dtype(dtype) -> str:
     """The canonical name of a dtype ('float32', 'int64', ...); raises on unsupported ones."""
     if type(dtype) is str and dtype in DTYPES:
@@ -24,7 +27,12 @@ def normalize_dtype(dtype) -> str:
 
     if dtype is None:
         return DEFAULT_FLOAT
-    name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
+    if isinstance(dtype, np.dtype):
+        name = _NAMED.get(dtype)
+        if name is None:
+            name = _NAMED[dtype] = dtype.name
+    else:
+        name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
     if name not in DTYPES:
         raise CircuitError(f"unsupported dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return name

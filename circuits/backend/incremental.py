@@ -450,6 +450,16 @@ def shape_key(node: Circuit, depth: int = _SHAPE_DEPTH):
     return key if height <= depth else None
 
 
+def _not_by_shape(node: Circuit, depth: int) -> bool:
+    """Whether ``node`` is known, without looking below it, to have no shape key within
+    ``depth``: an Array or a Symbol, or a node already looked at that deep (a variant's new node
+    is mostly over such children, and so is rejected without a walk)."""
+    if not node.children:
+        return type(node) is not Scalar
+    found = _shape_keys.get(node.hash)
+    return found is not None and found[0] is None and found[1] >= depth
+
+
 def _shape_entry(node: Circuit, depth: int) -> tuple:
     """``(key, height)`` of ``node`` looked at within ``depth`` operations (see ``_shape_keys``)."""
     found = _shape_keys.get(node.hash)
@@ -461,7 +471,7 @@ def _shape_entry(node: Circuit, depth: int) -> tuple:
         entry = (("scalar", node.hash), 0)
     elif t is GeneralFunction and node.function.name in SHAPE_ONLY:
         entry = (("shape", node_key_part(node), tuple((c.shape, c.dtype) for c in node.children)), 0)
-    elif depth and node.children and t is not Module:
+    elif depth and node.children and t is not Module and not any(_not_by_shape(c, depth - 1) for c in node.children):
         kids = []
         height = 0
         for c in node.children:

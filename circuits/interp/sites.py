@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import difflib
+import heapq
 import threading
 import weakref
 from typing import Callable, Iterable, Mapping
@@ -95,7 +96,7 @@ class Walk:
     without walking the circuit 144 times.  The circuit itself is not held (it is the last node
     of its order): ``order(circuit)`` gives it back."""
 
-    __slots__ = ("below", "position", "names", "leaves", "__weakref__")
+    __slots__ = ("below", "position", "names", "leaves", "_readers", "__weakref__")
 
     def __init__(self, circuit: Circuit):
         order = toposort(circuit)
@@ -107,6 +108,19 @@ class Walk:
                 names.setdefault(n.name, []).append(n.hash)
         self.names = names
         self.leaves = [n for n in self.below if isinstance(n, (Array, Symbol))]
+        self._readers = None
+
+    def readers(self, circuit: Circuit) -> list[tuple]:
+        """For each position, the positions of the nodes that read that node (made on first use)."""
+        found = self._readers
+        if found is None:
+            out: list = [[] for _ in range(len(self.below) + 1)]
+            position = self.position
+            for i, node in enumerate(self.order(circuit)):
+                for c in node.children:
+                    out[position[c.hash]].append(i)
+            found = self._readers = [tuple(r) for r in out]
+        return found
 
     def order(self, circuit: Circuit) -> list[Circuit]:
         return [*self.below, circuit]
@@ -162,22 +176,28 @@ def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circ
     if not table:
         return circuit
     w = walk(circuit)
-    if any(h not in w.position for h in table):
+    position = w.position
+    if any(h not in position for h in table):
         return replace(circuit, mapping)
-    order = w.order(circuit)
-    changed: dict[bytes, Circuit] = {}
+    readers = w.readers(circuit)
+    below = w.below
+    changed: dict[bytes, Circuit] = dict(table)
+    # The ancestors of the replaced nodes, in order (children first): from each rebuilt node up
+    # to its readers, so that only those are looked at.
+    heap = sorted({r for h in table for r in readers[position[h]]})
+    seen = set(heap)
+    get = changed.get
     with bulk_build():  # hundreds of nodes built and kept: the collector's passes would double the time
-        for i in range(min(w.position[h] for h in table), len(order)):
-            node = order[i]
+        while heap:
+            i = heapq.heappop(heap)
+            node = below[i] if i < len(below) else circuit
             h = node.hash
-            if h in table:
-                changed[h] = table[h]
-                continue
-            kids = node.children
-            for c in kids:
-                if c.hash in changed:
-                    changed[h] = node.with_children(tuple(changed.get(k.hash, k) for k in kids))
-                    break
+            if h not in table:
+                changed[h] = node.with_children(tuple([get(k.hash, k) for k in node.children]))
+            for r in readers[i]:
+                if r not in seen:
+                    seen.add(r)
+                    heapq.heappush(heap, r)
     return changed.get(circuit.hash, circuit)
 
 

@@ -100,6 +100,29 @@ def _free_or_none(node: "Circuit"):
     return free
 
 
+_PAYLOAD_COPIERS: dict = {}  # node class -> function copying its own __slots__ to a new node
+
+
+def _payload_copier(cls):
+    """A function ``(src, dst)`` setting ``dst``'s payload (``cls.__slots__``, the class's own
+    fields) from ``src``'s: one attribute-getter call and plain stores, not a getattr/setattr
+    pair per field."""
+    slots = (cls.__slots__,) if isinstance(cls.__slots__, str) else tuple(cls.__slots__)
+    if not slots:
+        return lambda src, dst: None
+    if len(slots) == 1:
+        (attr,) = slots
+        get = operator.attrgetter(attr)
+        return lambda src, dst: setattr(dst, attr, get(src))
+    get = operator.attrgetter(*slots)
+
+    def copy(src, dst):
+        for attr, value in zip(slots, get(src)):
+            setattr(dst, attr, value)
+
+    return copy
+
+
 # C-level getters: map() with these avoids a Python frame per list comprehension.
 shape_of = operator.attrgetter("shape")
 dtype_of = operator.attrgetter("dtype")
@@ -294,25 +317,42 @@ class Circuit:
         old = self.children
         if name is _SAME_NAME:
             name = self.name
-        if len(children) == len(old):
-            if all(a is b for a, b in zip(children, old)):
-                return self.rename(name)
-            rule = type(self).__dict__.get("rebuilds_by_shape")
-            if rule and (rule is True or rule(self)) and all(
-                    isinstance(a, Circuit) and a.shape == b.shape and a.dtype == b.dtype for a, b in zip(children, old)):
-                # Children of the same shapes and dtypes: what the constructor derived from
-                # them (the payload as validated, the shape, the dtype) holds as it is.
-                new = _new_object(type(self))
-                for attr in type(self).__slots__:
-                    setattr(new, attr, getattr(self, attr))
-                new = new._set_common(children, self.shape, self.dtype, name)
-                if new._kernel_part is None:  # same op over same shapes: the same kernel
-                    new._kernel_part = self._kernel_part
-                if new._free is None and self._free is not None and all(
-                        a is b or _free_or_none(a) is b._free for a, b in zip(children, old)):
-                    new._free = self._free  # children over the same Symbols: the same Symbols
-                return new
-        return self._rebuild(children, name)
+        if len(children) != len(old):
+            return self._rebuild(children, name)
+        # Plain loops, not all(): a node has a few children and this is the hot path of every
+        # variant (it rebuilds each ancestor of what it changed).
+        same = True
+        for a, b in zip(children, old):
+            if a is not b:
+                same = False
+                break
+        if same:
+            return self.rename(name)
+        cls = type(self)
+        rule = cls.__dict__.get("rebuilds_by_shape")
+        if not rule or (rule is not True and not rule(self)):
+            return self._rebuild(children, name)
+        free = self._free
+        for a, b in zip(children, old):
+            if a is b:
+                continue
+            if not isinstance(a, Circuit) or a.shape != b.shape or a.dtype != b.dtype:
+                return self._rebuild(children, name)
+            if free is not None and _free_or_none(a) is not b._free:
+                free = None
+        # Children of the same shapes and dtypes: what the constructor derived from them (the
+        # payload as validated, the shape, the dtype) holds as it is.
+        new = _new_object(cls)
+        copy = _PAYLOAD_COPIERS.get(cls)
+        if copy is None:
+            copy = _PAYLOAD_COPIERS[cls] = _payload_copier(cls)
+        copy(self, new)
+        new = new._set_common(children, self.shape, self.dtype, name)
+        if new._kernel_part is None:  # same op over same shapes: the same kernel
+            new._kernel_part = self._kernel_part
+        if new._free is None and free is not None:
+            new._free = free  # children over the same Symbols: the same Symbols
+        return new
 
     def rename(self, name: str | None) -> "Circuit":
         """This node with another name (a different node: names are part of identity)."""

@@ -5,11 +5,14 @@ import collections
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import circuits as C
 from circuits.interp import ablate, patch
 from circuits.models import attn_only, random_weights
 from circuits.select import Glob, Inside, Name, Pred, Regex
+from circuits.testing import dags
 from tests.deep import DEPTH
 
 SMALL = dict(vocab=31, d_model=16, n_heads=3, head_size=8, n_layers=2, max_positions=16)
@@ -193,6 +196,20 @@ def test_replace_within_equals_replace(weights):
     assert replace_within(c, {c: root}) is root
     outside = C.Array(np.ones(3, np.float32), name="nowhere")
     assert replace_within(c, {outside: root}) is c
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(max_nodes=16), st.data())
+def test_replace_within_equals_replace_on_generated_dags(c, data):
+    """On generated DAGs (shared subtrees, nested sites), the rebuild that walks up from the
+    replaced nodes to their readers gives ``traversal.replace``'s circuit, node for node."""
+    from circuits.interp.sites import replace_within
+
+    order = C.toposort(c)
+    picked = data.draw(st.lists(st.sampled_from(order), min_size=1, max_size=3, unique_by=lambda n: n.hash))
+    mapping = {n: C.Array(np.full(n.shape, 0.5 if n.dtype.startswith("float") else 0, n.dtype), name=f"r{i}")
+               for i, n in enumerate(picked)}  # of the node's dtype: an index stays an int
+    assert replace_within(c, mapping).hash == C.traversal.replace(c, mapping).hash
 
 
 def test_patches_from_remembered_copies_equal_fresh_ones(weights):
