@@ -33,6 +33,31 @@ def interleaved_medians(fns: dict, *, runs: int = 20, warmup: int = 2) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def fastest_torch_threads(run, counts, *, runs: int = 15) -> tuple[int, dict]:
+    """``(n, medians)``: of torch's intra-op thread ``counts``, the one under which ``run()`` is
+    fastest (medians of interleaved runs, in seconds by count), and torch left set to it: the
+    baseline at its best on this machine.  More threads are taken only where they are faster by
+    over 5%: a small model runs as fast on one thread, and on a machine with few cores torch's
+    OpenMP workers spin after each parallel region, taking a core from whatever runs next in
+    the same process (the side compared with)."""
+    import torch
+
+    counts = sorted(set(counts))
+    fns = {}
+    for n in counts:
+        def timed(n=n):
+            torch.set_num_threads(n)
+            run()
+        fns[n] = timed
+    medians = interleaved_medians(fns, runs=runs)
+    best = counts[0]
+    for n in counts[1:]:
+        if medians[n] < 0.95 * medians[best]:
+            best = n
+    torch.set_num_threads(best)
+    return best, medians
+
+
 def report(title: str, rows: list[tuple[str, str]]) -> None:
     print(title)
     width = max((len(k) for k, _ in rows), default=0)
