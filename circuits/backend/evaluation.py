@@ -50,10 +50,11 @@ from .tiers import in_background, mark_ready, note_op_run, record, whole_program
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
 
-def program_function(program: Program, mode: str):
+def program_function(program: Program, mode: str, kept_as: bytes | None = None):
     """``args -> outputs`` of ``program``: compiled (from the compile cache) or op by op, as the
-    jit policy decides for ``mode``."""
-    return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
+    jit policy decides for ``mode``; ``kept_as``: its executable kept across processes under
+    these bytes (``runtime.cached_jit``)."""
+    return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run, kept_as)
 
 
 def _numpy_outputs(outs, items):
@@ -105,17 +106,19 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
     cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
-        program = keys = None
+        program = keys = kept_as = None
         warm = False
         if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
                 and cached_values(keys := value_keys([circuit], inputs, fdt)) is None:
             # The first evaluation in this process: a program an earlier process compiled whole
-            # runs whole at once (JAX's persistent cache holds its compilation).
+            # runs whole at once (its executable kept, or JAX's persistent cache holds its
+            # compilation).
             program, items = cached_program(circuit, fdt, also, batch_heads)
             if worth_compiling(program, (program.key, "run")):
                 mark_ready(tier_key)
                 tiers.COLD_START = False
                 warm = cache and tiers.BACKGROUND
+                kept_as = _kept_as(circuit, fdt, batch_heads)
             else:
                 program = None
         if program is None and (mode == "jit" or (mode == "auto" and items_key is not None
@@ -132,7 +135,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
         if program is not None:
             args = bind_once(program, inputs, fdt)
             record("jit")
-            values = program_function(program, "jit")(args)
+            values = program_function(program, "jit", kept_as)(args)
             if not also:
                 note_compiled(_mark(circuit, fdt, batch_heads))
             if mode == "auto" and cache and not also:
@@ -151,7 +154,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
         now = cold and info.computed <= COLD_COMPILE_MAX_OPS
         if cold:
             tiers.COLD_START = False
-        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs), now=now)
+        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs, keep=now), now=now)
     return out(values, items)
 
 
@@ -174,16 +177,18 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
     incremental.warming = in_background(warm)
 
 
-def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs) -> bool | None:
+def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs, keep: bool = False) -> bool | None:
     """Compile (and run once) the whole program of ``circuit``: the tier ``'auto'`` moves to
     (None for a program over ``JIT_MAX_OPS`` distinct nodes, not already compiled: XLA's compile
-    time grows with program size, and such a program stays op by op)."""
+    time grows with program size, and such a program stays op by op).  ``keep``: its executable
+    is kept on disk for the next process's first evaluation (a new process's first circuit)."""
     with precision(fdt):
         program, _ = cached_program(circuit, fdt, also, batch_heads)
         if not worth_compiling(program, (program.key, "run")):
             return None
         args = bind_arguments(program, inputs, fdt)
-        for value in program_function(program, "jit")(args):
+        kept_as = _kept_as(circuit, fdt, batch_heads) if keep and not also else None
+        for value in program_function(program, "jit", kept_as)(args):
             value.block_until_ready()
         if not also:
             note_compiled(_mark(circuit, fdt, batch_heads))
@@ -194,6 +199,19 @@ def _mark(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes:
     """What marks ``circuit``'s whole program as compiled across processes (its content hash and
     the options: a program's own key holds ids, which differ between processes)."""
     return circuit.hash + fdt.encode() + (b"+heads" if batch_heads else b"")
+
+
+def _kept_as(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes | None:
+    """What a new process's first program is kept on disk under (``_mark``), or None where the
+    circuit computes a function a user registered: its code may differ in the next process,
+    under the same name and so the same hash."""
+    from ..functions.registry import is_library_function
+    from ..nodes import GeneralFunction
+
+    for node in toposort(circuit):
+        if type(node) is GeneralFunction and not is_library_function(node.function):
+            return None
+    return _mark(circuit, fdt, batch_heads)
 
 
 def _outputs(outs, items):

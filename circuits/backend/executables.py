@@ -14,7 +14,9 @@ moves it or turns it off) under that key and:
   platform and version, its device kind and count.
 
 A later process loads the executable (``jax.experimental.serialize_executable``) and calls it:
-no trace, no lowering.  A kernel whose key names a function a user registered is not kept (its
+no trace, no lowering.  A new process's first whole program (``evaluation._compile_whole`` and the
+next process's first evaluation, ``persistent.compiled_before``) is kept the same way, under the
+circuit's hash and options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
 code is the user's, which may change between processes); nor is one called inside a JAX trace,
 under a trace context that is not plain data, or whose executable cannot be serialized.
 
@@ -166,27 +168,28 @@ def _plain_context(context) -> bytes | None:
 
 
 # ---------------------------------------------------------------------------- kept kernels
-def kept(key, op, jitted):
+def kept(key, op, jitted, counter: str = "kernel_compilations"):
     """``jitted`` (``op``'s ``counted_jit`` kernel) with its executables kept on disk under ``key``
-    (see the module docstring); ``jitted`` itself when the key is not stable or the cache is off."""
+    (see the module docstring); ``jitted`` itself when the key is not stable or the cache is off.
+    A compilation here is counted under ``counter`` in ``cache_stats()``."""
     directory = ensure_persistent_cache()
     if directory is None:
         return jitted
     stable = stable_key(key)
     if stable is None or not _setup():
         return jitted
-    return KeptKernel(op, jitted, stable, os.path.join(directory, FOLDER))
+    return KeptKernel(op, jitted, stable, os.path.join(directory, FOLDER), counter)
 
 
 class KeptKernel:
     """A kernel that runs the executable it loaded (or compiled and stored) for the arguments'
     signature, and falls back to the jitted kernel for calls that executable does not take."""
 
-    __slots__ = ("op", "jitted", "key", "folder", "exe", "context", "by_signature")
+    __slots__ = ("op", "jitted", "key", "folder", "counter", "exe", "context", "by_signature")
 
-    def __init__(self, op, jitted, key: bytes, folder: str):
+    def __init__(self, op, jitted, key: bytes, folder: str, counter: str = "kernel_compilations"):
         _setup()  # kept() makes one only where this jax can keep kernels
-        self.op, self.jitted, self.key, self.folder = op, jitted, key, folder
+        self.op, self.jitted, self.key, self.folder, self.counter = op, jitted, key, folder, counter
         self.exe = None
         self.context = None
         self.by_signature: dict = {}
@@ -255,7 +258,7 @@ class KeptKernel:
         # The module's name: the key without the library's source, so that a new version of the
         # library finds in JAX's cache what it lowers the same way.
         stem = blake3.blake3(full[:-len(_environment())]).hexdigest(24)
-        compiled, fresh = _compile(self.op, args, "circuits_kernel_" + stem)
+        compiled, fresh = _compile(self.op, args, "circuits_kernel_" + stem, self.counter)
         if fresh:
             _store(path, full, compiled)
         else:  # from JAX's cache: XLA cannot serialize such an executable again whole (a kept

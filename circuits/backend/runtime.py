@@ -104,21 +104,24 @@ def worth_compiling(program: Program, key) -> bool:
     return use_jit("auto", len(program), key)
 
 
-def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable]) -> Callable:
+def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
     """The function ``make()`` builds: jitted and from the compile cache (under ``key``) when
-    the jit policy says so, else as it is (it then runs op by op).
+    the jit policy says so, else as it is (it then runs op by op).  ``kept_as``: see
+    ``cached_jit``.
 
     ``make`` must build a function that holds no node and no tensor (a ``Skeleton``'s ops):
     the cache outlives the circuit."""
     if use_jit(mode, size, key):
-        return cached_jit(key, make)
+        return cached_jit(key, make, kept_as)
     return make()
 
 
-def cached_jit(key, make: Callable[[], Callable]) -> Callable:
+def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
     """``jax.jit`` of the function ``make()`` builds, cached under ``key``: made on a miss (the
     least recently used entry is evicted beyond the cache size), every trace counted as a
-    compilation."""
+    compilation.  ``kept_as``: bytes naming the function the same way in every process (a
+    circuit's hash and options); its executable is then kept on disk and a later process loads
+    it without tracing or lowering (``circuits.backend.executables``)."""
     with _cache_lock:
         fn = _cache.get(key)
         if fn is not None:
@@ -126,7 +129,12 @@ def cached_jit(key, make: Callable[[], Callable]) -> Callable:
             _stats["hits"] += 1
             return fn
         _stats["misses"] += 1
-    fn = _counted_jit(make())
+    made = make()
+    fn = _counted_jit(made)
+    if kept_as is not None:
+        from .executables import kept
+
+        fn = kept(("program", kept_as), made, fn, counter="compilations")
     with _cache_lock:
         _cache[key] = fn
         while len(_cache) > _cache_size:

@@ -82,11 +82,12 @@ x = C.Array(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3), name='x_new_pr
 c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.0), name='out')
 value = C.evaluate(c)
 first = last_run()['tier']
+traced = C.cache_stats()['compilations']  # whole programs traced by this first evaluation
 tiers.wait_for_background(120)
 variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
 changed = C.evaluate(variant)
 print(json.dumps({"value": np.asarray(value).tolist(), "tier": first, "variant": last_run(),
-                  "changed": np.asarray(changed).tolist()}))
+                  "changed": np.asarray(changed).tolist(), "traced": traced}))
 """
 
 
@@ -103,6 +104,8 @@ def test_a_new_process_runs_whole_what_an_earlier_one_compiled(tmp_path):
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert [r["tier"] for r in runs] == ["ops", "jit"]
     assert os.listdir(tmp_path / "cache" / "circuits-programs")
+    # the first process kept the program's executable: the second loads it, tracing nothing
+    assert runs[1]["traced"] == 0
     import numpy as np
 
     np.testing.assert_allclose(runs[1]["value"], runs[0]["value"], rtol=1e-6)
@@ -114,3 +117,22 @@ def test_a_new_process_runs_whole_what_an_earlier_one_compiled(tmp_path):
     off = dict(env, CIRCUITS_COMPILATION_CACHE="off")
     out = subprocess.run([sys.executable, "-c", NEW_PROCESS], env=off, capture_output=True, text=True, timeout=300)
     assert json.loads(out.stdout.strip().splitlines()[-1])["tier"] == "ops"  # no cache, no marks
+
+
+def test_a_program_computing_a_users_function_is_not_kept_across_processes():
+    """A new process's first program is kept on disk under the circuit's hash, unless it computes
+    a function a user registered: the next process may register other code under that name."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    import circuits as C
+    from circuits.backend.evaluation import _kept_as
+    from circuits.functions import register_elementwise, unregister_function
+
+    x = C.Array(np.ones(3, np.float32), name='x')
+    assert _kept_as(C.GeneralFunction('exp', x), "float32", True) is not None
+    register_elementwise("softsign_test_kept", lambda v: v / (1 + jnp.abs(v)))
+    try:
+        assert _kept_as(C.Add(C.GeneralFunction('softsign_test_kept', x), x), "float32", True) is None
+    finally:
+        unregister_function("softsign_test_kept")
