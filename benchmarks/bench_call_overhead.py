@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 import numpy as np
@@ -46,7 +45,7 @@ import numpy as np
 import circuits as C
 from circuits.models import attn_only, random_weights, tokens_symbol
 
-from .common import agreement_tolerance, report
+from .common import agreement_tolerance, interleaved_times, report
 from .handwritten_attn_only import loss_fused
 
 TOKENS = "toks_int_var"
@@ -55,17 +54,8 @@ TOKENS = "toks_int_var"
 def per_call(fns: dict, runs: int, calls: int, warmup: int = 20) -> dict:
     """``{name: [microseconds per call, one block of calls each run]}`` for each of ``fns``: blocks
     of ``calls`` calls, every function's block once a run, ``runs`` runs."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            jax.block_until_ready(fn())
-    blocks = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            for _ in range(calls):
-                jax.block_until_ready(fn())
-            blocks[k].append((time.perf_counter() - t) / calls * 1e6)
-    return blocks
+    times = interleaved_times(fns, runs=runs, warmup=warmup, calls=calls, block=jax.block_until_ready)
+    return {k: [t * 1e6 for t in v] for k, v in times.items()}
 
 
 def launches(fn, calls: int = 10) -> str:

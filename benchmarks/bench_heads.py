@@ -26,7 +26,6 @@ Run: ``.venv/bin/python -m benchmarks.bench_heads [layers ...]`` (default 2 6 12
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
 
@@ -38,7 +37,7 @@ from circuits.backend import clear_cache
 from circuits.backend.runtime import bind_arguments, program_with_also
 from circuits.models import attn_only, random_weights
 
-from .common import agreement_tolerance, report
+from .common import agreement_tolerance, interleaved_times, medians_of, report
 from .handwritten_attn_only import loss_naive
 
 
@@ -59,15 +58,8 @@ def _medians(fns: dict, runs: int):
     """Interleaved medians of wall time and of process CPU time (all threads).  The CPU time is
     what the ratios are read from on a shared machine: other processes' load stretches wall
     time by up to 3x here but barely moves the work done."""
-    wall = {k: [] for k in fns}
-    cpu = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t, c = time.perf_counter(), time.process_time()
-            _block(fn())
-            wall[k].append(time.perf_counter() - t)
-            cpu[k].append(time.process_time() - c)
-    return ({k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()})
+    wall, cpu = interleaved_times(fns, runs=runs, warmup=0, block=_block, cpu=True)
+    return medians_of(wall), medians_of(cpu)
 
 
 def model(n_layers: int, positions: int = 512, d_model: int = 768, n_heads: int = 12, head_size: int = 64,

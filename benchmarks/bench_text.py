@@ -17,9 +17,7 @@ shared weights, repeated names (so serials), unnamed nodes and references; it is
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -27,7 +25,7 @@ from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scal
 from circuits.text import parse, to_text
 from circuits.text.printer import gc_paused
 
-from .common import interleaved_medians, report
+from .common import interleaved_medians, interleaved_times, medians_of, report
 
 
 def make_circuit(target_nodes: int = 100_000, heads: int = 16):
@@ -94,13 +92,7 @@ def _rebuild(nodes):
 def cpu_medians(fns, runs):
     """Median CPU time (``time.process_time``) of each function, runs interleaved: on a shared
     machine this is steadier than wall time, which counts the time other processes run."""
-    samples = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t = time.process_time()
-            fn()
-            samples[k].append(time.process_time() - t)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return medians_of(interleaved_times(fns, runs=runs, warmup=0, cpu=True)[1])
 
 
 def main(runs: int = 5, target: int = 100_000):

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +33,7 @@ import circuits as C
 from circuits.models import attn_only, random_weights, tokens_symbol
 from rewrites import optimize
 
-from .common import agreement_tolerance, report
+from .common import agreement_tolerance, interleaved_medians, report
 from .handwritten_attn_only import loss_fused, loss_naive
 
 CHUNKS = (1, 16, 32, 64)
@@ -44,16 +42,7 @@ LOOP_CHUNKS = (8, 16, 32)
 
 def medians(fns: dict, runs: int, warmup: int = 1) -> dict:
     """Interleaved medians of ``fns`` (each returns something to block on, or a numpy array)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            jax.block_until_ready(fn())
-    times = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return interleaved_medians(fns, runs=runs, warmup=warmup, block=jax.block_until_ready)
 
 
 def matmul_case(n: int = 2048):

@@ -19,18 +19,38 @@ def median_time(fn, *, runs: int = 20, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(fns: dict, *, runs: int = 20, warmup: int = 2) -> dict:
-    """Median time of each function, runs interleaved so drift in machine load hits all alike."""
+def interleaved_times(fns: dict, *, runs: int = 20, warmup: int = 2, calls: int = 1, block=None,
+                      cpu: bool = False):
+    """``{name: [seconds per call, one block of calls a run]}`` for each of ``fns``: every
+    function's block of ``calls`` calls once a run, ``runs`` runs interleaved so drift in machine
+    load hits all alike, after ``warmup`` calls each.  ``block(result)`` waits for a result inside
+    the timing (``jax.block_until_ready``: JAX dispatches asynchronously).  ``cpu=True``: also the
+    process CPU time (all threads), as a second dict: on a shared machine other processes' load
+    stretches wall time but barely moves the work done."""
+    wait = block if block is not None else (lambda result: result)
     for fn in fns.values():
         for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
+            wait(fn())
+    wall = {k: [] for k in fns}
+    used = {k: [] for k in fns}
     for _ in range(runs):
         for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
+            t, c = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                wait(fn())
+            wall[k].append((time.perf_counter() - t) / calls)
+            used[k].append((time.process_time() - c) / calls)
+    return (wall, used) if cpu else wall
+
+
+def medians_of(times: dict) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def interleaved_medians(fns: dict, *, runs: int = 20, warmup: int = 2, block=None) -> dict:
+    """Median time of each function, runs interleaved so drift in machine load hits all alike
+    (``interleaved_times``)."""
+    return medians_of(interleaved_times(fns, runs=runs, warmup=warmup, block=block))
 
 
 def fastest_torch_threads(run, counts, *, runs: int = 15) -> tuple[int, dict]:
