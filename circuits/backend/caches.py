@@ -4,10 +4,13 @@ kernels, the value cache of incremental evaluation, and the caches of ``Eager`` 
 - ``cache_stats()``: counters (flat, for the compile cache as before; ``'values'``,
   ``'kernels'``, ``'eager'`` and ``'tiers'`` sub-dicts for the rest);
 - ``clear_cache(what='all')``: forget what is kept (``'compiled'``, ``'values'``, ``'kernels'``);
-- ``set_cache_size(functions=None, *, values_bytes=None)``: bound the compile cache (whole
-  programs) and the value cache (bytes on the device).
+- ``set_cache_size(functions=None, *, values_bytes=None, disk_bytes=None)``: bound the compile
+  cache (whole programs), the value cache (bytes on the device) and the compilation cache's
+  directory on disk.
 
-Persistent compilation across processes is JAX's own cache (``circuits.backend.persistent``).
+Persistent compilation across processes is JAX's own cache (``circuits.backend.persistent``),
+with the executables this library keeps beside it; ``cache_stats()['disk']`` says where it is,
+its budget and what the last trim found.
 
 >>> stats = cache_stats()
 >>> sorted(stats['values'])
@@ -24,6 +27,7 @@ import weakref
 from ..errors import EvaluationError
 from .groups import clear_groups, group_info
 from .incremental import DEFAULT_VALUE_BYTES, VALUES, clear_kernels, kernel_info
+from .persistent import disk_info, set_disk_budget
 from .runtime import clear_compile_cache, compile_cache_stats, set_compile_cache_size
 from .tiers import clear_tiers, tier_info
 
@@ -57,6 +61,7 @@ def cache_stats() -> dict:
                     "bytes": sum(i["bytes"] for i in eagers)}
     out["tiers"] = tier_info()
     out["groups"] = group_info()
+    out["disk"] = disk_info()
     return out
 
 
@@ -84,17 +89,22 @@ def clear_cache(what: str = "all") -> None:
         clear_groups()
 
 
-def set_cache_size(functions: int | None = None, *, values_bytes: int | None = None) -> None:
-    """Bound the compile cache to ``functions`` whole programs and the value cache to
-    ``values_bytes`` bytes (0 keeps no value); least recently used entries go first.
+def set_cache_size(functions: int | None = None, *, values_bytes: int | None = None,
+                   disk_bytes: int | None = None) -> None:
+    """Bound the compile cache to ``functions`` whole programs, the value cache to
+    ``values_bytes`` bytes (0 keeps no value) and the compilation cache's directory on disk to
+    ``disk_bytes`` (trimmed at once, and daily: ``circuits.backend.persistent``); least recently
+    used entries go first.
 
     >>> set_cache_size(256); cache_stats()['max_size']
     256
     >>> set_cache_size(128)
     """
-    if functions is None and values_bytes is None:
-        raise EvaluationError("set_cache_size: give functions= (compiled programs) or values_bytes=")
+    if functions is None and values_bytes is None and disk_bytes is None:
+        raise EvaluationError("set_cache_size: give functions= (compiled programs), values_bytes= or disk_bytes=")
     if functions is not None:
         set_compile_cache_size(functions)
     if values_bytes is not None:
         VALUES.set_max_bytes(values_bytes)
+    if disk_bytes is not None:
+        set_disk_budget(disk_bytes)

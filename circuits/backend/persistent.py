@@ -9,6 +9,12 @@ variable ``CIRCUITS_COMPILATION_CACHE`` moves it (a directory path) or turns it 
 others) gives one warning naming it and the fix; evaluation goes on without the cache.  A JAX
 cache directory the user configured already (``jax_compilation_cache_dir``) is left as it is.
 
+The directory is kept under a budget of bytes (``DISK_BYTES``, 2 GiB; the environment variable
+``CIRCUITS_COMPILATION_CACHE_MAX_BYTES`` or ``set_cache_size(disk_bytes=)`` changes it): at most
+once a day, the first process to use it looks through it in a background thread and, over the
+budget, removes the entries used longest ago (JAX's compilations and the kept executables) until
+it is under 80% of it.  An entry removed is compiled again when next needed.
+
 >>> import os
 >>> cache_directory({'CIRCUITS_COMPILATION_CACHE': 'off'}) is None
 True
@@ -21,10 +27,12 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 import warnings
 
 __all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cache_info", "compiled_before",
-           "note_compiled", "COLD_COMPILE_MAX_OPS"]
+           "note_compiled", "COLD_COMPILE_MAX_OPS", "DISK_BYTES", "MAX_BYTES_ENV", "trim", "set_disk_budget",
+           "disk_info"]
 
 # A program compiled whole is marked (an empty file named by its structural key, beside JAX's
 # cache): a new process whose first evaluation is of a marked program runs it whole at once, its
@@ -39,6 +47,15 @@ ENV = "CIRCUITS_COMPILATION_CACHE"
 _OFF = ("off", "0", "false", "no", "none", "")
 _lock = threading.Lock()
 _state = {"done": False, "directory": None, "reason": "not set up yet"}
+
+# The disk budget: bytes the directory may hold before its least recently used entries go.
+DISK_BYTES = 2 << 30
+MAX_BYTES_ENV = "CIRCUITS_COMPILATION_CACHE_MAX_BYTES"
+TRIM_EVERY = 24 * 3600  # seconds between looks through the directory (a stamp file says when)
+TRIM_RETRY = 600  # seconds before another process looks again when a look was not seen to finish
+_STAMP = "circuits-trimmed"
+_budget: list = []  # [bytes] once read from the environment or set
+_last_trim: dict = {}
 
 
 def cache_directory(environ=None) -> str | None:
@@ -107,7 +124,149 @@ def ensure_persistent_cache() -> str | None:
                     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
                     directory, reason = path, "on"
         _state.update(done=True, directory=directory, reason=reason)
-        return directory
+    if directory is not None and reason == "on":
+        _trim_later(directory)
+    return directory
+
+
+# ---------------------------------------------------------------------------- the disk budget
+def disk_budget() -> int:
+    """The directory's budget in bytes: ``set_disk_budget``'s, else ``CIRCUITS_COMPILATION_CACHE_MAX_BYTES``'s
+    (a value that is not a number of bytes is one warning, and the default holds), else ``DISK_BYTES``."""
+    if _budget:
+        return _budget[0]
+    value, n = os.environ.get(MAX_BYTES_ENV), DISK_BYTES
+    if value is not None:
+        try:
+            n = _checked(int(value.strip()))
+        except (ValueError, OverflowError) as e:
+            warnings.warn(f"circuits: {MAX_BYTES_ENV}={value!r} is not a budget ({e}); the compilation cache "
+                          f"keeps its default of {DISK_BYTES} bytes (give a number of bytes, e.g. {DISK_BYTES})",
+                          RuntimeWarning, stacklevel=2)
+            n = DISK_BYTES
+    _budget[:] = [n]
+    return n
+
+
+def _checked(n: int) -> int:
+    if n < 0:
+        raise ValueError("under 0 bytes")
+    if n > 1 << 50:
+        raise ValueError("over a pebibyte")
+    return n
+
+
+def set_disk_budget(n: int) -> dict:
+    """Keep the compilation cache's directory under ``n`` bytes from now on, trimming it at once
+    (see the module docstring); returns what ``trim`` removed ({} when the cache is off)."""
+    from ..errors import EvaluationError
+
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise EvaluationError(f"disk_bytes must be an int number of bytes, got {n!r}")
+    try:
+        _budget[:] = [_checked(n)]
+    except ValueError as e:
+        raise EvaluationError(f"disk_bytes={n}: {e}; give a number of bytes from 0 to {1 << 50}") from None
+    directory = ensure_persistent_cache()
+    if directory is None or _state["reason"] != "on":  # off, or a directory the user configured for JAX
+        return {}
+    return trim(directory, n)
+
+
+def disk_info() -> dict:
+    """``directory`` (None when off), ``max_bytes`` (the budget) and ``last_trim`` (what this
+    process's last look through it found: ``trim``'s result, {} before one)."""
+    return {"directory": _state["directory"], "max_bytes": disk_budget(), "last_trim": dict(_last_trim)}
+
+
+def trim(directory: str, max_bytes: int) -> dict:
+    """Remove the entries of the cache ``directory`` used longest ago (the later of a file's
+    access and modification times) until it holds at most 80% of ``max_bytes``, when it holds
+    more than ``max_bytes``.  Entries are JAX's compilations and the kept executables
+    (``circuits-kernels``); the marks of programs compiled whole are not counted or removed.
+    Returns ``{'bytes': before, 'removed': files, 'freed': bytes}``.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> for i, name in enumerate(['old-cache', 'new-cache']):
+    ...     with open(os.path.join(d, name), 'wb') as f: _ = f.write(b'x' * 100)
+    ...     os.utime(os.path.join(d, name), (1000 + i, 1000 + i))
+    >>> trim(d, 150), sorted(os.listdir(d))
+    ({'bytes': 200, 'removed': 1, 'freed': 100}, ['new-cache'])
+    """
+    entries = []
+    total = 0
+    for folder in (directory, os.path.join(directory, "circuits-kernels")):
+        try:
+            listing = os.scandir(folder)
+        except OSError:
+            continue
+        with listing:
+            for entry in listing:
+                try:
+                    if not entry.is_file(follow_symlinks=False) or entry.name == _STAMP:
+                        continue
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:  # removed meanwhile (another process)
+                    continue
+                total += info.st_size
+                entries.append((max(info.st_atime, info.st_mtime), info.st_size, entry.path))
+    out = {"bytes": total, "removed": 0, "freed": 0}
+    if total > max_bytes:
+        entries.sort()
+        goal = int(max_bytes * 0.8)
+        for _, size, path in entries:
+            if total <= goal:
+                break
+            try:
+                os.unlink(path)
+            except OSError:
+                continue
+            total -= size
+            out["removed"] += 1
+            out["freed"] += size
+    _last_trim.clear()
+    _last_trim.update(out)
+    return out
+
+
+def _trim_later(directory: str) -> None:
+    """Trim ``directory`` in a background thread when no process finished a trim in the last
+    ``TRIM_EVERY`` seconds (the stamp file's time).  The stamp is first set ``TRIM_RETRY``
+    seconds short of due, so that processes starting together do not all look, and a process
+    that ends before its look is done (a short script) leaves it to one a few minutes later; it
+    is set to now when the look is done."""
+    stamp = os.path.join(directory, _STAMP)
+    now = time.time()
+    try:
+        if now - os.stat(stamp).st_mtime < TRIM_EVERY:
+            return
+    except OSError:
+        pass
+    try:
+        with open(stamp, "a"):
+            pass
+        due = now - TRIM_EVERY + TRIM_RETRY
+        os.utime(stamp, (due, due))
+    except OSError:
+        return
+    budget = disk_budget()
+    # A daemon thread: a process that ends meanwhile is not held up (removal is one unlink at a
+    # time, so a look cut short leaves nothing half done).
+    threading.Thread(target=_quiet_trim, args=(directory, budget, stamp), name="circuits-trim", daemon=True).start()
+
+
+def _quiet_trim(directory: str, budget: int, stamp: str) -> None:
+    try:
+        if hasattr(os, "nice"):
+            os.nice(10)  # this thread only (Linux)
+    except OSError:
+        pass
+    try:
+        trim(directory, budget)
+        os.utime(stamp)
+    except Exception:  # noqa: BLE001 - trimming never fails anything: a later process tries again
+        pass
 
 
 def persistent_cache_info() -> dict:

@@ -198,7 +198,7 @@ def test_mode_and_budgets_are_checked():
     for bad, match in [(-1, "at least 0"), (1 << 60, "absurd"), ("1GB", "int number of bytes"), (True, "int")]:
         with pytest.raises(EvaluationError, match=match):
             set_cache_size(values_bytes=bad)
-    with pytest.raises(EvaluationError, match="functions= .* or values_bytes="):
+    with pytest.raises(EvaluationError, match="functions= .*, values_bytes= or disk_bytes="):
         set_cache_size()
     with pytest.raises(EvaluationError, match="clear_cache"):
         clear_cache("everything")

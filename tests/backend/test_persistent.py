@@ -136,3 +136,131 @@ def test_a_program_computing_a_users_function_is_not_kept_across_processes():
         assert _kept_as(C.Add(C.GeneralFunction('softsign_test_kept', x), x), "float32", True) is None
     finally:
         unregister_function("softsign_test_kept")
+
+
+def _entry(path, size, when):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+    os.utime(path, (when, when))
+    return path
+
+
+def test_trim_removes_the_entries_used_longest_ago_down_to_80_percent(tmp_path):
+    """JAX's entries and the kept executables count; the oldest go first until the directory
+    holds at most 80% of the budget; marks of programs and the stamp stay."""
+    from circuits.backend.persistent import trim
+
+    old = _entry(tmp_path / "jit_a-cache", 400, 1000)
+    kept_old = _entry(tmp_path / "circuits-kernels" / "k1", 300, 1001)
+    newer = _entry(tmp_path / "jit_b-cache", 200, 2000)
+    kept_new = _entry(tmp_path / "circuits-kernels" / "k2", 100, 3000)
+    mark = _entry(tmp_path / "circuits-programs" / "m", 0, 10)
+    assert trim(str(tmp_path), 2000) == {"bytes": 1000, "removed": 0, "freed": 0}  # under the budget
+    got = trim(str(tmp_path), 500)  # over: down to 400 bytes
+    assert got == {"bytes": 1000, "removed": 2, "freed": 700}
+    assert not old.exists() and not kept_old.exists() and newer.exists() and kept_new.exists() and mark.exists()
+
+
+def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from circuits.backend import persistent
+
+    monkeypatch.setattr(persistent, "_budget", [500])
+
+    def run():
+        persistent._trim_later(str(tmp_path))
+        for t in threading.enumerate():
+            if t.name == "circuits-trim":
+                t.join(30)
+
+    first = _entry(tmp_path / "jit_a-cache", 1000, 1000)
+    run()
+    assert not first.exists()
+    again = _entry(tmp_path / "jit_b-cache", 1000, 1000)
+    run()  # the stamp is fresh: no look today
+    assert again.exists()
+    # a look started and never finished (its process ended first) is due again a few minutes later
+    stamp = tmp_path / "circuits-trimmed"
+    day_ago = time.time() - persistent.TRIM_EVERY - 10
+    os.utime(stamp, (day_ago, day_ago))
+    real_trim = persistent.trim
+    monkeypatch.setattr(persistent, "trim", lambda *a: 1 / 0)  # a look that does not finish
+    run()
+    monkeypatch.setattr(persistent, "trim", real_trim)
+    run()  # started moments ago: not yet due again
+    assert again.exists()
+    moved = stamp.stat().st_mtime - persistent.TRIM_RETRY - 10
+    os.utime(stamp, (moved, moved))
+    run()
+    assert not again.exists()
+    again = _entry(tmp_path / "jit_c-cache", 1000, 1000)
+    run()  # that look finished: the stamp says now
+    assert again.exists()
+    day_ago = time.time() - persistent.TRIM_EVERY - 10
+    os.utime(tmp_path / "circuits-trimmed", (day_ago, day_ago))
+    run()
+    assert not again.exists()
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 51, 2.5, True, "1G"])
+def test_a_bad_disk_budget_is_a_clear_error(bad):
+    import circuits as C
+
+    with pytest.raises(C.EvaluationError, match="disk_bytes"):
+        C.backend.set_cache_size(disk_bytes=bad)
+
+
+TRIM_PROBE = r"""
+import json, threading, warnings
+import numpy as np
+import circuits as C
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    C.evaluate(C.GeneralFunction('exp', C.Array(np.zeros(3, np.float32))), mode='jit')
+    budget = C.cache_stats()['disk']['max_bytes']
+for t in threading.enumerate():
+    if t.name == "circuits-trim":
+        t.join(60)
+print(json.dumps({"budget": budget, "last_trim": C.cache_stats()['disk']['last_trim'],
+                  "warnings": [str(w.message) for w in caught if 'MAX_BYTES' in str(w.message)]}))
+"""
+
+
+@pytest.mark.parametrize("setting", ["100000", "lots"])
+def test_a_new_process_trims_an_old_cache_to_the_budget_the_environment_sets(tmp_path, setting):
+    """The first process of the day looks through the directory; over the budget that
+    CIRCUITS_COMPILATION_CACHE_MAX_BYTES sets, the oldest entries go.  A value that is not a
+    number of bytes is one warning naming it, and the default budget holds."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    junk = _entry(cache / "jit_old-cache", 1 << 20, 1000)
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(cache), CIRCUITS_COMPILATION_CACHE_MAX_BYTES=setting)
+    out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if setting == "lots":
+        assert got["budget"] == 2 << 30 and len(got["warnings"]) == 1 and "'lots'" in got["warnings"][0]
+        assert junk.exists()
+    else:
+        assert got["budget"] == 100000 and got["warnings"] == []
+        assert not junk.exists() and got["last_trim"]["removed"] >= 1
+
+
+def test_set_cache_size_trims_our_directory_and_never_one_the_user_gave_jax(tmp_path, monkeypatch):
+    import circuits as C
+    from circuits.backend import persistent
+
+    monkeypatch.setattr(persistent, "_budget", [])
+    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(tmp_path), "reason": "on"})
+    old = _entry(tmp_path / "jit_a-cache", 1000, 1000)
+    new = _entry(tmp_path / "jit_b-cache", 300, 2000)
+    C.backend.set_cache_size(disk_bytes=500)
+    disk = C.cache_stats()["disk"]
+    assert disk["max_bytes"] == 500 and disk["last_trim"] == {"bytes": 1300, "removed": 1, "freed": 1000}
+    assert not old.exists() and new.exists()
+    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(tmp_path),
+                                               "reason": "configured by the user (jax_compilation_cache_dir)"})
+    C.backend.set_cache_size(disk_bytes=0)
+    assert new.exists()
