@@ -135,11 +135,14 @@ def disk_budget() -> int:
     (a value that is not a number of bytes is one warning, and the default holds), else ``DISK_BYTES``."""
     if _budget:
         return _budget[0]
+    from ..errors import EvaluationError
+    from .incremental import check_budget
+
     value, n = os.environ.get(MAX_BYTES_ENV), DISK_BYTES
     if value is not None:
         try:
-            n = _checked(int(value.strip()))
-        except (ValueError, OverflowError) as e:
+            n = check_budget(int(value.strip()), MAX_BYTES_ENV)
+        except (ValueError, EvaluationError) as e:
             warnings.warn(f"circuits: {MAX_BYTES_ENV}={value!r} is not a budget ({e}); the compilation cache "
                           f"keeps its default of {DISK_BYTES} bytes (give a number of bytes, e.g. {DISK_BYTES})",
                           RuntimeWarning, stacklevel=2)
@@ -148,25 +151,13 @@ def disk_budget() -> int:
     return n
 
 
-def _checked(n: int) -> int:
-    if n < 0:
-        raise ValueError("under 0 bytes")
-    if n > 1 << 50:
-        raise ValueError("over a pebibyte")
-    return n
-
-
 def set_disk_budget(n: int) -> dict:
     """Keep the compilation cache's directory under ``n`` bytes from now on, trimming it at once
     (see the module docstring); returns what ``trim`` removed ({} when the cache is off)."""
-    from ..errors import EvaluationError
+    from .incremental import check_budget
 
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise EvaluationError(f"disk_bytes must be an int number of bytes, got {n!r}")
-    try:
-        _budget[:] = [_checked(n)]
-    except ValueError as e:
-        raise EvaluationError(f"disk_bytes={n}: {e}; give a number of bytes from 0 to {1 << 50}") from None
+    n = check_budget(n, "disk_bytes")  # the value cache's budget check: an int, 0 to a pebibyte
+    _budget[:] = [n]
     directory = ensure_persistent_cache()
     if directory is None or _state["reason"] != "on":  # off, or a directory the user configured for JAX
         return {}
@@ -194,9 +185,11 @@ def trim(directory: str, max_bytes: int) -> dict:
     >>> trim(d, 150), sorted(os.listdir(d))
     ({'bytes': 200, 'removed': 1, 'freed': 100}, ['new-cache'])
     """
+    from .executables import FOLDER
+
     entries = []
     total = 0
-    for folder in (directory, os.path.join(directory, "circuits-kernels")):
+    for folder in (directory, os.path.join(directory, FOLDER)):
         try:
             listing = os.scandir(folder)
         except OSError:
