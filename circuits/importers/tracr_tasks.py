@@ -75,7 +75,7 @@ ACDC_EDGES = {
 }
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class TracrTask:
     """One of the ACDC paper's tracr tasks (``tracr_task(name)``): the compiled ``model``, its
     ``vocab``, the canonical ``true_edges`` (resample ablation) and ``acdc_edges`` (zero
@@ -90,6 +90,14 @@ class TracrTask:
     acdc_edges: frozenset
     clean: tuple
     corrupt: tuple
+
+    def __repr__(self) -> str:
+        config = getattr(self.model, "model_config", None)
+        n = config.num_layers if config is not None else None
+        layers = "" if n is None else f", {n} layer" + "s" * (n != 1)
+        vocab = ", ".join(map(str, sorted(self.vocab, key=str)))
+        return (f"<TracrTask {self.name!r}{layers}, vocabulary {{{vocab}}}, {len(self.clean)} clean/corrupt "
+                f"examples, {len(self.true_edges)} true edges, {len(self.acdc_edges)} ACDC edges>")
 
     def circuit(self, inputs):
         from .tracr import from_tracr

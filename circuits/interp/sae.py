@@ -59,10 +59,16 @@ def _tensors_needed(arch: str) -> tuple[str, ...]:
     return keys
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, repr=False)
 class SAE:
     """One sparse autoencoder or transcoder (see the module docstring).  Tensors are numpy arrays
-    in ``dtype``; the ones an architecture does not use are None."""
+    in ``dtype``; the ones an architecture does not use are None.  Its repr names its sizes and
+    hooks, not its tensors:
+
+    >>> z = np.zeros
+    >>> SAE('standard', z((4, 6)), z((6, 4)), z(4), z(6), hook_name='blocks.0.hook_resid_pre')
+    <SAE standard 4 -> 6 latents -> 4 at 'blocks.0.hook_resid_pre', float32>
+    """
 
     architecture: str
     W_enc: np.ndarray
@@ -101,6 +107,14 @@ class SAE:
     @property
     def is_transcoder(self) -> bool:
         return self.architecture in TRANSCODER_ARCHITECTURES
+
+    def __repr__(self) -> str:
+        arch = self.architecture + (f" k={self.k}" if self.k is not None else "")
+        where = f" at {self.hook_name!r}" if self.hook_name else ""
+        if self.is_transcoder:
+            where += f" -> {self.hook_name_out!r}" if self.hook_name_out else ""
+        norm = f", normalize_activations={self.normalize_activations!r}" if self.normalize_activations != "none" else ""
+        return f"<SAE {arch} {self.d_in} -> {self.d_sae} latents -> {self.d_out}{where}, {self.dtype}{norm}>"
 
     def validate(self) -> None:
         """Raise ``CircuitError``/``ShapeError`` naming the problem: unknown architecture or

@@ -208,11 +208,20 @@ def test_task_edge_sets_are_data():
         tracr_task("sort")
 
 
+def test_task_repr_names_sizes_not_weights(hist):
+    """A task shown in a notebook cell is one line, not tracr's parameters."""
+    task = TracrTask(name="hist", model=hist, vocab=frozenset({"a", "b"}), true_edges=TRUE_EDGES["reverse"],
+                     acdc_edges=ACDC_EDGES["reverse"], clean=(("BOS", "a"),), corrupt=(("BOS", "b"),))
+    assert repr(task) == ("<TracrTask 'hist', 1 layer, vocabulary {a, b}, 1 clean/corrupt examples, "
+                          "2 true edges, 10 ACDC edges>")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["reverse", "frac_prevs"])
 def test_acdc_tasks_match_tracr(name):
     task = tracr_task(name)
     assert isinstance(task, TracrTask)
+    assert repr(task).startswith(f"<TracrTask {name!r}, ") and "\n" not in repr(task)
     assert len(task.clean) == len(task.corrupt) and all(a != b for a, b in zip(task.clean, task.corrupt))
     for inputs in list(task.clean[:3]) + [["BOS"], ["BOS", *sorted(task.vocab, key=str)[:1] * 5]]:
         check_against_tracr(task.model, list(inputs))

@@ -99,6 +99,14 @@ def test_encode_decode_match_numpy(arch, kw):
     np.testing.assert_allclose(sae.decode(f, x=x), np_decode(sae, want, x), atol=1e-12)
 
 
+def test_repr_names_sizes_and_hooks_not_tensors():
+    topk = attrs.evolve(make("topk", {"k": 3}), hook_name="blocks.1.hook_resid_pre")
+    assert repr(topk) == "<SAE topk k=3 6 -> 20 latents -> 6 at 'blocks.1.hook_resid_pre', float64>"
+    tc = attrs.evolve(make("transcoder", {}), hook_name="blocks.0.ln2.hook_normalized", hook_name_out="blocks.0.hook_mlp_out")
+    assert repr(tc) == ("<SAE transcoder 6 -> 20 latents -> 5 at 'blocks.0.ln2.hook_normalized' -> "
+                        "'blocks.0.hook_mlp_out', float64>")
+
+
 def test_jumprelu_threshold_is_strict():
     sae = SAE.random(2, 3, "jumprelu", dtype="float64", apply_b_dec_to_input=False)
     sae = SAE(architecture="jumprelu", W_enc=np.eye(2, 3), W_dec=np.eye(3, 2), b_dec=np.zeros(2), b_enc=np.zeros(3),
