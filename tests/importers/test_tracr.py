@@ -6,6 +6,7 @@ with attention and MLPs, a numerical one), the slow run the ACDC tasks and more 
 """
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -234,6 +235,20 @@ def test_acdc_tasks_match_tracr(name):
     else:
         assert task.tokens(task.clean).shape == (20, 5)
         assert task.model.model_config.num_layers == 2
+
+
+@pytest.mark.slow
+def test_task_compilation_is_kept_for_the_next_process(tmp_path):
+    """tracr's compiler runs haiku's initialisation as many small XLA programs; ``tracr_task``
+    switches the compilation cache on first, so they are written to it for the next process."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path))
+    code = "from circuits.importers import tracr_task; tracr_task('frac_prevs')"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+    entries = [p for p in tmp_path.iterdir() if p.name.startswith("jit_")]
+    assert len(entries) >= 20, sorted(p.name for p in tmp_path.iterdir())
 
 
 @pytest.mark.slow
