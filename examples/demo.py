@@ -17,14 +17,17 @@ import time
 import numpy as np
 
 
-def _median_ms(f, runs: int = 5):
-    """The last value of ``f()`` and the median time of ``runs`` calls, in ms."""
-    times = []
+def _medians_ms(*fs, runs: int = 5):
+    """Each ``f``'s last value and median time over ``runs`` calls, in ms, the calls interleaved
+    (one of each per round) so that a busy machine slows them alike."""
+    times = [[] for _ in fs]
+    values = [None] * len(fs)
     for _ in range(runs):
-        t = time.perf_counter()
-        value = f()
-        times.append(time.perf_counter() - t)
-    return value, float(np.median(times)) * 1e3
+        for i, f in enumerate(fs):
+            t = time.perf_counter()
+            values[i] = f()
+            times[i].append(time.perf_counter() - t)
+    return values, [float(np.median(ts)) * 1e3 for ts in times]
 
 
 def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
@@ -124,12 +127,9 @@ def main() -> None:
     t = time.perf_counter()
     loss = f()
     first_s = time.perf_counter() - t
-    loss, eval_ms = _median_ms(f)
+    loss = f()
     print(f"\nloss per token: mean {loss.mean():.4f}, min {loss.min():.4f}, max {loss.max():.4f}, "
           f"finite: {bool(np.isfinite(loss).all())} (uniform guess: {np.log(weights['t.w.unembed'].shape[0]):.4f})")
-    print(f"evaluation: first call (trace + XLA compile) {first_s:.2f} s, "
-          f"then median {eval_ms:.1f} ms per sequence of {len(loss)} positions")
-
     import rewrites
 
     t = time.perf_counter()
@@ -137,8 +137,10 @@ def main() -> None:
     opt_s = time.perf_counter() - t
     g = C.compile(fast)
     g()
-    fast_loss, fast_ms = _median_ms(g)
-    print(f"rewrites.optimize ({opt_s * 1e3:.0f} ms): median {fast_ms:.1f} ms, "
+    (loss, fast_loss), (eval_ms, fast_ms) = _medians_ms(f, g)
+    print(f"evaluation: first call (trace + XLA compile) {first_s:.2f} s, "
+          f"then median {eval_ms:.1f} ms per sequence of {len(loss)} positions")
+    print(f"rewrites.optimize ({opt_s * 1e3:.0f} ms): median {fast_ms:.1f} ms (interleaved with the above), "
           f"max |difference| {np.max(np.abs(fast_loss - loss)):.2e}")
     print(f"\ntotal {time.perf_counter() - t0:.1f} s")
 
