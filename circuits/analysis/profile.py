@@ -74,8 +74,8 @@ class ProfileRow:
 
 
 def _segments(program: Program, roots: Sequence[Circuit]):
-    """Segment heads in toposort order: named computed nodes, roots, and unnamed nodes that
-    several segments use."""
+    """Segment heads in toposort order (named computed nodes, roots, and unnamed nodes that
+    several segments use), and for each head the slots of the other heads its segment reads."""
     nodes = program.nodes
     computed = [i for i, n in enumerate(nodes) if type(n) not in Lowered.ARGUMENT_TYPES]
     consumers: dict[int, list[int]] = {}
@@ -90,7 +90,13 @@ def _segments(program: Program, roots: Sequence[Circuit]):
             continue
         owners = {seg_of[p] for p in consumers.get(i, ())}
         seg_of[i] = owners.pop() if len(owners) == 1 else i
-    return [i for i in computed if seg_of[i] == i]
+    heads = [i for i in computed if seg_of[i] == i]
+    reads: dict[int, dict[int, None]] = {h: {} for h in heads}
+    for i in computed:
+        for j in program.child_slots[i]:
+            if seg_of.get(j) == j:  # a head's value, computed by its own segment
+                reads[seg_of[i]][j] = None
+    return heads, reads
 
 
 class Profile:
@@ -208,13 +214,14 @@ def profile(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32",
     fdt = float_dtype(dtype)
     whole = Lowered(circuit, fdt).program
     with precision(fdt):
-        heads = _segments(whole, [circuit])
-        head_hashes = {whole.nodes[i].hash for i in heads}
+        heads, reads = _segments(whole, [circuit])
         position = {whole.nodes[i].hash: k for k, i in enumerate(heads)}
         plans = []
         for i in heads:
             node = whole.nodes[i]
-            segment = Lowered(node, fdt, given=head_hashes - {node.hash})
+            # the other heads it reads are given (only those: a set of every head per segment
+            # would make a circuit of many names quadratic)
+            segment = Lowered(node, fdt, given=[whole.nodes[j].hash for j in reads[i]])
             prog = segment.program
             given = {prog.nodes[s].hash: None for s in prog.given_slots}
             args = segment.bind(inputs, given=given)
@@ -274,15 +281,12 @@ def _tree(whole: Program, heads, plans, times, repeat) -> list[ProfileRow]:
         for j in kids[k]:
             bits |= reach[j]
         reach[k] = bits
-    total = []
-    for k in range(n):
-        bits, s, j = reach[k], 0.0, 0
-        while bits:
-            if bits & 1:
-                s += times[j]
-            bits >>= 1
-            j += 1
-        total.append(s)
+    # each total sums the times under its bitset's ones (unpacked by numpy: a chain of n named
+    # nodes has n^2/2 of them)
+    weights, size = np.asarray(times, np.float64), (n + 7) // 8
+    total = [float(weights @ np.unpackbits(np.frombuffer(bits.to_bytes(size, "little"), np.uint8),
+                                           count=n, bitorder="little"))
+             for bits in reach]
     rows: list[ProfileRow] = []
     seen = set()
     stack = [(n - 1, 0)]

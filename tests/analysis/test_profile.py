@@ -50,3 +50,20 @@ def test_profile_errors():
         C.profile(C.GeneralFunction("exp", x, name="e"), {"x": np.zeros(2)}, repeat=0)
     with pytest.raises(C.CircuitError, match="give a circuit"):
         C.profile("not a circuit")
+
+
+@pytest.mark.usefixtures("low_recursion_limit")
+def test_a_deep_chain_of_names_profiles_with_totals_row_by_row():
+    """Thousands of named nodes, one below the other: every row's total is its self time plus the
+    total of the row below it (each segment reads the one below; given only the heads it reads,
+    a circuit of n names lowers in O(n), not O(n^2))."""
+    from tests.deep import build_deep_chain, deep_chain_value
+
+    chain = build_deep_chain(5999)  # its top is the Add 'n5998'
+    p = C.profile(chain)
+    np.testing.assert_allclose(p.value, deep_chain_value(5999), rtol=1e-5)
+    assert len(p.rows) == p.segments == 2000 and [r.depth for r in p.rows[:3]] == [0, 1, 2]
+    assert [r.label for r in p.rows[:2]] == ["'n5998'", "'n5995'"]
+    for upper, lower in zip(p.rows, p.rows[1:]):
+        assert upper.total_seconds == pytest.approx(upper.self_seconds + lower.total_seconds, rel=1e-9, abs=1e-12)
+    assert p.rows[-1].total_seconds == pytest.approx(p.rows[-1].self_seconds)
