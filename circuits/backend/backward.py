@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import is_float
+from ..dtypes import dtype_str, is_float
 from ..nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ..traversal import toposort
 from .incremental import VALUES, RunInfo, cached_kernel, pick_row, prepared, run_ops
@@ -274,7 +274,7 @@ class _Sweep:
                 self.add_to(c.hash, g)
             else:
                 g = self.plain(node.hash)
-                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, str(g.dtype))(g))
+                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, dtype_str(g.dtype))(g))
 
     def _vjp(self, node: Circuit, need: tuple) -> None:
         env = self.env
@@ -299,7 +299,7 @@ class _Sweep:
         parts = _vjp_rows_kernel(node, self.fdt, need, tuple(axes), g_axis, len(group))(tuple(args), g)
         for i, part in zip(need, parts):
             if axes[i] is None:  # one child for every row: its cotangent is their sum
-                self.add_to(node.children[i].hash, _sum_rows_kernel(part.shape, str(part.dtype))(part))
+                self.add_to(node.children[i].hash, _sum_rows_kernel(part.shape, dtype_str(part.dtype))(part))
                 continue
             for r, n in enumerate(group):
                 self.add_to(n.children[i].hash, _Row(part, r))
@@ -324,19 +324,19 @@ class _Sweep:
         acc = self.plain(k.hash) if k.hash in self.ct else filled(0, k.shape, self.fdt)
         if len(group) == 1:
             g = self.plain(group[0].hash)
-            fn = _put_rows_kernel(k.shape, axes, str(g.dtype), 1, True)
+            fn = _put_rows_kernel(k.shape, axes, dtype_str(g.dtype), 1, True)
             self.ct[k.hash] = fn(acc, g, self.picks[group[0].hash][1][None])
             return
         rows, g_axis = self._rows_of([n.hash for n in group])
         positions = np.stack([self.picks[n.hash][1] for n in group])
-        fn = _put_rows_kernel(k.shape, axes, str(rows.dtype), len(group), g_axis is None)
+        fn = _put_rows_kernel(k.shape, axes, dtype_str(rows.dtype), len(group), g_axis is None)
         self.ct[k.hash] = fn(acc, rows, positions)
 
 
 def _stack(values: list):
     """``values`` (one shape) stacked on a new leading axis: one kernel per (count, shape)."""
     v = values[0]
-    fn = cached_kernel(("stack", len(values), v.shape, str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
+    fn = cached_kernel(("stack", len(values), v.shape, dtype_str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
     return fn(*values)
 
 

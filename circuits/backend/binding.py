@@ -23,7 +23,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES, is_float
+from ..dtypes import FLOAT_DTYPES, dtype_str, is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit, Scalar, Symbol
 from .program import ARGUMENT_TYPES, Program
@@ -93,7 +93,7 @@ def _kind(dtype) -> str:
 
 
 def _cast(value, dtype):
-    if str(value.dtype) == str(dtype):
+    if dtype_str(value.dtype) == str(dtype):
         return value
     return value.astype(dtype)
 

@@ -43,6 +43,7 @@ import threading
 import blake3
 import numpy as np
 
+from ..dtypes import dtype_str
 from .persistent import ensure_persistent_cache
 from .runtime import counted_jit
 
@@ -211,7 +212,7 @@ class KeptKernel:
             return self._fallback(args)
         context = _trace_context[0]()
         avals = tuple(jax.typeof(x) for x in flat)
-        signature = (tree, tuple((a.shape, str(a.dtype), a.weak_type) for a in avals), context)
+        signature = (tree, tuple((a.shape, dtype_str(a.dtype), a.weak_type) for a in avals), context)
         exe = self.by_signature.get(signature)
         if exe is None:
             exe, path = self._load_or_compile(args, signature)

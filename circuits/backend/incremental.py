@@ -41,7 +41,7 @@ from typing import Mapping, Sequence
 import blake3
 import numpy as np
 
-from ..dtypes import is_float, is_int
+from ..dtypes import dtype_str, is_float, is_int
 from ..errors import EvaluationError
 from ..expand import substitute_all_modules
 from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
@@ -313,7 +313,7 @@ def pick_row(array, r: int):
 
         return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
 
-    return cached_kernel(("pick", array.shape, str(array.dtype)), make)(array, np.int32(r))
+    return cached_kernel(("pick", array.shape, dtype_str(array.dtype)), make)(array, np.int32(r))
 
 
 def kernel_info() -> dict:

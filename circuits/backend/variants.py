@@ -39,7 +39,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import is_float, is_int
+from ..dtypes import dtype_str, is_float, is_int
 from ..nodes import Circuit, Index, SetSymbolicShape, Tag
 from ..traversal import toposort
 from .incremental import (
@@ -367,7 +367,7 @@ class _Group:
             index.append(at[1] + (r or 0))
         index += [index[-1]] * (size - len(index))
         batched = tuple(b for _, b in arrays)
-        fn = _merge_kernel(tuple((a.shape, str(a.dtype)) for a, _ in arrays), batched, size)
+        fn = _merge_kernel(tuple((a.shape, dtype_str(a.dtype)) for a, _ in arrays), batched, size)
         return fn(np.asarray(index, np.int32), *[a for a, _ in arrays]), 0
 
 

@@ -168,13 +168,18 @@ class Discovery:
 
 def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: str = "eap",
              ablation: str = "resample", steps: int = 10, tau: float = 0.01, inputs: Mapping | None = None,
-             dtype="float32", batch_size: int | None = None) -> Discovery:
+             dtype="float32", batch_size: int | None = None, mode: str = "auto") -> Discovery:
     """Score every edge of ``circuit``'s head-level graph (``edges``) by ``method`` (see the
     module docstring); ``circuit`` runs clean as built, ``source`` as in ``patch`` (for
     ``ablation='zero'``: None; for ``'mean'``: values with a leading batch axis); ``steps`` for
     the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``;
     ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
     evaluates the masked program part by part instead of its one row-sparse program).
+    ``mode`` (``'auto'``, ``'eager'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
+    in ``'auto'`` their first calls run op by op (row by row, step by step) through the kernels
+    every evaluation shares, and the second compiles their one program in the background (for
+    GPT-2 small, EAP's first call takes seconds op by op where compiling its program takes a
+    minute, in every new process); ``'jit'`` compiles at once.
 
     A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
     values with a leading batch axis and ``source`` gives the corrupted values in the same layout
@@ -196,19 +201,22 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
         raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
+    from ..backend.runtime import check_mode
+
+    check_mode(mode)
     edges(circuit)  # a model without heads is an error before anything runs
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
     clean = clean_for(circuit, metric, feed, dtype)
     if method == "eap":
-        scores = _eap(g, source, ablation, metric, clean, feed, dtype)
+        scores = _eap(g, source, ablation, metric, clean, feed, dtype, mode)
         return Discovery(g, scores, method, source=source, ablation=ablation)
     if method == "exact":
         scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
         return Discovery(g, scores, method, source=source, ablation=ablation)
     if method in ("eap-ig-mask", "eap-ig"):
         integrated = _eap_ig_mask if method == "eap-ig-mask" else _eap_ig
-        scores = integrated(g, source, ablation, metric, clean, feed, steps, dtype)
+        scores = integrated(g, source, ablation, metric, clean, feed, steps, dtype, mode=mode)
         return Discovery(g, scores, method, source=source, ablation=ablation, info={"steps": steps})
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
     obj = _Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
@@ -410,7 +418,7 @@ class _ExactParts:
         return scores
 
 
-def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> np.ndarray:
+def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, mode: str = "auto") -> np.ndarray:
     """Syed et al.: every edge's ``(patched sender - sender) . dm/d(destination input)`` from
     one compiled forward and backward pass of the circuit with each destination reading its own
     residual sum (``edge_scores``)."""
@@ -421,11 +429,11 @@ def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype) -> n
     m = metric_node(split, metric, clean=clean)
     key = ("eap", m.hash, ablation, _fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, source, ablation, dtype))
-    return scorer(feed)
+    return scorer(feed, mode)
 
 
 def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
-                 chunk: int | None = None) -> np.ndarray:
+                 chunk: int | None = None, mode: str = "auto") -> np.ndarray:
     """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
     from the circuit whose every edge has the weight ``alpha`` (``edge_scores.uniform_circuit``):
     the gradient at every destination's sum times its senders' differences, the steps ``alpha =
@@ -438,11 +446,11 @@ def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, ste
     m = metric_node(circuit, metric, clean=clean)
     key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, None, ablation, dtype, patched=patched))
-    return scorer.integrated(alpha, np.arange(steps + 1) / steps, feed, chunk)
+    return scorer.integrated(alpha, np.arange(steps + 1) / steps, feed, chunk, mode)
 
 
 def _eap_ig(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
-            chunk: int | None = None) -> np.ndarray:
+            chunk: int | None = None, mode: str = "auto") -> np.ndarray:
     """Hanna et al.: the gradients at every destination's sum in the runs whose embeddings go from
     the source's to the clean ones (``edge_scores.interpolated_circuit``) times the fixed
     clean-to-source sender differences (per row for a batch), the steps ``alpha = k/steps`` run by
@@ -454,7 +462,7 @@ def _eap_ig(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: i
     m = metric_node(circuit, metric, clean=clean)
     key = ("eap-ig", m.hash, ablation, _fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, g._sources, None, ablation, dtype, patched=patched))
-    return scorer.integrated(alpha, np.arange(steps) / steps, feed, chunk)
+    return scorer.integrated(alpha, np.arange(steps) / steps, feed, chunk, mode)
 
 
 def _acdc(obj: _Objective, g: Edges, tau: float, *, signed: bool):

@@ -226,15 +226,17 @@ class EdgeScores:
         self.order = np.array([start[i] + j for i, d in enumerate(g._dests) for j in range(len(d.sources))], np.int32)
         self.counts, self.shapes = counts, shapes
         self.tag = ("edge-scores", self.slots, self.groups, counts)
+        # what the op-by-op tier computes: the senders' values, and the metric's gradients at
+        # every destination's sum (in the destinations' order)
+        self.metric, self.senders = m, (tuple(clean_nodes), tuple(patched_nodes))
+        self.resid = tuple(resid[d.label] for d in g._dests)
 
     def _make(self):
         import jax
         import jax.numpy as jnp
 
         skeleton = self.program.skeleton()
-        slots, shapes, groups, order = self.slots, self.shapes, self.groups, self.order
-        n_clean, n_patched = self.counts
-        fdt = self.fdt
+        slots, shapes, fdt = self.slots, self.shapes, self.fdt
 
         def scores(args):
             def metric(deltas):
@@ -243,31 +245,116 @@ class EdgeScores:
 
             zeros = [jnp.zeros(shape, fdt) for shape in shapes]
             (_, values), grads = jax.value_and_grad(metric, has_aux=True)(zeros)
-            clean, patched = values[: sum(n_clean)], values[sum(n_clean):]
-            diffs, a, b = [], 0, 0
-            for nc, np_ in zip(n_clean, n_patched):
-                diffs.append(sum(patched[b: b + np_]) - sum(clean[a: a + nc]))
-                a, b = a + nc, b + np_
-            blocks = []
-            for dests, srcs, shape in groups:
-                senders = jnp.stack([jnp.broadcast_to(diffs[j], shape).reshape(-1) for j in srcs])
-                receivers = jnp.stack([grads[i].reshape(-1) for i in dests])
-                blocks.append((receivers @ senders.T).reshape(-1))
-            return jnp.concatenate(blocks)[order]
+            return self._combine(values, grads)
 
         return scores
 
-    def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None) -> np.ndarray:
+    def _combine(self, values, grads, xp=None):
+        """The scores from the senders' values (clean, then patched, in ``senders`` order) and the
+        gradients at the destinations' sums: the senders' differences, then one matrix product per
+        group of destinations.  ``xp``: ``jax.numpy`` (default; traceable) or ``numpy``, which the
+        op-by-op tier uses on the values it copied out (thousands of small reshapes and stacks
+        cost microseconds each in numpy, a dispatch each in JAX outside a trace)."""
+        if xp is None:
+            import jax.numpy as xp
+
+        n_clean, n_patched = self.counts
+        clean, patched = values[: sum(n_clean)], values[sum(n_clean):]
+        diffs, a, b = [], 0, 0
+        for nc, np_ in zip(n_clean, n_patched):
+            diffs.append(sum(patched[b: b + np_]) - sum(clean[a: a + nc]))
+            a, b = a + nc, b + np_
+        blocks = []
+        for dests, srcs, shape in self.groups:
+            senders = xp.stack([xp.broadcast_to(diffs[j], shape).reshape(-1) for j in srcs])
+            receivers = xp.stack([grads[i].reshape(-1) for i in dests])
+            blocks.append((receivers @ senders.T).reshape(-1))
+        return xp.concatenate(blocks)[self.order]
+
+    def by_ops(self, feeds) -> np.ndarray | None:
+        """``sum(weight * scores(feed) for feed, weight in feeds)`` op by op: the senders' values
+        through the cached per-operation kernels (and the value cache), the gradients at the
+        destinations' sums by ``backward.grads_ops``' reverse sweep; nothing is compiled whole.
+        None where the circuit's nodes are not all there as evaluated (Modules substituted)."""
+        from ..backend.backward import grads_ops
+        from ..backend.incremental import run_ops
+
+        total = None
+        with precision(self.fdt):
+            for feed, weight in feeds:
+                values = run_ops([*self.senders[0], *self.senders[1]], feed, self.fdt)
+                found = grads_ops(self.metric, self.resid, feed, self.fdt)
+                if found is None:
+                    return None
+                host = [np.asarray(v) for v in values], [np.asarray(v) for v in found[1]]
+                scores = np.asarray(self._combine(*host, xp=np), np.float64) * weight
+                total = scores if total is None else total + scores
+        return total
+
+    def rows(self, feed: dict) -> list | None:
+        """``feed`` as one feed per row where its values carry a batch axis (a leading axis more
+        than the Symbol they bind), else ``[feed]``; None where the rows do not agree (the
+        compiled path reports that)."""
+        symbols = self.program.free_symbols()
+        by_name, by_hash = {x.name: x for x in symbols}, {x.hash: x for x in symbols}
+        batched, plain = {}, {}
+        for key, value in feed.items():
+            sym = by_hash.get(key.hash) if isinstance(key, Circuit) else by_name.get(key)
+            shape = np.shape(value)
+            if sym is not None and len(shape) == len(sym.shape) + 1 and tuple(shape[1:]) == sym.shape:
+                batched[key] = value
+            else:
+                plain[key] = value
+        if not batched:
+            return [feed]
+        sizes = {len(v) for v in batched.values()}
+        if len(sizes) != 1:
+            return None
+        return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
+
+    def _tiered(self, key, mode: str, feeds, compile_whole) -> np.ndarray | None:
+        """The op-by-op tier's scores where ``mode`` (``'auto'`` until the whole program is ready,
+        or ``'eager'``) asks for it, counting the run so that ``'auto'``'s ``JIT_AFTER``-th one
+        compiles the whole program in the background (``compile_whole``); None: run it whole."""
+        from ..backend.runtime import check_mode, worth_compiling
+        from ..backend.tiers import note_op_run, record, whole_program_ready
+
+        mode = check_mode(mode)
+        if mode == "jit" or feeds is None or (mode == "auto" and whole_program_ready(key)):
+            return None
+        scores = self.by_ops(feeds)
+        if scores is not None:
+            record("ops")
+            if mode == "auto":
+                note_op_run(key, lambda: compile_whole() if worth_compiling(self.program, key) else None)
+        return scores
+
+    def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,
+                   mode: str = "auto") -> np.ndarray:
         """The mean of the scores over ``values`` of the scalar Symbol ``symbol`` (the steps of an
         integrated gradient, e.g. ``uniform_circuit``'s ``alpha``), ``feed`` binding the rest as
         for a call: one compiled program vmapped over ``chunk`` values, called once per chunk, so
         the work that does not depend on ``symbol`` (the patched senders) is done once a call and
         each matrix product of a step is one of ``chunk`` steps at once.  ``chunk``: by default as
         many steps as the program's activations (its size times the feed's rows) fit in
-        ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0."""
+        ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0.
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run step by step (and row by
+        row) op by op, the ``JIT_AFTER``-th compiles the program in the background."""
         values = np.asarray(values, np.float32).reshape(-1)
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
+        rows = self.rows(feed)
+        feeds = None if rows is None else [({**row, symbol: v}, 1.0 / (len(values) * len(rows)))
+                                           for v in values for row in rows]
+        key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
+        scores = self._tiered(key, mode, feeds, lambda: self._integrated(symbol, values, feed, chunk) is not None)
+        if scores is not None:
+            return scores
+        scores = self._integrated(symbol, values, feed, chunk)
+        _record_whole()
+        return scores
+
+    def _integrated(self, symbol: Symbol, values: np.ndarray, feed: dict, chunk: int | None) -> np.ndarray:
         args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
         at = self.program.arg_slots.index(self.program.slot_of[symbol.hash])
         rows = max((np.shape(a)[0] for a, x in zip(args, axes) if x is not None), default=0)
@@ -325,8 +412,30 @@ class EdgeScores:
                 per_step += int(np.prod(node.shape)) * np.dtype(self.fdt).itemsize
         return max(1, STEPS_BYTES // max(rows * per_step, 1))
 
-    def __call__(self, feed: dict) -> np.ndarray:
+    def __call__(self, feed: dict, mode: str = "auto") -> np.ndarray:
+        """The scores for ``feed`` (the mean over its rows where its values carry a batch axis);
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run op by op (row by row),
+        through the kernels and values every evaluation shares, and the ``JIT_AFTER``-th compiles
+        the whole program in the background (a GPT-2's takes a minute to compile; op by op the
+        first call takes seconds), used once it is ready."""
+        rows = self.rows(feed)
+        feeds = None if rows is None else [(row, 1.0 / len(rows)) for row in rows]
+        key = (self.program.key, *self.tag, len(rows or ()))
+        scores = self._tiered(key, mode, feeds, lambda: self._whole(feed) is not None)
+        if scores is not None:
+            return scores
+        scores = self._whole(feed)
+        _record_whole()
+        return scores
+
+    def _whole(self, feed: dict) -> np.ndarray:
         return run_scorer(self.lowered, self.tag, self.fdt, self._make, feed)
+
+
+def _record_whole() -> None:
+    from ..backend.tiers import record
+
+    record("jit")
 
 
 def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:

@@ -53,7 +53,7 @@ def test_chunked_steps_equal_step_by_step(model, chunk):
     """steps=4: five masks, run 1, 2 (padded), 3 (padded) or all 5 at a time."""
     w, loss, weights = model
     g = edges(loss)
-    got = _eap_ig_mask(g, SRC, "resample", weights, None, {}, 4, "float64", chunk=chunk)
+    got = _eap_ig_mask(g, SRC, "resample", weights, None, {}, 4, "float64", chunk=chunk, mode="jit")
     np.testing.assert_allclose(got, step_by_step(loss, SRC, weights, 4), rtol=1e-8, atol=1e-11)
     assert np.abs(got).max() > 1e-3
 
@@ -63,11 +63,11 @@ def test_default_chunk_and_a_batch_equal_step_by_step(model, monkeypatch):
     at a time with no memory to spare) and a batch of rows (the mean of each row's steps)."""
     w, loss, weights = model
     want = step_by_step(loss, SRC, weights, 3)
-    r = discover(loss, SRC, weights, method="eap-ig-mask", steps=3, dtype="float64")
+    r = discover(loss, SRC, weights, method="eap-ig-mask", steps=3, dtype="float64", mode="jit")
     np.testing.assert_allclose(r.scores, want, rtol=1e-8, atol=1e-11)
     monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1)
     r1 = discover(attn_only(w, CLEAN, unique_names=True), SRC, weights, method="eap-ig-mask", steps=3,
-                  dtype="float64")
+                  dtype="float64", mode="jit")
     np.testing.assert_allclose(r1.scores, want, rtol=1e-8, atol=1e-11)
 
     tokens = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
@@ -77,14 +77,18 @@ def test_default_chunk_and_a_batch_equal_step_by_step(model, monkeypatch):
     for budget in (1, 1 << 40):  # a step at a time; all at once
         monkeypatch.setattr(edge_scores, "STEPS_BYTES", budget)
         rb = discover(attn_only(w, tokens, unique_names=True), {"toks_int_var": corrupt_rows}, weights,
-                      method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows})
+                      method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows}, mode="jit")
         np.testing.assert_allclose(rb.scores, np.mean(rows, axis=0), rtol=1e-8, atol=1e-11)
+    # op by op (row by row, step by step): the same mean
+    re = discover(attn_only(w, tokens, unique_names=True), {"toks_int_var": corrupt_rows}, weights,
+                  method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows}, mode="eager")
+    np.testing.assert_allclose(re.scores, np.mean(rows, axis=0), rtol=1e-8, atol=1e-11)
 
 
 def test_steps_that_fit_follow_the_budget(model, monkeypatch):
     w, loss, weights = model
     g = edges(loss)
-    _eap_ig_mask(g, SRC, "resample", weights, None, {}, 2, "float32")
+    _eap_ig_mask(g, SRC, "resample", weights, None, {}, 2, "float32", mode="jit")
     scorer = next(s for k, s in g._scorers.items() if k[0] == "eap-ig-mask")
     alpha = uniform_circuit(g, SRC, "resample")[4]
     monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1)
@@ -92,3 +96,45 @@ def test_steps_that_fit_follow_the_budget(model, monkeypatch):
     monkeypatch.setattr(edge_scores, "STEPS_BYTES", 1 << 30)
     many = scorer.steps_that_fit(alpha)
     assert many > 100 and scorer.steps_that_fit(alpha, rows=4) == many // 4
+
+
+BATCH = dict(inputs={"toks_int_var": np.stack([CLEAN, CORRUPT, CLEAN[::-1]])})
+BATCH_SRC = {"toks_int_var": np.stack([CORRUPT, CLEAN, CORRUPT[::-1]])}
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig", "eap-ig-mask"])
+@pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
+def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
+    """``mode='eager'`` (the senders and the gradients through the per-operation kernels, row by
+    row and step by step) gives the compiled program's scores, in float64 to rounding."""
+    w, _, weights = model
+    tokens = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
+    circuit = attn_only(w, tokens if batch else CLEAN, unique_names=True)
+    source, extra = (BATCH_SRC, BATCH) if batch else (SRC, {})
+    metric = None if method == "eap" else weights  # eap: the loss's sum; the others: a weighted one
+    got = {mode: discover(circuit, source, metric, method=method, steps=3, dtype="float64", mode=mode, **extra)
+           for mode in ("eager", "jit")}
+    np.testing.assert_allclose(got["eager"].scores, got["jit"].scores, rtol=1e-9, atol=1e-12)
+    assert np.abs(got["jit"].scores).max() > 1e-3
+    if method == "eap-ig-mask" and not batch:
+        np.testing.assert_allclose(got["eager"].scores, step_by_step(circuit, SRC, weights, 3), rtol=1e-8, atol=1e-11)
+
+
+def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
+    """The first EAP call compiles nothing whole; the second starts the program's compilation in
+    the background; once it is ready, calls run it; every tier gives the same scores."""
+    from circuits.backend.tiers import last_run, wait_for_background
+
+    w, _, _ = model
+    circuit = attn_only(w, CLEAN[::-1].copy(), unique_names=True)  # a program no other test compiled
+    first = discover(circuit, SRC, method="eap", dtype="float64")
+    assert last_run()["tier"] == "ops"
+    second = discover(circuit, SRC, method="eap", dtype="float64")
+    assert last_run()["tier"] == "ops"
+    wait_for_background()
+    third = discover(circuit, SRC, method="eap", dtype="float64")
+    assert last_run()["tier"] == "jit"
+    np.testing.assert_allclose(first.scores, third.scores, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(first.scores, second.scores)
+    with pytest.raises(C.EvaluationError, match="mode='fast'"):
+        discover(circuit, SRC, method="eap", mode="fast")
