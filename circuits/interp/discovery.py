@@ -177,9 +177,10 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     evaluates the masked program part by part instead of its one row-sparse program).
     ``mode`` (``'auto'``, ``'eager'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
     in ``'auto'`` their first calls run op by op (row by row, step by step) through the kernels
-    every evaluation shares, and the second compiles their one program in the background (for
-    GPT-2 small, EAP's first call takes seconds op by op where compiling its program takes a
-    minute, in every new process); ``'jit'`` compiles at once.
+    every evaluation shares, and the second compiles their one program in the background if it
+    has at most ``JIT_MAX_OPS`` nodes (GPT-2 small's, 9,400, stays op by op: a first EAP call of
+    seconds where compiling or loading its program takes a minute); ``'jit'`` compiles at once
+    (worth it for the integrated-gradient methods called many times on a large model).
 
     A batch: ``inputs`` maps inputs of the circuit (Arrays or Symbols, or their names) to clean
     values with a leading batch axis and ``source`` gives the corrupted values in the same layout

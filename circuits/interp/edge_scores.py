@@ -316,7 +316,7 @@ class EdgeScores:
         """The op-by-op tier's scores where ``mode`` (``'auto'`` until the whole program is ready,
         or ``'eager'``) asks for it, counting the run so that ``'auto'``'s ``JIT_AFTER``-th one
         compiles the whole program in the background (``compile_whole``); None: run it whole."""
-        from ..backend.runtime import check_mode
+        from ..backend.runtime import check_mode, worth_compiling
         from ..backend.tiers import note_op_run, record, whole_program_ready
 
         mode = check_mode(mode)
@@ -325,9 +325,11 @@ class EdgeScores:
         scores = self.by_ops(feeds)
         if scores is not None:
             record("ops")
-            if mode == "auto":  # whatever its size (these programs were always compiled whole: a
-                # GPT-2's EAP-IG takes 5 s a call compiled, 20 s op by op)
-                note_op_run(key, compile_whole)
+            if mode == "auto":
+                # as for evaluate: a program over JIT_MAX_OPS nodes stays op by op (a GPT-2's EAP
+                # program, 9,400 nodes, takes a minute of both cores to compile, or to load in a
+                # new process, and its tracing holds the GIL: the calls made meanwhile ran 2x slower)
+                note_op_run(key, lambda: compile_whole() if worth_compiling(self.program, key) else None)
         return scores
 
     def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,

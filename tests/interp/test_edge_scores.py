@@ -138,3 +138,22 @@ def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     np.testing.assert_array_equal(first.scores, second.scores)
     with pytest.raises(C.EvaluationError, match="mode='fast'"):
         discover(circuit, SRC, method="eap", mode="fast")
+
+
+def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model, monkeypatch):
+    """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
+    GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
+    from circuits.backend import runtime
+    from circuits.backend.tiers import last_run, wait_for_background
+
+    w, _, _ = model
+    monkeypatch.setattr(runtime, "JIT_MAX_OPS", 10)
+    circuit = attn_only(w, np.roll(CLEAN, 1), unique_names=True)
+    runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
+    wait_for_background()
+    runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
+    assert last_run()["tier"] == "ops"
+    compiled = discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64", mode="jit")
+    assert last_run()["tier"] == "jit"
+    for r in runs:
+        np.testing.assert_allclose(r.scores, compiled.scores, rtol=1e-9, atol=1e-12)
