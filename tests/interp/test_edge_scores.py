@@ -120,6 +120,7 @@ def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
         np.testing.assert_allclose(got["eager"].scores, step_by_step(circuit, SRC, weights, 3), rtol=1e-8, atol=1e-11)
 
 
+@pytest.mark.unpinned
 def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     """The first EAP call compiles nothing whole; the second starts the program's compilation in
     the background; once it is ready, calls run it; every tier gives the same scores."""
@@ -140,6 +141,7 @@ def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
         discover(circuit, SRC, method="eap", mode="fast")
 
 
+@pytest.mark.unpinned
 def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model, monkeypatch):
     """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
     GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
