@@ -176,8 +176,9 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
     evaluates the masked program part by part instead of its one row-sparse program).
     ``mode`` (``'auto'``, ``'eager'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
-    in ``'auto'`` their first calls run op by op (row by row, step by step) through the kernels
-    every evaluation shares, and the second compiles their one program in the background if it
+    in ``'auto'`` their first calls run op by op (row by row, step by step, up to
+    ``edge_scores.OP_BY_OP_MAX_RUNS`` runs; more compile at once) through the kernels every
+    evaluation shares, and the second compiles their one program in the background if it
     has at most ``JIT_MAX_OPS`` nodes (GPT-2 small's, 9,400, stays op by op: a first EAP call of
     seconds where compiling or loading its program takes a minute); ``'jit'`` compiles at once
     (worth it for the integrated-gradient methods called many times on a large model).

@@ -48,6 +48,10 @@ ALPHA_NAME = "edges.alpha"
 # What the steps run at once by ``EdgeScores.integrated`` may hold (their activations, estimated
 # from the program's size); the steps beyond it go to further calls.
 STEPS_BYTES = 2 << 30
+# The most forward-and-backward runs (rows times steps) the op-by-op tier takes on in one call; a
+# call with more runs its compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
+# op by op and the program compiles in 60-130 s on two cores, plus 0.1-0.3 s a run).
+OP_BY_OP_MAX_RUNS = 32
 
 
 def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
@@ -313,14 +317,15 @@ class EdgeScores:
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
     def _tiered(self, key, mode: str, feeds, compile_whole) -> np.ndarray | None:
-        """The op-by-op tier's scores where ``mode`` (``'auto'`` until the whole program is ready,
-        or ``'eager'``) asks for it, counting the run so that ``'auto'``'s ``JIT_AFTER``-th one
+        """The op-by-op tier's scores where ``mode`` (``'auto'`` until the whole program is ready
+        and for at most ``OP_BY_OP_MAX_RUNS`` feeds, or ``'eager'``) asks for it, counting the run so that ``'auto'``'s ``JIT_AFTER``-th one
         compiles the whole program in the background (``compile_whole``); None: run it whole."""
         from ..backend.runtime import check_mode, worth_compiling
         from ..backend.tiers import note_op_run, record, whole_program_ready
 
         mode = check_mode(mode)
-        if mode == "jit" or feeds is None or (mode == "auto" and whole_program_ready(key)):
+        if mode == "jit" or feeds is None or (mode == "auto" and (whole_program_ready(key)
+                                                                   or len(feeds) > OP_BY_OP_MAX_RUNS)):
             return None
         scores = self.by_ops(feeds)
         if scores is not None:
