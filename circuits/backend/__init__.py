@@ -37,7 +37,9 @@ interp, importers) import what they need from ``circuits.backend``, never from i
 (``tests/test_layers.py`` checks it).  Besides the evaluation entry points they get ``Lowered``
 (profile's segments, sweep's programs, the attribution graph's traced function), the op-by-op
 tier (``run_variants``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
-with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), the lowerings
+with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), a caller's own
+op-by-op tier (``op_tier``, ``values_and_grads_ops``, ``record``: discovery's edge scores), the
+compilation cache switched on early (``ensure_persistent_cache``: tracr's compiler), the lowerings
 that ``rewrites`` also offers as rewrites (``batch_heads``, ``gathered_minus_logsumexp``) and
 ``float_dtype`` (the ``dtype=`` option, checked) with ``precision`` (the context JAX computes in
 for it).
@@ -50,6 +52,7 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 3.0
 """
 
+from .backward import values_and_grads_ops
 from .batched import evaluate_batched
 from .binding import float_dtype, precision
 from .caches import cache_stats, clear_cache, set_cache_size
@@ -62,10 +65,11 @@ from .head_batching import batch_heads
 from .incremental import RunInfo, has_batch_axis
 from .lowered import Lowered
 from .memory import einsum_temp_bytes, live_bytes, value_bytes
+from .persistent import ensure_persistent_cache
 from .program import Program
 from .runtime import JIT_MAX_OPS, check_mode
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
-from .tiers import last_run
+from .tiers import last_run, op_tier, record
 from .variants import run_variants
 
 __all__ = [
@@ -75,4 +79,5 @@ __all__ = [
     # the door for the layers above (see the module docstring)
     "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
     "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
+    "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache",
 ]

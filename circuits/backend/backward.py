@@ -185,6 +185,17 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     return out, grads
 
 
+def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Sequence[Circuit],
+                         inputs: Mapping | None, fdt: str):
+    """``(values of values_of, [d sum(root) / d value of w for w in wrt])`` op by op (the values
+    through the cached kernels and the value cache, then ``grads_ops``' reverse sweep, which reads
+    the same cache): what an op-by-op tier of a gradient method computes.  None as for
+    ``grads_ops``.  Call it within ``precision(fdt)``."""
+    values = run_ops(list(values_of), inputs, fdt)
+    found = grads_ops(root, wrt, inputs, fdt)
+    return None if found is None else (values, found[1])
+
+
 def _levels(order: list, on_path: set, root: Circuit) -> list:
     """The nodes the cotangent reaches, in levels: a node's level is one more than its deepest
     consumer's (the root's is 0), so every contribution to a node's cotangent is made before its

@@ -129,6 +129,31 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
         _compile(entry, compile_whole)
 
 
+def op_tier(key, mode: str, program, by_ops, compile_whole):
+    """A caller's own tiered computation (``interp.discover``'s edge scores): ``by_ops()``'s
+    result where ``mode`` asks for the op-by-op tier (``'eager'``, or ``'auto'`` until the whole
+    program for ``key`` is ready), counting the run so that ``'auto'``'s ``JIT_AFTER``-th one calls
+    ``compile_whole()`` in the background when ``program`` is small enough (``JIT_MAX_OPS``, as
+    for ``evaluate``); None where the caller should run its whole program (``'jit'``, ready, or
+    ``by_ops()`` gave None).
+
+    >>> op_tier(('doc-op-tier',), 'jit', None, lambda: 1, lambda: True) is None
+    True
+    """
+    from .runtime import check_mode, worth_compiling
+
+    mode = check_mode(mode)
+    if mode == "jit" or (mode == "auto" and whole_program_ready(key)):
+        return None
+    result = by_ops()
+    if result is None:
+        return None
+    record("ops")
+    if mode == "auto":
+        note_op_run(key, lambda: compile_whole() if worth_compiling(program, key) else None)
+    return result
+
+
 def in_background(fn, name: str = "circuits-warm") -> threading.Thread:
     """Call ``fn()`` in a daemon thread that ``wait_for_background`` waits for (and the
     interpreter's exit); an error in it is dropped, since nothing waits for its result: what it

@@ -196,7 +196,7 @@ def _examples(name: str, n_examples: int | None, seed: int):
 def _compiled(name: str):
     from tracr.compiler import compiling
 
-    from ..backend.persistent import ensure_persistent_cache
+    from ..backend import ensure_persistent_cache
 
     # tracr's compiler runs haiku's initialisation op by op: 77 small XLA programs for 'reverse'.
     # With the compilation cache on first, a new process reads them from disk (about half the time).

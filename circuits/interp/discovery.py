@@ -203,7 +203,7 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
         raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
     if not isinstance(steps, (int, np.integer)) or steps < 1:
         raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
-    from ..backend.runtime import check_mode
+    from ..backend import check_mode
 
     check_mode(mode)
     edges(circuit)  # a model without heads is an error before anything runs

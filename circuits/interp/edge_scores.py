@@ -278,19 +278,18 @@ class EdgeScores:
     def by_ops(self, feeds) -> np.ndarray | None:
         """``sum(weight * scores(feed) for feed, weight in feeds)`` op by op: the senders' values
         through the cached per-operation kernels (and the value cache), the gradients at the
-        destinations' sums by ``backward.grads_ops``' reverse sweep; nothing is compiled whole.
-        None where the circuit's nodes are not all there as evaluated (Modules substituted)."""
-        from ..backend.backward import grads_ops
-        from ..backend.incremental import run_ops
+        destinations' sums by the op-by-op reverse sweep; nothing is compiled whole.  None where
+        the circuit's nodes are not all there as evaluated (Modules substituted)."""
+        from ..backend import values_and_grads_ops
 
         total = None
         with precision(self.fdt):
             for feed, weight in feeds:
-                values = run_ops([*self.senders[0], *self.senders[1]], feed, self.fdt)
-                found = grads_ops(self.metric, self.resid, feed, self.fdt)
+                found = values_and_grads_ops([*self.senders[0], *self.senders[1]], self.metric, self.resid,
+                                             feed, self.fdt)
                 if found is None:
                     return None
-                host = [np.asarray(v) for v in values], [np.asarray(v) for v in found[1]]
+                host = [np.asarray(v) for v in found[0]], [np.asarray(v) for v in found[1]]
                 scores = np.asarray(self._combine(*host, xp=np), np.float64) * weight
                 total = scores if total is None else total + scores
         return total
@@ -317,25 +316,16 @@ class EdgeScores:
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
     def _tiered(self, key, mode: str, feeds, compile_whole) -> np.ndarray | None:
-        """The op-by-op tier's scores where ``mode`` (``'auto'`` until the whole program is ready
-        and for at most ``OP_BY_OP_MAX_RUNS`` feeds, or ``'eager'``) asks for it, counting the run so that ``'auto'``'s ``JIT_AFTER``-th one
-        compiles the whole program in the background (``compile_whole``); None: run it whole."""
-        from ..backend.runtime import check_mode, worth_compiling
-        from ..backend.tiers import note_op_run, record, whole_program_ready
+        """The op-by-op tier's scores (``backend.op_tier``: ``'eager'``, or ``'auto'`` until the
+        whole program is ready, and then only for at most ``OP_BY_OP_MAX_RUNS`` feeds; ``'auto'``'s
+        ``JIT_AFTER``-th run compiles the whole program in the background, ``compile_whole``, if it
+        has at most ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both
+        cores to compile or to load in a new process); None: run it whole."""
+        from ..backend import check_mode, op_tier
 
-        mode = check_mode(mode)
-        if mode == "jit" or feeds is None or (mode == "auto" and (whole_program_ready(key)
-                                                                   or len(feeds) > OP_BY_OP_MAX_RUNS)):
+        if feeds is None or (check_mode(mode) == "auto" and len(feeds) > OP_BY_OP_MAX_RUNS):
             return None
-        scores = self.by_ops(feeds)
-        if scores is not None:
-            record("ops")
-            if mode == "auto":
-                # as for evaluate: a program over JIT_MAX_OPS nodes stays op by op (a GPT-2's EAP
-                # program, 9,400 nodes, takes a minute of both cores to compile, or to load in a
-                # new process, and its tracing holds the GIL: the calls made meanwhile ran 2x slower)
-                note_op_run(key, lambda: compile_whole() if worth_compiling(self.program, key) else None)
-        return scores
+        return op_tier(key, mode, self.program, lambda: self.by_ops(feeds), compile_whole)
 
     def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,
                    mode: str = "auto") -> np.ndarray:
@@ -441,7 +431,7 @@ class EdgeScores:
 
 
 def _record_whole() -> None:
-    from ..backend.tiers import record
+    from ..backend import record
 
     record("jit")
 
