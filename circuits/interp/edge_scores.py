@@ -232,7 +232,7 @@ class EdgeScores:
         self.tag = ("edge-scores", self.slots, self.groups, counts)
         # what the op-by-op tier computes: the senders' values, and the metric's gradients at
         # every destination's sum (in the destinations' order)
-        self.metric, self.senders = m, (tuple(clean_nodes), tuple(patched_nodes))
+        self.metric, self.sender_nodes = m, (*clean_nodes, *patched_nodes)
         self.resid = tuple(resid[d.label] for d in g._dests)
 
     def _make(self):
@@ -285,8 +285,7 @@ class EdgeScores:
         total = None
         with precision(self.fdt):
             for feed, weight in feeds:
-                found = values_and_grads_ops([*self.senders[0], *self.senders[1]], self.metric, self.resid,
-                                             feed, self.fdt)
+                found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt)
                 if found is None:
                     return None
                 host = [np.asarray(v) for v in found[0]], [np.asarray(v) for v in found[1]]
@@ -315,17 +314,21 @@ class EdgeScores:
             return None
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
-    def _tiered(self, key, mode: str, feeds, compile_whole) -> np.ndarray | None:
-        """The op-by-op tier's scores (``backend.op_tier``: ``'eager'``, or ``'auto'`` until the
-        whole program is ready, and then only for at most ``OP_BY_OP_MAX_RUNS`` feeds; ``'auto'``'s
-        ``JIT_AFTER``-th run compiles the whole program in the background, ``compile_whole``, if it
-        has at most ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both
-        cores to compile or to load in a new process); None: run it whole."""
-        from ..backend import check_mode, op_tier
+    def _tiered(self, key, mode: str, feeds, whole) -> np.ndarray:
+        """The scores from the op-by-op tier (``backend.op_tier``: ``'eager'``, or ``'auto'`` until
+        the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` feeds; ``'auto'``'s
+        ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most
+        ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both cores to
+        compile or to load in a new process), else from ``whole()``, the compiled program."""
+        from ..backend import check_mode, op_tier, record
 
-        if feeds is None or (check_mode(mode) == "auto" and len(feeds) > OP_BY_OP_MAX_RUNS):
-            return None
-        return op_tier(key, mode, self.program, lambda: self.by_ops(feeds), compile_whole)
+        scores = None
+        if feeds is not None and not (check_mode(mode) == "auto" and len(feeds) > OP_BY_OP_MAX_RUNS):
+            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds), lambda: whole() is not None)
+        if scores is None:
+            scores = whole()
+            record("jit")
+        return scores
 
     def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,
                    mode: str = "auto") -> np.ndarray:
@@ -345,12 +348,7 @@ class EdgeScores:
         feeds = None if rows is None else [({**row, symbol: v}, 1.0 / (len(values) * len(rows)))
                                            for v in values for row in rows]
         key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
-        scores = self._tiered(key, mode, feeds, lambda: self._integrated(symbol, values, feed, chunk) is not None)
-        if scores is not None:
-            return scores
-        scores = self._integrated(symbol, values, feed, chunk)
-        _record_whole()
-        return scores
+        return self._tiered(key, mode, feeds, lambda: self._integrated(symbol, values, feed, chunk))
 
     def _integrated(self, symbol: Symbol, values: np.ndarray, feed: dict, chunk: int | None) -> np.ndarray:
         args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
@@ -419,21 +417,7 @@ class EdgeScores:
         rows = self.rows(feed)
         feeds = None if rows is None else [(row, 1.0 / len(rows)) for row in rows]
         key = (self.program.key, *self.tag, len(rows or ()))
-        scores = self._tiered(key, mode, feeds, lambda: self._whole(feed) is not None)
-        if scores is not None:
-            return scores
-        scores = self._whole(feed)
-        _record_whole()
-        return scores
-
-    def _whole(self, feed: dict) -> np.ndarray:
-        return run_scorer(self.lowered, self.tag, self.fdt, self._make, feed)
-
-
-def _record_whole() -> None:
-    from ..backend import record
-
-    record("jit")
+        return self._tiered(key, mode, feeds, lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
 
 
 def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:
