@@ -68,7 +68,7 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     >>> p.chunk, p.row_bytes      # exp(x): 4096 bytes a row, and the row of x: 4096 more
     (5, 8192)
     """
-    row = _row_bytes(program, fdt, batched_args) if row_bytes is None else row_bytes
+    row = _row_costs(program, fdt, batched_args)[0] if row_bytes is None else row_bytes
     if batch_size is not None:
         chunk = min(int(batch_size), total) or 1
         return BatchPlan(chunk, row, None, f"batch_size={batch_size} given")
@@ -84,25 +84,27 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     return BatchPlan(chunk, row, budget, why)
 
 
-def _row_bytes(program: Program, fdt: str, batched_args) -> int:
-    """The cost model's bytes of temporaries for one row (``program`` with its nodes)."""
+def _row_costs(program: Program, fdt: str, batched_args) -> tuple[int, float]:
+    """The cost model's bytes of temporaries for one row (``program`` with its nodes), and how
+    tall its products with the weights are (``matmul_rows``)."""
     roots = [program.nodes[i] for i in program.outputs]
     order = [n for n in program.nodes if type(n) not in INPUT_TYPES]
-    return peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
+    row = peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
+    return row, matmul_rows(program, batched_args)
 
 
-# The cost model's bytes of temporaries for one row, by (program key, precision, batch axes): a
+# What ``_row_costs`` found for one row, by (program key, precision, batch axes): a
 # circuit evaluated on batch after batch (a masked search) is lowered and costed once (its
 # program comes from the cache of live circuits' programs, which keeps no tensor alive).
-_ROW_BYTES: collections.OrderedDict = collections.OrderedDict()
-_ROW_BYTES_SIZE = 1024
-_row_bytes_lock = threading.Lock()
+_ROW_COSTS: collections.OrderedDict = collections.OrderedDict()
+_ROW_COSTS_SIZE = 1024
+_row_costs_lock = threading.Lock()
 
 
 def clear_row_costs() -> None:
     """Forget the row costs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
-    with _row_bytes_lock:
-        _ROW_BYTES.clear()
+    with _row_costs_lock:
+        _ROW_COSTS.clear()
 
 
 def _devices(devices):
@@ -127,14 +129,63 @@ def _devices(devices):
 
 
 #: On the CPU, a chunk of rows whose temporaries (cost model) are at least this many bytes a row
-#: runs as a ``lax.map`` over groups of ``MAP_GROUP`` rows (a scan of small vmaps) instead of one
+#: runs as a ``lax.map`` over groups of rows (a scan of small vmaps, ``map_group``) instead of one
 #: vmap over the whole chunk: what depends on the weights alone (the unembedding's vocabulary
 #: slices, transposed weights) is computed once per chunk, not once per row, and only a group's
 #: temporaries are live at once.  The seed's loss, 16 rows in one chunk: 6.5 s this way against
 #: 8.9 s as one vmap and 9.6 s row by row (BENCHMARKS.md, issue 24); a hand-written
 #: ``lax.map(..., batch_size=2)`` was the fastest hand-written batch in every run.
 MAP_FROM_BYTES = 1 << 20
+#: A group holds as many rows as make the weights' matmuls about ``MAP_GROUP_TOKENS`` rows tall
+#: (``matmul_rows``: a row's positions; a power of two from ``MAP_GROUP`` to ``MAP_GROUP_MAX``):
+#: a short sequence is too little work to vmap two at a time.  GPT-2 small's loss on this CPU,
+#: hand-written ``lax.map``, ms a row at groups of 2, 4, 8, 16 (the rule's pick in brackets):
+#: 32 tokens 104, 91, [85], 83; 64 tokens 200, [184], 216; 128 tokens [355], 370, 399 (1 row:
+#: 393); the seed's 300 positions: groups of 2 fastest (issue 24).
 MAP_GROUP = 2
+MAP_GROUP_MAX = 16
+MAP_GROUP_TOKENS = 256
+
+
+def map_group(rows: float) -> int:
+    """Rows a ``lax.map`` group vmaps at once when one row's weight matmuls are ``rows`` tall
+    (``matmul_rows``).
+
+    >>> map_group(300), map_group(128), map_group(64), map_group(32), map_group(1)
+    (2, 2, 4, 8, 16)
+    """
+    group = MAP_GROUP
+    while group * 2 <= MAP_GROUP_MAX and group * rows < MAP_GROUP_TOKENS:
+        group *= 2
+    return group
+
+
+def matmul_rows(program: Program, batched_args) -> float:
+    """How tall one row's products with the weights are: the multiply-adds of the Einsums that
+    contract a per-row value with a value that is the same for every row, over the elements of
+    the latter (a ``[tokens, d] x [d, k]`` product: its ``tokens``); 0 with no such Einsum.
+
+    >>> from circuits import Array, Einsum, Symbol
+    >>> x = Symbol((32, 8), name='x')
+    >>> prog = Program([Einsum.from_spec('td,dk->tk', x, Array(np.ones((8, 4)), name='w'))], 'float32')
+    >>> matmul_rows(prog, [x])
+    32.0
+    """
+    from ..nodes import Einsum
+
+    per_row = {id(n) for n in batched_args}
+    macs = weights = 0
+    for node in program.nodes:
+        if type(node) in INPUT_TYPES or not any(id(c) in per_row for c in node.children):
+            continue
+        per_row.add(id(node))
+        if isinstance(node, Einsum):
+            fixed = [c for c in node.children if id(c) not in per_row]
+            if fixed:
+                sizes = {a: d for c, ax in zip(node.children, node.in_axes) for a, d in zip(ax, c.shape)}
+                macs += int(np.prod(list(sizes.values()), dtype=np.int64))
+                weights += sum(int(np.prod(c.shape, dtype=np.int64)) for c in fixed)
+    return macs / weights if weights else 0.0
 
 
 def _batched_function(program: Program, axes: tuple, mode: str, group: int | None = None):
@@ -237,7 +288,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
       ``verbose=True``.  A chunk of one row runs the program itself on the row (no ``vmap``);
       on the CPU, a chunk of rows of large work (``MAP_FROM_BYTES``) runs as a ``lax.map`` over
-      groups of ``MAP_GROUP`` rows instead of one ``vmap``.
+      groups of rows (``map_group``: 2 to 16, by their size) instead of one ``vmap``.
     - ``devices``: ``None`` (default device), ``'all'``, a count, or a list of jax devices to
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
@@ -273,18 +324,19 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         row_key = (program.key, fdt, axes)
-        with _row_bytes_lock:
-            row = _ROW_BYTES.get(row_key)
-        if row is None:
+        with _row_costs_lock:
+            costs = _ROW_COSTS.get(row_key)
+        if costs is None:
             full = program if program.nodes is not None else program_with_also(circuit, fdt, also, heads)[0]
-            row = _row_bytes(full, fdt, [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0])
-            with _row_bytes_lock:
-                _ROW_BYTES[row_key] = row
-                while len(_ROW_BYTES) > _ROW_BYTES_SIZE:
-                    _ROW_BYTES.popitem(last=False)
+            costs = _row_costs(full, fdt, [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0])
+            with _row_costs_lock:
+                _ROW_COSTS[row_key] = costs
+                while len(_ROW_COSTS) > _ROW_COSTS_SIZE:
+                    _ROW_COSTS.popitem(last=False)
+        row, tall = costs
         plan = plan_batch(program, total, fdt, batch_size, memory_budget, row_bytes=row)
         chunk = plan.chunk
-        group = (MAP_GROUP if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
+        group = (map_group(tall) if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
                  and _on_cpu() else None)
         made: dict = {}  # the chunk function and the one-row function, each made on first use
 
@@ -334,7 +386,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
             import jax
 
             start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend(), group), total, chunk,
-                                                     plan.row_bytes, run_chunk, every_size=group is not None)
+                                                     plan.row_bytes, run_chunk, every_size=group is not None,
+                                                     smallest=group or 1)
             if why is not None:
                 log.info("evaluate_batched: %s", why)
                 if verbose:

@@ -102,13 +102,14 @@ def test_one_row_chunks_run_the_rows_own_program(dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("mode", ["jit", "eager"])
 def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypatch):
-    """On the CPU a chunk of rows of large work runs as lax.map over groups of MAP_GROUP rows
-    (every row here counts as large): the same values as the loop and numpy, a short last chunk,
-    an odd chunk (a group and a remainder), also= and return_jax."""
+    """On the CPU a chunk of rows of large work runs as lax.map over groups of rows (every row
+    here counts as large; groups of two): the same values as the loop and numpy, a short last
+    chunk, an odd chunk (a group and a remainder), also= and return_jax."""
     from circuits.backend import batched
     from circuits.backend.runtime import clear_compile_cache, is_compiled, program_with_also
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
+    monkeypatch.setattr(batched, "MAP_GROUP_MAX", 2)
     clear_compile_cache()
     c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="mapped")
     xs = rng.standard_normal((7, 3)).astype(dtype)
@@ -124,10 +125,35 @@ def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypat
         np.testing.assert_allclose(list(extra.values())[0], logits, **tol)
     program, _ = program_with_also(c, dtype, [c.children[0]], True)
     axes = tuple(0 if n is X else None for n in program.arg_nodes())
-    assert is_compiled((program.key, "vmap", axes, "map", batched.MAP_GROUP)) == (mode == "jit")
+    assert is_compiled((program.key, "vmap", axes, "map", 2)) == (mode == "jit")
     as_jax = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=4, mode=mode, return_jax=True)
     assert hasattr(as_jax, "sharding")
     np.testing.assert_allclose(np.asarray(as_jax), want, **tol)
+    clear_compile_cache()
+
+
+@pytest.mark.parametrize("tall", [4, 300])
+def test_map_groups_hold_more_rows_when_rows_are_short(tall, monkeypatch):
+    """The map form's group is sized by how tall a row's products with the weights are: rows of
+    4 positions run 16 at a time (matmuls 64 tall), rows of 300 two at a time; a group larger
+    than the chunk still gives the loop's values."""
+    from circuits.backend import batched
+    from circuits.backend.runtime import clear_compile_cache, is_compiled, program_with_also
+
+    monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
+    clear_compile_cache()
+    x = Symbol((tall, 3), name="x")
+    c = GeneralFunction("tanh", Einsum.from_spec("tc,cv->tv", x, W), name="short_rows")
+    xs = rng.standard_normal((5, tall, 3)).astype(np.float32)
+    want = np.tanh(xs.astype(np.float64) @ W.numpy().astype(np.float64))  # numpy oracle
+    got = evaluate_batched(c, {"x": xs}, batch_size=3, mode="jit")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    program, _ = program_with_also(c, "float32", None, True)
+    assert batched.matmul_rows(program, [n for n in program.arg_nodes() if n.name == "x"]) == tall
+    group = 16 if tall == 4 else 2
+    assert batched.map_group(tall) == group
+    axes = tuple(0 if n is x else None for n in program.arg_nodes())
+    assert is_compiled((program.key, "vmap", axes, "map", group))
     clear_compile_cache()
 
 
