@@ -237,12 +237,29 @@ def _slot_of(node: Symbol, symbols) -> tuple[str, int] | None:
 
 
 def _bucket(n: int) -> int:
-    """``n`` rounded up to ``m * 2**k`` with ``8 <= m < 16`` (at most 1/8 more): table sizes
-    that stay the same across seeds, so the compiled programs are reused."""
+    """``n`` rounded up to ``m * 2**k`` with ``8 <= m < 16`` (at most 1/8 more)."""
     if n <= 16:
         return n
     k = n.bit_length() - 4
     return -(-n // (1 << k)) * (1 << k)
+
+
+def _distinct_bound(draws: int, rows: int) -> int:
+    """How many distinct rows ``draws`` draws from ``rows`` rows hit, at most, but for a chance
+    under 1e-4: the mean plus four standard deviations for uniform draws with replacement (what
+    hits the most rows), capped at ``rows``.  It depends on the sizes only, not on the draw, so a
+    table of this many rows has one shape for every seed and its programs are compiled once.
+
+    >>> _distinct_bound(64, 64), _distinct_bound(1000, 2000), _distinct_bound(1000, 10**6)
+    (51, 829, 1000)
+    """
+    if draws <= 0 or rows <= 0:
+        return 0
+    q1 = np.exp(draws * np.log1p(-1.0 / rows))
+    q2 = np.exp(draws * np.log1p(-2.0 / rows)) if rows > 2 else 0.0
+    mean = rows * (1.0 - q1)
+    var = max(0.0, rows * q1 + rows * (rows - 1.0) * q2 - rows * rows * q1 * q1)
+    return int(min(rows, draws, np.ceil(mean + 4.0 * np.sqrt(var))))
 
 
 _MIXED = -1
@@ -346,10 +363,11 @@ def _work(nodes) -> int:
     return total
 
 
-def _merge_groups(groups: list) -> list:
+def _merge_groups(groups: list, size) -> list:
     """Groups ``(slots, nodes, rows)`` merged while one program over the union of two groups'
-    rows costs less than the two (their nodes share subcircuits: layer 0 under each head)."""
-    groups = [(slots, nodes, rows, _work(nodes) * len(rows)) for slots, nodes, rows in groups]
+    rows costs less than the two (their nodes share subcircuits: layer 0 under each head).
+    ``size(slots)``: the rows a group's table will hold (not the draw's: the same every seed)."""
+    groups = [(slots, nodes, rows, _work(nodes) * size(slots)) for slots, nodes, rows in groups]
     merged = True
     while merged and len(groups) > 1:
         merged, best = False, None
@@ -358,7 +376,7 @@ def _merge_groups(groups: list) -> list:
                 a, b = groups[i], groups[j]
                 nodes = a[1] + [n for n in b[1] if n not in a[1]]
                 rows = np.union1d(a[2], b[2])
-                cost = _work(nodes) * len(rows)
+                cost = _work(nodes) * size(a[0] | b[0])
                 gain = a[3] + b[3] - cost
                 if gain > 0 and (best is None or gain > best[0]):
                     best = (gain, i, j, (a[0] | b[0], nodes, rows, cost))
@@ -397,10 +415,17 @@ def _reuse_plan(frontier, slot_rows, symbols, samples: int, rows_total: int, dty
         by_slots.setdefault(frozenset(slots), []).append(node_of[uh])
     groups = [(set(slots), nodes, np.unique(np.concatenate([slot_rows[s] for s in sorted(slots)])))
               for slots, nodes in by_slots.items()]
-    groups = _merge_groups(groups)
+    def table_rows(slots) -> int:
+        return max(1, _distinct_bound(samples * len(slots), rows_total))
+
+    groups = _merge_groups(groups, table_rows)
     out, reused, direct, size = [], 0, 0, 0
     for slots, nodes, rows in groups:
-        padded = max(len(rows), min(_bucket(len(rows)), rows_total))
+        # The table's rows: a bound on what any draw hits (the same for every seed, so the
+        # programs are compiled once); a draw over it (under 1e-4) takes a size of its own.
+        padded = table_rows(slots)
+        if len(rows) > padded:
+            padded = min(_bucket(len(rows)), rows_total)
         rows = np.concatenate([rows, np.repeat(rows[-1:], padded - len(rows))])
         out.append((sorted(slots), nodes, rows))
         reused += len(rows) * len(nodes)

@@ -189,6 +189,32 @@ def test_reused_rows_are_computed_once_per_dataset_row(monkeypatch):
     assert sizes[0] <= 30 and sizes[-1] == 500
 
 
+@pytest.mark.parametrize("hyp", [right_hypothesis(), Claim("loss", children=[Claim("A", feature=RANDOM)])])
+def test_a_new_seed_runs_the_programs_of_the_last(hyp, monkeypatch):
+    """The reused rows' tables have a size that does not depend on the draw (a bound on the
+    distinct rows any draw hits), so a new seed evaluates programs of the same shapes: no new
+    compilations.  Sizing them by each draw's own count gave every few seeds a new shape."""
+    import circuits.backend as backend
+
+    shapes = []
+    real = backend.evaluate_batched
+
+    def recording(circuit, inputs, **kw):
+        shapes[-1].append((circuit.hash, tuple(sorted((k, np.shape(v)) for k, v in inputs.items()))))
+        return real(circuit, inputs, **kw)
+
+    monkeypatch.setattr(backend, "evaluate_batched", recording)
+    d = data(rows=200, seed=3)
+    for seed in range(6):
+        shapes.append([])
+        r = scrub(toy(), hyp, d, samples=64, seed=seed, labels="label", reuse_rows=True)
+        fresh = scrub(toy(), hyp, d, samples=64, seed=seed, labels="label", reuse_rows=False)
+        for k in ("original", "scrubbed", "random"):
+            np.testing.assert_allclose(r.rows[k], fresh.rows[k], rtol=1e-6)
+        shapes[-1] = shapes[-1][:-1]  # the reuse_rows=False call's
+    assert len(shapes[0]) >= 2 and all(s == shapes[0] for s in shapes), shapes
+
+
 def test_the_fully_scrubbed_run_reads_the_root_claims_random_draw():
     d = data(rows=60, seed=5)
     hyp = Claim("loss", children=[Claim("A", feature=X0)])
