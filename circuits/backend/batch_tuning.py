@@ -7,12 +7,12 @@ chunks of 1-4 rows up to twice as fast as in chunks of 2 picked by the memory mo
 (BENCHMARKS.md, issue 24), and the best size changes when the backend fuses the loss.
 
 How: when ``evaluate_batched`` gets neither ``batch_size`` nor ``memory_budget``, the candidate
-sizes are 1, 2, 4, ... (for a chunk run as a map of small vmaps: from its group's size) up to
-the memory plan's chunk (the cost model's bound stays the cap, so a measured size never runs
-out of memory) and the dataset's size.  Each is called once at its
+sizes are 1, 2, 4, ... up to the memory plan's chunk (the cost model's bound stays the cap, so
+a measured size never runs out of memory) and the dataset's size.  Each is called once at its
 size to compile (those rows are real work, kept), then timed on the next rows; the search stops
-at the first size more than ``WORSE`` slower per row than the best so far (not for a chunk run
-as a map of small vmaps: ``tune_chunk(every_size=True)``), or at the cap.  What
+at the first size more than ``WORSE`` slower per row than the best so far, or at the cap.  (A
+chunk run as a map of small vmaps on the CPU is not measured: ``evaluate_batched`` runs the
+cap.)  What
 was measured is kept per program, batch axes, cap and backend, so later calls go on where the
 last one stopped (a 16-row dataset measures sizes 1-4 in its first call, 8 in its second, ...)
 and then use the best size at once.  Small work (``TUNE_FROM_BYTES``) runs as the plan says.
@@ -66,19 +66,13 @@ def _block(piece) -> None:
     jax.block_until_ready(piece)
 
 
-def tune_chunk(key, total: int, cap: int, row_bytes: int, run_chunk: Callable[[int, int], list],
-               every_size: bool = False, smallest: int = 1) -> tuple[int, int, str | None, set]:
+def tune_chunk(key, total: int, cap: int, row_bytes: int,
+               run_chunk: Callable[[int, int], list]) -> tuple[int, int, str | None, set]:
     """``(start, chunk, reason, compiled)``: rows ``[0, start)`` are already evaluated (``run_chunk(start,
     size)`` evaluates ``size`` rows from ``start`` and returns the chunk's outputs), the rest
     should run ``chunk`` rows at a time; ``reason`` says why in words (None: the plan's ``cap``
     stands, nothing was measured), ``compiled`` the sizes already compiled (for the tail: see
-    ``tail_sizes``).  ``key`` names the program, batch axes and backend.  ``every_size``: measure
-    every candidate up to the cap, without stopping at the first slower one (a chunk run as a
-    ``lax.map`` of small vmaps is not convex in its size: one row runs the row's own program, two
-    rows one vmap, and from there each row gets cheaper as the chunk grows; the seed's 16 rows
-    measured 6.0, 6.9, 5.9, 5.1, 4.7 s at 1, 2, 4, 8, 16 rows a chunk).  ``smallest``: the
-    smallest size worth measuring (a map's group: a smaller chunk is one vmap of fewer rows, or
-    one row alone, each slower a row; not measuring them saves their compilations)."""
+    ``tail_sizes``).  ``key`` names the program, batch axes and backend."""
     cap = max(1, min(cap, total))
     if cap == 1 or row_bytes * total < TUNE_FROM_BYTES:
         return 0, cap, None, set()
@@ -92,8 +86,6 @@ def tune_chunk(key, total: int, cap: int, row_bytes: int, run_chunk: Callable[[i
     per_row, warm = state["per_row"], state["warm"]
     start = 0
     for size in candidates(cap):
-        if size < min(smallest, cap):
-            continue
         if state["done"] or start >= total:
             break
         if size in per_row:
@@ -110,7 +102,7 @@ def tune_chunk(key, total: int, cap: int, row_bytes: int, run_chunk: Callable[[i
         _block(run_chunk(start, size))
         per_row[size] = (time.perf_counter() - t) / size
         start += size
-        if per_row[size] > WORSE * min(per_row.values()) and not every_size:
+        if per_row[size] > WORSE * min(per_row.values()):
             state["done"] = True
     else:
         state["done"] = True

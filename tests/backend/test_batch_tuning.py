@@ -78,36 +78,3 @@ def test_tail_sizes_cover_the_rows():
         for chunk in (1, 3, 4, 8):
             sizes = tail_sizes(remaining, chunk, {1, 2, 4})
             assert sum(sizes) >= remaining and sum(sizes[:-1]) < max(remaining, 1)
-
-
-
-def test_every_size_measures_past_a_slower_one(monkeypatch):
-    """A map of small vmaps is not convex in the chunk size: with every_size the search does not
-    stop at the first slower size (here 2, slower a row than 1), and finds the fastest (4).
-    A fake clock: each chunk "takes" its cost a row times its rows."""
-    cost = {1: 1.0, 2: 3.0, 3: 1.0, 4: 0.5}
-    clock = [0.0]
-    done = []
-
-    def run_chunk(start, size):
-        clock[0] += cost[size] * size
-        done.append((start, size))
-        return []
-
-    monkeypatch.setattr(batch_tuning, "time", type("FakeTime", (), {"perf_counter": staticmethod(lambda: clock[0])}))
-    forget_tuning()
-    start, chunk, why, _ = batch_tuning.tune_chunk("fake", 40, 4, 1 << 30, run_chunk, every_size=True)
-    assert chunk == 4 and set(tuned_chunks()[("fake", 4)]) == {1, 2, 4} and "measured" in why
-    assert start == sum(size for _, size in done)  # rows evaluated while measuring are kept
-    forget_tuning()
-    start, chunk, _, _ = batch_tuning.tune_chunk("fake", 40, 4, 1 << 30, run_chunk)
-    assert chunk == 1 and 4 not in tuned_chunks()[("fake", 4)]  # stopped at the slower 2
-    forget_tuning()
-    done.clear()
-    start, chunk, _, _ = batch_tuning.tune_chunk("fake", 40, 4, 1 << 30, run_chunk, every_size=True, smallest=2)
-    assert chunk == 4 and set(tuned_chunks()[("fake", 4)]) == {2, 4}  # a map's group: 1 is not measured
-    assert {size for _, size in done} == {2, 4} and start == sum(size for _, size in done)
-    forget_tuning()
-    start, chunk, _, _ = batch_tuning.tune_chunk("fake", 3, 4, 1 << 30, run_chunk, every_size=True, smallest=8)
-    assert chunk == 3  # a group larger than the dataset: its one size
-    forget_tuning()

@@ -157,6 +157,31 @@ def test_map_groups_hold_more_rows_when_rows_are_short(tall, monkeypatch):
     clear_compile_cache()
 
 
+def test_the_map_form_runs_the_memory_cap_in_whole_groups_without_measuring(monkeypatch):
+    """With no batch_size, a chunk of the map form is the memory plan's cap rounded down to
+    whole groups: nothing is measured (each size measured would compile a program) and the
+    values are the loop's."""
+    from circuits.backend import batch_tuning, batched
+    from circuits.backend.runtime import clear_compile_cache
+
+    monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
+    monkeypatch.setattr(batch_tuning, "TUNE_FROM_BYTES", 0)
+    clear_compile_cache()
+    batch_tuning.forget_tuning()
+    x = Symbol((4, 3), name="x")
+    c = GeneralFunction("tanh", Einsum.from_spec("tc,cv->tv", x, W), name="capped")
+    xs = rng.standard_normal((40, 4, 3)).astype(np.float32)
+    want = np.tanh(xs.astype(np.float64) @ W.numpy().astype(np.float64))  # numpy oracle
+    seen, real_rows = [], batched._rows
+    monkeypatch.setattr(batched, "_rows", lambda value, start, count: seen.append(count) or real_rows(value, start, count))
+    got = evaluate_batched(c, {"x": xs}, mode="jit")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert batch_tuning.tuned_chunks() == {}
+    # groups of 16 (rows 4 tall); the cap (hundreds of these small rows) and the 40 rows: 32
+    assert batched.map_group(4) == 16 and set(seen) == {32}
+    clear_compile_cache()
+
+
 def test_empty_dataset_gives_empty_result():
     got = evaluate_batched(OUT, {"x": np.zeros((0, 3)), "y": np.zeros(3)})
     assert got.shape == (0, 5) and got.dtype == np.float32
