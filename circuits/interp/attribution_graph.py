@@ -323,7 +323,7 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
                       logit_probability: float = 0.95, freeze: Sequence[str] = FROZEN_FUNCTIONS,
                       node_threshold: float = 0.8, edge_threshold: float = 0.98, batch_size: int = 128,
                       dtype: str = "float64", inputs: Mapping | None = None, tokens=None,
-                      mode: str = "auto") -> AttributionGraph:
+                      mode: str = "auto", max_feature_nodes: int | None = None) -> AttributionGraph:
     """The attribution graph of ``circuit``'s logits ([positions, vocab]) at ``position`` (see the
     module docstring).
 
@@ -332,6 +332,12 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     node (a site).  Target logits: ``targets`` (token ids), else the most probable tokens, at most
     ``max_logits``, up to cumulative probability ``logit_probability``.  ``freeze``: the
     functions held at their clean values.  ``batch_size`` target rows per backward pass.
+    ``max_feature_nodes``: compute the rows of at most this many features, visited in order of
+    their influence on the logits as estimated from the rows computed so far (the logits' first,
+    then re-estimated every ``4 * batch_size`` features, as circuit tracing does); the features
+    not visited are left out of the graph, their edges into the visited ones with them.  ``None``
+    (default): every active feature, whose count a large model's prompt can make too many for
+    the dense adjacency (an error says so and names this argument).
     ``tokens`` (for labels only) defaults to the embedding gather's index values; ``mode`` is the
     clean forward pass's (as for ``evaluate``).
 
@@ -413,10 +419,15 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
         nodes.append({"id": f"logit_{int(v)}_{pos}", "kind": "logit", "layer": len(sites), "site": None, "pos": pos,
                       "feature": int(v), "activation": None, "token": int(v), "probability": float(probs[v])})
 
+    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or int(max_feature_nodes) < 0):
+        raise CircuitError(f"attribution graph: max_feature_nodes={max_feature_nodes!r}: give a count of features, or None")
     with precision(fdt):
-        adj = _edges(f, leaf_values, frozen_targets, feature_index, top, n_sites=len(sites), n_pos=n_pos,
-                     vocab=vocab, pos=pos, n_nodes=len(nodes), n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size,
-                     jit=mode != "eager")
+        adj, kept = _edges(f, leaf_values, frozen_targets, feature_index, top, probs[top], n_sites=len(sites), n_pos=n_pos,
+                           vocab=vocab, pos=pos, n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size,
+                           jit=mode != "eager", max_features=max_feature_nodes)
+    if kept is not None:  # the features not visited leave the graph
+        n_feat = len(feature_index)
+        nodes = [nodes[k] for k in kept] + nodes[n_feat:]
     kinds = [n["kind"] for n in nodes]
     w = np.array([n["probability"] if n["kind"] == "logit" else 0.0 for n in nodes])
     node_mask, edge_mask, influence = prune(adj, w, kinds, node_threshold, edge_threshold)
@@ -426,14 +437,21 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     return AttributionGraph(nodes, adj, w, node_mask, edge_mask, influence, frozen, meta)
 
 
-def _edges(f, leaf_values, frozen_targets, feature_index, top, *, n_sites, n_pos, vocab, pos, n_nodes, n_err, fdt,
-           batch_size, jit=True) -> np.ndarray:
-    """The adjacency: one linearisation of the frozen circuit, then one batched transpose (vmap of
-    the vjp) per block of ``batch_size`` target rows (features first, then logits)."""
+def _edges(f, leaf_values, frozen_targets, feature_index, top, logit_weights, *, n_sites, n_pos, vocab, pos, n_err,
+           fdt, batch_size, jit=True, max_features=None) -> tuple[np.ndarray, list[int] | None]:
+    """``(adjacency, kept)``: one linearisation of the frozen circuit, then one batched transpose
+    (vmap of the vjp) per block of ``batch_size`` target rows, the logits' first.  Every feature's
+    row when ``max_features`` is None or covers them (``kept`` None); else the rows of the
+    ``max_features`` features visited in order of estimated influence (``_visit_order``), and
+    ``kept`` their indices in ``feature_index`` (ascending): the adjacency's nodes are those
+    features, then errors, tokens and logits."""
     import jax
     import jax.numpy as jnp
 
+    from ..shapes import check_allocation
+
     n_feat = len(feature_index)
+    n_top = len(top)
     out_shapes = [t.shape for t in frozen_targets]
     jnp_dtype = jnp.float64 if fdt == "float64" else jnp.float32
     leaf_arrays = [jnp.asarray(v, jnp_dtype) for v in leaf_values]
@@ -457,25 +475,87 @@ def _edges(f, leaf_values, frozen_targets, feature_index, top, *, n_sites, n_pos
 
     if jit:
         rows = jax.jit(rows)
-    target_rows = [("feature", k) for k in range(n_feat)] + [("logit", int(v)) for v in top]
-    adj = np.zeros((n_nodes, n_nodes))
     n_sources = n_feat + n_err + n_pos
-    for start in range(0, len(target_rows), batch_size):
-        block = target_rows[start:start + batch_size]
-        cots = [np.zeros((batch_size,) + s, np.float64) for s in out_shapes]
-        for b, (kind, k) in enumerate(block):
-            if kind == "feature":
-                layer, p, i = feature_index[k]
-                cots[layer].reshape(batch_size, n_pos, -1)[b, p, i] = 1.0
-            else:
-                cots[-1][b, pos, :] = -1.0 / vocab
-                cots[-1][b, pos, k] += 1.0
-        got = np.asarray(rows(tuple(jnp.asarray(c, jnp_dtype) for c in cots)), np.float64)
-        for b, (kind, k) in enumerate(block):
-            target = k if kind == "feature" else n_feat + n_err + n_pos + list(top).index(k)
-            adj[target, :n_sources] = got[b]
 
-    return adj
+    def compute(block, out: np.ndarray) -> None:
+        """The rows of ``block`` (``('feature', k)`` or ``('logit', v)``) into ``out`` [len(block), n_sources]."""
+        for start in range(0, len(block), batch_size):
+            part = block[start:start + batch_size]
+            cots = [np.zeros((batch_size,) + s, np.float64) for s in out_shapes]
+            for b, (kind, k) in enumerate(part):
+                if kind == "feature":
+                    layer, p, i = feature_index[k]
+                    cots[layer].reshape(batch_size, n_pos, -1)[b, p, i] = 1.0
+                else:
+                    cots[-1][b, pos, :] = -1.0 / vocab
+                    cots[-1][b, pos, k] += 1.0
+            got = np.asarray(rows(tuple(jnp.asarray(c, jnp_dtype) for c in cots)), np.float64)
+            out[start:start + len(part)] = got[:len(part)]
+
+    capped = max_features is not None and int(max_features) < n_feat
+    n_kept = int(max_features) if capped else n_feat
+    n_nodes = n_kept + n_err + n_pos + n_top
+    hint = "" if capped else "; pass max_feature_nodes= (e.g. 7500) to visit only the most influential features"
+    check_allocation((n_nodes + (n_kept + n_top if capped else 0), max(n_nodes, n_sources)), "float64",
+                     lambda: f"attribution graph: the adjacency of {n_feat} active features, {n_err} errors, {n_pos} "
+                             f"tokens and {n_top} logits{hint}")
+    logit_targets = [("logit", int(v)) for v in top]
+    if not capped:
+        adj = np.zeros((n_nodes, n_nodes))
+        compute(logit_targets, adj[n_sources:, :n_sources])
+        compute([("feature", k) for k in range(n_feat)], adj[:n_feat, :n_sources])
+        return adj, None
+    logit_rows = np.zeros((n_top, n_sources))
+    compute(logit_targets, logit_rows)
+    kept, feature_rows = _visit(compute, logit_rows, logit_weights, n_feat=n_feat, limit=n_kept,
+                                step=4 * batch_size)
+    adj = np.zeros((n_nodes, n_nodes))
+    columns = np.concatenate([np.asarray(kept, np.int64), np.arange(n_feat, n_sources)])
+    adj[:n_kept, :n_nodes - n_top] = feature_rows[:, columns]
+    adj[n_nodes - n_top:, :n_nodes - n_top] = logit_rows[:, columns]
+    return adj, kept
+
+
+def _visit(compute, logit_rows: np.ndarray, weights: np.ndarray, *, n_feat: int, limit: int,
+           step: int) -> tuple[list[int], np.ndarray]:
+    """``(kept, rows)``: the ``limit`` features whose rows are computed, in ascending order, and
+    their rows [limit, sources].  They are visited ``step`` at a time, each time the unvisited
+    features of highest influence on the logits (``_source_influence``) as estimated from the
+    rows computed so far: at first the logits' direct edges, then paths through the visited
+    features (ties: the lower index first)."""
+    rows = np.zeros((limit, logit_rows.shape[1]))
+    order: list[int] = []
+    visited = np.zeros(n_feat, bool)
+    logit_norm = _normalised(logit_rows)
+    while len(order) < limit:
+        done = len(order)
+        estimate = _source_influence(logit_norm, weights, _normalised(rows[:done]), order)[:n_feat]
+        estimate[visited] = -np.inf
+        pick = np.argsort(-estimate, kind="stable")[:min(step, limit - done)]
+        compute([("feature", int(k)) for k in pick], rows[done:done + len(pick)])
+        order.extend(int(k) for k in pick)
+        visited[pick] = True
+    kept = sorted(order)
+    at = {k: r for r, k in enumerate(order)}
+    return kept, rows[[at[k] for k in kept]]
+
+
+def _source_influence(logit_norm: np.ndarray, weights: np.ndarray, feature_norm: np.ndarray, features,
+                      cap: int = 1000) -> np.ndarray:
+    """Every source's influence on the logits, ``w (Â + Â² + ...)``, where Â holds the rows of the
+    logits (``logit_norm``) and of the visited ``features`` (``feature_norm``, row k the source
+    column ``features[k]``) only: the other rows are not known yet."""
+    v = weights @ logit_norm
+    total = v.copy()
+    cols = np.asarray(features, np.int64)
+    for _ in range(cap):
+        if not len(cols):
+            return total
+        v = v[cols] @ feature_norm
+        if not np.any(v):
+            return total
+        total += v
+    raise CircuitError("attribution graph: influence did not converge; the adjacency has a cycle")
 
 
 def _embedding_tokens(emb: Circuit, n_pos: int) -> list:

@@ -130,6 +130,71 @@ def test_every_edge_is_its_ablation_in_the_frozen_circuit(small):
     check_edges_by_ablation(g)
 
 
+def _visited_by_influence(g, cap: int, step: int) -> list[str]:
+    """Oracle for ``max_feature_nodes``: the features circuit tracing visits, from the full dense
+    adjacency ``g.adjacency``: ``step`` at a time, the unvisited ones of highest influence
+    ``w (M + M^2 + ...)``, M the row-normalised adjacency with only the logits' rows and the
+    visited features' rows known."""
+    kinds = np.array([n["kind"] for n in g.nodes])
+    feats = [i for i, k in enumerate(kinds) if k == "feature"]
+    known = set(np.flatnonzero(kinds == "logit"))
+    visited: list[int] = []
+    while len(visited) < cap:
+        m = np.zeros_like(g.adjacency)
+        rows = sorted(known)
+        m[rows] = np.abs(g.adjacency[rows])
+        m /= np.maximum(m.sum(axis=1, keepdims=True), 1e-10)
+        power, influence = g.logit_weights.copy(), np.zeros(len(kinds))
+        for _ in range(len(kinds)):
+            power = power @ m
+            influence += power
+        todo = sorted((f for f in feats if f not in visited), key=lambda f: (-influence[f], f))
+        take = todo[:min(step, cap - len(visited))]
+        visited += take
+        known |= set(take)
+    return sorted(g.nodes[f]["id"] for f in visited)
+
+
+@pytest.mark.parametrize("cap, batch", [(5, 2), (11, 1), (1000, 16)])
+def test_max_feature_nodes_visits_the_most_influential_features(small, cap, batch):
+    """With max_feature_nodes, only that many features' rows are computed, chosen by influence
+    estimated from the rows known so far (re-estimated every 4 * batch_size), the others left
+    out of the graph; the rows kept are the full graph's rows, exactly.  A cap over the active
+    features gives the full graph."""
+    logits, full = small
+    saes = {"b0": SAE.random(8, 24, "jumprelu", seed=1, dtype="float64"),
+            "b1": SAE.random(8, 24, "topk", k=5, seed=2, dtype="float64")}
+    g = attribution_graph(logits, saes, max_logits=3, batch_size=batch, mode="eager", max_feature_nodes=cap)
+    n_feat = sum(n["kind"] == "feature" for n in full.nodes)
+    ids = [n["id"] for n in g.nodes]
+    kept = [n["id"] for n in g.nodes if n["kind"] == "feature"]
+    assert len(kept) == min(cap, n_feat) and n_feat > 11
+    assert sorted(kept) == _visited_by_influence(full, min(cap, n_feat), 4 * batch)
+    assert [i for i in ids if not i[0].isdigit()] == [n["id"] for n in full.nodes if n["kind"] != "feature"]
+    at = [full.index[i] for i in ids]
+    np.testing.assert_allclose(g.adjacency, full.adjacency[np.ix_(at, at)], rtol=1e-12, atol=1e-14)
+    if cap >= n_feat:
+        assert ids == [n["id"] for n in full.nodes]
+    assert g.node_mask.shape == (len(ids),) and g.edges()  # pruned like any graph
+
+
+def test_max_feature_nodes_errors():
+    w = random_weights(vocab=7, d_model=8, n_heads=1, head_size=4, n_layers=1, max_positions=8)
+    logits = attn_only(w, np.array([0, 3, 5, 2]), logits=True, unique_names=True)
+    with pytest.raises(CircuitError, match="max_feature_nodes=-1"):
+        attribution_graph(logits, {"b0": SAE.random(8, 16)}, max_feature_nodes=-1)
+    # an adjacency over the allocation budget: an error naming the count and the way out, not
+    # numpy's MemoryError (GPT-2 small with random transcoders at every MLP: 240,000 features)
+    from circuits.shapes import MAX_ALLOC_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MAX_ALLOC_ENV, str(100_000))  # 245 active features: 520 kB uncapped, 65 kB with 2
+        with pytest.raises(CircuitError, match=r"adjacency of \d+ active features.*max_feature_nodes="):
+            attribution_graph(logits, {"b0": SAE.random(8, 256)})
+        g = attribution_graph(logits, {"b0": SAE.random(8, 256)}, max_feature_nodes=2)
+        assert sum(n["kind"] == "feature" for n in g.nodes) == 2
+
+
 @pytest.mark.slow
 def test_transcoders_in_gpt2_and_a_nonlinearity_left_is_an_error():
     from circuits.models.gpt2 import gpt2, random_gpt2_weights
