@@ -68,7 +68,7 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     >>> p.chunk, p.row_bytes      # exp(x): 4096 bytes a row, and the row of x: 4096 more
     (5, 8192)
     """
-    row = _row_costs(program, fdt, batched_args)[0] if row_bytes is None else row_bytes
+    row = _row_bytes(program, fdt, batched_args) if row_bytes is None else row_bytes
     if batch_size is not None:
         chunk = min(int(batch_size), total) or 1
         return BatchPlan(chunk, row, None, f"batch_size={batch_size} given")
@@ -84,16 +84,14 @@ def plan_batch(program: Program, total: int, fdt: str, batch_size: int | None = 
     return BatchPlan(chunk, row, budget, why)
 
 
-def _row_costs(program: Program, fdt: str, batched_args) -> tuple[int, float]:
-    """The cost model's bytes of temporaries for one row (``program`` with its nodes), and how
-    tall its products with the weights are (``matmul_rows``)."""
+def _row_bytes(program: Program, fdt: str, batched_args) -> int:
+    """The cost model's bytes of temporaries for one row (``program`` with its nodes)."""
     roots = [program.nodes[i] for i in program.outputs]
     order = [n for n in program.nodes if type(n) not in INPUT_TYPES]
-    row = peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
-    return row, matmul_rows(program, batched_args)
+    return peak_bytes(order, roots, fdt) + sum(value_bytes(n, fdt) for n in batched_args)
 
 
-# What ``_row_costs`` found for one row, by (program key, precision, batch axes): a
+# One row's bytes of temporaries (``_row_bytes``) and matmul height (``matmul_rows``), by (program key, precision, batch axes): a
 # circuit evaluated on batch after batch (a masked search) is lowered and costed once (its
 # program comes from the cache of live circuits' programs, which keeps no tensor alive).
 _ROW_COSTS: collections.OrderedDict = collections.OrderedDict()
@@ -200,8 +198,7 @@ def matmul_rows(program: Program, batched_args) -> float:
         if isinstance(node, Einsum):
             fixed = [c for c in node.children if id(c) not in per_row]
             if fixed:
-                sizes = {a: d for c, ax in zip(node.children, node.in_axes) for a, d in zip(ax, c.shape)}
-                macs += int(np.prod(list(sizes.values()), dtype=np.int64))
+                macs += int(np.prod(list(node.axis_sizes().values()), dtype=np.int64))
                 weights += sum(int(np.prod(c.shape, dtype=np.int64)) for c in fixed)
     return macs / weights if weights else 0.0
 
@@ -347,7 +344,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
             costs = _ROW_COSTS.get(row_key)
         if costs is None:
             full = program if program.nodes is not None else program_with_also(circuit, fdt, also, heads)[0]
-            costs = _row_costs(full, fdt, [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0])
+            batched_args = [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0]
+            costs = (_row_bytes(full, fdt, batched_args), matmul_rows(full, batched_args))
             with _row_costs_lock:
                 _ROW_COSTS[row_key] = costs
                 while len(_ROW_COSTS) > _ROW_COSTS_SIZE:

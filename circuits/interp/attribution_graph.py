@@ -442,7 +442,7 @@ def _edges(f, leaf_values, frozen_targets, feature_index, top, logit_weights, *,
     """``(adjacency, kept)``: one linearisation of the frozen circuit, then one batched transpose
     (vmap of the vjp) per block of ``batch_size`` target rows, the logits' first.  Every feature's
     row when ``max_features`` is None or covers them (``kept`` None); else the rows of the
-    ``max_features`` features visited in order of estimated influence (``_visit_order``), and
+    ``max_features`` features visited in order of estimated influence (``_visit``), and
     ``kept`` their indices in ``feature_index`` (ascending): the adjacency's nodes are those
     features, then errors, tokens and logits."""
     import jax

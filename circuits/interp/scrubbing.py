@@ -356,8 +356,7 @@ def _work(nodes) -> int:
         if not n.children:
             continue
         if isinstance(n, Einsum):
-            sizes = {a: d for c, axes in zip(n.children, n.in_axes) for a, d in zip(axes, c.shape)}
-            total += int(np.prod(list(sizes.values()), dtype=np.int64))
+            total += int(np.prod(list(n.axis_sizes().values()), dtype=np.int64))
         else:
             total += int(np.prod(n.shape, dtype=np.int64))
     return total
@@ -415,6 +414,7 @@ def _reuse_plan(frontier, slot_rows, symbols, samples: int, rows_total: int, dty
         by_slots.setdefault(frozenset(slots), []).append(node_of[uh])
     groups = [(set(slots), nodes, np.unique(np.concatenate([slot_rows[s] for s in sorted(slots)])))
               for slots, nodes in by_slots.items()]
+
     def table_rows(slots) -> int:
         return max(1, _distinct_bound(samples * len(slots), rows_total))
 
