@@ -12,14 +12,17 @@ collapsed: its 88 equal layers as one line).  ``induction_weights()`` is the shi
 
 from .attn_only import attn_only, random_weights, tokens_symbol
 from .blocks import attention_head, causal_mask, layer_norm, rms_norm
+from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neox import gpt_neox
 from .huggingface import from_huggingface, load_checkpoint
 from .induction import induction_tokens, induction_weights
 from .llama import llama
 from .opt import opt
+from .qwen2 import qwen2
 
 mistral = llama
 
-__all__ = ["attn_only", "attention_head", "causal_mask", "from_huggingface", "gpt2",
+__all__ = ["attn_only", "attention_head", "causal_mask", "from_huggingface", "gemma2", "gpt2", "gpt_neox",
            "induction_tokens", "induction_weights", "layer_norm", "llama", "load_checkpoint", "mistral",
-           "opt", "random_weights", "rms_norm", "tokens_symbol"]
+           "opt", "qwen2", "random_weights", "rms_norm", "tokens_symbol"]

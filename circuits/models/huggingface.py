@@ -1,5 +1,5 @@
 """``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
-OPT, Llama, Mistral) from its config and weights, or from a checkpoint directory on disk
+OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a checkpoint directory on disk
 (``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes them, read with
 ``safetensors.numpy``: torch is not imported).  Nothing is downloaded.
 """
@@ -14,11 +14,15 @@ from pathlib import Path
 from ..errors import CircuitError
 from ..nodes import Circuit
 from .common import as_numpy
+from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neox import gpt_neox
 from .llama import llama
 from .opt import opt
+from .qwen2 import qwen2
 
-BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama}
+BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neox": gpt_neox, "gemma2": gemma2,
+            "qwen2": qwen2}
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:
@@ -114,7 +118,7 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     >>> from_huggingface({'model_type': 'bert'}, [1])
     Traceback (most recent call last):
     ...
-    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral')
+    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral', 'gpt_neox', 'gemma2', 'qwen2'); circuits.importers.from_torch(model, example_inputs) may import it through torch.export
     """
     if isinstance(model, (str, os.PathLike)):
         config, weights = load_checkpoint(model)
@@ -130,5 +134,6 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     builder = BUILDERS.get(kind) if isinstance(kind, str) else None
     if builder is None:
         raise CircuitError(f"config model_type={kind!r:.80} has no builder (supported: "
-                           f"{', '.join(map(repr, BUILDERS))})")
+                           f"{', '.join(map(repr, BUILDERS))}); circuits.importers.from_torch(model, example_inputs) "
+                           "may import it through torch.export")
     return builder(config, weights, tokens, loss=loss, split_heads=split_heads, **options)
