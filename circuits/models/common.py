@@ -375,15 +375,19 @@ def embed(table: Circuit, toks: Circuit, name: str) -> Circuit:
     return GeneralFunction("gen_index_at_0_c", table, toks, name=name)
 
 
-def loss_head(logits: Circuit, toks: Circuit) -> Circuit:
-    """Per-token negative log-likelihood [positions - 1] of each next token: ``'loss'``."""
+def loss_head(logits: Circuit, toks: Circuit, mask: Circuit | None = None) -> Circuit:
+    """Per-token negative log-likelihood [positions - 1] of each next token: ``'loss'``
+    (TransformerLens's convention: n tokens give n - 1 losses); with ``mask`` [positions - 1]
+    each loss times its mask entry (a ragged batch's padding zeroed)."""
     if toks.shape[0] < 2:
         raise CircuitError("the loss needs at least 2 tokens")
     log_probs = GeneralFunction("log_softmax", Index(logits, (slice(None, -1),), name="logits.pred"),
                                 name="log_probs")
     true = Index(toks, (slice(1, None),), name="true_tokens")
     ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true, name="ll")
-    return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")
+    if mask is None:
+        return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")
+    return Einsum.from_spec("a,,a->a", ll, Scalar(-1.0, name="nll.neg"), mask, name="loss")
 
 
 def stack_layers(resid: Circuit, layer_inputs, layer, *, modules: bool = False) -> Circuit:

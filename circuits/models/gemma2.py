@@ -68,7 +68,9 @@ def gemma2_spec(config) -> DecoderSpec:
         vocab=cfg.size("vocab_size"), n_layers=n_layers, eps=cfg.number("rms_norm_eps", 1e-6), act=act,
         theta=theta, rotary_fraction=fraction,
         q_bias=cfg.require("attention_bias", (True, False), False), windows=windows, norm_offset=True,
-        sandwich_norms=True, embed_scale=math.sqrt(d),
+        sandwich_norms=True,
+        # transformers keeps the scale as a float32 buffer, so even its float64 model uses sqrt(d) rounded to float32
+        embed_scale=float(np.float32(math.sqrt(d))),
         attn_scale=_optional_number(cfg, "query_pre_attn_scalar") ** -0.5,
         attn_softcap=_optional_number(cfg, "attn_logit_softcapping"),
         final_softcap=_optional_number(cfg, "final_logit_softcapping"),

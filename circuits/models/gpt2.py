@@ -66,7 +66,7 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
     cfg.understood("n_ctx")  # the legacy twin of n_positions (the table's size decides)
     inner = cfg.size("n_inner", 4 * d)
     eps = cfg.number("layer_norm_epsilon", 1e-5)
-    act = activation(cfg, "activation_function")
+    act = activation(cfg, "activation_function", "gelu_new")
     cfg.require("scale_attn_by_inverse_layer_idx", (False,), False)
     cfg.require("reorder_and_upcast_attn", (False, True), False)  # float32 scores either way: the same value
     scale_attn = cfg.require("scale_attn_weights", (True, False), True)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 from ..errors import CircuitError
 from ..nodes import Circuit
+from .checkpoint import read_weights, regular_file
 from .common import as_numpy
 from .gemma2 import gemma2
 from .gpt2 import gpt2
@@ -27,7 +27,8 @@ BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neo
 
 def load_checkpoint(path) -> tuple[dict, dict]:
     """``(config, weights)`` from a directory holding ``config.json`` and ``*.safetensors`` (one
-    file or shards), as numpy arrays; torch is not needed.
+    file or shards), as read-only numpy arrays memory-mapped where they can be
+    (``circuits.models.checkpoint``); torch is not needed.
 
     >>> load_checkpoint('/nonexistent')
     Traceback (most recent call last):
@@ -38,37 +39,11 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CircuitError(f"{path}: no config.json there (a checkpoint directory as save_pretrained writes it)")
-    config = read_config(cfg_file)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        found = ", ".join(sorted(p.name for p in path.iterdir())[:20])
-        raise CircuitError(f"{path}: no *.safetensors file (found: {found}); save with safe_serialization=True")
-    from safetensors.numpy import load_file
-
-    weights: dict = {}
-    for f in files:
-        _regular_file(f)  # a FIFO or a device named *.safetensors would block the read for good
-        try:
-            part = load_file(str(f))
-        except Exception as e:  # a bfloat16 file cannot be read as numpy
-            raise CircuitError(f"{f}: cannot read it with safetensors.numpy ({e}); save in float32 or float16") from None
-        dup = set(part) & set(weights)
-        if dup:
-            raise CircuitError(f"{f}: weights {sorted(dup)[:5]} appear in two files")
-        weights.update(part)
-    return config, weights
+    return read_config(cfg_file), read_weights(path)
 
 
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few kB; a bigger one is not a config
-
-
-def _regular_file(path: Path) -> None:
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise CircuitError(f"{path}: cannot read it ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        raise CircuitError(f"{path}: not a regular file (a FIFO, device or directory); a checkpoint holds files")
+_regular_file = regular_file
 
 
 def read_config(path) -> dict:

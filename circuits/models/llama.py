@@ -45,7 +45,7 @@ def llama_spec(config) -> DecoderSpec:
         family=cfg.family, d=d, n_heads=n_heads, n_kv=cfg.size("num_key_value_heads", n_heads),
         head_dim=cfg.size("head_dim", max(d // n_heads, 1)), ffn=cfg.size("intermediate_size"),
         vocab=cfg.size("vocab_size"), n_layers=n_layers, eps=cfg.number("rms_norm_eps", 1e-6),
-        act=activation(cfg, "hidden_act"), theta=theta, rotary_fraction=fraction,
+        act=activation(cfg, "hidden_act", "silu"), theta=theta, rotary_fraction=fraction,
         q_bias=cfg.require("attention_bias", (True, False) if llama_kind else (False,), False),
         mlp_bias=cfg.require("mlp_bias", (True, False) if llama_kind else (False,), False),
         windows=read_windows(cfg, n_layers, window),

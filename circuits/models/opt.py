@@ -45,7 +45,7 @@ def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fals
     ffn, vocab = cfg.size("ffn_dim"), cfg.size("vocab_size")
     max_pos = cfg.size("max_position_embeddings", most=MAX_POSITIONS)
     proj = cfg.size("word_embed_proj_dim", d)
-    act = activation(cfg, "activation_function")
+    act = activation(cfg, "activation_function", "relu")
     pre_ln = cfg.require("do_layer_norm_before", (True, False), True)
     bias_on = cfg.require("enable_bias", (True, False), True)
     affine = cfg.require("layer_norm_elementwise_affine", (True, False), True)

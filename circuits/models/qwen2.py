@@ -38,7 +38,7 @@ def qwen2_spec(config) -> DecoderSpec:
         family="qwen2", d=d, n_heads=n_heads, n_kv=cfg.size("num_key_value_heads", n_heads),
         head_dim=cfg.size("head_dim", max(d // n_heads, 1)), ffn=cfg.size("intermediate_size"),
         vocab=cfg.size("vocab_size"), n_layers=n_layers, eps=cfg.number("rms_norm_eps", 1e-6),
-        act=activation(cfg, "hidden_act"), theta=theta, rotary_fraction=fraction, q_bias=True,
+        act=activation(cfg, "hidden_act", "silu"), theta=theta, rotary_fraction=fraction, q_bias=True,
         windows=windows, tie=cfg.require("tie_word_embeddings", (True, False), False),
         context=cfg.size("max_position_embeddings", most=MAX_POSITIONS) if "max_position_embeddings" in cfg.d
         else None)
