@@ -75,6 +75,11 @@ class Layout:
         return self.past + self.n
 
     @property
+    def window(self) -> int | None:
+        """The sliding window some layer asked a mask for (None when every layer sees all)."""
+        return next((w for w in self._windows if w is not None), None)
+
+    @property
     def positions(self) -> Circuit | None:
         """The Symbol ``'positions'`` of a step layout (None for a fixed one)."""
         return self._positions
@@ -178,3 +183,44 @@ def new_keys_values(circuit: Circuit, layer_names) -> list[tuple[Circuit | None,
             pair.append(None if node is None else node.children[1])
         out.append(tuple(pair))
     return out
+
+
+def position_mask(circuit: Circuit, positions, *, context: int, dtype: str = "float32") -> Circuit:
+    """A 0/1 vector over ``circuit``'s sequence axis, 1 at the tokens whose absolute position is
+    in ``positions`` (an int, a list of ints or a slice of ``range(context)``): in a generation
+    step, ``table[positions]`` gathered by the step's ``'positions'`` Symbol, so the same edit
+    acts on the same tokens in the prefill and in the step that computes them; in a circuit
+    without that Symbol (``model.circuit(tokens)``), the tokens are at positions 0, 1, ... of
+    its ``'tokens'``.  An edit multiplies by it to act only there (``'position_mask'`` [n]):
+
+    >>> from circuits import Symbol, evaluate
+    >>> step = Layout.step(1, 8)
+    >>> c = GeneralFunction('gen_index_at_0_c', Array(np.eye(4, dtype=np.float32)), step.positions)
+    >>> m = position_mask(c, [2, 5], context=16)
+    >>> [float(evaluate(m, {'positions': np.array([p])})[0]) for p in (1, 2, 5)]
+    [0.0, 1.0, 1.0]
+    """
+    from ..traversal import toposort
+
+    table = np.zeros(context, np.dtype(dtype))
+    try:
+        chosen = np.arange(context)[positions] if isinstance(positions, slice) else np.asarray(
+            [positions] if np.isscalar(positions) else list(positions), np.int64)
+    except (TypeError, ValueError):
+        raise CircuitError(f"positions={positions!r}: give an int, a list of ints or a slice") from None
+    if chosen.size and (chosen.min() < 0 or chosen.max() >= context):
+        raise CircuitError(f"positions={positions!r}: absolute positions lie in [0, {context}) (the model's context); "
+                           "negative positions have no meaning while the sequence grows")
+    table[chosen] = 1
+    found = [n for n in toposort(circuit) if isinstance(n, Symbol) and n.name == POSITIONS]
+    if found:
+        return GeneralFunction("gen_index_at_0_c", Array(table, name="position_mask.table"), found[0],
+                               name="position_mask")
+    tokens = [n for n in toposort(circuit) if n.name == "tokens" and len(n.shape) == 1]
+    if not tokens:
+        raise CircuitError(f"position_mask: {circuit.line()} has no 'positions' Symbol (a generation step) nor "
+                           "'tokens' [n] to count positions along")
+    n = tokens[0].shape[0]
+    if n > context:
+        raise CircuitError(f"position_mask: {n} tokens but context={context}")
+    return Array(table[:n], name="position_mask")
