@@ -281,22 +281,25 @@ def attention(x: Circuit, q: Circuit, k: Circuit, v: Circuit, wo: Circuit, bo: C
         return out if bo is None else Add(out, bo, name=name)
     in_spec, out_spec = wo_spec.split("->")
     zs, ws = in_spec.split(",")
-    head_w_spec = ws.replace("n", "").replace("g", "")
+    # Heads along one leading axis (query head h = (h // group, h % group)), each head's slices
+    # Index [h] of it: the form ``circuits.backend``'s head batching fuses back into one
+    # computation over the head axis when the circuit is compiled.
+    q_heads = Rearrange(q, "n g s c -> (n g) s c", name=f"{name}.q_heads")
+    w_heads = Rearrange(wo, f"{' '.join(ws)} -> (n g) c {out_spec[1]}", name=f"{name}.w_o_heads")
     heads = []
     for h in range(n_kv * group):
         n, g = divmod(h, group)
         p = f"{name}.head{h}"
-        q_h = Index(q, (n, g), name=f"{p}.q")
+        q_h = Index(q_heads, (h,), name=f"{p}.q")
         k_h = Index(k, (n,), name=f"{p}.k" if group == 1 else f"{name}.kv{n}.k")
         v_h = Index(v, (n,), name=f"{p}.v" if group == 1 else f"{name}.kv{n}.v")
         probs = GeneralFunction("softmax", scores(q_h, k_h, "sc", "tc", "st", p), name=f"{p}.probs")
         z = Einsum.from_spec("st,tc->sc", probs, v_h, name=f"{p}.z")
-        sel = tuple(n if a == "n" else g if a == "g" else ALL for a in ws)
-        w_h = Index(wo, sel, name=f"{p}.w_o")
-        heads.append(Einsum.from_spec(f"sc,{head_w_spec}->{out_spec}", z, w_h, name=p))
-    if bo is not None:
-        heads.append(bo)
-    return Add(*heads, name=name)
+        w_h = Index(w_heads, (h,), name=f"{p}.w_o")
+        heads.append(Einsum.from_spec(f"sc,c{out_spec[1]}->{out_spec}", z, w_h, name=p))
+    if bo is None:
+        return Add(*heads, name=name)
+    return Add(Add(*heads, name=f"{name}.heads"), bo, name=name)
 
 
 def mlp(x: Circuit, w_in, b_in, w_out, b_out, activation: str, name: str, *, w_in_out: bool = False,

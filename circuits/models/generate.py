@@ -273,8 +273,6 @@ def _eos_ids(model, eos_token_id) -> set:
 
 def _run(model, p: Prompt, max_new: int, edit, temperature, top_k, top_p, seed, eos, stops) -> Iterator[list]:
     """Per step, the new token of each row (None for a row that has stopped)."""
-    import jax.numpy as jnp
-
     if max_new == 0:
         return
     rows = p.rows
@@ -295,11 +293,12 @@ def _run(model, p: Prompt, max_new: int, edit, temperature, top_k, top_p, seed, 
     fdt = np.float64 if model.dtype == "float64" else np.float32
     k_shapes, v_shapes = decode.cache_shapes
     with precision(decode.lowered.dtype):
-        cache_k = [jnp.zeros((B, s[0], capacity, s[2]), fdt) for s in k_shapes]
-        cache_v = [jnp.zeros((B, s[0], capacity, s[2]), fdt) for s in v_shapes]
-        past = jnp.full((B, capacity), -1, jnp.int32)
-        sampling = (jnp.asarray(temperature if temperature > 0 else 1.0, fdt), jnp.asarray(top_k, jnp.int32),
-                    jnp.asarray(top_p, fdt))
+        # numpy, not jnp.zeros / jnp.full: each of those compiles a kernel of its own on first use
+        cache_k = [np.zeros((B, s[0], capacity, s[2]), fdt) for s in k_shapes]
+        cache_v = [np.zeros((B, s[0], capacity, s[2]), fdt) for s in v_shapes]
+        past = np.full((B, capacity), -1, np.int32)
+        sampling = (np.asarray(temperature if temperature > 0 else 1.0, fdt), np.asarray(top_k, np.int32),
+                    np.asarray(top_p, fdt))
         if L > PREFILL_FROM:
             prefill = StepProgram(model, n, capacity, edit, greedy)
             chosen, cache_k, cache_v, past = prefill.function(

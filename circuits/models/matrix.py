@@ -331,7 +331,7 @@ def check(family: str, dtype: str, *, cells=("logits", "head ablation", "head su
                 else oracle.model.config.n_head
             names = [f"h{layer}.attn.head{h}" for h in range(n_heads)]
             attn = c.get_unique(f"h{layer}.attn")
-            biases = [k for k in attn.children if k.name not in names]
+            biases = [k for k in attn.children if isinstance(k, C.Array)]  # the output projection's bias
             _, values = C.evaluate(c, dtype=dtype, also=names + biases)
             total = sum(values[n] for n in names) + sum(values[b] for b in biases)
             return _check(_rel(total, oracle.attention_output(tokens, layer)), tol)

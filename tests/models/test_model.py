@@ -182,7 +182,8 @@ def test_a_prompt_longer_than_the_context_names_both_lengths(gpt2_folder):
     ("llama", "rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_type='yarn'"),
     ("llama", "rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [1]},
      r"rope_parameters\.mrope_section"),
-    ("qwen2", "layer_types", ["full_attention", "chunked_attention"], r"layer_types\[1\]='chunked_attention'"),
+    ("qwen2", "layer_types", ["full_attention", "chunked_attention", "full_attention"],
+     r"layer_types\[1\]='chunked_attention'"),
     ("gemma2", "use_bidirectional_attention", True, "use_bidirectional_attention"),
     ("gpt_neox", "rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_type='dynamic'"),
     ("opt", "quantization_config", {"quant_method": "gptq"}, "quantization_config"),
@@ -198,3 +199,32 @@ def test_an_unknown_architecture_names_the_route(gpt2_folder, tmp_path):
     cfg = _config(gpt2_folder[0])
     with pytest.raises(C.CircuitError, match=r"model_type='bloom' has no builder.*from_torch"):
         Model(dict(cfg, model_type="bloom"), {})
+
+
+def test_the_step_circuit_and_the_attention_view_with_token_strings(gpt2_folder):
+    from circuits import interp
+
+    m = load(gpt2_folder[0])
+    step = m.circuit([5], output="step", past=16)
+    symbols = {n.name: n.shape for n in C.toposort(step) if isinstance(n, C.Symbol)}
+    assert symbols["positions"] == (1,) and symbols["attention_mask"] == (1, 17)
+    assert symbols["h1.attn.past_k"] == (4, 16, 8) and "tokens" not in symbols  # the new token is an Array here
+    text = "the cat sat"
+    view = interp.attention_patterns(m.circuit(text), m.to_str_tokens(text))
+    assert view.tokens == m.to_str_tokens(text) and view.patterns.shape[:2] == (2, 4)
+
+
+@pytest.mark.parametrize("mangle, match", [
+    (lambda b: b[:-4], "cut short|does not fit"),
+    (lambda b: (10 ** 12).to_bytes(8, "little") + b[8:], "header length"),
+    (lambda b: b[:8] + b"{" * (int.from_bytes(b[:8], "little")) + b[8 + int.from_bytes(b[:8], "little"):], "not valid JSON"),
+    (lambda b: b.replace(b'"F32"', b'"F8_"'), "dtype F8_"),
+])
+def test_malformed_safetensors_are_clear_errors(tmp_path, mangle, match):
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.ones((4, 4), np.float32)}, str(tmp_path / "a.safetensors"))
+    data = (tmp_path / "a.safetensors").read_bytes()
+    (tmp_path / "a.safetensors").write_bytes(mangle(data))
+    with pytest.raises(C.CircuitError, match=match):
+        read_safetensors(tmp_path / "a.safetensors")
