@@ -1,7 +1,8 @@
 """``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
-OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a checkpoint directory on disk
-(``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes them, read with
-``safetensors.numpy``: torch is not imported).  Nothing is downloaded.
+OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a
+checkpoint directory on disk (``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes
+them, memory-mapped by ``circuits.models.checkpoint``: torch is not imported).  Nothing is
+downloaded.  ``circuits.models.load`` gives the same model with its tokenizer, as a ``Model``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     the model object (its ``config`` and ``state_dict()`` are read) or the path of a checkpoint
     directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
     ``config.model_type`` picks the builder
-    (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss``, ``split_heads`` and any other option
+    (``gpt2``, ``opt``, ``llama``, ``mistral``, ``gpt_neox``, ``gemma2``, ``qwen2``); ``loss``, ``split_heads`` and any other option
     of that builder (``modules=True`` for ``gpt2``, ``llama``, ``mistral``) are passed on.
     ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
 
