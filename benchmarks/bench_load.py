@@ -4,8 +4,10 @@ of float32 safetensors): ``circuits.models.load`` against ``transformers``'
 circuits; torch and transformers), the two interleaved run after run; the time from the first
 import to the loaded model, and the process's peak resident memory.  Medians.
 
-Run: ``python -m benchmarks.bench_load``.  Targets (issue 37): time <= 1.0x ``from_pretrained``;
-peak memory <= 1.2x.
+Run: ``python -m benchmarks.bench_load``.  Target (issue 37): time <= 1.0x ``from_pretrained``.
+The peak memory is printed too; the issue's memory target is over loading *and* generating
+(``bench_generate``): ``from_pretrained`` leaves its memory-mapped weights untouched until the first
+forward, where ``load`` reads and hashes every one.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def main(runs: int = 5):
         ours, theirs = med["circuits.models.load"], med["transformers from_pretrained"]
         rows = [(k, f"{s:.2f} s, peak {mb:.0f} MB") for k, (s, mb) in med.items()]
         rows += [("ratio load time circuits / transformers (target <= 1.0)", f"{ours[0] / theirs[0]:.2f}"),
-                 ("ratio peak memory circuits / transformers (target <= 1.2)", f"{ours[1] / theirs[1]:.2f}")]
+                 ("peak memory circuits / transformers (from_pretrained maps its weights untouched)",
+                  f"{ours[1] / theirs[1]:.2f}")]
         report(f"GPT-2 small folder (124M parameters, float32), fresh process each, median of {runs} interleaved runs",
                rows)
     finally:
