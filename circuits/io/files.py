@@ -52,6 +52,7 @@ import numpy as np
 
 from ..errors import ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX
+from ..nodes.leaves import FRESH_VALUE_STORES
 from .localfs import atomic_write, open_file
 from .remotefs import is_url, local_path, open_url, redact, write_url
 from .store import host_array, read_safetensors_from, safetensors_writer
@@ -327,3 +328,7 @@ class _FileTensors:
     def verify_all(self):
         for key in self.keys:
             self.verify(key)
+
+
+# Its tensors were read into memory of their own, held by nothing after ``load_many`` returns.
+FRESH_VALUE_STORES.add(_FileTensors)

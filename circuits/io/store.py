@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..hashing import content_hash, content_hasher
+from ..nodes.leaves import FRESH_VALUE_STORES
 from .localfs import DEAD_TEMPORARY_AGE, LocalDir, aligned_bytes, atomic_write, open_file
 from .remotefs import RemoteDir, is_url, local_path, redact
 
@@ -518,3 +519,7 @@ class TensorStore:
                 if m:
                     found.add(m.group(1))
         return sorted(found)
+
+
+# ``get`` reads every tensor into memory of its own: an Array built from it keeps that memory.
+FRESH_VALUE_STORES.add(TensorStore)
