@@ -79,6 +79,23 @@ def _brief(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def as_uuid(value, what) -> uuid_module.UUID:
+    """``value`` (a UUID or its text) as a UUID; ``CircuitError`` naming ``what`` (a string or a
+    callable making one) when it is not one.
+
+    >>> as_uuid('00000000-0000-0000-0000-000000000001', 'x').int
+    1
+    """
+    if isinstance(value, uuid_module.UUID):
+        return value
+    try:
+        return uuid_module.UUID(str(value))
+    except ValueError:
+        what = what() if callable(what) else what
+        raise CircuitError(f"{what}: uuid {_brief(value)} is not a UUID (32 hex digits, like uuid.uuid4() "
+                           "gives)") from None
+
+
 def _printed_shape(cls, shape):
     if shape is None:
         raise ParseError(f"an {cls.type_name} line needs its shape",
@@ -430,12 +447,8 @@ class Symbol(Circuit):
     uuid: "uuid_module.UUID | None"
 
     def _setup(self, shape, name=None, dtype=DEFAULT_FLOAT, uuid=None):
-        if uuid is not None and not isinstance(uuid, uuid_module.UUID):
-            try:
-                uuid = uuid_module.UUID(str(uuid))
-            except ValueError:
-                raise CircuitError(f"Symbol {name!r}: uuid {_brief(uuid)} is not a UUID (32 hex digits, "
-                                   "like uuid.uuid4() gives)") from None
+        if uuid is not None:
+            uuid = as_uuid(uuid, lambda: f"Symbol {name!r}")
         self.uuid = uuid
         return self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 

@@ -270,3 +270,20 @@ def test_a_load_on_another_thread_of_a_growing_file_never_sees_garbage(tmp_path)
         stop.set()
         thread.join()
     assert errors == []
+
+
+# ---------------------------------------------------------------------------- issue 33 item 6
+@pytest.mark.parametrize("options", ["anon=True", 5, [("anon", True)], {1: True}])
+def test_storage_options_that_are_not_a_dict_of_names_are_store_errors(options):
+    import circuits
+
+    x = Array(np.ones(2, np.float32), name="x")
+    match = r"memory://q/c.circuit: storage_options must be a dict of fsspec options by name"
+    with pytest.raises(StoreError, match=match):
+        save(x, "memory://q/c.circuit", storage_options=options)
+    save(x, "memory://q/c.circuit")
+    with pytest.raises(StoreError, match=match):
+        load("memory://q/c.circuit", storage_options=options)
+    with pytest.raises(StoreError, match="memory://q: storage_options must be a dict"):
+        circuits.TensorStore("memory://q", storage_options=options)
+    assert load("memory://q/c.circuit", storage_options={}) is x

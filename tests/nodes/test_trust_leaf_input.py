@@ -19,6 +19,8 @@ def test_a_scalar_beyond_float64_is_a_circuit_error():
 def test_a_bad_uuid_is_a_circuit_error(uuid):
     with pytest.raises(CircuitError, match="is not a UUID"):
         C.Symbol((2,), name="s", uuid=uuid)
+    with pytest.raises(CircuitError, match=r"Tag 't' over 's' \[2\] Symbol: uuid .* is not a UUID"):
+        C.Tag(C.Symbol((2,), name="s"), uuid, name="t")  # a raw ValueError before (issue 33 item 6)
 
 
 @pytest.mark.parametrize("index", ["[[1000000000000000000000000000000,0]]", "[[0,-1000000000000000000000000000000]]",
