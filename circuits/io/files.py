@@ -68,7 +68,9 @@ def save(circuit, path, *, allow_placeholders: bool = False, storage_options: di
     """Write ``circuit`` (text and tensors) to one file at ``path`` (or an fsspec URL), atomically.
 
     Raises ``StoreError`` naming the placeholder Arrays (no value) unless ``allow_placeholders``,
-    and for any failure to write (naming ``path``).
+    for a text ``load`` would refuse to parse under the same allocation budget
+    (``circuits.text.parser.check_text_size``: the message names the setting to raise), and for
+    any failure to write (naming ``path``).
     """
     save_many([circuit], path, allow_placeholders=allow_placeholders, storage_options=storage_options)
 
@@ -86,6 +88,7 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
     """
     from ..nodes.base import Circuit
     from ..nodes.leaves import Array
+    from ..text.parser import check_text_size
     from ..text.printer import print_many
     from ..traversal import toposort
 
@@ -121,7 +124,12 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
                 "in dtype, which the text does not show, so loading could not tell them apart; "
                 "rename one or give it a value (circuits.bind)"
             )
-    text = print_many(roots).encode("utf-8", "surrogatepass")
+    text = print_many(roots)
+    try:  # a file save writes must load under the same settings (issue 33 item 12)
+        check_text_size(text)
+    except ParseError as e:
+        raise StoreError(f"cannot save to {redact(str(path))}: load would refuse the file: {e}") from None
+    text = text.encode("utf-8", "surrogatepass")
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
