@@ -133,6 +133,14 @@ def _seal(value: np.ndarray) -> None:
         value = value.base
 
 
+def _jax_memory(value: np.ndarray) -> bool:
+    """Whether ``value`` is a view of a ``jax.Array``'s memory (``np.asarray`` of one, or a slice
+    of that): immutable as the jax.Array is, and kept alive by the view."""
+    while isinstance(value, np.ndarray):
+        value = value.base
+    return isinstance(value, memoryview) and value.readonly and type(value.obj).__module__.startswith("jax")
+
+
 def _in_place(value: np.ndarray) -> bool:
     """Whether JAX on the CPU can use ``value`` as its device value without copying it."""
     return value.flags.c_contiguous and value.ctypes.data % 64 == 0
@@ -189,10 +197,11 @@ class Array(Circuit):
             host = np.asarray(value)  # a jax.Array is immutable: kept as it is
             stored = value
         else:
-            # A numpy value is copied unless the library allocated it and alone holds it: a
-            # read-only view proves nothing (its memory may be written through another name, a
-            # file under a memory map rewritten, an owner set writeable again), and an Array's
-            # value must stay the bytes its content hash was computed from (issue 33 item 3).
+            # A numpy value is copied unless the library allocated it and alone holds it, or it
+            # is a view of a jax.Array's memory: a read-only view proves nothing (its memory may
+            # be written through another name, a file under a memory map rewritten, an owner
+            # set writeable again), and an Array's value must stay the bytes its content hash
+            # was computed from (issue 33 item 3).
             fresh = _owned
             host = np.asarray(value)
             if host.dtype == np.bool_ and host.size and host.view(np.uint8).max() > 1:
@@ -201,7 +210,7 @@ class Array(Circuit):
                 # before hashing, so equal truth values are one Array and evaluate as 0/1.
                 host = host.view(np.uint8) != 0
                 fresh, _hashed = True, None
-            if not (fresh and _in_place(host)):
+            if not (fresh and _in_place(host) or _jax_memory(host)):
                 check_allocation(host.shape, normalize_dtype(host.dtype),
                                  lambda: f"Array {quote_name(name) if name else ''} (a private copy of its value)")
                 host = _aligned_copy(host)
