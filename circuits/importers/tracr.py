@@ -156,7 +156,7 @@ def _check_known_params(params, n_layers: int):
     if extra:
         raise CircuitError(f"from_tracr: unsupported parameters {', '.join(map(repr, sorted(extra)))} (a tracr model "
                            "has only token/position embeddings and per-layer attention and MLP weights)")
-    if layers != set(range(n_layers)):
+    if len(layers) != n_layers or (layers and max(layers) != n_layers - 1):  # (never a set of range(n_layers))
         held = sorted(layers)
         shown = ", ".join(f"layer_{l}" for l in held[:6]) + (", ..." if len(held) > 6 else "")
         raise CircuitError(
