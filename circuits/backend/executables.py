@@ -23,9 +23,11 @@ before anything is deserialized.  The entry's file and every folder above it are
 read (``circuits.backend.cachedir``).  A process marks an entry while it loads it and runs it the
 first time (a file naming the process and when it started): a mark whose process is gone means
 that loading it crashed, and the next process removes the entry instead of crashing the same way
-(a live process's mark is a concurrent load, not a crash).  A new process's first whole program (``evaluation._compile_whole`` and the
-next process's first evaluation, ``persistent.compiled_before``) is kept the same way, under the
-circuit's hash and options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
+(a live process's mark is a concurrent load, not a crash).
+
+A new process's first whole program (``evaluation._compile_whole`` and the next process's first
+evaluation, ``persistent.compiled_before``) is kept the same way, under the circuit's hash and
+options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
 code is the user's, which may change between processes); nor is one called inside a JAX trace,
 under a trace context that is not plain data, or whose executable cannot be serialized.
 
