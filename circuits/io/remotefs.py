@@ -28,6 +28,7 @@ fsspec is an optional dependency (``pip install 'circuits[remote]'``), imported 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import time
@@ -83,6 +84,30 @@ def local_path(path):
     if isinstance(path, str) and path.startswith("file://"):
         return path[len("file://"):]
     return path
+
+
+def user_path(text):
+    """A local path as a user typed it (an argument, ``CIRCUITS_STORE``,
+    ``CIRCUITS_COMPILATION_CACHE``): a ``file://`` prefix removed, ``~`` and ``~user`` resolved.
+    ``ValueError`` saying what is wrong when a folder name in it is empty or only spaces (a typo)
+    or a ``~user`` names no user (it is never taken as a folder of that name).
+
+    >>> str(user_path('file:///tmp/x'))
+    '/tmp/x'
+    >>> user_path('~no_such_user_here/x')
+    Traceback (most recent call last):
+    ...
+    ValueError: '~no_such_user_here' names no user here (so '~' cannot be resolved)
+    """
+    from pathlib import Path
+
+    text = local_path(os.fspath(text))
+    if not str(text).strip() or any(p and not p.strip() for p in str(text).split(os.sep)):
+        raise ValueError("a directory name there is empty or only spaces (a typo?)")
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib's '~user' for a user that does not exist, or no home at all
+        raise ValueError(f"{str(text).split(os.sep)[0]!r} names no user here (so '~' cannot be resolved)") from None
 
 
 def _fail(what: str, e: BaseException) -> StoreError:

@@ -47,7 +47,7 @@ from ..hashing import content_hash, content_hasher
 from ..nodes.leaves import FRESH_VALUE_STORES
 from ..shapes import check_allocation
 from .localfs import DEAD_TEMPORARY_AGE, LocalDir, aligned_bytes, atomic_write, open_file
-from .remotefs import RemoteDir, is_url, local_path, redact
+from .remotefs import RemoteDir, is_url, redact, user_path
 
 # numpy dtype name <-> safetensors dtype code (the subset circuits supports).
 _CODE_BY_DTYPE = {
@@ -346,7 +346,7 @@ def default_root():
     """``$CIRCUITS_STORE`` if set (a path or an fsspec URL), else ``<user cache dir>/circuits/tensors``."""
     env = os.environ.get("CIRCUITS_STORE")
     if env:
-        return env if is_url(env) else Path(local_path(env)).expanduser()
+        return env if is_url(env) else user_path(env)
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("circuits")) / "tensors"
@@ -391,13 +391,9 @@ class TensorStore:
                 self._dir = RemoteDir(root, storage_options)
                 self.root = self._dir.url
             else:
-                text = local_path(os.fspath(root))
-                if not str(text).strip() or any(p and not p.strip() for p in str(text).split(os.sep)):
-                    raise StoreError("a directory name there is empty or only spaces (a typo?)")
-                self.root = Path(text).expanduser()
+                self.root = user_path(root)
                 self._dir = LocalDir(self.root, shared)
-        except (StoreError, TypeError, ValueError, RuntimeError) as e:
-            # RuntimeError: pathlib's '~user' for a user that does not exist
+        except (StoreError, TypeError, ValueError) as e:
             origin = f"CIRCUITS_STORE={redact(env)!r}" if env else f"TensorStore({redact(_short(root))})"
             raise StoreError(f"{origin}: not a usable store location ({redact(str(e))})") from None
 
