@@ -32,6 +32,7 @@ import os
 import posixpath
 import re
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -140,6 +141,13 @@ def filesystem(url: str, storage_options: dict | None = None):
             f"{url}: reading or writing a URL needs fsspec; install it with "
             "pip install 'circuits[remote]'"
         ) from None
+    if storage_options is not None and (
+            not isinstance(storage_options, Mapping) or not all(isinstance(k, str) for k in storage_options)):
+        # (its content is not shown: storage options hold passwords and tokens)
+        raise StoreError(redact(
+            f"{url}: storage_options must be a dict of fsspec options by name (like {{'anon': True}}), got type "
+            f"{type(storage_options).__name__}" + (" with keys that are not str" if isinstance(storage_options, Mapping)
+                                                   else "")))
     options = dict(storage_options or {})
     if url.split("://", 1)[0].lower() in READ_ONLY_PROTOCOLS:
         options = _with_http_timeouts(options)
