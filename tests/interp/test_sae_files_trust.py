@@ -165,13 +165,52 @@ def test_bad_save_paths_are_store_errors_naming_the_folder(tmp_path):
     locked.mkdir()
     os.chmod(locked, 0o500)
     try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user who may write anywhere")
+        if os.access(locked, os.W_OK):  # root writes anywhere: the same save as another user
+            _save_into_a_folder_nobody_may_write()
+            return
         with pytest.raises(StoreError) as info:
             save_sae(sae, locked / "s")
         assert str(locked / "s") in str(info.value) and ".tmp" not in str(info.value)
     finally:
         os.chmod(locked, 0o700)
+
+
+def _save_into_a_folder_nobody_may_write():
+    """Run as root (CI): ``save_sae`` by the user ``nobody`` (a forked child that drops to uid
+    65534) into a folder of root's, 0755."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    sae = SAE.random(4, 8)
+    top = Path(tempfile.mkdtemp(prefix="sae-locked-"))
+    try:
+        os.chmod(top, 0o755)
+        target = top / "s"
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no JAX, only numpy and files
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    save_sae(sae, target)
+                    message = "saved"
+                except StoreError as e:
+                    message = f"StoreError: {e}"
+                os.write(write, message.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            message = f.read()
+        os.waitpid(pid, 0)
+        assert message.startswith("StoreError:"), message
+        assert str(target) in message and ".tmp" not in message
+        assert os.listdir(top) == []
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_failed_write_names_the_folder_and_leaves_nothing(tmp_path, monkeypatch):
