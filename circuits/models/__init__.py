@@ -1,7 +1,7 @@
 """Model builders: circuits for real architectures from their weights, and models as researchers load them.
 
 ``load(path_or_id) -> Model`` reads a HuggingFace folder (or a hub id from the user's cache): the
-config, the weights memory-mapped, the tokenizer; ``Model.circuit(text_or_tokens)`` builds the
+config, the weights (each read once), the tokenizer; ``Model.circuit(text_or_tokens)`` builds the
 logits, loss or generation-step circuit, ``Model.generate`` continues text with a KV cache and
 any edit applied to every step (``model``, ``generate``, ``tokenizer``, ``checkpoint``).
 

@@ -1,13 +1,14 @@
 """Reading a HuggingFace model folder: where it is (a directory, or a hub id in the user's
-HuggingFace cache) and its safetensors weights, memory-mapped where they can be.
+HuggingFace cache) and its safetensors weights, each read once.
 
 Weights: a safetensors file is an 8-byte header length, a JSON header (each tensor's dtype, shape
-and byte range) and the tensors' bytes.  A tensor whose bytes start on a 64-byte boundary of the
-file and whose dtype numpy holds as is becomes a read-only view of the file mapped into memory:
-no copy at all (JAX on the CPU uses 64-byte aligned host memory in place as the device value).
-Any other tensor is read once into 64-byte aligned memory (bfloat16 and float16 widened to
-float32 on the way, exactly).  Either way a tensor is copied at most once and the result is
-read-only, so ``circuits.Array`` keeps it without another copy.
+and byte range) and the tensors' bytes.  Each tensor is read once, straight from the file into
+new 64-byte aligned memory (bfloat16 and float16 widened to float32 on the way, exactly) that the
+reader alone holds: ``circuits.models.load`` gives it to its Array as the Array's own value (no
+second copy), and JAX on the CPU uses that memory in place as the device value (no third).  The
+file is not memory-mapped: an Array's bytes must stay those its content hash was computed from,
+and a mapped file can be rewritten under it (issue 33), so a mapped tensor would be copied anyway,
+with the mapped pages resident beside the copy until the map is dropped.
 
 Hub ids (``'EleutherAI/pythia-70m'``) go through ``huggingface_hub`` (an optional dependency:
 ``pip install circuits[models]``) and the user's own cache (``HF_HUB_CACHE``, ``HF_HOME``);
@@ -25,7 +26,6 @@ error that says so.  Nothing is downloaded when the cache holds the files.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import stat
 import struct
@@ -90,15 +90,15 @@ def aligned_empty(count: int, dtype) -> np.ndarray:
 
 
 def read_safetensors(path) -> dict[str, np.ndarray]:
-    """The tensors of one safetensors file by name, read-only (see the module docstring: mapped
-    where aligned, else read once).  A malformed file is a ``CircuitError`` naming it."""
+    """The tensors of one safetensors file by name: each read once into new 64-byte aligned,
+    read-only memory (see the module docstring).  A malformed file is a ``CircuitError`` naming
+    it."""
     path = Path(path)
     regular_file(path)
     size = path.stat().st_size
     out: dict[str, np.ndarray] = {}
     with open(path, "rb") as f:
         header, start = _header(path, f, size)
-        mapped = None
         for name, info in header.items():
             try:
                 kind, shape, (b, e) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
@@ -112,17 +112,11 @@ def read_safetensors(path) -> dict[str, np.ndarray]:
             if any(s < 0 for s in shape) or not 0 <= b <= e <= size - start or e - b != count * itemsize:
                 raise CircuitError(f"{path}: tensor {name!r} ({kind} {shape}) has byte range [{b}, {e}), which does "
                                    f"not fit its shape or the file")
-            offset = start + b
-            if DTYPES[kind] is not None and offset % ALIGN == 0 and count:
-                if mapped is None:
-                    mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                arr = np.frombuffer(mapped, DTYPES[kind], count, offset)
-            else:
-                raw = aligned_empty(count * itemsize, np.uint8)
-                f.seek(offset)
-                if f.readinto(memoryview(raw)) != raw.size:
-                    raise CircuitError(f"{path}: tensor {name!r} is cut short (the file ends early)")
-                arr = _widened(raw, kind) if DTYPES[kind] is None else raw.view(DTYPES[kind])
+            raw = aligned_empty(count * itemsize, np.uint8)
+            f.seek(start + b)
+            if f.readinto(memoryview(raw)) != raw.size:
+                raise CircuitError(f"{path}: tensor {name!r} is cut short (the file ends early)")
+            arr = _widened(raw, kind) if DTYPES[kind] is None else raw.view(DTYPES[kind])
             arr = arr.reshape(shape)
             arr.flags.writeable = False
             out[name] = arr

@@ -50,6 +50,10 @@ def gemma2_spec(config) -> DecoderSpec:
         raise CircuitError("gemma2: config use_bidirectional_attention=True is not supported (a causal LM)")
     window = sliding_window(cfg) if "sliding_window" in cfg.d else DEFAULTS["sliding_window"]
     cfg.understood("sliding_window")
+    if cfg.get("sliding_window_size") is not None and cfg.d["sliding_window_size"] != window:
+        # an older spelling some Gemma-2 configs carry beside sliding_window; transformers reads sliding_window
+        raise CircuitError(f"gemma2: config sliding_window_size={cfg.d['sliding_window_size']!r} differs from "
+                           f"sliding_window={window}; which one the checkpoint means is unclear")
     if cfg.get("layer_types") is None:
         types = ["sliding_attention" if (l + 1) % 2 else "full_attention" for l in range(n_layers)]
         windows = read_windows(Config(dict(cfg.d, layer_types=types), "gemma2"), n_layers, window)

@@ -1,7 +1,7 @@
 """``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
 OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a
 checkpoint directory on disk (``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes
-them, memory-mapped by ``circuits.models.checkpoint``: torch is not imported).  Nothing is
+them, read once each by ``circuits.models.checkpoint``: torch is not imported).  Nothing is
 downloaded.  ``circuits.models.load`` gives the same model with its tokenizer, as a ``Model``.
 """
 
@@ -28,8 +28,8 @@ BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neo
 
 def load_checkpoint(path) -> tuple[dict, dict]:
     """``(config, weights)`` from a directory holding ``config.json`` and ``*.safetensors`` (one
-    file or shards), as read-only numpy arrays memory-mapped where they can be
-    (``circuits.models.checkpoint``); torch is not needed.
+    file or shards), as read-only numpy arrays, each read once (``circuits.models.checkpoint``);
+    torch is not needed.
 
     >>> load_checkpoint('/nonexistent')
     Traceback (most recent call last):

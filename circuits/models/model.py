@@ -1,7 +1,8 @@
 """``load(path_or_id) -> Model``: a model as researchers load it, with its tokenizer.
 
 A ``Model`` holds the config, the weights (as Arrays named as the builders name them, each
-read from the safetensors files once: ``circuits.models.checkpoint``) and the tokenizer
+read from the safetensors files once and never copied again: ``circuits.models.checkpoint``) and
+the tokenizer
 (``circuits.models.tokenizer``), and builds circuits:
 
 - ``model.circuit(text_or_tokens, output='logits')``: the logits [n, vocab] of a text (the BOS
@@ -76,14 +77,21 @@ FAMILIES = {
 }
 
 
-def named_arrays(weights: Mapping, prefixes, family: str) -> dict[str, Array]:
+def named_arrays(weights: Mapping, prefixes, family: str, *, owned: bool = False) -> dict[str, Array]:
     """Each weight as an Array named as the builders name it (``Weights.short_name`` of the key
-    without the base prefix), so building a circuit never renames, copies or re-hashes one."""
+    without the base prefix), so building a circuit never renames, copies or re-hashes one.
+    ``owned``: the arrays were just read by ``checkpoint.read_weights`` and nothing else holds
+    them, so each Array takes its array as its own value instead of copying it."""
     probe = Weights(weights, prefixes, family)
     out = {}
     for key, value in weights.items():
         short = key[len(probe.prefix):] if probe.prefix and key.startswith(probe.prefix) else key
-        out[key] = value if isinstance(value, Circuit) else Array(value, name=Weights.short_name(short))
+        if isinstance(value, Circuit):
+            out[key] = value
+        elif owned:
+            out[key] = Array(value, name=Weights.short_name(short), _owned=True)
+        else:
+            out[key] = Array(value, name=Weights.short_name(short))
     return out
 
 
@@ -94,7 +102,7 @@ class Model:
     evaluated in (``'float32'`` or ``'float64'``)."""
 
     def __init__(self, config, weights: Mapping, tokenizer: Tokenizer | None = None, *, dtype: str = "float32",
-                 path: str | None = None):
+                 path: str | None = None, _owned: bool = False):
         self.config = config_dict(config)
         kind = self.config.get("model_type")
         family = FAMILIES.get(kind) if isinstance(kind, str) else None
@@ -104,7 +112,7 @@ class Model:
         if dtype not in ("float32", "float64"):
             raise CircuitError(f"dtype={dtype!r}: a model computes in 'float32' or 'float64'")
         self.family, self._family, self.dtype, self.path = kind, family, dtype, path
-        self.weights = named_arrays(weights, family.prefixes, kind)
+        self.weights = named_arrays(weights, family.prefixes, kind, owned=_owned)
         self.tokenizer = tokenizer
         context = self.config.get(family.context_key, family.context_default)
         self.context = int(context) if isinstance(context, int) and not isinstance(context, bool) else None
@@ -306,8 +314,8 @@ def _bucket(n: int, least: int = 16) -> int:
 def load(path_or_id, *, dtype: str = "float32", revision: str | None = None) -> Model:
     """The model in a HuggingFace folder (``config.json``, ``*.safetensors``, the tokenizer's
     files), or of a hub id from the user's HuggingFace cache (``HF_HUB_OFFLINE=1``: the cache
-    only; ``circuits.models.checkpoint``).  Weights are memory-mapped where they can be and
-    copied at most once; torch and transformers are not imported."""
+    only; ``circuits.models.checkpoint``).  Each weight is read from its file once, into memory its
+    Array then owns (no further copy); torch and transformers are not imported."""
     from .checkpoint import read_weights, resolve
     from .huggingface import read_config
 
@@ -318,4 +326,4 @@ def load(path_or_id, *, dtype: str = "float32", revision: str | None = None) -> 
     config = read_config(cfg_file)
     weights = read_weights(folder)
     tokenizer = Tokenizer.from_folder(folder, config)
-    return Model(config, weights, tokenizer, dtype=dtype, path=os.fspath(Path(folder)))
+    return Model(config, weights, tokenizer, dtype=dtype, path=os.fspath(Path(folder)), _owned=True)

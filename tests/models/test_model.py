@@ -49,7 +49,7 @@ def test_load_folder_logits_and_tokens(gpt2_folder):
     assert c.get_unique("h1.attn.head3").name == "h1.attn.head3"  # per-head sites by default
 
 
-def test_load_reads_no_torch_and_maps_aligned_weights(gpt2_folder):
+def test_load_reads_no_torch_and_copies_no_weight_twice(gpt2_folder):
     folder, _ = gpt2_folder
     code = (
         "import sys, circuits as C\n"
@@ -60,10 +60,18 @@ def test_load_reads_no_torch_and_maps_aligned_weights(gpt2_folder):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
-    # every tensor read-only; those 64-byte aligned in the file are views of the mapped file
+    # every tensor read once into read-only 64-byte aligned memory, which its Array keeps as it is
     arrays = read_safetensors(folder / "model.safetensors")
-    assert all(not a.flags.writeable for a in arrays.values())
-    assert all(a.ctypes.data % 64 == 0 for a in arrays.values())
+    assert all(not a.flags.writeable and a.ctypes.data % 64 == 0 for a in arrays.values())
+    m = load(folder)
+    assert all(a.value.ctypes.data % 64 == 0 for a in m.weights.values())
+    from circuits.models.model import named_arrays
+
+    # (names unlike the loaded model's: equal Arrays are one node, and `m` holds its own)
+    owned = named_arrays(arrays, ("unused.",), "gpt2", owned=True)
+    assert all(owned[k].value is arrays[k] for k in arrays)  # not copied
+    copied = named_arrays({"x." + k: v for k, v in arrays.items()}, ("unused.",), "gpt2")  # a user's arrays: copied
+    assert not any(np.shares_memory(copied["x." + k].value, arrays[k]) for k in arrays)
 
 
 def test_bfloat16_and_float16_checkpoints_widen_exactly(tmp_path):
@@ -185,6 +193,7 @@ def test_a_prompt_longer_than_the_context_names_both_lengths(gpt2_folder):
     ("qwen2", "layer_types", ["full_attention", "chunked_attention", "full_attention"],
      r"layer_types\[1\]='chunked_attention'"),
     ("gemma2", "use_bidirectional_attention", True, "use_bidirectional_attention"),
+    ("gemma2", "sliding_window_size", 3, "sliding_window_size=3 differs from sliding_window=5"),
     ("gpt_neox", "rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_type='dynamic'"),
     ("opt", "quantization_config", {"quant_method": "gptq"}, "quantization_config"),
 ])
