@@ -80,7 +80,7 @@ def test_eap_ig_mask_is_the_oracles_and_complete(model):
 @pytest.mark.parametrize("budget", [None, 1])
 def test_eap_ig_is_hanna_et_al(model, budget, monkeypatch):
     """All steps in one vmapped call (the default on this model), and one step a call."""
-    from circuits.interp import edge_scores
+    from circuits.interp.discovery import _scores as edge_scores
 
     if budget is not None:
         monkeypatch.setattr(edge_scores, "STEPS_BYTES", budget)

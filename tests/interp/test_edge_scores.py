@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits.interp import discover, edge_scores, edges, patch_edges
-from circuits.interp.discovery import _eap_ig_mask
-from circuits.interp.edge_scores import uniform_circuit
+from circuits.interp import discover, edges, patch_edges
+from circuits.interp.discovery import _scores as edge_scores
+from circuits.interp.discovery._discover import _eap_ig_mask
+from circuits.interp.discovery._scores import uniform_circuit
 from circuits.models import attn_only, random_weights
 
 SMALL = dict(vocab=13, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)

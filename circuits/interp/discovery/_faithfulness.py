@@ -23,9 +23,11 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import CircuitError, ShapeError
-from ..nodes import Circuit
-from .edge_graph import edges, patch_edges
+from ...errors import CircuitError, ShapeError
+from ...nodes import Circuit
+from ..metric import metric_node, read_metric
+from ._discover import Discovery, Objective, batch_setup, clean_for
+from ._graph import edges, patch_edges
 
 __all__ = ["faithfulness", "Faithfulness"]
 
@@ -84,9 +86,8 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     the numbers of edges kept (default: every size up to 256 edges, else 64 sizes spread out);
     ``ablation`` defaults to the Discovery's own (else ``'resample'``); ``inputs`` a batch, as
     for ``discover`` (the metric averaged over its rows)."""
-    from .discovery import Discovery, _Objective, batch_setup, clean_for, metric_node
-
     g = edges(circuit)
+    read_metric(metric, circuit, "faithfulness")
     n = len(g)
     label = ""
     if isinstance(scores, Discovery):
@@ -115,6 +116,6 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
                      + [np.zeros(n, np.float32), np.ones(n, np.float32)])
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
-    values = _Objective(m, feed, dtype, batch_size).values(masks)
+    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype), what="faithfulness")
+    values = Objective(m, feed, dtype, batch_size).values(masks)
     return Faithfulness(sizes, values[:-2], values[-2], values[-1], n, label)

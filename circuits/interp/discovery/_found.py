@@ -25,9 +25,9 @@ import json
 import os
 from typing import Mapping
 
-from ..errors import CircuitError, StoreError
-from ..nodes import Circuit
-from .edge_graph import OUTPUT, Edges, edges, patch_edges
+from ...errors import CircuitError, StoreError
+from ...nodes import Circuit
+from ._graph import OUTPUT, Edges, edges, patch_edges
 
 __all__ = ["FoundCircuit"]
 
