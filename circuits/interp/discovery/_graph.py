@@ -399,7 +399,7 @@ def _template(g: Edges, d: _Dest) -> tuple[Circuit, Circuit]:
             import rewrites
             from rewrites.rules import index as index_rules
 
-            push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+            push = rewrites.normalize(index_rules.RULES)
             template = rewrites.apply(push, template, where=lambda n: n.hash not in g._original)
     g._templates[d.label] = (slot, template)
     return slot, template
