@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint
+.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,8 +47,13 @@ test-tiers: $(STAMP)
 test-all: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs --doctest-modules circuits rewrites tests
 
+# The documentation site, into site/ (strict: a broken link fails; the build fetches nothing).
+docs: $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info
