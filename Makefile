@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs
+.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs notebooks
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ test-tiers: $(STAMP)
 
 test-all: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs --doctest-modules circuits rewrites tests
+
+# Run every notebook headless and keep its outputs (tests/test_notebooks.py compares against them).
+notebooks: $(STAMP)
+	$(PY) notebooks/execute.py
 
 # The documentation site, into site/ (strict: a broken link fails; the build fetches nothing).
 docs: $(STAMP)
