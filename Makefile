@@ -3,13 +3,19 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.core
 JOBS   ?= 2
 
 .PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs notebooks
 
-$(STAMP): setup.cfg pyproject.toml
+# The core dependencies alone (what `make demo` needs: jax, numpy, ...); the test extras on top.
+$(CORE): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
@@ -27,7 +33,7 @@ system-deps:
 	  fi; \
 	fi
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(PY) examples/demo.py
 
 test: $(STAMP) system-deps
