@@ -58,7 +58,7 @@ notebooks: $(STAMP)
 	$(PY) notebooks/execute.py
 
 # The documentation site, into site/ (strict: a broken link fails; the build fetches nothing).
-docs: $(STAMP)
+docs: $(CORE)
 	$(PY) -m pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
