@@ -276,7 +276,7 @@ class AttributionGraph:
         if ax is None:
             tallest = max((sum(1 for j in at if at[j][0] == x and round(at[j][1]) == round(y)) for x, y in at.values()),
                           default=1)
-            width = 2.5 + 0.85 * max(len(columns), 4)
+            width = 2.5 + 0.5 * max(len(columns), 8)
             height = 1.2 + (n_layers + 2) * max(0.8, 0.17 * tallest)
             _, ax = plt.subplots(figsize=(width, height))
         t, s = np.nonzero(self.edge_mask)

@@ -174,7 +174,7 @@ class FoundCircuit:
                     bbox=dict(boxstyle="round", fc="white" if name in used else "0.93",
                               ec="black" if name in used else "0.7"))
         ax.set_xlim(0, 1)
-        ax.set_ylim(-0.5, depth + 0.5)
+        ax.set_ylim(-0.5, depth + 0.9)
         ax.set_xticks([])
         ax.set_yticks(range(depth + 1))
         for side in ("top", "right", "bottom"):
@@ -187,7 +187,7 @@ class FoundCircuit:
         if roles - set(_COLOURS):
             handles.append(Line2D([], [], color="0.4", label="to an MLP or the output"))
         handles += [Patch(fc="white", ec="black", label="in the circuit"), Patch(fc="0.93", ec="0.7", label="left out")]
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), borderaxespad=0)
+        ax.legend(handles=handles, fontsize=7, loc="upper left", framealpha=0.9)
         ax.set_title(title or f"{len(self.edges)} of {len(self.graph)} edges")
         return ax
 
