@@ -37,11 +37,11 @@ demo: $(CORE)
 	$(PY) examples/demo.py
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples docs notebooks/execute.py
 	$(PY) -m pytest -n $(JOBS) -rs -m "not slow" --doctest-modules circuits rewrites tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples docs notebooks/execute.py
 
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs -m slow tests
