@@ -79,10 +79,11 @@ def test_docs_build_strict(tmp_path):
     pytest.importorskip("mkdocstrings")
     pytest.importorskip("mkdocs_jupyter")
     site = tmp_path / "site"
-    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
-                         cwd=ROOT, capture_output=True, text=True, env={"NO_MKDOCS_2_WARNING": "1",
-                                                                        "PATH": "/usr/bin:/bin",
-                                                                        "HOME": str(tmp_path)})
+    # run from a scratch directory (mkdocs-jupyter keeps a cache in .cache/ of the working directory)
+    run = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(ROOT / "mkdocs.yml"),
+                          "-d", str(site)], cwd=tmp_path, capture_output=True, text=True,
+                         env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr[-4000:]
     html = "\n".join(p.read_text() for p in site.rglob("*.html"))
     assert "fonts.googleapis" not in html and "fonts.gstatic" not in html
