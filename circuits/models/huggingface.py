@@ -15,15 +15,25 @@ from ..errors import CircuitError
 from ..nodes import Circuit
 from .checkpoint import read_weights, regular_file
 from .common import as_numpy
+from .bloom import bloom
+from .falcon import falcon
+from .gemma import gemma
 from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neo import gpt_neo
 from .gpt_neox import gpt_neox
+from .gptj import gptj
 from .llama import llama
+from .mixtral import mixtral
 from .opt import opt
+from .phi3 import phi3
 from .qwen2 import qwen2
+from .qwen3 import qwen3
+from .stablelm import stablelm
 
-BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neox": gpt_neox, "gemma2": gemma2,
-            "qwen2": qwen2}
+BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neox": gpt_neox, "gemma": gemma,
+            "gemma2": gemma2, "qwen2": qwen2, "qwen3": qwen3, "phi3": phi3, "mixtral": mixtral, "stablelm": stablelm,
+            "gptj": gptj, "gpt_neo": gpt_neo, "falcon": falcon, "bloom": bloom}
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:
