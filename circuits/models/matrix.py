@@ -57,7 +57,7 @@ class FamilySpec:
     config: str
     kwargs: dict
     layers: str  # attribute path from the model to its list of layers
-    attn: str  # attribute of a layer: the attention module
+    attn: str  # attribute path from a layer to its attention module
     out_proj: str  # attribute of the attention module: the output projection
     what: str = ""  # what the config exercises
 
@@ -316,7 +316,7 @@ class Oracle:
                 yield
 
     def attention(self, layer: int):
-        return getattr(_attr(self.model, self.spec.layers)[layer], self.spec.attn)
+        return _attr(_attr(self.model, self.spec.layers)[layer], self.spec.attn)
 
     def logits(self, tokens, zero_head=None) -> np.ndarray:
         import torch
