@@ -50,8 +50,12 @@ def bloom(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fa
     eps = cfg.number("layer_norm_epsilon", 1e-5)
     cfg.require("apply_residual_connection_post_layernorm", (False,), False,
                 "the residual stream would be the norm's output, not a sum of the blocks' outputs")
-    # pretraining_tp with slow_but_exact splits the output projections into slices summed: the same map
-    cfg.require("slow_but_exact", (True, False), False)
+    # transformers' slow_but_exact path (pretraining_tp > 1) sums the output projections by slices and
+    # leaves out their biases: another map, refused; pretraining_tp alone changes nothing
+    if cfg.require("slow_but_exact", (True, False), False) and cfg.size("pretraining_tp", 1) > 1:
+        raise CircuitError(f"bloom: config slow_but_exact=True with pretraining_tp={cfg.d['pretraining_tp']} is not "
+                           "supported (transformers then leaves out the output projections' biases); "
+                           "with slow_but_exact=False it builds")
     cfg.size("pretraining_tp", 1)
     if cfg.get("n_inner") is not None and cfg.d["n_inner"] != 4 * d:
         raise CircuitError(f"bloom: config n_inner={cfg.d['n_inner']!r}: BLOOM's MLP is 4 * hidden_size = {4 * d} wide")

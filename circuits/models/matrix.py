@@ -12,7 +12,7 @@ checked:
   ``interp.ablate`` does) against the torch model with a hook zeroing that head's slice of the
   attention output projection's input;
 - **head sum**: the per-head nodes ``h{l}.attn.head{h}`` (plus the output bias) summed, against
-  the torch attention module's output;
+  the output of the torch attention module's output projection;
 - **generation**: ``Model.generate`` (greedy, KV cache) against ``transformers``' ``generate``:
   token for token in float64; in float32 up to the first step where ``transformers``' top-2
   logit gap is below 1e-4 (random weights have near-ties that rounding flips).
@@ -345,9 +345,10 @@ class Oracle:
         seen = {}
 
         def keep(module, args, out):  # returns None: the output is left as it is
-            seen["out"] = out[0]
+            seen["out"] = out
 
-        h = self.attention(layer).register_forward_hook(keep)
+        # the output projection's output: BLOOM's attention module adds the residual stream itself
+        h = getattr(self.attention(layer), self.spec.out_proj).register_forward_hook(keep)
         try:
             with self.precision():
                 self.model(torch.tensor(np.asarray(tokens)[None]))

@@ -82,3 +82,13 @@ def test_config_variants_are_refused_naming_the_field(family, field, value, matc
     cfg = dict(hf.config.to_dict(), **{field: value})
     with pytest.raises(C.CircuitError, match=match):
         Model(cfg, state(hf))
+
+
+def test_blooms_slow_but_exact_path_is_refused():
+    """transformers' ``slow_but_exact`` path with ``pretraining_tp > 1`` leaves out the output
+    projections' biases: refused, while ``pretraining_tp`` alone builds the usual map."""
+    hf = matrix.hf_model("bloom", 0)
+    cfg = dict(hf.config.to_dict(), pretraining_tp=2)
+    Model(cfg, state(hf))
+    with pytest.raises(C.CircuitError, match=r"slow_but_exact=True with pretraining_tp=2 is not supported"):
+        Model(dict(cfg, slow_but_exact=True), state(hf))
