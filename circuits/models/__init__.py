@@ -43,6 +43,6 @@ from .tokenizer import Tokenizer
 mistral = llama
 
 __all__ = ["attn_only", "attention_head", "bloom", "causal_mask", "falcon", "from_huggingface", "gemma", "gemma2",
-           "gpt2", "gpt_neo", "gpt_neox", "gptj", "induction_tokens", "induction_weights", "layer_norm", "llama", "load", "load_checkpoint", "mistral",
-           "mixtral", "Model", "opt", "phi3", "position_mask", "qwen2", "qwen3", "random_weights", "rms_norm",
-           "stablelm", "tokens_symbol", "Tokenizer"]
+           "gpt2", "gpt_neo", "gpt_neox", "gptj", "induction_tokens", "induction_weights", "layer_norm", "llama",
+           "load", "load_checkpoint", "mistral", "mixtral", "Model", "opt", "phi3", "position_mask", "qwen2", "qwen3",
+           "random_weights", "rms_norm", "stablelm", "tokens_symbol", "Tokenizer"]

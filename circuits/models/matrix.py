@@ -1,6 +1,7 @@
 """The verification matrix: every architecture the library builds, checked against ``transformers``.
 
-For each family (GPT-2, OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) a random-weight
+For each family (GPT-2, OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2, Gemma, Qwen3, Phi-3,
+Mixtral, StableLM, GPT-J, GPT-Neo, Falcon in three layouts, BLOOM) a random-weight
 model is made from a ``transformers`` config that exercises what sets the family apart
 (grouped-query heads, sliding windows shorter than the prompt, Gemma-2's soft-capping and
 alternating windows, partial rotary, q/k/v biases), and in float32 and float64 four cells are
@@ -25,8 +26,8 @@ One command writes the table (torch and transformers needed)::
 
     python -m circuits.models.matrix --out docs/models.md
 
->>> sorted(FAMILIES)[:3]
-['gemma2', 'gpt2', 'gpt_neox']
+>>> sorted(FAMILIES)[:4]
+['bloom', 'falcon', 'falcon-7b', 'falcon-rw']
 """
 
 from __future__ import annotations

@@ -43,14 +43,14 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Array, Circuit, Symbol
-from .common import Weights, config_dict, loss_head
 from .bloom import bloom
+from .common import Weights, config_dict, loss_head
 from .falcon import falcon
 from .gemma import gemma
 from .gemma2 import gemma2
 from .gpt2 import gpt2
-from .gpt_neox import PREFIXES as NEOX_PREFIXES
 from .gpt_neo import gpt_neo
+from .gpt_neox import PREFIXES as NEOX_PREFIXES
 from .gpt_neox import gpt_neox
 from .gptj import gptj
 from .llama import llama
