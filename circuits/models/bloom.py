@@ -12,7 +12,7 @@ Weights keep their state-dict key with ``transformer.`` dropped and ``h.{l}.`` w
 embeddings' LayerNorm), ``alibi`` (the bias [heads, 1, keys]), ``h3.ln1``, ``h3.attn.proj.q``, ``h3.attn.head5``,
 ``h3.attn``, ``h3.mid``, ``h3.ln2``, ``h3.mlp``, ``h3``; ``final.ln``, ``logits``.
 
->>> from circuits.models import bloom
+>>> from circuits.models.bloom import bloom
 >>> cfg = dict(model_type='bloom', hidden_size=8, n_head=2, n_layer=1, vocab_size=11)
 >>> c = bloom(cfg, None, [1, 2, 3])
 >>> c.get_unique('h0.attn.position_bias').children[0].name

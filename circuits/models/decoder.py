@@ -102,6 +102,10 @@ class DecoderSpec:
         if self.experts and not 1 <= self.top_k <= self.experts:
             raise CircuitError(f"{self.family}: num_experts_per_tok={self.top_k} must be from 1 to the "
                                f"{self.experts} experts")
+        rot = int(self.head_dim * self.rotary_fraction)  # as transformers rounds it
+        if rot < 2 or rot % 2:
+            raise CircuitError(f"{self.family}: config partial_rotary_factor={self.rotary_fraction} rotates {rot} of "
+                               f"head_dim={self.head_dim} dimensions; rotary embeddings need an even number from 2")
         if self.parallel and self.sandwich_norms:
             raise CircuitError(f"{self.family}: a parallel block with sandwich norms is not a known architecture")
 

@@ -15,7 +15,7 @@ attention's norm), ``h3.ln2`` (the MLP's own norm, where it has one), ``h3.attn.
 ``h3.attn.q`` (after rotary), ``h3.attn.head5``, ``h3.attn``, ``h3.mlp``, ``h3``; ``final.ln``,
 ``logits``.
 
->>> from circuits.models import falcon
+>>> from circuits.models.falcon import falcon
 >>> cfg = dict(model_type='falcon', hidden_size=8, num_attention_heads=4, num_hidden_layers=1, vocab_size=11,
 ...            new_decoder_architecture=True, num_kv_heads=2)
 >>> c = falcon(cfg, None, [1, 2, 3], split_heads=True)
@@ -31,8 +31,28 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Circuit, Einsum, Rearrange
-from .blocks import alibi_table, apply_rotary, attention, fused_projections, layer_norm, mlp, neg_inf_bias, residual_block
-from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, layout_for, loss_head, rope_theta, tokens_node
+from .blocks import (
+    alibi_table,
+    apply_rotary,
+    attention,
+    fused_projections,
+    layer_norm,
+    mlp,
+    neg_inf_bias,
+    residual_block,
+)
+from .common import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    Config,
+    Weights,
+    activation,
+    embed,
+    layout_for,
+    loss_head,
+    rope_theta,
+    tokens_node,
+)
 from .gpt2 import tied_unembed
 from .sequence import Layout
 

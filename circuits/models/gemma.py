@@ -3,7 +3,7 @@ weight``), embeddings scaled by ``sqrt(hidden_size)``, a GELU-gated MLP (``hidde
 the released configs means GELU's tanh approximation, as ``transformers`` reads it), a head
 dimension of its own (``head_dim``, 256 by default) and a tied unembedding.
 
->>> from circuits.models import gemma
+>>> from circuits.models.gemma import gemma
 >>> cfg = dict(model_type='gemma', hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
 ...            num_hidden_layers=1, intermediate_size=16, vocab_size=11)
 >>> c = gemma(cfg, None, [1, 2, 3])

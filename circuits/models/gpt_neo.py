@@ -7,7 +7,7 @@ sliding window, exact).
 Weights keep their state-dict key with ``transformer.`` dropped and ``h.{l}.`` written ``h{l}.``
 (``h3.attn.attention.q_proj.weight``, ``h3.mlp.c_fc.bias``); nodes as ``gpt2`` names them.
 
->>> from circuits.models import gpt_neo
+>>> from circuits.models.gpt_neo import gpt_neo
 >>> cfg = dict(model_type='gpt_neo', hidden_size=8, num_heads=2, num_layers=2, max_position_embeddings=16,
 ...            vocab_size=11, window_size=2, attention_types=[[['global', 'local'], 1]])
 >>> c = gpt_neo(cfg, None, [1, 2, 3])

@@ -9,7 +9,7 @@ Weights keep their state-dict key with ``transformer.`` dropped and ``h.{l}.`` w
 as the other builders name them: ``h3.ln1``, ``h3.attn.proj.q`` (before rotary), ``h3.attn.q``,
 ``h3.attn.head5``, ``h3.attn``, ``h3.mlp``, ``h3``; ``final.ln``, ``logits``.
 
->>> from circuits.models import gptj
+>>> from circuits.models.gptj import gptj
 >>> cfg = dict(model_type='gptj', n_embd=8, n_head=2, n_layer=1, n_positions=16, rotary_dim=2, vocab_size=11)
 >>> [n.name for n in gptj(cfg, None, [1, 2, 3], split_heads=True).get_unique('h0').children]
 ['h0.mlp', 'h0.attn', 'embeds']
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Circuit, Einsum, Rearrange
+from ..nodes import Circuit, Rearrange
 from .blocks import apply_rotary, attention, head_projections, layer_norm, linear, mlp, neg_inf_bias, residual_block
 from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, layout_for, loss_head, tokens_node
 from .gpt2 import tied_unembed

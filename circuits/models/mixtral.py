@@ -10,7 +10,7 @@ Weights as ``transformers`` 5 keeps them (``mlp.gate.weight``, the experts stack
 released checkpoints store them (``block_sparse_moe.gate.weight``,
 ``block_sparse_moe.experts.{e}.w1`` / ``w3`` / ``w2``).
 
->>> from circuits.models import mixtral
+>>> from circuits.models.mixtral import mixtral
 >>> cfg = dict(model_type='mixtral', hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
 ...            num_hidden_layers=1, intermediate_size=16, vocab_size=11, num_local_experts=4, num_experts_per_tok=2)
 >>> [n.name for n in mixtral(cfg, None, [1, 2, 3]).get_unique('h0.mlp').children]

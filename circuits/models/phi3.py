@@ -4,7 +4,7 @@
 head (Phi-4-mini), and an optional sliding window on every layer.  The long-context variants'
 ``rope_type='longrope'`` (Phi-3-*-128k, Phi-3.5) is refused naming the field.
 
->>> from circuits.models import phi3
+>>> from circuits.models.phi3 import phi3
 >>> cfg = dict(model_type='phi3', hidden_size=8, num_attention_heads=2, num_key_value_heads=1,
 ...            num_hidden_layers=1, intermediate_size=16, vocab_size=11)
 >>> phi3(cfg, None, [1, 2, 3], split_heads=True).get_unique('h0.attn.proj.rows').shape

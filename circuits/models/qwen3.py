@@ -3,7 +3,7 @@ before rotary (``'h{l}.attn.q_norm'`` / ``'.k_norm'``: one weight [head_dim] sha
 a head dimension of its own, biases on every attention projection when ``attention_bias``, and
 Qwen2's optional sliding windows from ``max_window_layers`` on.
 
->>> from circuits.models import qwen3
+>>> from circuits.models.qwen3 import qwen3
 >>> cfg = dict(model_type='qwen3', hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
 ...            num_hidden_layers=1, intermediate_size=16, vocab_size=11)
 >>> qwen3(cfg, None, [1, 2, 3]).get_unique('h0.attn.q.cos').children[0].name

@@ -4,8 +4,8 @@ q/k/v biases (``use_qkv_bias``), an optional LayerNorm of each head's queries an
 weight per head (``qk_layernorm``: ``'h{l}.attn.q_norm'`` / ``'.k_norm'``), and an optional
 parallel residual (``use_parallel_residual``: attention and MLP read the same norm).
 
->>> from circuits.models import stablelm
->>> cfg = dict(model_type='stablelm', hidden_size=8, num_attention_heads=2, num_key_value_heads=2,
+>>> from circuits.models.stablelm import stablelm
+>>> cfg = dict(model_type='stablelm', hidden_size=16, num_attention_heads=2, num_key_value_heads=2,
 ...            num_hidden_layers=1, intermediate_size=16, vocab_size=11, use_parallel_residual=True)
 >>> [n.name for n in stablelm(cfg, None, [1, 2, 3]).get_unique('h0').children]
 ['h0.mlp', 'h0.attn', 'embeds']
