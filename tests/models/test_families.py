@@ -1,7 +1,7 @@
 """The nine families of issue 38 (GPT-J, GPT-Neo, Gemma, Qwen3, Phi-3, Mixtral, StableLM, Falcon,
 BLOOM) against ``transformers``' own modeling code with random weights: logits in float64 for every
 family and layout, the decode step / ``generate`` for the families whose step differs in kind
-(ALiBi's key positions, local windows, experts, interleaved rotary), the heads and MLPs in
+(ALiBi's key positions and experts; local windows and interleaved rotary marked slow), the heads and MLPs in
 ``interp.edges`` (and patching every edge from another prompt is that prompt's run), the config
 variants no builder implements refused naming the field.  Every cell of every family in both
 precisions is ``test_matrix``'s slow matrix."""
@@ -30,7 +30,8 @@ def test_logits_equal_transformers_in_float64(family):
     _assert_ok(matrix.check(family, "float64", cells=("logits",)))
 
 
-@pytest.mark.parametrize("family", ["bloom", "gpt_neo", "mixtral", "gptj"])
+@pytest.mark.parametrize("family", ["bloom", "mixtral", pytest.param("gpt_neo", marks=pytest.mark.slow),
+                                    pytest.param("gptj", marks=pytest.mark.slow)])
 def test_generate_equals_transformers_token_for_token(family):
     row = matrix.check(family, "float64", cells=("generation",))
     _assert_ok(row)
@@ -51,7 +52,7 @@ def test_heads_and_mlps_are_edges(family):
     assert f"h0.attn.head{n_heads - 1} -> h1.mlp" in g and "h1.mlp -> output" in g
 
 
-@pytest.mark.parametrize("family", ["bloom", "mixtral"])
+@pytest.mark.parametrize("family", ["bloom", pytest.param("mixtral", marks=pytest.mark.slow)])
 def test_patching_every_edge_is_the_source_run(family):
     """Each destination reads exactly the sum of its edges: patching all of them from another
     prompt gives that prompt's logits (ALiBi's biases and the router's top-k recomputed)."""
