@@ -49,12 +49,13 @@ from .sae import SAE
 from .sae_files import induction_saes, load_sae, save_sae
 from .scrubbing import ScrubResult, scrub
 from .splice import feature_site, splice
+from .steering import steer, steering_vector
 from .sweep import SweepResult, sweep
 from .train_sae import train_sae  # binds the function over the submodule of the same name
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
-    "split_heads", "attention_patterns",
+    "split_heads", "attention_patterns", "steer", "steering_vector",
     "sweep", "SweepResult",
     # feature circuits
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",
