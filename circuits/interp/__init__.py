@@ -39,11 +39,13 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 from .attention import attention_patterns
 from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
+from .cache import ActivationCache, run_with_cache
 from .discovery import Discovery, Edges, Faithfulness, FoundCircuit, discover, edges, faithfulness, patch_edges
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .induction import head_scores, induction_hypothesis
 from .interventions import ablate, patch, path_patch
+from .readout import logit_attribution, logit_lens
 from .residual_paths import expand_residual, layer_norm_parts, residual_terms
 from .sae import SAE
 from .sae_files import induction_saes, load_sae, save_sae
@@ -55,7 +57,8 @@ from .train_sae import train_sae  # binds the function over the submodule of the
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
-    "split_heads", "attention_patterns", "steer", "steering_vector",
+    "split_heads", "attention_patterns", "steer", "steering_vector", "run_with_cache", "ActivationCache",
+    "logit_lens", "logit_attribution",
     "sweep", "SweepResult",
     # feature circuits
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",

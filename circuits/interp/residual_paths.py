@@ -70,7 +70,7 @@ LAYER_NORM_MODES = ("keep", "freeze")
 _PASS_THROUGH = (Index, Rearrange, Tag)
 
 
-def _linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
+def linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
     """Hashes of the nodes of ``top`` that are linear in ``leaf`` when every input that is not
     substituted is held at its value: ``leaf`` itself; an Einsum with exactly one operand linear
     in ``leaf`` (the others, whatever they depend on, held); an Add whose every child is linear
@@ -92,7 +92,7 @@ def _linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
     return lin
 
 
-def _substitute(top: Circuit, leaf: Circuit, new: Circuit, lin: set[bytes]) -> Circuit:
+def substitute_linear(top: Circuit, leaf: Circuit, new: Circuit, lin: set[bytes]) -> Circuit:
     """``top`` with ``leaf`` replaced by ``new`` along its linear occurrences only (``lin``);
     other occurrences (inside held inputs such as an attention pattern) keep the original."""
     if leaf.shape != new.shape:
@@ -156,12 +156,12 @@ class _Expander:
         frozen linear part applied to each summand of its input."""
         linear = replace(parts["y_scaled"], {parts["rsqrt"]: self.frozen_scale(parts["rsqrt"])})
         x = parts["x"]
-        lin = _linear_nodes(linear, x)
+        lin = linear_nodes(linear, x)
         if linear.hash not in lin:  # pragma: no cover - the structure check makes this linear
             raise CircuitError(f"the LayerNorm {ln.line()} is not linear in its input once its scale is frozen")
         out = [] if parts["bias"] is None else [(_label(parts["bias"], "bias"), parts["bias"], parts["bias"])]
         for i, s in enumerate(_summands(x, self.stop)):
-            out.append((_label(s, f"term{i}"), _substitute(linear, x, s, lin), s))
+            out.append((_label(s, f"term{i}"), substitute_linear(linear, x, s, lin), s))
         return out
 
     def reads(self, source: Circuit) -> tuple[Circuit, dict, set] | None:
@@ -171,7 +171,7 @@ class _Expander:
         for node in toposort(source, stop=lambda n: layer_norm_parts(n) is not None and n is not source):
             parts = layer_norm_parts(node) if node is not source else None
             if parts is not None:
-                lin = _linear_nodes(source, node)
+                lin = linear_nodes(source, node)
                 if source.hash in lin:
                     found.append((node, parts, lin))
         return found[0] if len(found) == 1 else None
@@ -192,10 +192,10 @@ class _Expander:
                     nxt.append((name, term, source))
                     continue
                 ln, ln_parts, lin_src = read
-                lin_term = _linear_nodes(term, source)
+                lin_term = linear_nodes(term, source)
                 for sub_name, sub_term, sub_source in self.ln_terms(ln, ln_parts):
-                    inner = _substitute(source, ln, sub_term, lin_src)
-                    nxt.append((f"{name}<-{sub_name}", _substitute(term, source, inner, lin_term), sub_source))
+                    inner = substitute_linear(source, ln, sub_term, lin_src)
+                    nxt.append((f"{name}<-{sub_name}", substitute_linear(term, source, inner, lin_term), sub_source))
             level = nxt
         # Every term has the value's full shape (a bias [d] broadcast over the positions), so the
         # terms stack and index alike.
