@@ -87,6 +87,7 @@ def test_interp_names():
         "edges", "Edges", "patch_edges", "discover", "Discovery", "FoundCircuit", "faithfulness", "Faithfulness",
         # everyday analysis (DESIGN §13)
         "run_with_cache", "ActivationCache", "logit_lens", "logit_attribution", "steer", "steering_vector",
+        "patch_grid", "residual_patch_grid", "head_patch_grid",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)

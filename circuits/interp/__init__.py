@@ -41,6 +41,7 @@ from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
 from .cache import ActivationCache, run_with_cache
 from .discovery import Discovery, Edges, Faithfulness, FoundCircuit, discover, edges, faithfulness, patch_edges
+from .grids import head_patch_grid, patch_grid, residual_patch_grid
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .induction import head_scores, induction_hypothesis
@@ -58,7 +59,7 @@ from .train_sae import train_sae  # binds the function over the submodule of the
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
     "split_heads", "attention_patterns", "steer", "steering_vector", "run_with_cache", "ActivationCache",
-    "logit_lens", "logit_attribution",
+    "logit_lens", "logit_attribution", "patch_grid", "residual_patch_grid", "head_patch_grid",
     "sweep", "SweepResult",
     # feature circuits
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",

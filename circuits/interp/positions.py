@@ -36,7 +36,7 @@ from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Scalar, Symbol
 from ..traversal import toposort
 
-__all__ = ["ROW", "position_axis", "chosen_positions", "position_mask", "row_numbers", "row_flag", "selection", "mix",
+__all__ = ["ROW", "position_axis", "chosen_positions", "ordered_positions", "position_mask", "row_numbers", "row_flag", "selection", "mix",
            "bind_rows", "reads_rows"]
 
 ROW = Symbol((), name="row", dtype="float32")
@@ -83,6 +83,21 @@ def chosen_positions(positions, length: int, where: str = "the axis") -> np.ndar
     if picked.size == 0:
         raise CircuitError(f"positions={positions!r} selects none of the {length} positions of {where}")
     return np.unique(picked)
+
+
+def ordered_positions(positions, length: int, where: str = "the axis") -> np.ndarray:
+    """The positions ``positions`` names on an axis of ``length``, in the order given (a slice in
+    its own order), each once, as non-negative ints; errors as ``chosen_positions``.
+
+    >>> ordered_positions([3, -5, 1], 5).tolist(), ordered_positions(slice(None, None, -2), 5).tolist()
+    ([3, 0, 1], [4, 2, 0])
+    """
+    chosen_positions(positions, length, where)  # type, range, emptiness: one set of checks
+    picked = np.arange(length)[positions] if isinstance(positions, slice) else \
+        np.asarray(positions).reshape(-1).astype(np.int64) % length
+    if len(set(picked.tolist())) != picked.size:
+        raise CircuitError(f"positions={positions!r} names a position twice (of the {length} of {where})")
+    return picked
 
 
 def position_mask(node: Circuit, positions, label: str, axis: int | None = None) -> tuple[Array, int]:
@@ -149,11 +164,13 @@ def selection(node: Circuit, label: str, positions=None, rows=None, axis: int | 
 
 
 def mix(clean: Circuit, other: Circuit, label: str, positions=None, rows=None, axis: int | None = None,
-        name: str | None = None) -> Circuit:
+        name: str | None = None, mask: tuple[Circuit, str] | None = None) -> Circuit:
     """``other`` where ``positions`` / ``rows`` select, ``clean`` elsewhere (``other`` itself when
     both are None), named ``name`` (default ``'<label>.mixed'``); ``other`` is a node of
-    ``clean``'s shape, or None for zeros (an ablation: ``clean * (1 - m)``)."""
-    found = selection(clean, label, positions, rows, axis)
+    ``clean``'s shape, or None for zeros (an ablation: ``clean * (1 - m)``).  ``mask``: a mask
+    made by the caller instead, ``(node, axes)`` as ``selection`` gives it (a patching grid's
+    mask is an input, one cell per row of it)."""
+    found = mask if mask is not None else selection(clean, label, positions, rows, axis)
     if found is None:
         return other if other is not None else Scalar(0.0, clean.shape)
     m, axes = found

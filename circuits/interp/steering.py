@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import CircuitError, ShapeError
 from ..nodes import Add, Array, Circuit, Einsum
 from .interventions import source_copies
-from .positions import position_axis, row_flag
+from .positions import ordered_positions, position_axis, row_flag
 from .sites import one_root, replace_within, resolve_site, resolve_sites, site_label
 
 __all__ = ["steer", "steering_vector"]
@@ -49,22 +49,8 @@ def _placed(node: Circuit, label: str, vector, positions, axis) -> np.ndarray:
         if v.shape != ():
             raise ShapeError(f"steer: site {label!r} is a scalar; give a scalar vector, got shape {list(v.shape)}")
         return v.astype(dtype)
-    n = shape[ax]
-    if positions is None:
-        order = np.arange(n)
-    elif isinstance(positions, slice):
-        order = np.arange(n)[positions]
-    else:
-        arr = np.asarray(positions)
-        if arr.dtype == bool or arr.dtype.kind not in "iu" or arr.ndim > 1:
-            raise CircuitError(f"steer: positions={positions!r}: give an int, a list of ints or a slice")
-        arr = arr.reshape(-1).astype(np.int64)
-        if ((arr < -n) | (arr >= n)).any():
-            raise CircuitError(f"steer: positions={positions!r} fall outside site {label!r}'s {n} positions "
-                               f"(valid: {-n}..{n - 1})")
-        order = arr % n
-    if order.size == 0 or len(set(order.tolist())) != order.size:
-        raise CircuitError(f"steer: positions={positions!r} must name at least one position, each once")
+    order = ordered_positions(slice(None) if positions is None else positions, shape[ax],
+                              f"site {label!r} (its axis {ax})")
     tail = shape[ax + 1:]
     full = np.zeros(shape, dtype)
     moved = np.moveaxis(full, ax, 0)  # a view: [positions, *leading, *tail]
