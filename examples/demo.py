@@ -49,9 +49,9 @@ def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
     loss = C.evaluate_batched(circuit, data)
     out["first_half"], out["repeated_half"] = float(loss[:, FIRST_HALF].mean()), rep(loss)
     prev, ind = interp.head_scores(circuit, toks)
-    out["prev_head"] = prev_head = int(np.argmax(prev))
-    out["prev_scores"], out["induction_scores"] = prev, ind
-    out["induction_heads"] = heads = [h for h in range(4) if ind[h] > 0.4]
+    out["prev_head"] = prev_head = int(np.argmax(prev[0]))  # [layer, head] scores: layer 0's previous-token head
+    out["prev_scores"], out["induction_scores"] = prev[0].tolist(), ind[1].tolist()
+    out["induction_heads"] = heads = [h for h in range(4) if ind[1, h] > 0.4]
     out["timings"]["load, evaluate, attention scores"] = time.perf_counter() - t
 
     t = time.perf_counter()
