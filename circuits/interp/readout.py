@@ -218,8 +218,9 @@ def _pullback(readout: Readout, direction: np.ndarray, fdt) -> tuple[np.ndarray,
         lin = linear_nodes(top, norm)
     x = Symbol(norm.shape, name="logit_attribution.x", dtype=norm.dtype)
     readout_of_x = substitute_linear(top, norm, x, lin)
-    cot = np.broadcast_to(direction, readout.logits.shape).astype(fdt)
-    _, g = value_and_grad(readout_of_x, x, {x: np.zeros(norm.shape, fdt)}, cotangent=cot, dtype=fdt)
+    rows = direction.shape[:-len(readout.logits.shape)] if direction.ndim > len(readout.logits.shape) else ()
+    cot = np.broadcast_to(direction, rows + readout.logits.shape).astype(fdt)
+    _, g = value_and_grad(readout_of_x, x, {x: np.zeros(rows + norm.shape, fdt)}, cotangent=cot, dtype=fdt)
     return np.asarray(g), consts
 
 
@@ -228,8 +229,9 @@ def logit_attribution(circuit: Circuit, direction, inputs: Mapping | None = None
     """``{component: direction . its contribution to the logits}`` at every position (see the
     module docstring): each value ``[pos]`` (batch first), the values summing to ``direction .
     logits`` at every position (exactly, with the final norm's scale at its value).
-    ``direction``: ``[vocab]`` (``e_a - e_b`` for a logit difference) or ``[pos, vocab]`` (one per
-    position).
+    ``direction``: ``[vocab]`` (``e_a - e_b`` for a logit difference), ``[pos, vocab]`` (one per
+    position) or, for a batch of inputs, ``[batch, pos, vocab]`` (one per row and position: each
+    prompt's own answer tokens).
 
     >>> import numpy as np
     >>> from circuits.models import attn_only, random_weights
@@ -244,11 +246,18 @@ def logit_attribution(circuit: Circuit, direction, inputs: Mapping | None = None
     readout = Readout(circuit, "logit_attribution")
     vocab = readout.logits.shape[-1]
     d = np.asarray(direction, dtype=np.float64)
-    if d.shape not in ((vocab,), readout.logits.shape):
+    per_row = d.ndim == len(readout.logits.shape) + 1 and d.shape[1:] == readout.logits.shape
+    if d.shape not in ((vocab,), readout.logits.shape) and not per_row:
         raise CircuitError(f"logit_attribution: direction has shape {list(d.shape)}; give [{vocab}] (a vector over "
-                           f"the vocabulary) or {list(readout.logits.shape)} (one per position)")
+                           f"the vocabulary), {list(readout.logits.shape)} (one per position) or [batch, "
+                           f"{', '.join(map(str, readout.logits.shape))}] (one per row of a batch)")
     g, unembed_consts = _pullback(readout, d, fdt)
-    pull = Array(g.astype(fdt), name="logit_attribution.direction")  # in the precision asked for
+    inputs = dict(inputs or {})
+    if per_row:  # one pulled-back direction per row: an input bound with the batch
+        pull = Symbol(g.shape[1:], name="logit_attribution.direction", dtype=fdt)
+        inputs[pull] = g.astype(fdt)
+    else:
+        pull = Array(g.astype(fdt), name="logit_attribution.direction")  # in the precision asked for
     letters = "abcdefgh"[: len(pull.shape)]
     pos = letters[:-1]
 
@@ -269,14 +278,19 @@ def logit_attribution(circuit: Circuit, direction, inputs: Mapping | None = None
     if readout.parts is not None and readout.parts.get("bias") is not None:
         bias = readout.parts["bias"]
         groups.setdefault(_name(bias), []).append(score(bias))
-    dir_node = Array(np.broadcast_to(d, readout.logits.shape).astype(pull.dtype), name="logit_attribution.logit_dir")
+    if per_row:
+        dir_node = Symbol(readout.logits.shape, name="logit_attribution.logit_dir", dtype=fdt)
+        if unembed_consts:
+            inputs[dir_node] = d.astype(fdt)
+    else:
+        dir_node = Array(np.broadcast_to(d, readout.logits.shape).astype(pull.dtype), name="logit_attribution.logit_dir")
     for label, const in unembed_consts:
         full = const if const.shape == readout.logits.shape else Add(const, _zeros(readout.logits.shape))
         lv = "abcdefgh"[: len(readout.logits.shape)]
         groups.setdefault(label, []).append(Einsum.from_spec(f"{lv},{lv}->{lv[:-1]}", full, dir_node))
     nodes = {k: v[0] if len(v) == 1 else Add(*v) for k, v in groups.items()}
     outs = list(nodes.values())
-    _, values = evaluate(one_root(outs), bind_rows(circuit, inputs), dtype=fdt, also=outs, mode=mode)
+    _, values = evaluate(one_root(outs), bind_rows(circuit, inputs or None), dtype=fdt, also=outs, mode=mode)
     return {k: np.asarray(values[n]) for k, n in nodes.items()}
 
 

@@ -65,6 +65,13 @@ def test_direct_logit_attribution_against_numpy():
     np.testing.assert_allclose(got["final.ln.w.bias"], np.broadcast_to(W64["final.ln.w.bias"] @ u, (3, 9)), atol=1e-12)
     assert all(v.shape == (3, 9) for v in got.values())  # every term the full shape, batch first
     np.testing.assert_allclose(sum(got.values()), logits.numpy() @ direction, atol=1e-9)
+    # one direction per row and position: each prompt's own answer
+    per_row = np.random.default_rng(2).standard_normal((3, 9, 29))
+    rows = logit_attribution(circ, per_row, {"toks_int_var": BATCH}, dtype="float64")
+    np.testing.assert_allclose(sum(rows.values()), (logits.numpy() * per_row).sum(-1), atol=1e-9)
+    for r in range(3):
+        one = logit_attribution(circ, per_row[r], {"toks_int_var": BATCH[r:r + 1]}, dtype="float64")
+        np.testing.assert_allclose(rows["b1.a.head2"][r], one["b1.a.head2"][0], atol=1e-9)
 
 
 @pytest.mark.parametrize("split", [True, False])
