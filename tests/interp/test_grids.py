@@ -145,3 +145,20 @@ def test_torch_oracle_is_not_trivially_equal():
     clean = MODEL.run(CLEAN)[1].sum(-1).numpy()
     grid = torch_grid("blocks.{l}.hook_resid_pre", False, positions=[3])
     assert np.abs(grid[:, :, 0] - clean[:, None]).max() > 1e-3
+
+
+def test_sweep_over_a_batch_runs_position_variants_as_one_program():
+    from circuits.interp import sweep
+
+    circ = attn_only(W, tokens_symbol(9), unique_names=True)
+    source = C.Symbol((9,), name="corrupt", dtype="int64")
+    variants = {(h, p): patch(circ, f"b1.a.head{h}", {"toks_int_var": source}, positions=p)
+                for h in range(3) for p in range(P)}
+    feed = {"toks_int_var": CLEAN, "corrupt": CORRUPT}
+    result = sweep(circ, variants, feed, dtype="float64")
+    assert result.info["groups"] == 3  # one structure per head: its positions differ in a mask's values
+    grid = head_patch_grid(circ, {"toks_int_var": CORRUPT}, inputs={"toks_int_var": CLEAN}, dtype="float64")
+    for (h, p), value in result.items():
+        np.testing.assert_allclose(value.sum(-1), grid[:, 1, p, h], atol=1e-9)
+        if p == 3:
+            np.testing.assert_allclose(value, C.evaluate(variants[h, p], feed, dtype="float64"), atol=1e-9)
