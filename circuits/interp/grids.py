@@ -3,10 +3,11 @@
 ``patch_grid(circuit, sites, source, positions=None)`` patches each site at each position alone
 (from ``source``, as ``patch(..., positions=p)`` does) and measures the metric of each patched
 circuit.  It builds **one** circuit in which every site is ``clean * (1 - m) + patched * m`` for
-its row ``m`` of a mask input ``'grid.mask'`` [sites, positions], and runs it as one compiled
-program ``vmap``-ed over the grid's cells (a one-hot mask each) and over the rows of a batch: the
-clean run and the source's values do not depend on the mask, so they are computed once, and a
-grid compiles once however many cells it has (the cells run in chunks that bound memory).
+its row ``m`` of a mask input (``'grid.mask<k>'`` [sites, positions], one per group of sites of
+one depth: a layer's heads), and runs it as a compiled program ``vmap``-ed over a group's cells (a
+one-hot mask each) and over the rows of a batch: what the group's masks do not reach (the clean
+run below them, the source's values) is computed once, and a grid compiles once per group
+however many cells it has (the cells run in chunks that bound memory).
 
 The grids a TransformerLens user knows from its ``patching`` module, on every builder's circuit
 (sites found by TransformerLens's hook names, ``circuits.select.hooks``):
@@ -79,7 +80,7 @@ def patch_grid(circuit: Circuit, sites, source: Mapping, *, positions=None, metr
     >>> patch_grid(loss, ['b0.a.head0', 'b0.a.head1'], {'toks_int_var': np.arange(6)[::-1].copy()}, positions=[0, -1]).shape
     (2, 2)
     """
-    from ..backend import Lowered, evaluate, float_dtype, has_batch_axis, precision
+    from ..backend import Lowered, batch_heads, evaluate, float_dtype, has_batch_axis, precision
 
     fdt = float_dtype(dtype)
     resolved = resolve_sites(circuit, sites)
@@ -98,13 +99,24 @@ def patch_grid(circuit: Circuit, sites, source: Mapping, *, positions=None, metr
     source, extra = batched_sources(circuit, source)
     inputs = {**(inputs or {}), **extra}
     copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "patch_grid")
-    mask = Symbol((len(resolved), length), name=MASK, dtype=fdt)
+    # Sites grouped by depth (how many other sites lie below them: a layer's heads are one group),
+    # one mask input per group: a group's cells vmap over its own mask alone, so what no site of
+    # the group reaches (the layers below it) is computed once, not once per cell.
+    depth = _depths(circuit, [n for _, n in resolved])
+    groups: dict[int, list[int]] = {}
+    for i, (_, node) in enumerate(resolved):
+        groups.setdefault(depth[node.hash], []).append(i)
+    masks = {g: Symbol((len(members), length), name=f"{MASK}{k}", dtype=fdt)
+             for k, (g, members) in enumerate(sorted(groups.items()))}
     table = {}
-    for i, ((label, node), ax) in enumerate(zip(resolved, axes_of)):
-        if ax is None:  # the whole site: one mask entry, broadcast over every entry
-            table[node] = _grid_mix(label, copies[node.hash], Index(mask, (i, 0)), "")
-        else:
-            table[node] = _grid_mix(label, copies[node.hash], Index(mask, (i, slice(0, node.shape[ax]))), _AXES[ax])
+    for g, members in groups.items():
+        for k, i in enumerate(members):
+            (label, node), ax = resolved[i], axes_of[i]
+            if ax is None:  # the whole site: one mask entry, broadcast over every entry
+                row, axes = Index(masks[g], (k, 0)), ""
+            else:
+                row, axes = Index(masks[g], (k, slice(0, node.shape[ax]))), _AXES[ax]
+            table[node] = _grid_mix(label, copies[node.hash], row, axes)
     masked = replace_within(circuit, table)
     spec = read_metric(metric, circuit, "patch_grid")
     clean = None
@@ -116,30 +128,50 @@ def patch_grid(circuit: Circuit, sites, source: Mapping, *, positions=None, metr
     if clean is not None:  # the clean run's log-probabilities, what 'kl' compares with
         own = {k: v for k, v in inputs.items() if k not in extra}
         inputs = {**inputs, clean: log_softmax(np.asarray(evaluate(circuit, own, dtype=fdt), np.float64)).astype(fdt)}
+    # a layer's heads as one computation over a head axis, their grid mixes too (half the program:
+    # a faster compile and run, the same values to float rounding)
+    (target,), _ = batch_heads([target])
     lowered = Lowered([target], fdt)
-    slot = lowered.args.index(mask)
-    cells = np.zeros((len(resolved) * len(picked), len(resolved), length), np.dtype(fdt))
-    for i in range(len(resolved)):
-        for j, p in enumerate(picked):
-            cells[i * len(picked) + j, i, p] = 1
+    values = np.zeros((len(resolved), len(picked)), np.float64)
+    rows = None
     with precision(fdt):
-        args, in_axes = lowered.bind_batched({**inputs, mask: np.zeros((len(resolved), length), fdt)})
+        args, in_axes = lowered.bind_batched({**inputs, **{m: np.zeros(m.shape, fdt) for m in masks.values()}})
         rows = next((a.shape[0] for a, ax in zip(args, in_axes) if ax is not None), None)
         if batched and rows is None:  # pragma: no cover - a batched input binds with its axis
             raise CircuitError("patch_grid: the batch has no rows")
-        chunk = _chunk(circuit, len(cells), rows or 1, fdt)
-        fn = lowered.cached(("patch_grid", slot, tuple(in_axes)), lambda: _make(lowered, slot, in_axes))
-        out = []
-        for start in range(0, len(cells), chunk):
-            part = cells[start:start + chunk]
-            if len(part) < chunk:  # padded: one compiled shape for every chunk
-                part = np.concatenate([part, np.repeat(part[-1:], chunk - len(part), 0)])
-            out.append(np.asarray(fn(part, args), np.float64))
-    values = np.concatenate(out)[: len(cells)]
-    shaped = values.reshape((len(resolved), len(picked)) + values.shape[1:])
+        if rows is not None:
+            values = np.zeros((len(resolved), len(picked), rows), np.float64)
+        for g, members in groups.items():
+            slot = lowered.args.index(masks[g])
+            cells = np.zeros((len(members) * len(picked), len(members), length), np.dtype(fdt))
+            for k in range(len(members)):
+                for j, p in enumerate(picked):
+                    cells[k * len(picked) + j, k, p] = 1
+            chunk = _chunk(circuit, len(cells), rows or 1, fdt)
+            fn = lowered.cached(("patch_grid", slot, tuple(in_axes)), lambda slot=slot: _make(lowered, slot, in_axes))
+            out = []
+            for start in range(0, len(cells), chunk):
+                part = cells[start:start + chunk]
+                if len(part) < chunk:  # padded: one compiled shape for every chunk
+                    part = np.concatenate([part, np.repeat(part[-1:], chunk - len(part), 0)])
+                out.append(np.asarray(fn(part, args), np.float64))
+            got = np.concatenate(out)[: len(cells)]
+            values[members] = got.reshape((len(members), len(picked)) + got.shape[1:])
     if whole:
-        shaped = shaped[:, 0]
-    return np.moveaxis(shaped, -1, 0) if rows is not None else shaped
+        values = values[:, 0]
+    return np.moveaxis(values, -1, 0) if rows is not None else values
+
+
+def _depths(circuit: Circuit, sites: list[Circuit]) -> dict[bytes, int]:
+    """For each site, the most sites on a path below it (0: no site below; a layer's index for
+    heads)."""
+    from ..traversal import toposort
+
+    site_set = {n.hash for n in sites}
+    below: dict[bytes, int] = {}
+    for n in toposort(circuit):
+        below[n.hash] = max((below[c.hash] + (c.hash in site_set) for c in n.children), default=0)
+    return {h: below[h] for h in site_set}
 
 
 def _grid_mix(label, other, row, axes):
