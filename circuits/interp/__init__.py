@@ -25,6 +25,11 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
   path expansion into named per-source terms (``residual_paths``); ``split_heads`` for fused-head attention
 - ``attention_patterns(circuit, tokens)``: every head's attention pattern with the token strings,
   a notebook view (layer × head overview, query × key heatmaps, hover values)
+- everyday analysis in TransformerLens's words (``docs/transformerlens.md``): ``positions=`` /
+  ``rows=`` in ``patch``, ``ablate``, ``path_patch``, ``attribute`` (``positions``);
+  ``steer(circuit, site, vector, scale=, positions=)``, ``steering_vector``;
+  ``run_with_cache(circuit, inputs, names)`` answering to hook names (``circuits.select.hooks``);
+  ``logit_lens``, ``logit_attribution``; ``patch_grid``, ``residual_patch_grid``, ``head_patch_grid``
 
 This package sits above the backend and may use ``rewrites``; the core never imports it.
 
