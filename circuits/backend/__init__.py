@@ -24,6 +24,7 @@ Modules, in dependency order:
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
   ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
   ``executables``: the op kernels' executables kept there, loaded without tracing;
+  ``cachedir``: the cache's folders and files, checked at each use (ours, private, no link);
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
