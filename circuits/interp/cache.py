@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import SelectionError
 from ..nodes import Array, Circuit, Scalar, Symbol
 from ..select import as_matcher
-from ..select.hooks import hook_names, hook_source, is_hook_name
+from ..select.hooks import hook_names, hook_nodes, hook_source, is_hook_name
 from ..traversal import toposort
 from .positions import bind_rows
 
@@ -59,22 +59,18 @@ def activations(circuit: Circuit) -> list[Circuit]:
     return out
 
 
-def _selected(circuit: Circuit, names) -> tuple[list[Circuit], list[str]]:
-    """The nodes ``names`` selects, and the hook names it asked for by name."""
+def _selected(circuit: Circuit, names) -> list[Circuit]:
+    """The nodes ``names`` selects, in circuit order."""
     if names is None:
-        return activations(circuit), []
+        return activations(circuit)
     items = list(names) if isinstance(names, (list, tuple, set, frozenset)) else [names]
     order = toposort(circuit)
     nodes: dict[bytes, Circuit] = {}
-    hooks = []
     for item in items:
         if isinstance(item, str) and is_hook_name(item) and not any(n.name == item for n in order):
             src = hook_source(circuit, item)
             if src is None:
-                from ..select.hooks import hook_nodes
-
                 hook_nodes(circuit, item)  # raises: no such hook here (with the close names)
-            hooks.append(item)
             for n in src.nodes:
                 nodes.setdefault(n.hash, n)
             continue
@@ -90,7 +86,7 @@ def _selected(circuit: Circuit, names) -> tuple[list[Circuit], list[str]]:
             if n.hash in hits:
                 nodes.setdefault(n.hash, n)
     position = {n.hash: i for i, n in enumerate(order)}
-    return sorted(nodes.values(), key=lambda n: position[n.hash]), hooks
+    return sorted(nodes.values(), key=lambda n: position[n.hash])
 
 
 class ActivationCache(Mapping):
@@ -185,7 +181,7 @@ def run_with_cache(circuit: Circuit, inputs: Mapping | None = None, names=None, 
     """
     from ..backend import evaluate
 
-    nodes, _ = _selected(circuit, names)
+    nodes = _selected(circuit, names)
     inputs = bind_rows(circuit, inputs)
     if nodes:
         output, values = evaluate(circuit, inputs, dtype=dtype, also=nodes, mode=mode, cache=cache)

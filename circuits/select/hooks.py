@@ -269,7 +269,7 @@ def _fill(template: str, layer) -> str:
     return template.format(l=layer, prev=None if layer is None else layer - 1)
 
 
-def _try(names: _Names, option, layer, layout) -> tuple | None:
+def _try(names: _Names, option, layer) -> tuple | None:
     kind = option[0]
     if kind == "node":
         node = names.one(_fill(option[1], layer))
@@ -318,7 +318,7 @@ def hook_source(circuit: Circuit, name: str) -> HookSource | None:
     if requires is not None and names.one(_fill(requires, layer)) is None:
         return None
     for option in entry["options"].get(names.convention, ()):
-        found = _try(names, option, layer, entry.get("layout"))
+        found = _try(names, option, layer)
         if found is not None:
             nodes, part, per_head = found
             return HookSource(name, nodes, entry.get("layout"), part, per_head)
