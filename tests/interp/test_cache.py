@@ -177,3 +177,33 @@ def test_the_docs_table_is_the_code_table():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "transformerlens.md").read_text()
     assert hook_table() in doc
+
+
+def test_every_huggingface_family_answers_to_the_hook_names():
+    """Every family of the models' verification matrix (GPT-2, OPT, Llama, Mistral, GPT-NeoX,
+    Gemma-2, Qwen2 where the loader is present): hook_resid_pre and hook_pattern against
+    transformers' hidden states and attentions; the direct logit attribution sums to the logit
+    difference; the logit lens's last stage is the unembedding's output (before Gemma-2's cap)."""
+    matrix = pytest.importorskip("circuits.models.matrix")  # the loader and the new families (issue 37)
+    from circuits.interp import logit_attribution, logit_lens
+    from circuits.models.model import Model
+
+    toks = np.random.default_rng(0).integers(1, 50, 7)
+    for family in matrix.FAMILIES:
+        hf = matrix.hf_model(family, seed=1)
+        cfg = dict(hf.config.to_dict(), model_type=hf.config.model_type)
+        circ = Model(cfg, {k: v.detach().numpy() for k, v in hf.state_dict().items()}).circuit(toks)
+        assert naming_convention(circ) == "hf", family
+        cache = run_with_cache(circ, dtype="float64")
+        with torch.no_grad():
+            out = hf(torch.from_numpy(toks[None]), output_hidden_states=True, output_attentions=True)
+        for l, pattern in enumerate(out.attentions):
+            np.testing.assert_allclose(cache[f"blocks.{l}.hook_resid_pre"], out.hidden_states[l][0].numpy(), atol=1e-4,
+                                       err_msg=family)
+            np.testing.assert_allclose(cache[f"blocks.{l}.attn.hook_pattern"], pattern[0].numpy(), atol=1e-4,
+                                       err_msg=family)
+        raw = next((n for n in C.toposort(circ) if n.name == "logits.raw"), circ)
+        logits = C.evaluate(raw, dtype="float64")
+        d = np.eye(logits.shape[-1])[3] - np.eye(logits.shape[-1])[5]
+        np.testing.assert_allclose(sum(logit_attribution(circ, d, dtype="float64").values()), logits @ d, atol=1e-9)
+        np.testing.assert_allclose(list(logit_lens(circ, dtype="float64").values())[-1], logits, atol=1e-9)
