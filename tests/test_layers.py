@@ -194,3 +194,14 @@ def private_imports(unit: str):
 def test_interp_modules_share_no_private_names_outside_a_package():
     # The discovery modules shared six private names: they became the package interp/discovery/.
     assert private_imports("circuits.interp") == []
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    # The benchmarks' helpers and oracles (numpy_attn_only, variants) live in benchmarks/: the
+    # tests may read them, never the other way round.
+    found = []
+    for path in sorted(ROOT.joinpath("benchmarks").rglob("*.py")):
+        for line, target in imports_of(path):
+            if target == "tests" or target.startswith("tests."):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert found == []

@@ -239,8 +239,7 @@ class SAE:
              "r_mag": 0.1 * rng.standard_normal(d_sae), "W_skip": 0.1 * rng.standard_normal((d_out, d_in))}
         if architecture in ("topk", "abstopk") and k is None:
             k = max(1, d_sae // 4)
-        needed = tensors_needed(architecture) if architecture in ARCHITECTURES else ()
-        kw = {key: t[key].astype(dtype) for key in needed}
+        kw = {key: t[key].astype(dtype) for key in tensors_needed(architecture)}
         if architecture in TRANSCODER_ARCHITECTURES:
             settings.setdefault("apply_b_dec_to_input", False)
         return SAE(architecture=architecture, k=k, dtype=dtype, **kw, **settings)

@@ -192,7 +192,8 @@ def test_result_object_found_circuits_and_files(model, tmp_path):
     assert "<svg" in found._repr_html_() and "<table>" in r._repr_html_()
     found.save(tmp_path / "found.json")
     back = FoundCircuit.load(tmp_path / "found.json", loss, SRC)
-    assert back.edges == found.edges and back.circuit is not None
+    # a file of names holds no scores: the edges come back in graph order
+    assert back.edges == sorted(found.edges, key=NAMES.index) and back.circuit is not None
     (tmp_path / "bad.json").write_text("{1: 2")
     with pytest.raises(StoreError, match="bad.json"):
         FoundCircuit.load(tmp_path / "bad.json", loss, SRC)

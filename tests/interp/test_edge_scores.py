@@ -1,4 +1,4 @@
-"""EAP-IG-mask's batched steps (edge_scores.uniform_circuit, EdgeScores.integrated) against the
+"""EAP-IG-mask's batched steps (discovery._scores: uniform_circuit, EdgeScores.integrated) against the
 step-by-step computation they replace, independent of them: the gradient of patch_edges' masked
 circuit with respect to its mask, one mask alpha * 1 (and one example row) at a time, through
 the backend's plain value_and_grad; in float64, whatever the chunk of steps run at once."""

@@ -52,7 +52,9 @@ import numpy as np
 from ...backend import check_mode, evaluate, evaluate_batched
 from ...errors import CircuitError, ShapeError
 from ...nodes import Circuit, Symbol
+from ...shapes import check_allocation
 from ...traversal import replace, toposort
+from ..checks import check_count, check_real
 from ..metric import log_softmax, metric_node, read_metric
 from ..sites import resolve_inputs
 from ._exact import ExactScores
@@ -68,14 +70,17 @@ CHUNK = 8  # rows of a batched call of a masked program are a multiple of this (
 
 class Discovery:
     """Edge scores from ``discover``: ``result[edge name]`` is a score, ``scores`` all of them in
-    ``edges`` order; it shows as a table sorted by |score|; ``top(k)`` and ``threshold(tau)``
-    give a ``FoundCircuit`` (the edges kept); ``found`` is ACDC's own circuit (else None)."""
+    ``edges`` order (the graph's); it shows as a table sorted by |score|; ``top(k)`` and
+    ``threshold(tau)`` give a ``FoundCircuit`` whose ``edges`` are by decreasing |score| (ties in
+    graph order); ``found`` is ACDC's own circuit, in graph order (else None)."""
 
     def __init__(self, graph: Edges, scores: np.ndarray, method: str, *, source, ablation: str,
-                 found: FoundCircuit | None = None, info: dict | None = None):
+                 found: FoundCircuit | None = None, info: dict | None = None, circuit: Circuit | None = None):
         self.graph, self.scores, self.method = graph, np.asarray(scores, np.float64), method
         self.source, self.ablation, self.found = source, ablation, found
         self.info = info or {}
+        # the circuit as the caller gave it to discover (graph.circuit reads Symbols for a batch)
+        self.circuit = graph.circuit if circuit is None else circuit
 
     @property
     def edges(self) -> list[str]:
@@ -102,10 +107,12 @@ class Discovery:
 
     def threshold(self, tau: float) -> FoundCircuit:
         """The circuit of the edges whose |score| is at least ``tau``."""
+        tau = check_real(tau, "threshold", "tau", fix="the least |score| an edge keeps")
         return self._found([i for i in self.ranking() if abs(self.scores[i]) >= tau])
 
     def _found(self, kept) -> FoundCircuit:
-        return FoundCircuit(self.graph, [self.graph[i] for i in sorted(kept)], self.source, ablation=self.ablation)
+        return FoundCircuit(self.graph, [self.graph[i] for i in kept], self.source, ablation=self.ablation,
+                            scores=self.scores)
 
     def table(self, n: int = 20) -> str:
         rows = self.ranking()[:n]
@@ -165,29 +172,34 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
         raise CircuitError(f"discover: method={method!r}; use one of {', '.join(map(repr, METHODS))}")
     if ablation not in ABLATIONS:
         raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
+    steps = check_count(steps, "discover", "steps", fix="integration steps")
+    tau = check_real(tau, "discover", "tau", fix="ACDC's threshold on the metric's change")
+    batch_size = check_count(batch_size, "discover", "batch_size", none=True, fix="rows of one call")
     check_mode(mode)
+    if method in ("eap-ig", "eap-ig-mask"):  # the steps' values and weights (10**12 steps: refused here)
+        check_allocation((3, steps + 1), "float64", lambda: f"discover: steps={steps}")
     edges(circuit)  # a model without heads is an error before anything runs
     read_metric(metric, circuit, "discover")
+    given = circuit
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
     clean = clean_for(circuit, metric, feed, dtype)
+    result = dict(source=source, ablation=ablation, circuit=given)
     if method == "eap":
         scores = _eap(g, source, ablation, metric, clean, feed, dtype, mode)
-        return Discovery(g, scores, method, source=source, ablation=ablation)
+        return Discovery(g, scores, method, **result)
     if method == "exact":
         scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
-        return Discovery(g, scores, method, source=source, ablation=ablation)
+        return Discovery(g, scores, method, **result)
     if method in ("eap-ig-mask", "eap-ig"):
         integrated = _eap_ig_mask if method == "eap-ig-mask" else _eap_ig
         scores = integrated(g, source, ablation, metric, clean, feed, steps, dtype, mode=mode)
-        return Discovery(g, scores, method, source=source, ablation=ablation, info={"steps": steps})
+        return Discovery(g, scores, method, info={"steps": steps}, **result)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
     obj = Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
     scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
-    found = FoundCircuit(g, kept, source, ablation=ablation)
-    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info={"tau": tau})
+    found = FoundCircuit(g, kept, source, ablation=ablation, unranked="ACDC keeps a set of edges, not a ranking")
+    return Discovery(g, scores, method, found=found, info={"tau": tau}, **result)
 
 
 def batch_setup(circuit: Circuit, source, inputs, ablation: str):
@@ -408,12 +420,17 @@ def _eap_ig(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: i
 def _acdc(obj: Objective, g: Edges, tau: float, *, signed: bool):
     mask = np.zeros(len(g), np.float32)
     current = obj.value(mask)
+    if not np.isfinite(current):  # every change would be NaN, and NaN < tau keeps every edge
+        raise CircuitError(f"discover: the metric is {current} on the clean run; ACDC needs a finite metric")
     scores = np.zeros(len(g), np.float64)
     order = [g.index(f"{s} -> {d.label}") for d in reversed(g._dests) for s in reversed(d.sources)]
     for i in order:
         mask[i] = 1.0
         value = obj.value(mask)
         change = value - current
+        if not np.isfinite(change):
+            raise CircuitError(f"discover: the metric is {value} with the edge {g[i]!r} removed (ACDC, after "
+                               f"{int(mask.sum()) - 1} edges removed); ACDC needs a finite metric")
         scores[i] = change
         if (change if signed else abs(change)) < tau:
             current = value

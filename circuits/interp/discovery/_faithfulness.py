@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import CircuitError, ShapeError
 from ...nodes import Circuit
+from ..checks import check_count
 from ..metric import metric_node, read_metric
 from ._discover import Discovery, Objective, batch_setup, clean_for
 from ._graph import edges, patch_edges
@@ -88,9 +89,17 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     for ``discover`` (the metric averaged over its rows)."""
     g = edges(circuit)
     read_metric(metric, circuit, "faithfulness")
+    batch_size = check_count(batch_size, "faithfulness", "batch_size", none=True, fix="rows of one call")
     n = len(g)
     label = ""
     if isinstance(scores, Discovery):
+        if scores.circuit is not circuit and scores.circuit != circuit:
+            alike = " (alike in name and type: they differ below, in inputs or weights)" \
+                if scores.circuit.line() == circuit.line() else ""
+            raise CircuitError(
+                f"faithfulness: scores= is a Discovery of another circuit ({scores.circuit.line()}, "
+                f"{len(scores)} edges) than circuit= ({circuit.line()}, {n} edges){alike}: give the circuit it "
+                "was discovered on, or scores=result.as_dict() to rank this circuit's edges by that result's scores")
         ablation = ablation or scores.ablation
         label = scores.method
         vec = scores.scores
@@ -105,7 +114,7 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     ablation = ablation or "resample"
     if sizes is None:
         sizes = range(n + 1) if n <= 256 else np.unique(np.linspace(0, n, 64).round().astype(int))
-    sizes = [int(s) for s in sizes]
+    sizes = [check_count(s, "faithfulness", "sizes", minimum=0) for s in sizes]
     if any(s < 0 or s > n for s in sizes):
         raise CircuitError(f"faithfulness: sizes must lie between 0 and {n} (the number of edges)")
     order = sorted(range(n), key=lambda i: (-abs(vec[i]), i))

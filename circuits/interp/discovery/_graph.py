@@ -39,6 +39,7 @@ term is ``sender + w * (patched sender - sender)`` for its weight ``w`` in the S
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Mapping, Sequence
 
@@ -219,6 +220,7 @@ def _analyse(circuit: Circuit) -> Edges:
                 f"edges: the residual stream term {t.line()} is computed from other terms ({inner[0].line()}) but is "
                 "neither a head ('...head<h>') nor an MLP ('....mlp'): split fused attention into heads "
                 "(split_heads=True) or name the block")
+    _check_unique([n.name for n in heads + mlps] + [EMBEDS], "sources", "{} -> output")
     source_of: dict[bytes, str] = {n.hash: n.name for n in heads + mlps}
     for t in embeds:
         source_of[t.hash] = EMBEDS
@@ -240,6 +242,7 @@ def _analyse(circuit: Circuit) -> Edges:
     pos = {n.hash: i for i, n in enumerate(order)}
     dests = list({node.hash: (label, node) for label, node in dests}.values())
     dests.sort(key=lambda d: pos[d[1].hash])
+    _check_unique([label for label, _ in dests] + [OUTPUT], "destinations", "embeds -> {}")
     out: list[_Dest] = []
     for label, node in dests + [(OUTPUT, circuit)]:
         resid = out_resid if label == OUTPUT else _find_resid(node, is_source, label)
@@ -259,6 +262,19 @@ def _analyse(circuit: Circuit) -> Edges:
         _check_only_through(node if label != OUTPUT else circuit, resid, is_source, label)
         out.append(_Dest(label, node, resid, srcs, consts))
     return Edges(circuit, members, out)
+
+
+def _check_unique(labels: list[str], what: str, example: str) -> None:
+    """Refuse labels of distinct sources or destinations that repeat: their edges' names would
+    (a model built without per-head names: every head's query input is ``'a.q'``)."""
+    counts = collections.Counter(labels)
+    twice = [label for label, k in counts.items() if k > 1]
+    if twice:
+        named = ", ".join(f"{label!r} {counts[label]} times" for label in twice[:3])
+        raise CircuitError(
+            f"edges: distinct {what} share names ({named}{', ...' if len(twice) > 3 else ''}), so edge names would "
+            f"repeat ({example.format(twice[0])!r}); build the model with unique names: "
+            "attn_only(..., unique_names=True), gpt2/opt/llama(..., split_heads=True), or name each node apart")
 
 
 def _roles(head: Circuit, is_source) -> dict[str, Circuit]:
@@ -399,7 +415,7 @@ def _template(g: Edges, d: _Dest) -> tuple[Circuit, Circuit]:
             import rewrites
             from rewrites.rules import index as index_rules
 
-            push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+            push = rewrites.normalize(index_rules.RULES)
             template = rewrites.apply(push, template, where=lambda n: n.hash not in g._original)
     g._templates[d.label] = (slot, template)
     return slot, template

@@ -310,15 +310,16 @@ class EdgeScores:
             return None
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
-    def _tiered(self, key, mode: str, feeds, whole) -> np.ndarray:
+    def _tiered(self, key, mode: str, runs: int | None, feeds, whole) -> np.ndarray:
         """The scores from the op-by-op tier (``backend.op_tier``: ``'eager'``, or ``'auto'`` until
-        the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` feeds; ``'auto'``'s
+        the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` runs, the ``runs`` feeds that
+        ``feeds()`` yields one at a time, never held together; ``'auto'``'s
         ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most
         ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both cores to
         compile or to load in a new process), else from ``whole()``, the compiled program."""
         scores = None
-        if feeds is not None and not (check_mode(mode) == "auto" and len(feeds) > OP_BY_OP_MAX_RUNS):
-            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds), lambda: whole() is not None)
+        if runs is not None and not (check_mode(mode) == "auto" and runs > OP_BY_OP_MAX_RUNS):
+            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds()), lambda: whole() is not None)
         if scores is None:
             scores = whole()
             record("jit")
@@ -339,10 +340,13 @@ class EdgeScores:
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
         rows = self.rows(feed)
-        feeds = None if rows is None else [({**row, symbol: v}, 1.0 / (len(values) * len(rows)))
-                                           for v in values for row in rows]
+        runs = None if rows is None else len(values) * len(rows)
+
+        def feeds():  # one run at a time: ten million steps are not ten million dicts at once
+            return (({**row, symbol: v}, 1.0 / runs) for v in values for row in rows)
+
         key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
-        return self._tiered(key, mode, feeds, lambda: self._integrated(symbol, values, feed, chunk))
+        return self._tiered(key, mode, runs, feeds, lambda: self._integrated(symbol, values, feed, chunk))
 
     def _integrated(self, symbol: Symbol, values: np.ndarray, feed: dict, chunk: int | None) -> np.ndarray:
         args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
@@ -409,9 +413,10 @@ class EdgeScores:
         the whole program in the background (a GPT-2's takes a minute to compile; op by op the
         first call takes seconds), used once it is ready."""
         rows = self.rows(feed)
-        feeds = None if rows is None else [(row, 1.0 / len(rows)) for row in rows]
         key = (self.program.key, *self.tag, len(rows or ()))
-        return self._tiered(key, mode, feeds, lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
+        return self._tiered(key, mode, None if rows is None else len(rows),
+                            lambda: ((row, 1.0 / len(rows)) for row in rows),
+                            lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
 
 
 def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:
