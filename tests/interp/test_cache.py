@@ -181,11 +181,11 @@ def test_the_docs_table_is_the_code_table():
 
 def test_every_huggingface_family_answers_to_the_hook_names():
     """Every family of the models' verification matrix (GPT-2, OPT, Llama, Mistral, GPT-NeoX,
-    Gemma-2, Qwen2 where the loader is present): hook_resid_pre and hook_pattern against
+    Gemma-2, Qwen2): hook_resid_pre and hook_pattern against
     transformers' hidden states and attentions; the direct logit attribution sums to the logit
     difference; the logit lens's last stage is the unembedding's output (before Gemma-2's cap)."""
-    matrix = pytest.importorskip("circuits.models.matrix")  # the loader and the new families (issue 37)
     from circuits.interp import logit_attribution, logit_lens
+    from circuits.models import matrix
     from circuits.models.model import Model
 
     toks = np.random.default_rng(0).integers(1, 50, 7)
