@@ -63,8 +63,9 @@ __all__ = ["HOOKS", "CONVENTIONS", "READOUT", "is_hook_name", "hook_source", "ho
 #                                 that the head owns: the seed's own names); inner None: the head;
 #   ('kv_heads', name)            each key-value head's node (grouped-query attention, split heads);
 #   ('norm', name, part)          a LayerNorm / RMSNorm named ``name``, by structure: part
-#                                 'normalized' (TransformerLens's hook_normalized: before the
-#                                 scale and bias) or 'scale' (its sqrt(var + eps), [pos, 1]).
+#                                 'normalized' (TransformerLens's hook_normalized: a LayerNorm's
+#                                 output, after its weight and bias; an RMSNorm's x / scale,
+#                                 before its weight) or 'scale' (its sqrt(var + eps), [pos, 1]).
 # Each hook's layout: 'pos_head' ([pos, head, ...]), 'head_qk' ([head, query, key]) or None (as is).
 # 'requires' (optional): a node name that must exist for the hook to apply (rotary's hook_rot_q).
 
@@ -300,8 +301,8 @@ def _try(names: _Names, option, layer) -> tuple | None:
             return None
         if option[2] == "scale":
             return [parts["rsqrt"]], "scale", False
-        if parts["kind"] == "layer_norm":
-            return [parts["y"]], None, False
+        if parts["kind"] == "layer_norm":  # TransformerLens's LayerNorm hooks its output: x * w + b
+            return [norm], None, False
         return [parts["x"], parts["rsqrt"]], "normalized", False
     raise SelectionError(f"hooks: unknown option kind {kind!r}")  # pragma: no cover - the table is ours
 
@@ -389,6 +390,8 @@ def hook_table(conventions=None) -> str:
             return f"`{option[1]}` (per head)" if option[2] is None else f"`{option[1]}.{option[2]}` (per head)"
         if kind == "kv_heads":
             return f"`{option[1]}` (per key-value head)"
+        if option[2] == "normalized":
+            return f"`{option[1]}` (a LayerNorm's output; an RMSNorm's x / scale, before its weight)"
         return f"{option[2]} of the norm `{option[1]}`"
 
     lines = ["| TransformerLens | layout | " + " | ".join(conventions) + " |",

@@ -128,9 +128,8 @@ def test_gpt2_hooks_against_transformers_modules(split):
 
     for l in range(2):
         b = f"blocks.{l}"
-        ln1_w, ln1_b = (weights[f"transformer.h.{l}.ln_1.{k}"] for k in ("weight", "bias"))
         checks = {f"{b}.hook_resid_pre": out.hidden_states[l].numpy(),
-                  f"{b}.ln1.hook_normalized": (seen[f"ln1.{l}"].numpy() - ln1_b) / ln1_w,
+                  f"{b}.ln1.hook_normalized": seen[f"ln1.{l}"].numpy(),  # LayerNorm: after weight and bias
                   f"{b}.attn.hook_q": per_head(seen[f"qkv.{l}"][..., :d]),
                   f"{b}.attn.hook_k": per_head(seen[f"qkv.{l}"][..., d:2 * d]),
                   f"{b}.attn.hook_v": per_head(seen[f"qkv.{l}"][..., 2 * d:]),
@@ -145,8 +144,7 @@ def test_gpt2_hooks_against_transformers_modules(split):
     np.testing.assert_allclose(cache["blocks.1.hook_resid_post"], resid_post, atol=1e-9)
     np.testing.assert_allclose(cache["blocks.1.hook_resid_mid"], resid_post - seen["mlp.1"].numpy(), atol=1e-9)
     final = out.hidden_states[2].numpy()  # transformers' last hidden state is after ln_f
-    w, b = weights["transformer.ln_f.weight"], weights["transformer.ln_f.bias"]
-    np.testing.assert_allclose(cache["ln_final.hook_normalized"], (final - b) / w, atol=1e-9)
+    np.testing.assert_allclose(cache["ln_final.hook_normalized"], final, atol=1e-9)
     assert ("blocks.0.attn.hook_result" in cache) == split
 
 

@@ -30,8 +30,8 @@ class AttnOnly:
     def _ln(x, scale, bias, hooks, cache, name):
         centred = x - x.mean(-1, keepdim=True)
         s = _hook(hooks, cache, f"{name}.hook_scale", torch.sqrt((centred ** 2).mean(-1, keepdim=True) + 1e-5))
-        normalized = _hook(hooks, cache, f"{name}.hook_normalized", centred / s)
-        return normalized * scale + bias
+        # TransformerLens's LayerNorm hooks its output, after the weight and bias
+        return _hook(hooks, cache, f"{name}.hook_normalized", centred / s * scale + bias)
 
     def run(self, tokens, hooks=None, layout="seed"):
         """``(logits [batch, pos, vocab], loss [batch, pos'], cache {hook name: value})``."""
