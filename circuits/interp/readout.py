@@ -187,7 +187,7 @@ def _components(resid: Circuit) -> list[tuple[str, Circuit]]:
     while stack:
         node = stack.pop()
         named_source = node.name is not None and _SOURCE.search(node.name) is not None and node is not resid
-        heads_inside = isinstance(node, Add) and any(_SOURCE.search(c.name or "") for c in node.children)
+        heads_inside = isinstance(node, Add) and _sources_inside(node)
         if isinstance(node, Add) and (not named_source or heads_inside) and norm_parts(node) is None:
             stack.extend(reversed(node.children))  # a sum: a layer's heads (and output bias), a residual
         elif len(node.shape) < len(resid.shape):
@@ -197,6 +197,19 @@ def _components(resid: Circuit) -> list[tuple[str, Circuit]]:
         else:
             out.append(("embeds", node))
     return out
+
+
+def _sources_inside(node: Add) -> bool:
+    """Whether a sum holds named sources (heads) among its summands, through nested sums (a
+    layer's ``'h0.attn'`` = ``'h0.attn.heads'`` (the heads' sum) + the output bias)."""
+    stack = list(node.children)
+    while stack:
+        child = stack.pop()
+        if _SOURCE.search(child.name or ""):
+            return True
+        if isinstance(child, Add) and norm_parts(child) is None:
+            stack.extend(child.children)
+    return False
 
 
 def _pullback(readout: Readout, direction: np.ndarray, fdt) -> tuple[np.ndarray, list[tuple[str, Circuit]]]:
