@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # Notebooks that must show a plot (an image output: no Agg backend hiding it) and the token-level
 # attention view.
-PLOTS = {"02_induction.ipynb", "03_features.ipynb", "04_discovery.ipynb"}
+PLOTS = {"02_induction.ipynb", "03_features.ipynb", "04_discovery.ipynb", "05_exploratory_analysis.ipynb"}
 ATTENTION_VIEWS = {"02_induction.ipynb"}
 
 

@@ -29,7 +29,7 @@ from ..nodes import Circuit
 from .batch_tuning import tail_sizes, tune_chunk
 from .binding import float_dtype, precision
 from .calling import bind_once
-from .lowering import cached_program, package_outputs, program_with_also
+from .lowering import cached_program, expand_also, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
 from .runtime import check_mode, maybe_jit
@@ -331,6 +331,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
     heads = batch_heads and mode != "eager"
+    also = expand_also(circuit, also)
     if devs is None and mesh is None:
         program, items = cached_program(circuit, fdt, also, heads)
     else:  # placement reads the program's nodes

@@ -29,6 +29,7 @@ from ..traversal import toposort
 from . import incremental, tiers
 from .calling import bind_once, binder_of
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
+from .lowering import expand_also
 from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
 from .program import Program
 from .runtime import (
@@ -70,7 +71,9 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
       (``evaluate_batched``) and the result has the batch axis first.
     - ``dtype``: float values are computed in float32 by default; ``'float64'`` on request.
     - ``also``: nodes (or names of nodes) of the circuit whose values come back from the same
-      pass: the result is then ``(value, {item: value})`` keyed by the items as given.
+      pass: the result is then ``(value, {item: value})`` keyed by the items as given; a matcher
+      (``circuits.select``: ``Glob('*.attn_probs')``, ``Regex``, ``Type``, a TransformerLens hook
+      name) gives every node it matches, keyed by name (by node where names repeat).
     - ``mode`` pins a tier (``circuits.backend.tiers``): ``'eager'`` runs op by op through kernels
       cached per operation, over the values already computed in this process (nothing new
       compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
@@ -95,6 +98,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     mode = check_mode(mode)
+    also = expand_also(circuit, also)
     if has_batch_axis(circuit, inputs):
         from .batched import evaluate_batched
 
@@ -246,7 +250,8 @@ class Compiled:
                  shard=None):
         self.circuit = circuit
         self.float_dtype = float_dtype(dtype)
-        self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
+        self.program, self._items = program_with_also(circuit, self.float_dtype, expand_also(circuit, also),
+                                                      batch_heads)
         self.placement = None
         self._bound = None  # the arguments, bound once when there is no Symbol to bind
         self._binder = binder_of(self.program, self.float_dtype)  # the per-call fast path
