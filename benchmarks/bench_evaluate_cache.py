@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 import circuits as C
+from circuits.backend.binding import bind_arguments
 from circuits.backend.program import Program
-from circuits.backend.runtime import bind_arguments
 from circuits.models import attn_only, random_weights
 
 from .common import interleaved_medians, median_time, report

@@ -34,7 +34,8 @@ import numpy as np
 
 import circuits as C
 from circuits.backend import clear_cache
-from circuits.backend.runtime import bind_arguments, program_with_also
+from circuits.backend.binding import bind_arguments
+from circuits.backend.lowering import program_with_also
 from circuits.models import attn_only, random_weights
 
 from .common import agreement_tolerance, interleaved_times, medians_of, report

@@ -23,8 +23,8 @@ import numpy as np
 
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, toposort
 from circuits.backend import evaluate
+from circuits.backend.binding import bind_arguments, precision
 from circuits.backend.program import Program
-from circuits.backend.runtime import bind_arguments, precision
 
 from .common import interleaved_medians, report
 

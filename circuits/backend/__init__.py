@@ -2,6 +2,10 @@
 
 Modules, in dependency order:
 
+- ``bounded``: the one bounded-cache class, and the registry every in-memory cache joins where it
+  is created (what ``cache_stats`` and ``clear_cache`` reach); ``background``: the background
+  threads (whole programs compiling, fused groups, warm-ups), each working for the cache epoch it
+  was started in;
 - ``einsum``: einsum planning (a contraction plan made once per Einsum node, with its reason);
 - ``ops``: per-node-type op builders (``build_op``): functions of the children's values that hold
   no node and no tensor;
@@ -14,20 +18,23 @@ Modules, in dependency order:
   batched), the programs of live circuits cached;
 - ``calling``: arguments bound once per program (``ArgumentBinder``), the per-call fast path of
   ``Compiled``, ``evaluate_batched`` and ``evaluate``'s whole-program tier;
-- ``runtime``: the one jit policy (``maybe_jit``) and the one compile cache (``cached_jit``);
-  it re-exports binding's and lowering's names for the modules that import them from there;
-- ``incremental``: op-by-op evaluation through kernels cached per operation, over a
-  process-wide value cache keyed by node identity and bound values;
+- ``persistent``: JAX's compilation cache on disk, across processes; ``runtime``: the one compile
+  cache (``cached_jit``); ``executables``: the op kernels' executables kept on disk, loaded
+  without tracing;
+- ``groups``: fused groups of the op-by-op tier, compiled aside; ``incremental``: op-by-op
+  evaluation through kernels cached per operation, over a process-wide value cache keyed by
+  node identity and bound values;
 - ``variants``: ``run_variants``, a sweep's variants op by op, their changed nodes as rows of one
-  kernel per base node;
-- ``tiers``: which tier ``evaluate`` runs (op by op, whole program, cached value), ``last_run``;
+  kernel per base node; ``backward``: gradients op by op (``grads_ops``), the reverse sweep
+  through cached kernels;
+- ``tiers``: the tier policy, one function (``run``) deciding for every entry point which way a
+  call runs (a known value, op by op, the whole program, a cold start), its one ``Settings``
+  object (``configure``), the jit policy (``maybe_jit``) and ``last_run``;
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
-  ``set_cache_size``); ``persistent``: JAX's compilation cache on disk, across processes;
-  ``executables``: the op kernels' executables kept there, loaded without tracing;
+  ``set_cache_size``);
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
 - ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
-- ``backward``: gradients op by op (``grads_ops``), the reverse sweep through cached kernels;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
 - ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
 - ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).
@@ -67,9 +74,8 @@ from .lowered import Lowered
 from .memory import einsum_temp_bytes, live_bytes, value_bytes
 from .persistent import ensure_persistent_cache
 from .program import Program
-from .runtime import JIT_MAX_OPS, check_mode
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
-from .tiers import last_run, op_tier, record
+from .tiers import JIT_MAX_OPS, check_mode, last_run, op_tier, record
 from .variants import run_variants
 
 __all__ = [

@@ -45,6 +45,7 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Symbol
 from .binding import bind_arguments, check_symbol_value, leaf_value, symbol_values
+from .bounded import WeakCaches
 from .program import Program
 
 __all__ = ["ArgumentBinder", "binder_of", "bind_once"]
@@ -55,6 +56,7 @@ _MAX_LAYOUTS = 32
 _MAX_SIGNATURES = 256
 
 _binder_lock = threading.Lock()
+_BINDERS = WeakCaches("binders", "compiled")  # every live binder's tables, in cache_stats and clear_cache
 
 
 def bind_once(program: Program, inputs, fdt: str, batched: bool = False):
@@ -73,6 +75,7 @@ def binder_of(program: Program, fdt: str) -> "ArgumentBinder":
             binder = program.call_state
             if binder is None or binder.fdt != fdt:
                 binder = program.call_state = ArgumentBinder(program, fdt)
+                _BINDERS.add(binder)
     return binder
 
 
@@ -82,7 +85,7 @@ class ArgumentBinder:
     does) or None when the inputs must take the full check (see the module docstring)."""
 
     __slots__ = ("fdt", "_nodes", "_free", "_given", "_index_ranges", "_base", "_symbols", "_ranges", "_layouts",
-                 "_signatures", "_extents")
+                 "_signatures", "_extents", "__weakref__")
 
     def __init__(self, program: Program, fdt: str):
         # what the binder needs of the program, not the program (which may keep it: no cycle)
@@ -97,6 +100,16 @@ class ArgumentBinder:
         self._layouts = {}  # tuple of input keys -> ((position, key), ...) or False (full check)
         self._signatures = {}  # (position, type, shape, dtype, batched?) -> _Signature or False
         self._extents = {}  # id(device array) -> (weak reference, (min, max))
+
+    def info(self) -> dict:
+        """What the binder keeps: ``entries`` (its constants, layouts, signatures and extents)."""
+        held = (self._base is not None) + len(self._layouts) + len(self._signatures) + len(self._extents)
+        return {"entries": held, "bytes": 0}
+
+    def clear(self) -> None:
+        """Forget what was bound once (the constants' device values, the checks' tables)."""
+        self._base = None
+        self._symbols, self._ranges, self._layouts, self._signatures, self._extents = {}, {}, {}, {}, {}
 
     # ------------------------------------------------------------------ once per program
     def _constants(self):

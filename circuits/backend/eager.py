@@ -34,11 +34,13 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .binding import bind_arguments, float_dtype, precision
-from .caches import register_eager
+from .bounded import WeakCaches
 from .lowering import resolve_nodes
 from .program import Program
 
 __all__ = ["Eager"]
+
+_EAGERS = WeakCaches("eager", "values")  # every live evaluator's cache, in cache_stats and clear_cache
 
 
 class Eager:
@@ -62,7 +64,7 @@ class Eager:
         self._bytes = 0
         self._counts = collections.Counter()
         self._program = None
-        register_eager(self)  # its cache shows in cache_stats() and goes with clear_cache()
+        _EAGERS.add(self)
 
     # ------------------------------------------------------------------ public
     def __call__(self, node) -> np.ndarray:
@@ -81,6 +83,8 @@ class Eager:
             "hits": self._counts["hits"], "misses": self._counts["misses"],
             "evictions": self._counts["evictions"], "entries": len(self._cache), "bytes": self._bytes,
         }
+
+    info = cache_info
 
     def clear(self):
         """Forget every cached value."""

@@ -17,6 +17,7 @@ import functools
 from typing import Callable, NamedTuple, Sequence
 
 from ..errors import EvaluationError
+from .bounded import FunctionCache
 
 
 def _lax():
@@ -318,6 +319,9 @@ def einsum_steps(in_axes: tuple, out_axes: tuple, shapes: tuple) -> tuple[tuple,
     """
     *_, steps, sizes = _plan([tuple(t) for t in in_axes], tuple(out_axes), shapes)
     return steps, sizes
+
+
+FunctionCache("einsum plans", "kernels", einsum_steps)
 
 
 def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]) -> Callable:

@@ -13,8 +13,9 @@ array([ 3., 12.], dtype=float32)
 
 The entry points here: ``evaluate(circuit, inputs=None, *, dtype='float32', also=None,
 mode='auto')``, ``compile(circuit, *, dtype='float32', also=None)`` -> ``Compiled`` (call it with
-the inputs), and ``make_jaxpr(circuit, inputs)``.  Whether ``evaluate`` compiles is the one jit
-policy of ``circuits.backend.runtime``, shared with ``evaluate_batched`` and the gradients.
+the inputs), and ``make_jaxpr(circuit, inputs)``.  Which way ``evaluate`` runs (a known value, op
+by op, the whole program) is the tier policy's business (``circuits.backend.tiers.run``), shared
+with ``evaluate_batched`` and the gradients.
 """
 
 from __future__ import annotations
@@ -26,26 +27,14 @@ import numpy as np
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
-from . import incremental, tiers
+from .background import WARM, in_background
+from .binding import bind_arguments, float_dtype, precision
 from .calling import bind_once, binder_of
 from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
-from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
+from .lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_nodes
+from .persistent import compiled_before, note_compiled
 from .program import Program
-from .runtime import (
-    as_items,
-    bind_arguments,
-    cached_program,
-    check_mode,
-    float_dtype,
-    items_key_of,
-    maybe_jit,
-    package_outputs,
-    precision,
-    program_with_also,
-    resolve_nodes,
-    worth_compiling,
-)
-from .tiers import in_background, mark_ready, note_op_run, record, whole_program_ready
+from .tiers import Route, check_mode, maybe_jit, run, settings, worth_compiling
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
 
@@ -59,6 +48,10 @@ def program_function(program: Program, mode: str, kept_as: bytes | None = None):
 
 def _numpy_outputs(outs, items):
     return package_outputs([np.asarray(o) for o in outs], items)
+
+
+def _outputs(outs, items):
+    return package_outputs(list(outs), items)
 
 
 def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32", also=None,
@@ -98,64 +91,74 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     if has_batch_axis(circuit, inputs):
         from .batched import evaluate_batched
 
-        record("jit")
         return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
                                 return_jax=return_jax)
-    out = _outputs if return_jax else _numpy_outputs
-    items_key = items_key_of(also)
-    tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
-    cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
-        program = keys = kept_as = None
-        warm = False
-        if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
-                and cached_values(keys := value_keys([circuit], inputs, fdt)) is None:
-            # The first evaluation in this process: a program an earlier process compiled whole
-            # runs whole at once (its executable kept, or JAX's persistent cache holds its
-            # compilation).
-            program, items = cached_program(circuit, fdt, also, batch_heads)
-            if worth_compiling(program, (program.key, "run")):
-                mark_ready(tier_key)
-                tiers.COLD_START = False
-                warm = cache and tiers.BACKGROUND
-                kept_as = _kept_as(circuit, fdt, batch_heads)
-            else:
-                program = None
-        if program is None and (mode == "jit" or (mode == "auto" and items_key is not None
-                                                  and whole_program_ready(tier_key))):
-            if mode == "auto" and cache and not also:
-                # A value known for these inputs is returned as it is, whichever tier computed it:
-                # the same call gives the same bits before and after the compiled program is ready.
-                keys = keys or value_keys([circuit], inputs, fdt)
-                found = cached_values(keys)
-                if found is not None:
-                    record("cache", 0, 1)
-                    return out(found, [])
-            program, items = cached_program(circuit, fdt, also, batch_heads)
-        if program is not None:
-            args = bind_once(program, inputs, fdt)
-            record("jit")
-            values = program_function(program, "jit", kept_as)(args)
-            if not also:
-                note_compiled(_mark(circuit, fdt, batch_heads))
-            if mode == "auto" and cache and not also:
-                remember(keys or value_keys([circuit], inputs, fdt), values)
-            if warm:
-                _warm_ops(circuit, inputs, fdt)
-            return out(values, items)
-        items = as_items(also)
-        roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
+        return run(_Evaluation(circuit, inputs, fdt, also, mode, bool(batch_heads), cache, return_jax))
+
+
+class _Evaluation(Route):
+    """``evaluate``'s ways to a value: the value cache, op by op, the whole program (see
+    ``tiers.run`` for which)."""
+
+    def __init__(self, circuit, inputs, fdt, also, mode, batch_heads, cache, return_jax):
+        self.circuit, self.inputs, self.fdt, self.also, self.mode = circuit, inputs, fdt, also, mode
+        self.batch_heads, self.cache = batch_heads, cache
+        self.out = _outputs if return_jax else _numpy_outputs
+        items_key = items_key_of(also)
+        # a whole program is tracked only where the also= items have a key (names, nodes)
+        self.key = None if items_key is None else ("run", circuit.hash, fdt, items_key, batch_heads)
+        self.cold_start = items_key is not None and not also
+        self._keys = self._program = None
+
+    def keys(self):
+        """The value cache's keys of the circuit for these inputs (hashing them once)."""
+        if self._keys is None:
+            self._keys = [value_keys([self.circuit], self.inputs, self.fdt)]
+        return self._keys[0]
+
+    def program(self):
+        if self._program is None:
+            self._program = cached_program(self.circuit, self.fdt, self.also, self.batch_heads)
+        return self._program
+
+    def from_earlier_process(self) -> bool:
+        if not compiled_before(_mark(self.circuit, self.fdt, self.batch_heads)) \
+                or cached_values(self.keys()) is not None:
+            return False
+        program, _ = self.program()
+        return worth_compiling(program, (program.key, "run"))
+
+    def cached(self):
+        if not self.cache or self.also:
+            return None
+        found = cached_values(self.keys())
+        return None if found is None else self.out(found, [])
+
+    def whole(self, kept: bool = False):
+        program, items = self.program()
+        args = bind_once(program, self.inputs, self.fdt)
+        kept_as = _kept_as(self.circuit, self.fdt, self.batch_heads) if kept else None
+        values = program_function(program, "jit", kept_as)(args)
+        if not self.also:
+            note_compiled(_mark(self.circuit, self.fdt, self.batch_heads))
+        if self.mode == "auto" and self.cache and not self.also:
+            remember(self.keys(), values)
+        return self.out(values, items)
+
+    def by_ops(self, groups: bool):
+        items = as_items(self.also)
+        roots = [self.circuit, *(_resolve_also(self.circuit, items, self.fdt) if items else ())]
         info = RunInfo()
-        values = run_ops(roots, inputs, fdt, cache=cache, info=info, groups=mode == "auto" and tiers.GROUPS)
-    record("ops" if info.computed else "cache", info.computed, info.reused)
-    if mode == "auto" and info.computed and items_key is not None:
-        # A new process's first op-by-op evaluation of a small program compiles it whole in the
-        # background, for the next process (see circuits.backend.persistent).
-        now = cold and info.computed <= COLD_COMPILE_MAX_OPS
-        if cold:
-            tiers.COLD_START = False
-        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs, keep=now), now=now)
-    return out(values, items)
+        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups)
+        return self.out(values, items), "ops" if info.computed else "cache", info.computed, info.reused
+
+    def compile_whole(self, keep: bool = False):
+        return _compile_whole(self.circuit, self.fdt, self.also, self.batch_heads, self.inputs, keep)
+
+    def warm(self) -> None:
+        if self.cache:
+            _warm_ops(self.circuit, self.inputs, self.fdt)
 
 
 def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
@@ -169,17 +172,18 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
 
     inputs = None if inputs is None else {k: np.array(v, copy=True) for k, v in inputs.items()}
     matmul = jax.config.jax_default_matmul_precision
+    groups = settings().groups
 
     def warm():
         with precision(fdt), jax.default_matmul_precision(matmul):
-            run_ops([circuit], inputs, fdt, cache=True, info=RunInfo(), groups=tiers.GROUPS, warm=True)
+            run_ops([circuit], inputs, fdt, cache=True, info=RunInfo(), groups=groups, warm=True)
 
-    incremental.warming = in_background(warm)
+    in_background(warm, name=WARM)
 
 
 def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs, keep: bool = False) -> bool | None:
     """Compile (and run once) the whole program of ``circuit``: the tier ``'auto'`` moves to
-    (None for a program over ``JIT_MAX_OPS`` distinct nodes, not already compiled: XLA's compile
+    (None for a program over ``jit_max_ops`` distinct nodes, not already compiled: XLA's compile
     time grows with program size, and such a program stays op by op).  ``keep``: its executable
     is kept on disk for the next process's first evaluation (a new process's first circuit)."""
     with precision(fdt):
@@ -212,10 +216,6 @@ def _kept_as(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes | None:
         if type(node) is GeneralFunction and not is_library_function(node.function):
             return None
     return _mark(circuit, fdt, batch_heads)
-
-
-def _outputs(outs, items):
-    return package_outputs(list(outs), items)
 
 
 def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:

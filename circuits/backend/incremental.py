@@ -33,9 +33,7 @@ on the node), so a variant pays only for its new nodes.
 
 from __future__ import annotations
 
-import collections
 import math
-import threading
 from typing import Mapping, Sequence
 
 import blake3
@@ -45,131 +43,48 @@ from ..dtypes import dtype_str, is_float, is_int
 from ..errors import EvaluationError
 from ..expand import substitute_all_modules
 from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
-from ..shapes import check_allocation, max_alloc_bytes
+from ..shapes import check_allocation, check_budget, max_alloc_bytes
 from ..traversal import toposort
 from . import groups as _groups
+from .background import WARM, wait_for
+from .binding import check_index_values, check_symbol_value, leaf_value, raise_problems, symbol_values
+from .bounded import BoundedCache
 from .executables import kept
 from .ops import build_op
 from .program import kernel_part, node_key_part
-from .runtime import (
-    check_index_values,
-    check_symbol_value,
-    counted_jit,
-    leaf_value,
-    raise_problems,
-    symbol_values,
-)
+from .runtime import counted_jit
 
 __all__ = [
-    "run_ops", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "ValueCache", "VALUES", "value_cache_info", "kernel_info", "clear_kernels",
-    "DEFAULT_VALUE_BYTES",
+    "run_ops", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",
+    "value_cache_info", "set_value_budget", "kernel_info", "DEFAULT_VALUE_BYTES",
 ]
 
 
 # ---------------------------------------------------------------------------- the value cache
 DEFAULT_VALUE_BYTES = 1 << 30
 
+# Device values by key (``CacheKeys``), least recently used first out; a value larger than the
+# whole budget is not kept.
+VALUES = BoundedCache("values", "values", max_bytes=DEFAULT_VALUE_BYTES)
 
-class ValueCache:
-    """Device values by key, least recently used first out, at most ``max_bytes`` in all.
-
-    Thread-safe; a value larger than the whole budget is not kept.
-
-    >>> cache = ValueCache(100)
-    >>> cache.put('a', np.zeros(10, np.float32)); cache.put('b', np.zeros(20, np.float32))
-    >>> cache.get('a') is None, cache.info()['bytes']       # 'a' went to make room for 'b'
-    (True, 80)
-    """
-
-    def __init__(self, max_bytes: int = DEFAULT_VALUE_BYTES):
-        self._lock = threading.Lock()
-        self._values: collections.OrderedDict = collections.OrderedDict()
-        self._sizes: dict = {}
-        self._bytes = 0
-        self.max_bytes = check_budget(max_bytes, "value cache budget")
-        self._hits = self._misses = self._stores = self._evictions = 0
-
-    def get(self, key):
-        with self._lock:
-            value = self._values.get(key)
-            if value is None:
-                self._misses += 1
-                return None
-            self._values.move_to_end(key)
-            self._hits += 1
-            return value
-
-    def put(self, key, value, size: int | None = None) -> None:
-        """Keep ``value`` under ``key`` (``size``: its bytes, when the caller knows them)."""
-        if size is None:
-            size = int(getattr(value, "nbytes", 0))
-        self.put_many(((key, value, size),))
-
-    def put_many(self, entries) -> None:
-        """Keep each ``(key, value, bytes)`` of ``entries``, in order, under one lock."""
-        with self._lock:
-            values, sizes, most = self._values, self._sizes, self.max_bytes
-            for key, value, size in entries:
-                if size > most:
-                    continue
-                old = sizes.pop(key, None)
-                if old is not None:
-                    self._bytes -= old
-                    values.move_to_end(key)
-                values[key] = value
-                sizes[key] = size
-                self._bytes += size
-                self._stores += 1
-            self._shrink()
-
-    def _shrink(self):
-        while self._bytes > self.max_bytes and self._values:
-            old, _ = self._values.popitem(last=False)
-            self._bytes -= self._sizes.pop(old)
-            self._evictions += 1
-
-    def set_max_bytes(self, n: int) -> None:
-        n = check_budget(n, "value cache budget")
-        with self._lock:
-            self.max_bytes = n
-            self._shrink()
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._sizes.clear()
-            self._bytes = 0
-
-    def info(self) -> dict:
-        with self._lock:
-            return {"hits": self._hits, "misses": self._misses,
-                    "stores": self._stores, "evictions": self._evictions,
-                    "entries": len(self._values), "bytes": self._bytes, "max_bytes": self.max_bytes}
-
-
-def check_budget(n, what: str) -> int:
-    """A byte budget, checked: a non-negative int (``bool`` and absurd values refused)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise EvaluationError(f"{what} must be an int number of bytes, got {n!r}")
-    n = int(n)
-    if n < 0:
-        raise EvaluationError(f"{what} must be at least 0 bytes (0 keeps nothing), got {n}")
-    if n > 1 << 50:
-        raise EvaluationError(f"{what} of {n} bytes is absurd (over a pebibyte); give at most {1 << 50}")
-    return n
-
-
-VALUES = ValueCache()
+_VALUE_INFO = ("hits", "misses", "stores", "evictions", "entries", "bytes", "max_bytes")
 
 
 def value_cache_info() -> dict:
     """Counters of the process-wide value cache (see ``circuits.backend.cache_stats``)."""
-    return VALUES.info()
+    info = VALUES.info()
+    return {k: info[k] for k in _VALUE_INFO}
+
+
+def set_value_budget(n) -> None:
+    """Keep at most ``n`` bytes of values (0 keeps none); the oldest go at once."""
+    VALUES.set_bounds(max_bytes=check_budget(n, "value cache budget"))
 
 
 # ---------------------------------------------------------------------------- Symbols a node depends on
 _MODULES = "modules"  # marks a node with a Module below: Modules are substituted before evaluation
-_FREE_SETS: dict = {}  # tuple of Symbol hashes -> the one tuple of those Symbols (shared by nodes)
+# tuple of Symbol hashes -> the one tuple of those Symbols (shared by nodes)
+_FREE_SETS = BoundedCache("free symbol sets", "values", max_entries=65536, lru=False)
 
 
 def _fill_free(roots: Sequence[Circuit]) -> None:
@@ -205,9 +120,7 @@ def _merge(a: tuple, b: tuple) -> tuple:
     key = tuple(sorted(merged))
     found = _FREE_SETS.get(key)
     if found is None:
-        if len(_FREE_SETS) > 65536:
-            _FREE_SETS.clear()
-        found = _FREE_SETS[key] = tuple(merged[h] for h in key)
+        found = _FREE_SETS.setdefault(key, tuple(merged[h] for h in key))
     return found
 
 
@@ -261,10 +174,8 @@ def has_batch_axis(circuit: Circuit, inputs) -> bool:
 
 
 # ---------------------------------------------------------------------------- kernels
-_kernels: collections.OrderedDict = collections.OrderedDict()
-_kernels_lock = threading.Lock()
-_KERNELS_SIZE = 8192
-_kernel_counts = collections.Counter()
+# (operation, shapes, precision) -> its compiled kernel; the oldest made go first
+_kernels = BoundedCache("kernels", "kernels", max_entries=8192, lru=False)
 
 
 def _identity_op(x):
@@ -272,20 +183,14 @@ def _identity_op(x):
 
 
 def cached_kernel(key, make):
-    """The kernel cached under ``key``: ``counted_jit(make())`` on a miss (the least recently made
-    go first beyond ``_KERNELS_SIZE``); of threads racing on a miss, the first stored wins."""
+    """The kernel cached under ``key``: ``counted_jit(make())`` on a miss (the oldest made go
+    first beyond the cache's bound); of threads racing on a miss, the first stored wins."""
     fn = _kernels.get(key)
     if fn is not None:
-        _kernel_counts["hits"] += 1
         return fn
     op = make()
     fn = kept(key, op, counted_jit(op, "kernel_compilations"))  # its executable kept on disk
-    with _kernels_lock:
-        fn = _kernels.setdefault(key, fn)
-        _kernel_counts["misses"] += 1
-        while len(_kernels) > _KERNELS_SIZE:
-            _kernels.popitem(last=False)
-    return fn
+    return _kernels.setdefault(key, fn)
 
 
 def kernel(node: Circuit, fdt: str):
@@ -318,14 +223,8 @@ def pick_row(array, r: int):
 
 def kernel_info() -> dict:
     """``kernels`` held, ``kernel_hits`` and ``kernel_misses`` (ops whose kernel was made)."""
-    with _kernels_lock:
-        return {"kernels": len(_kernels), "kernel_hits": _kernel_counts["hits"],
-                "kernel_misses": _kernel_counts["misses"]}
-
-
-def clear_kernels() -> None:
-    with _kernels_lock:
-        _kernels.clear()
+    info = _kernels.info()
+    return {"kernels": info["entries"], "kernel_hits": info["hits"], "kernel_misses": info["misses"]}
 
 
 # ---------------------------------------------------------------------------- binding fingerprints
@@ -431,7 +330,7 @@ def remember(keys: list | None, values: Sequence) -> None:
 SHAPE_ONLY = frozenset({"last_dim_size"})  # functions whose value reads only its argument's shape and dtype
 # node hash -> (key, height): the key and the depth its look needed; (None, d) where no key was
 # found within depth d (a deeper look may find one).
-_shape_keys: dict = {}
+_shape_keys = BoundedCache("shape keys", "values", max_entries=65536, lru=False)
 _SHAPE_DEPTH = 3
 
 
@@ -456,13 +355,13 @@ def _not_by_shape(node: Circuit, depth: int) -> bool:
     is mostly over such children, and so is rejected without a walk)."""
     if not node.children:
         return type(node) is not Scalar
-    found = _shape_keys.get(node.hash)
+    found = _shape_keys.peek(node.hash)
     return found is not None and found[0] is None and found[1] >= depth
 
 
 def _shape_entry(node: Circuit, depth: int) -> tuple:
     """``(key, height)`` of ``node`` looked at within ``depth`` operations (see ``_shape_keys``)."""
-    found = _shape_keys.get(node.hash)
+    found = _shape_keys.peek(node.hash)
     if found is not None and (found[0] is not None or found[1] >= depth):
         return found
     t = type(node)
@@ -482,9 +381,7 @@ def _shape_entry(node: Circuit, depth: int) -> tuple:
             height = max(height, h)
         else:
             entry = (("of", node_key_part(node), node.shape, tuple(kids)), height + 1)
-    if len(_shape_keys) > 65536:
-        _shape_keys.clear()
-    _shape_keys[node.hash] = entry
+    _shape_keys.put(node.hash, entry, 0)
     return entry
 
 
@@ -511,18 +408,6 @@ def check_leaf_indices(nodes: Sequence[Circuit], ranges: dict, bound: dict, prob
         if value is None and (type(node) is Symbol or node.value is None):
             continue
         check_index_values(node, value, r, problems)
-
-
-# The thread warming the op-by-op tier after a new process's first, whole-program evaluation
-# (``evaluation._warm_ops``): a run that reads the value cache waits for it rather than compiling
-# the same kernels and computing the same values beside it.
-warming: threading.Thread | None = None
-
-
-def wait_for_warming() -> None:
-    w = warming
-    if w is not None and w is not threading.current_thread() and w.is_alive():
-        w.join()
 
 
 def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list | None) -> None:
@@ -554,7 +439,9 @@ def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache
     compiled (``circuits.backend.groups``) and queues the others' compilation.  ``warm=True``
     computes the roots again though the cache holds them, and keeps the values the cache had."""
     if cache and not warm:
-        wait_for_warming()
+        # the warm-up after a new process's first, whole-program evaluation: wait for it rather
+        # than compile the same kernels and compute the same values beside it
+        wait_for(WARM)
     with _groups.foreground():
         return _run_ops(roots, inputs, fdt, cache, info, keep_all, groups, warm)
 

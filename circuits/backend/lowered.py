@@ -35,7 +35,8 @@ from typing import Callable, Collection, Mapping, Sequence
 from ..nodes import Circuit
 from .binding import bind_arguments, float_dtype, precision
 from .program import ARGUMENT_TYPES, Program
-from .runtime import cached_jit, is_compiled, is_compiled_any, maybe_jit
+from .runtime import cached_jit, is_compiled, is_compiled_any
+from .tiers import maybe_jit
 
 __all__ = ["Lowered"]
 

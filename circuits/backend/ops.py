@@ -16,7 +16,6 @@ Array([5., 4., 3.], dtype=float32)
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +35,7 @@ from ..nodes import (
     SetSymbolicShape,
     Tag,
 )
+from .bounded import BoundedCache
 from .einsum import common_dtype, einsum_op
 
 __all__ = ["OP_BUILDERS", "build_op", "broadcast_scalar"]
@@ -228,8 +228,7 @@ OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
 
 # Ops depend only on payload and shapes, and a model repeats the same few (every head's
 # einsums, every layer's norm): build each once.  Bounded; ops hold no tensors.
-_OP_MEMO: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
-_OP_MEMO_SIZE = 4096
+_OP_MEMO = BoundedCache("ops", "kernels", max_entries=4096, lru=False)
 _MEMOIZED = (Einsum, Index, Rearrange, Add, Concat)
 
 
@@ -247,10 +246,7 @@ def build_op(node: Circuit, fdt: str) -> Callable:
     key = (t, node._payload_bytes(), node.shape, tuple(c.shape for c in node.children), fdt)
     op = _OP_MEMO.get(key)
     if op is None:
-        op = builder(node, fdt)
-        _OP_MEMO[key] = op
-        if len(_OP_MEMO) > _OP_MEMO_SIZE:
-            _OP_MEMO.popitem(last=False)
+        op = _OP_MEMO.setdefault(key, builder(node, fdt))
     return op
 
 

@@ -42,6 +42,7 @@ import numpy as np
 from ..dtypes import dtype_str, is_float, is_int
 from ..nodes import Circuit, Index, SetSymbolicShape, Tag
 from ..traversal import toposort
+from .binding import raise_problems
 from .incremental import (
     VALUES,
     CacheKeys,
@@ -56,7 +57,6 @@ from .incremental import (
 )
 from .ops import build_op
 from .program import node_key_part
-from .runtime import raise_problems
 
 __all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
 

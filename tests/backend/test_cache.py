@@ -138,7 +138,7 @@ def test_cached_code_holds_no_tensors():
     probe = weakref.ref(node)
     del node, circuit, f
     gc.collect()
-    kinds = {k[1] for k in eval_runtime._cache if k[0] == key}
+    kinds = {k[1] for k in eval_runtime._functions.keys() if k[0] == key}
     assert kinds == {"run", "grad", "vmap"}
     assert probe() is None
 

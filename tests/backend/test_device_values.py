@@ -14,8 +14,8 @@ import pytest
 
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
 from circuits.backend import binding, compile, evaluate, evaluate_batched, value_and_grad
+from circuits.backend.binding import precision
 from circuits.backend.program import Skeleton
-from circuits.backend.runtime import precision
 
 
 def weights(seed: int, shape=(4, 3)):
@@ -47,7 +47,7 @@ def uploads(monkeypatch):
         return real(value)
 
     monkeypatch.setattr(binding, "_upload", counted)
-    monkeypatch.setattr(binding, "_small", {})  # nothing known by content from earlier tests
+    binding._small.clear()  # nothing known by content from earlier tests
     return seen
 
 

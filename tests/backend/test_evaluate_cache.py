@@ -115,7 +115,7 @@ def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():
 
     def collect_under_lock():
         nonlocal cycle
-        with lowering._programs_lock:
+        with lowering._programs._lock:
             cycle = None
             gc.collect()
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from circuits.backend import executables
+from circuits.backend.background import wait_for_background
 from circuits.backend.executables import FOLDER, KeptKernel, executable_info, stable_key
 from circuits.backend.runtime import counted_jit
-from circuits.backend.tiers import wait_for_background
 
 # A forward op by op and a gradient op by op (vector-Jacobian kernels), in a fresh process.
 PROBE = r"""
@@ -27,7 +27,7 @@ import numpy as np
 import circuits as C
 from circuits.backend import cache_stats, value_and_grad
 from circuits.backend.executables import executable_info
-from circuits.backend.tiers import wait_for_background
+from circuits.backend.background import wait_for_background
 x = C.Symbol((3, 4), name='x')
 w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
 h = C.GeneralFunction('tanh', C.Einsum.from_spec('ab,bc->ac', x, w), name='h')
@@ -156,7 +156,7 @@ import jax
 import numpy as np
 import circuits as C
 from circuits.backend.executables import executable_info
-from circuits.backend.tiers import wait_for_background
+from circuits.backend.background import wait_for_background
 x = C.Symbol((3, 4), name='x')
 w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
 y = C.Add(C.Einsum.from_spec('ab,bc->ac', x, w), C.Add(), name='y')   # Add(): a kernel of no argument

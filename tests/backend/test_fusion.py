@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits.backend import fusion
 from circuits.backend.evaluation import make_jaxpr
+from circuits.backend.lowering import program_with_also
 from circuits.backend.runtime import clear_compile_cache as clear_cache
-from circuits.backend.runtime import program_with_also
 from circuits.models import attn_only, gpt2, llama, random_weights, tokens_symbol
 from circuits.models.gpt2 import random_gpt2_weights
 from circuits.models.llama import random_llama_weights

@@ -16,12 +16,12 @@ from circuits.traversal import toposort
 
 
 @pytest.fixture(autouse=True)
-def grouped(monkeypatch):
-    monkeypatch.setattr(tiers, "GROUPS", True)
-    clear_cache()
-    yield
-    groups.wait_for_groups()
-    clear_cache()
+def grouped():
+    with tiers.configure(groups=True):
+        clear_cache()
+        yield
+        groups.wait_for_groups()
+        clear_cache()
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_a_group_that_fails_to_compile_stays_op_by_op(shipped, monkeypatch):
         raise RuntimeError("no")
 
     monkeypatch.setattr(groups, "_group_op", broken)
-    groups.clear_groups()
+    clear_cache("kernels")
     failed = groups.group_info()["failed"]
     first = evaluate(shipped)
     groups.wait_for_groups()
@@ -151,7 +151,7 @@ def test_a_process_exits_without_compiling_what_is_queued(tmp_path):
         "import numpy as np\n"
         "from circuits import GeneralFunction, Symbol, evaluate\n"
         "from circuits.backend import groups, tiers\n"
-        "tiers.COLD_START = False\n"
+        "tiers.configure(cold_start=False)\n"
         "groups.IDLE = 1e9  # never a pause: the queued group would wait forever\n"
         "x = Symbol((3,), name='x')\n"
         "y = GeneralFunction('exp', GeneralFunction('sin', GeneralFunction('tanh', x)))\n"

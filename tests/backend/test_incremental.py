@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Scalar, Symbol
 from circuits.backend import cache_stats, clear_cache, evaluate, last_run, set_cache_size, tiers, value_and_grad
+from circuits.backend.background import wait_for_background
 from circuits.backend.incremental import VALUES, free_symbols
 from circuits.testing import circuits_with_inputs
 
@@ -134,8 +135,13 @@ def test_a_rebuilt_node_keeps_its_symbols_only_where_its_children_keep_theirs():
 
 
 # ------------------------------------------------------------------ tiers
-def test_auto_moves_to_the_whole_program_after_jit_after_runs(monkeypatch):
-    monkeypatch.setattr(tiers, "BACKGROUND", False)
+@pytest.fixture
+def no_background():
+    with tiers.configure(background=False):
+        yield
+
+
+def test_auto_moves_to_the_whole_program_after_jit_after_runs(no_background):
     x = Symbol((2, 3), name="x_tier")
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_tier"))
     before = cache_stats()["compilations"]
@@ -153,18 +159,17 @@ def test_a_background_compilation_is_taken_when_ready():
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_background"))
     for k in range(tiers.JIT_AFTER):
         evaluate(out, {x: np.full((2, 3), float(k), np.float32)})
-    tiers.wait_for_background(120)
+    wait_for_background(120)
     value = evaluate(out, {x: np.full((2, 3), 9.0, np.float32)})
     assert last_run()["tier"] == "jit"
     np.testing.assert_allclose(value, evaluate(out, {x: np.full((2, 3), 9.0, np.float32)}, mode="eager"),
                                rtol=1e-6)
 
 
-def test_a_value_known_for_the_inputs_is_returned_whichever_tier_is_ready(monkeypatch):
+def test_a_value_known_for_the_inputs_is_returned_whichever_tier_is_ready(no_background):
     """The same call gives the same bits before and after the whole program is compiled (the tiers
     differ by float rounding): a cached value for these inputs is returned before the compiled
     program runs, and the compiled program's values are kept for the next same call."""
-    monkeypatch.setattr(tiers, "BACKGROUND", False)
     x = Symbol((2, 3), name="x_same_bits")
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_same_bits"))
     first = [evaluate(out, {x: np.full((2, 3), 0.1 * k, np.float32)}) for k in range(tiers.JIT_AFTER)]

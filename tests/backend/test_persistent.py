@@ -77,13 +77,14 @@ NEW_PROCESS = r"""
 import json
 import numpy as np
 import circuits as C
-from circuits.backend import last_run, tiers
+from circuits.backend import last_run
 x = C.Array(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3), name='x_new_process')
 c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.0), name='out')
 value = C.evaluate(c)
 first = last_run()['tier']
 traced = C.cache_stats()['compilations']  # whole programs traced by this first evaluation
-tiers.wait_for_background(120)
+from circuits.backend.background import wait_for_background
+wait_for_background(120)
 variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
 changed = C.evaluate(variant)
 print(json.dumps({"value": np.asarray(value).tolist(), "tier": first, "variant": last_run(),

@@ -189,7 +189,7 @@ def test_index_rows_take_their_ints_as_arguments():
     _check(base, vs + [C.traversal.replace(base, {y: C.Array(np.ones((4, 5, 6), np.float32))})], inputs)
     assert made > 0
     # the three [h, ::-2] picks share one row kernel, the two [1:3, h, k] picks another
-    keys = [k for k in incremental._kernels if k[0] == "rows-index" and k[2] == (4, 5, 6)]
+    keys = [k for k in incremental._kernels.keys() if k[0] == "rows-index" and k[2] == (4, 5, 6)]
     assert {k[1] for k in keys} == {(None, (None, None, -2)), ((1, 3, None), None, None)}
 
 

@@ -124,7 +124,8 @@ def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
 def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     """The first EAP call compiles nothing whole; the second starts the program's compilation in
     the background; once it is ready, calls run it; every tier gives the same scores."""
-    from circuits.backend.tiers import last_run, wait_for_background
+    from circuits.backend.background import wait_for_background
+    from circuits.backend.tiers import last_run
 
     w, _, _ = model
     circuit = attn_only(w, CLEAN[::-1].copy(), unique_names=True)  # a program no other test compiled
@@ -142,21 +143,22 @@ def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
 
 
 @pytest.mark.unpinned
-def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model, monkeypatch):
+def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
     """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
     GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
-    from circuits.backend import runtime
-    from circuits.backend.tiers import last_run, wait_for_background
+    from circuits.backend import tiers
+    from circuits.backend.background import wait_for_background
+    from circuits.backend.tiers import last_run
 
     w, _, _ = model
-    monkeypatch.setattr(runtime, "JIT_MAX_OPS", 10)
     circuit = attn_only(w, np.roll(CLEAN, 1), unique_names=True)
-    runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
-    wait_for_background()
-    runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
-    assert last_run()["tier"] == "ops"
-    compiled = discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64", mode="jit")
-    assert last_run()["tier"] == "jit"
+    with tiers.configure(jit_max_ops=10):
+        runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
+        wait_for_background()
+        runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
+        assert last_run()["tier"] == "ops"
+        compiled = discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64", mode="jit")
+        assert last_run()["tier"] == "jit"
     for r in runs:
         np.testing.assert_allclose(r.scores, compiled.scores, rtol=1e-9, atol=1e-12)
 

@@ -213,7 +213,7 @@ def test_chunk_logsumexp_must_not_fire():
 
 
 def _lowered_lines(circuit):
-    from circuits.backend.runtime import program_with_also
+    from circuits.backend.lowering import program_with_also
 
     program, _ = program_with_also(circuit, "float32", None, True)
     return [n.line() for n in program.nodes]
