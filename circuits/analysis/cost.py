@@ -18,7 +18,7 @@
   gen_index), which reads the entries it selects (and its indices); it writes its result.
   Arrays, Scalars and Symbols are inputs (``input_bytes``) and cost nothing themselves.
 - **Memory**: ``peak_bytes`` is the largest sum of live temporaries when the nodes are computed
-  one by one in the backend's order (toposort, as ``evaluate(mode='eager')`` runs them), each
+  one by one in the backend's order (toposort, as ``evaluate(mode='ops')`` runs them), each
   freed after its last use (``circuits.backend.memory``); ``memory_order`` is an order that
   lowers it (each node's children computed biggest-need-first, Sethi-Ullman style, or the
   backend's order if that is no worse), with peak ``memory_order_peak_bytes``.  Compiled code

@@ -34,7 +34,7 @@ Modules, in dependency order:
   ``set_cache_size``);
 - ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
-- ``eager``: ``Eager``, the skeleton run on the uncached frontier, with a bounded per-node cache;
+- ``eager``: ``Eager``, a view for exploring intermediate values over the op-by-op tier;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
 - ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
 - ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).

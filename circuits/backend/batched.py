@@ -302,8 +302,9 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       inputs are split along the mesh axis named ``'batch'`` (if it has one), the matched Arrays
       and Symbols as their specs say, the rest replicated (``circuits.backend.sharding``); not
       with ``devices``.
-    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate``; ``return_jax=True`` leaves results on the
-      device(s) as jax arrays instead of copying them to numpy.
+    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate`` (over a batch, ``mode='ops'``
+      runs the program uncompiled, each operation dispatched by JAX); ``return_jax=True`` leaves
+      results on the device(s) as jax arrays instead of copying them to numpy.
 
     Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
 
@@ -323,7 +324,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
     with precision(fdt):
         return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
-                            batch_heads and mode != "eager", mesh, shard))
+                            batch_heads and mode != "ops", mesh, shard))
 
 
 class _Batched(Route):
@@ -343,7 +344,7 @@ class _Batched(Route):
         if chunks.total == 0:
             return _empty_outputs(chunks.function, chunks.args, chunks.axes, chunks.items, self.return_jax)
         if self.batch_size is None and self.memory_budget is None and chunks.placement is None \
-                and self.mode != "eager":
+                and self.mode != "ops":
             self._say(chunks.tune())
         return package_outputs(chunks.run(), chunks.items)
 
@@ -407,8 +408,9 @@ class _Chunks:
         """The outputs for ``part`` (the arguments with a chunk of rows)."""
         f = self._made.get(one_row)
         if f is None:
-            f = self._made[one_row] = (_row_function(self.program, self.axes, self.mode) if one_row
-                                       else _batched_function(self.program, self.axes, self.mode, self.group))
+            how = "uncompiled" if self.mode == "ops" else self.mode
+            f = self._made[one_row] = (_row_function(self.program, self.axes, how) if one_row
+                                       else _batched_function(self.program, self.axes, how, self.group))
         return f(part)
 
     def place(self, placement) -> None:

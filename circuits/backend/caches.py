@@ -45,7 +45,8 @@ def cache_stats() -> dict:
     ``evictions``, ``size``, ``max_size``; ``kernel_compilations`` (per-operation kernels traced).
     ``values``: the value cache (``hits``, ``misses``, ``stores``, ``evictions``, ``entries``,
     ``bytes``, ``max_bytes``); ``kernels``: per-operation kernels held; ``eager``: the live
-    ``Eager`` evaluators' ``entries`` and ``bytes``; ``tiers``: circuits tracked for
+    ``Eager`` views (``evaluators``; their ``entries`` and ``bytes`` are 0: they read the value
+    cache); ``tiers``: circuits tracked for
     whole-program compilation; ``groups``: the op-by-op tier's fused groups
     (``circuits.backend.groups``); ``disk``: the compilation cache's directory; ``caches``: each
     registered in-memory cache's ``entries`` and counters, by name.
@@ -66,7 +67,7 @@ def cache_stats() -> dict:
 def clear_cache(what: str = "all") -> None:
     """Forget kept results: ``'compiled'`` whole programs (and what goes with them: lowered
     programs, row costs, chunk measurements, whole programs tracked), ``'values'`` (the value
-    cache, every ``Eager`` evaluator's, values on the device), ``'kernels'`` (per-operation
+    cache, which ``Eager`` views read, values on the device), ``'kernels'`` (per-operation
     kernels, fused groups, op builders), or ``'all'`` of them (counters keep counting; the
     compilation cache on disk is not touched).  A compilation running in the background puts
     nothing back into a cache cleared meanwhile.

@@ -64,7 +64,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     - ``dtype``: float values are computed in float32 by default; ``'float64'`` on request.
     - ``also``: nodes (or names of nodes) of the circuit whose values come back from the same
       pass: the result is then ``(value, {item: value})`` keyed by the items as given.
-    - ``mode`` pins a tier (``circuits.backend.tiers``): ``'eager'`` runs op by op through kernels
+    - ``mode`` pins a tier (``circuits.backend.tiers``): ``'ops'`` runs op by op through kernels
       cached per operation, over the values already computed in this process (nothing new
       compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
       ``'auto'`` (default) runs a circuit op by op until it has been evaluated ``JIT_AFTER``

@@ -70,7 +70,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype``,
     ``mode`` and ``cache`` as for ``evaluate``.  Inputs with a leading batch axis give per-example
     values and gradients (batch axis first) from one compiled program; ``cotangent`` may then
-    carry the batch axis too.  Op by op (``'eager'``, and ``'auto'`` until the
+    carry the batch axis too.  Op by op (``'ops'``, and ``'auto'`` until the
     same gradient has been asked for ``JIT_AFTER`` times) the forward values come from the value
     cache where known and the backward pass runs vector-Jacobian products through kernels cached
     per operation, so a fresh structure compiles nothing whole.
@@ -130,7 +130,7 @@ class _Gradient(Route):
         self.batched = has_batch_axis(circuit, inputs)
         if self.batched:
             self.by_ops = None  # per-example gradients: one compiled program
-        self.whole_tier = "ops" if mode == "eager" and not self.batched else "jit"
+        self.whole_tier = "ops" if mode == "ops" and not self.batched else "jit"
 
     def by_ops(self, groups: bool):
         nodes, items = self.nodes, self.items
@@ -157,7 +157,8 @@ class _Gradient(Route):
         if self.batched:
             return _batched_value_and_grad(program, nodes, items, single, slots, shapes, self.inputs, weights)
         args = bind_arguments(program, self.inputs, self.fdt)
-        fn = _gradient_function(program, slots, shapes, weights is not None, "eager" if self.mode == "eager" else "jit")
+        how = "uncompiled" if self.mode == "ops" else "jit"
+        fn = _gradient_function(program, slots, shapes, weights is not None, how)
         out, grads = fn(args, weights)
         value = np.asarray(out)
         by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
@@ -178,7 +179,7 @@ def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs
         key = (program.key, "grad-vmap", slots, weights is not None, tuple(axes), cot_axis)
 
         def make():
-            run = _gradient_function(program, slots, shapes, weights is not None, "eager")
+            run = _gradient_function(program, slots, shapes, weights is not None, "uncompiled")
             return jax.vmap(run, in_axes=(list(axes), cot_axis))
 
         out, grads = maybe_jit(key, len(program), "jit", make)(args, weights)

@@ -14,7 +14,7 @@ first time its structure is met, that run goes on op by op and the group is queu
 thread compiles it at a lower priority in the first pause between evaluations (``IDLE``), and once
 ready it is used.  Nodes computed from weights alone and int-valued nodes are never members (see
 ``plan``).  The tiers agree to float rounding (a fused kernel may round
-differently); ``mode='eager'`` never uses groups.  ``tiers.configure(groups=False)`` switches them
+differently); ``mode='ops'`` never uses groups.  ``tiers.configure(groups=False)`` switches them
 off.
 
 >>> import numpy as np

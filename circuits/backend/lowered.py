@@ -108,15 +108,17 @@ class Lowered:
         return cached_jit((self.program.key, *tag), make)
 
     def function(self, mode: str = "auto") -> Callable[[list], list]:
-        """``args -> outputs``: compiled (from the compile cache) or op by op, as the jit policy
-        decides for ``mode`` (``'auto'``, ``'jit'``, ``'eager'``).  Call it within
+        """``args -> outputs``: compiled (from the compile cache) or not, as the jit policy decides
+        for ``mode``: ``'auto'``, ``'jit'``, or ``'uncompiled'`` (the program's skeleton as it is,
+        each operation dispatched by JAX; ``'eager'`` is its former name).  Call it within
         ``precision(dtype)`` (``circuits.backend.precision``: float64 needs JAX's x64 mode)."""
         program = self.program
         return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
 
     def run(self, inputs: Mapping | None = None, *, given: Mapping | None = None, mode: str = "auto") -> list:
-        """The values of the roots (device arrays): ``bind`` then ``function(mode)``.  ``mode='eager'``
-        compiles nothing (a program of leaves gives their values as the program sees them)."""
+        """The values of the roots (device arrays): ``bind`` then ``function(mode)``.
+        ``mode='uncompiled'`` compiles nothing (a program of leaves gives their values as the
+        program sees them)."""
         with precision(self.dtype):
             return self.function(mode)(self.bind(inputs, given=given))
 

@@ -93,7 +93,7 @@ class Skeleton:
         ``deltas`` maps slots to values added to what is computed there (zeros that make a node's
         value a differentiable input: gradients with respect to any node).  ``observe(slot,
         value)``, if given, sees every slot's value as soon as it is there, before it is freed
-        (the eager evaluator caches values this way).
+        (``interp.exact_scores`` keeps values this way).
         """
         env: list[Any] = [None] * self.size
         scalar_shapes = self.scalar_shapes
@@ -123,7 +123,7 @@ class Program:
 
     ``given`` (node hashes) names nodes whose values are supplied: they are arguments too (in
     ``given_slots``) and the walk does not descend below them, so the program computes only the
-    frontier above values known already (the eager evaluator's cache).
+    frontier above values known already (a sweep's shared values, an attribution's sources).
 
     >>> from circuits import Add, GeneralFunction, Symbol
     >>> h = GeneralFunction('exp', Symbol((2,), name='x'))

@@ -2,7 +2,7 @@
 reports having done (``last_run``).
 
 - **cache**: the value asked for is already known (same circuit, same bound values).
-- **op by op** (``mode='eager'``, and ``'auto'`` for a structure seen for the first time): through
+- **op by op** (``mode='ops'``, and ``'auto'`` for a structure seen for the first time): through
   kernels cached per (operation, shapes, precision) and over the values already known
   (``circuits.backend.incremental``): a new variant of a known model compiles nothing in the call
   and computes only what its intervention reaches.  In ``'auto'`` the nodes that one other node
@@ -54,7 +54,9 @@ __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode",
            "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]
 
-MODES = ("auto", "jit", "eager")
+MODES = ("auto", "jit", "ops")
+# Names a mode had before (kept one release): ``'eager'`` is the op-by-op tier, ``'ops'``.
+MODE_ALIASES = {"eager": "ops"}
 
 # A circuit evaluated op by op this many times (with other inputs each time) gets its whole
 # program compiled; from then on ``mode='auto'`` runs that.
@@ -74,7 +76,7 @@ class Settings:
     - ``background``: whole programs compile in a background thread (False: in the call that
       reaches ``jit_after``);
     - ``groups``: op by op, ``'auto'`` runs fused groups (``circuits.backend.groups``);
-    - ``pinned``: the tier every ``mode='auto'`` call takes instead (``'eager'`` or ``'jit'``; see
+    - ``pinned``: the tier every ``mode='auto'`` call takes instead (``'ops'`` or ``'jit'``; see
       ``pinned``), None for none;
     - ``jit_after``: op-by-op runs of one circuit before its whole program compiles;
     - ``jit_max_ops``: the size above which ``'auto'`` never compiles a program whole.
@@ -117,8 +119,8 @@ class configure:
         if unknown:
             raise EvaluationError(f"configure: no tier setting {', '.join(map(repr, unknown))}; the settings are "
                                   f"{', '.join(f.name for f in dataclasses.fields(Settings))}")
-        if changes.get("pinned") not in (None, "eager", "jit"):
-            raise EvaluationError(f"pinned(mode={changes['pinned']!r}): use 'eager' or 'jit'")
+        if "pinned" in changes:
+            changes["pinned"] = _pinned_tier(changes["pinned"])
         self.before = _settings[0]
         _settings[0] = dataclasses.replace(self.before, **changes)
 
@@ -132,7 +134,7 @@ class configure:
 def pinned(mode: str) -> configure:
     """Within the block, every ``mode='auto'`` call (``evaluate``, ``grad``, ``evaluate_batched``,
     ``sweep`` and what calls them: ``attribute``, ``patch``...) runs in tier ``mode``
-    (``'eager'``: op by op; ``'jit'``: whole programs): for bitwise reproducibility across a
+    (``'ops'``: op by op; ``'jit'``: whole programs): for bitwise reproducibility across a
     block of code, and for running a test suite in each tier.
 
     >>> import numpy as np
@@ -144,24 +146,41 @@ def pinned(mode: str) -> configure:
     >>> last_run()['tier']
     'jit'
     """
-    if mode not in MODES or mode == "auto":
-        raise EvaluationError(f"pinned(mode={mode!r}): use 'eager' or 'jit'")
-    return configure(pinned=mode)
+    if mode is None:
+        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops' or 'jit'")
+    return configure(pinned=_pinned_tier(mode))
+
+
+def _pinned_tier(mode):
+    """``mode`` as a pinned tier (None: none pinned), checked."""
+    if mode is None:
+        return None
+    found = MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if found not in ("ops", "jit"):
+        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops' or 'jit'")
+    return found
 
 
 def check_mode(mode: str) -> str:
-    """The ``mode=`` option, checked; ``'auto'`` is the pinned tier while one is pinned."""
-    if mode not in MODES:
+    """The ``mode=`` option, checked and by its current name (``'eager'`` is ``'ops'``);
+    ``'auto'`` is the pinned tier while one is pinned.
+
+    >>> check_mode('eager'), check_mode('jit')
+    ('ops', 'jit')
+    """
+    found = MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if found not in MODES:
         raise EvaluationError(f"mode={mode!r}: use one of {', '.join(MODES)}")
-    if mode == "auto":
-        return _settings[0].pinned or mode
-    return mode
+    if found == "auto":
+        return _settings[0].pinned or found
+    return found
 
 
 # ---------------------------------------------------------------------------- the jit policy
 def use_jit(mode: str, size: int, key) -> bool:
     """Compile a program of ``size`` distinct nodes whose function is cached under ``key``?
-    ``'jit'`` always, ``'eager'`` never, ``'auto'`` when it is small enough or compiled already."""
+    ``'jit'`` always, ``'auto'`` when it is small enough or compiled already, ``'uncompiled'``
+    never (the program's skeleton then runs as it is, each operation dispatched by JAX)."""
     if mode == "auto":
         return size <= _settings[0].jit_max_ops or is_cached(key)
     return mode == "jit"
@@ -365,7 +384,7 @@ class _CallerRoute(Route):
 
 def op_tier(key, mode: str, program, by_ops, compile_whole):
     """A caller's own tiered computation (``interp.discover``'s edge scores): ``by_ops()``'s
-    result where ``mode`` asks for the op-by-op tier (``'eager'``, or ``'auto'`` until the whole
+    result where ``mode`` asks for the op-by-op tier (``'ops'``, or ``'auto'`` until the whole
     program for ``key`` is ready), counting the run so that ``'auto'``'s ``jit_after``-th one calls
     ``compile_whole()`` in the background when ``program`` is small enough (``jit_max_ops``, as
     for ``evaluate``); None where the caller should run its whole program (``'jit'``, ready, or

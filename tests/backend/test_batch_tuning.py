@@ -62,7 +62,7 @@ def test_given_batch_size_or_budget_is_not_measured(always_tune):
     c, _ = _circuit()
     C.evaluate_batched(c, {"x": np.ones((8, 16))}, batch_size=2)
     C.evaluate_batched(c, {"x": np.ones((8, 16))}, memory_budget=1 << 30)
-    C.evaluate_batched(c, {"x": np.ones((8, 16))}, mode="eager")
+    C.evaluate_batched(c, {"x": np.ones((8, 16))}, mode="ops")
     assert tuned_chunks() == {}
 
 

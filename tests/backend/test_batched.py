@@ -69,7 +69,7 @@ def test_all_inputs_batched_int_tokens_and_float64():
 def test_batched_intermediates_eager_mode_and_jax_output():
     xs = rng.standard_normal((4, 3)).astype(np.float32)
     ys = rng.standard_normal((4, 3)).astype(np.float32)
-    value, extra = evaluate_batched(OUT, {"x": xs, "y": ys}, also=["h", "xy"], mode="eager")
+    value, extra = evaluate_batched(OUT, {"x": xs, "y": ys}, also=["h", "xy"], mode="ops")
     np.testing.assert_allclose(extra["xy"], xs + ys, rtol=1e-6)
     np.testing.assert_allclose(extra["h"], np.tanh((xs + ys) @ W.numpy()), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value, loop(OUT, [{"x": x, "y": y} for x, y in zip(xs, ys)]), rtol=1e-5, atol=1e-6)
@@ -102,7 +102,7 @@ def test_one_row_chunks_run_the_rows_own_program(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypatch):
     """On the CPU a chunk of rows of large work runs as lax.map over groups of rows (every row
     here counts as large; groups of two): the same values as the loop and numpy, a short last

@@ -34,8 +34,8 @@ h = C.GeneralFunction('tanh', C.Einsum.from_spec('ab,bc->ac', x, w), name='h')
 y = C.Einsum.from_spec('ac,ac->', h, h, name='y')
 inputs = {'x': np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)}
 before = cache_stats()['kernel_compilations']
-value = C.evaluate(y, inputs, mode='eager')
-_, grads = value_and_grad(y, [h], inputs, mode='eager')
+value = C.evaluate(y, inputs, mode='ops')
+_, grads = value_and_grad(y, [h], inputs, mode='ops')
 wait_for_background()  # kernels that JAX's cache held are kept in the background
 print(json.dumps({"value": np.asarray(value).tobytes().hex(), "grad": np.asarray(grads[h]).tobytes().hex(),
                   "traced": cache_stats()['kernel_compilations'] - before, **executable_info()}))
@@ -162,8 +162,8 @@ w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
 y = C.Add(C.Einsum.from_spec('ab,bc->ac', x, w), C.Add(), name='y')   # Add(): a kernel of no argument
 inputs = {'x': np.linspace(-1, 1, 12).reshape(3, 4)}
 with jax.default_matmul_precision('highest'):
-    value = C.evaluate(y, inputs, dtype='float64', mode='eager', cache=False)
-    zero = C.evaluate(C.Add(), dtype='float64', mode='eager', cache=False)
+    value = C.evaluate(y, inputs, dtype='float64', mode='ops', cache=False)
+    zero = C.evaluate(C.Add(), dtype='float64', mode='ops', cache=False)
 wait_for_background()  # kernels that JAX's cache held are kept in the background
 print(json.dumps({"dtype": str(value.dtype), "zero": str(zero.dtype), "value": np.asarray(value).tobytes().hex(),
                   **executable_info()}))

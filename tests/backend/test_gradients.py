@@ -30,7 +30,7 @@ def test_analytic_gradients_of_a_quadratic():
     np.testing.assert_allclose(g32, 2 * pre, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_cotangent_weights_a_vector_output(mode):
     cot = rng.standard_normal((2, 4))
     g = grad(PRE, W, {"x": XV}, cotangent=cot, dtype="float64", mode=mode)
@@ -49,7 +49,7 @@ def test_gradient_with_respect_to_a_shared_node_counts_every_use():
 def finite_difference(circuit, node, inputs, eps=1e-6):
     """d sum(circuit) / d node by central differences, the node replaced by a constant (every
     bumped circuit has one structure: one compilation serves them all)."""
-    base = evaluate(circuit, inputs, dtype="float64", also=[node], mode="eager")[1][node]
+    base = evaluate(circuit, inputs, dtype="float64", also=[node], mode="ops")[1][node]
     out = np.zeros_like(base)
     for pos in np.ndindex(*base.shape):
         vals = []
@@ -91,7 +91,7 @@ def test_gradient_errors():
 def ops_match_jit(out, wrt, inputs, fdt):
     """Value and gradients op by op equal the whole program's; ``(op-by-op value, gradients,
     tolerance)``."""
-    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
+    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="ops")
     v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
     tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(v_ops, v_jit, **tol)

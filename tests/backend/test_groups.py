@@ -69,7 +69,7 @@ def test_groups_compile_aside_then_run_and_every_value_is_kept(shipped):
             value = evaluate(variant)
             assert last_run()["tier"] == "ops"
             np.testing.assert_allclose(value, evaluate(variant, mode="jit", cache=False), rtol=2e-5, atol=2e-6)
-            np.testing.assert_allclose(value, evaluate(variant, mode="eager", cache=False), rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(value, evaluate(variant, mode="ops", cache=False), rtol=2e-5, atol=2e-6)
     assert groups.group_info()["hits"] >= hits + 8
     # A member inside a group (a query of a layer-1 head) was kept: asked for, it is read, not computed.
     variant = ablate(shipped, "b0.a.head3")
@@ -81,7 +81,7 @@ def test_groups_compile_aside_then_run_and_every_value_is_kept(shipped):
 
 def test_eager_mode_never_uses_groups(shipped):
     queued = groups.group_info()["queued"]
-    evaluate(shipped, mode="eager")
+    evaluate(shipped, mode="ops")
     assert groups.group_info()["queued"] == queued
     clear_cache("values")
     evaluate(shipped)  # 'auto', op by op: queued

@@ -152,7 +152,7 @@ def test_batching_is_value_preserving_on_drawn_circuits_of_every_node_type(templ
     _check_batching(template, k, data)
 
 
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_modes_agree(mode):
     c, _ = _small_model()
     np.testing.assert_allclose(C.evaluate(c, mode=mode, dtype="float64"), numpy_evaluate(c), rtol=1e-10)

@@ -95,7 +95,7 @@ def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, every_pro
 def test_eager_mode_never_compiles(run):
     circuit, w = patched(30)
     before = compilations()
-    run(circuit, w, "eager")
+    run(circuit, w, "ops")
     assert compilations() == before
 
 

@@ -47,16 +47,16 @@ def test_a_norms_divisor_is_found_by_shape_after_a_change_upstream(monkeypatch):
     clean, changed = norm(GeneralFunction("exp", x)), norm(GeneralFunction("sin", x))
     xv = np.arange(6.0, dtype=np.float32).reshape(2, 3)
     calls = Calls(monkeypatch)
-    np.testing.assert_allclose(C.evaluate(clean, {"x": xv}, mode="eager"), np.exp(xv) / 3, rtol=1e-6)
+    np.testing.assert_allclose(C.evaluate(clean, {"x": xv}, mode="ops"), np.exp(xv) / 3, rtol=1e-6)
     first = calls.n
     calls.n = 0
-    np.testing.assert_allclose(C.evaluate(changed, {"x": xv}, mode="eager"), np.sin(xv) / 3, rtol=1e-6)
+    np.testing.assert_allclose(C.evaluate(changed, {"x": xv}, mode="ops"), np.sin(xv) / 3, rtol=1e-6)
     assert first == 4 and calls.n == 2  # sin and the product: the divisor is known by shape
     # another shape or dtype is its own value
     y = Symbol((2, 4), name="y")
-    np.testing.assert_allclose(C.evaluate(norm(GeneralFunction("sin", y)), {"y": np.ones((2, 4))}, mode="eager"),
+    np.testing.assert_allclose(C.evaluate(norm(GeneralFunction("sin", y)), {"y": np.ones((2, 4))}, mode="ops"),
                                np.full((2, 4), np.sin(1.0) / 4), rtol=1e-6)
-    np.testing.assert_allclose(C.evaluate(changed, {"x": xv}, dtype="float64", mode="eager"),
+    np.testing.assert_allclose(C.evaluate(changed, {"x": xv}, dtype="float64", mode="ops"),
                                np.sin(xv.astype(np.float64)) / 3, rtol=1e-12)
 
 
@@ -76,12 +76,12 @@ def test_shipped_model_ablations_make_fewer_kernel_calls_and_agree_across_tiers(
 
     c = attn_only(induction_weights(), np.random.default_rng(0).integers(1, 64, 34), unique_names=True)
     calls = Calls(monkeypatch)
-    C.evaluate(c, mode="eager")
+    C.evaluate(c, mode="ops")
     counts = {}
     for site in ("b0.a.head1", "b0.a.head3", "b1.a.head2"):
         a = ablate(c, site)
         calls.n = 0
-        value = C.evaluate(a, mode="eager")
+        value = C.evaluate(a, mode="ops")
         counts[site] = calls.n
         np.testing.assert_allclose(value, C.evaluate(a, mode="jit", cache=False), rtol=1e-5, atol=1e-6)
     # 63 and 17 before: the norms' divisors recomputed and the Scalars broadcast again each time

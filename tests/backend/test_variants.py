@@ -159,7 +159,7 @@ def test_tokens_outside_the_vocabulary_in_rows_are_refused_as_evaluate_refuses_t
     ]
     for base, fine, variant, inputs in cases:
         with pytest.raises(C.EvaluationError, match="holds index .*, outside") as evaluated:
-            evaluate(variant, inputs, mode="eager", cache=False)  # the op-by-op tier, as the rows
+            evaluate(variant, inputs, mode="ops", cache=False)  # the op-by-op tier, as the rows
         before = RunInfo()
         with pytest.raises(C.EvaluationError, match="holds index .*, outside") as swept:
             run_variants(base, [*fine, variant, *fine], inputs, "float32", cache=False, info=before)

@@ -23,7 +23,7 @@ def pytest_generate_tests(metafunc):
     if metafunc.definition.get_closest_marker("unpinned") is not None:
         return  # a test of what 'auto' chooses
     if module in CROSS_TIER or os.environ.get("CIRCUITS_ALL_TIERS"):
-        metafunc.parametrize("pinned_tier", ["eager", "jit"], indirect=True)
+        metafunc.parametrize("pinned_tier", ["ops", "jit"], indirect=True)
 
 
 @pytest.fixture(autouse=True)
