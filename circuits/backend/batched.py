@@ -28,10 +28,11 @@ from .batch_tuning import tail_sizes, tune_chunk
 from .binding import float_dtype, precision
 from .bounded import BoundedCache
 from .calling import bind_once
+from .lowered import run_function, vmap_function
 from .lowering import cached_program, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
-from .tiers import Route, check_mode, maybe_jit, run
+from .tiers import Route, check_mode, run
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
 
@@ -194,41 +195,13 @@ def matmul_rows(program: Program, batched_args) -> float:
     return macs / weights if weights else 0.0
 
 
-def _batched_function(program: Program, axes: tuple, mode: str, group: int | None = None):
-    """``args -> outputs`` of ``program`` mapped over the batch axes ``axes`` (compiled or not, as
-    the jit policy decides): one vmap, or with ``group`` a ``lax.map`` over the rows, ``group``
-    rows vmapped at a time."""
-
-    def make():
-        import jax
-
-        run = program.skeleton().run
-        if group is None:
-            return jax.vmap(run, in_axes=(list(axes),))
-        batched = [i for i, ax in enumerate(axes) if ax == 0]
-
-        def mapped(args):
-            def one_row(rows):
-                full = list(args)
-                for i, v in zip(batched, rows):
-                    full[i] = v
-                return run(full)
-
-            return jax.lax.map(one_row, [args[i] for i in batched], batch_size=group)
-
-        return mapped
-
-    key = (program.key, "vmap", axes) if group is None else (program.key, "vmap", axes, "map", group)
-    return maybe_jit(key, len(program), mode, make)
-
-
-def _row_function(program: Program, axes: tuple, mode: str):
+def _row_function(program: Program, axes: tuple, how: str):
     """``args -> outputs`` for a chunk of one row: the program itself on that row (the function
     ``compile`` and ``evaluate`` use, from the same compile cache), its outputs given a batch axis
     of one.  A ``vmap`` of one row is slower on the CPU (the seed's loss 1.14x a hand-written
     ``lax.map``; the row's own program 1.02x: BENCHMARKS.md, issue 24): XLA keeps the unit batch
     axis in its contractions."""
-    run = maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
+    run = run_function(program, how)
 
     def one_row(part):
         outs = run([a[0] if ax == 0 else a for a, ax in zip(part, axes)])
@@ -410,7 +383,7 @@ class _Chunks:
         if f is None:
             how = "uncompiled" if self.mode == "ops" else self.mode
             f = self._made[one_row] = (_row_function(self.program, self.axes, how) if one_row
-                                       else _batched_function(self.program, self.axes, how, self.group))
+                                       else vmap_function(self.program, self.axes, how, self.group))
         return f(part)
 
     def place(self, placement) -> None:

@@ -96,7 +96,7 @@ class BoundedCache:
     reference's callback that runs during a store)."""
 
     __slots__ = ("name", "kind", "max_entries", "max_bytes", "lru", "_data", "_sizes", "_bytes", "_lock",
-                 "cleared_at", "hits", "misses", "stores", "evictions", "__weakref__")
+                 "cleared_at", "hits", "misses", "stores", "evictions", "peek", "__weakref__")
 
     def __init__(self, name: str, kind: str, *, max_entries: int | None = None, max_bytes: int | None = None,
                  lru: bool = True, reentrant: bool = False):
@@ -110,6 +110,9 @@ class BoundedCache:
         self._lock = threading.RLock() if reentrant else threading.Lock()
         self.cleared_at = 0
         self.hits = self.misses = self.stores = self.evictions = 0
+        # ``peek(key, default=None)``: the value without counting or reordering (a plain dict read,
+        # for the hot loops that look a node up many times a call)
+        self.peek = self._data.get
         register(name, kind, self)
 
     # ------------------------------------------------------------------ reading
@@ -131,10 +134,6 @@ class BoundedCache:
             self._data.move_to_end(key)
             self.hits += 1
             return value
-
-    def peek(self, key, default=None):
-        """The value under ``key`` without counting or reordering."""
-        return self._data.get(key, default)
 
     def __contains__(self, key) -> bool:
         return key in self._data

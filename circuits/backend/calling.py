@@ -59,11 +59,15 @@ _binder_lock = threading.Lock()
 _BINDERS = WeakCaches("binders", "compiled")  # every live binder's tables, in cache_stats and clear_cache
 
 
-def bind_once(program: Program, inputs, fdt: str, batched: bool = False):
-    """``bind_arguments(program, inputs, fdt, batched=batched)``, through the binder kept with
-    ``program`` when the inputs allow it (the same values, the same errors)."""
-    bound = binder_of(program, fdt).bind(inputs, batched)
-    return bound if bound is not None else bind_arguments(program, inputs, fdt, batched=batched)
+def bind_once(program: Program, inputs, fdt: str, batched: bool = False, given=None):
+    """``bind_arguments(program, inputs, fdt, batched=batched, given=given)``, through the binder
+    kept with ``program`` when the inputs allow it (the same values, the same errors): how every
+    path binds a program's arguments."""
+    if given is None:
+        bound = binder_of(program, fdt).bind(inputs, batched)
+        if bound is not None:
+            return bound
+    return bind_arguments(program, inputs, fdt, batched=batched, given=given)
 
 
 def binder_of(program: Program, fdt: str) -> "ArgumentBinder":

@@ -28,22 +28,16 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .background import WARM, in_background
-from .binding import bind_arguments, float_dtype, precision
+from .binding import float_dtype, precision
 from .calling import bind_once, binder_of
-from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
+from .incremental import Binding, RunInfo, cached_values, has_batch_axis, remember, run_ops
+from .lowered import Lowered, run_function, run_key
 from .lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_nodes
 from .persistent import compiled_before, note_compiled
 from .program import Program
-from .tiers import Route, check_mode, maybe_jit, run, settings, worth_compiling
+from .tiers import Route, check_mode, run, settings, worth_compiling
 
-__all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
-
-
-def program_function(program: Program, mode: str, kept_as: bytes | None = None):
-    """``args -> outputs`` of ``program``: compiled (from the compile cache) or op by op, as the
-    jit policy decides for ``mode``; ``kept_as``: its executable kept across processes under
-    these bytes (``runtime.cached_jit``)."""
-    return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run, kept_as)
+__all__ = ["evaluate", "compile", "Compiled", "make_jaxpr"]
 
 
 def _numpy_outputs(outs, items):
@@ -109,12 +103,18 @@ class _Evaluation(Route):
         # a whole program is tracked only where the also= items have a key (names, nodes)
         self.key = None if items_key is None else ("run", circuit.hash, fdt, items_key, batch_heads)
         self.cold_start = items_key is not None and not also
-        self._keys = self._program = None
+        self._binding = self._keys = self._program = None
+
+    def binding(self) -> Binding:
+        """The circuit with its inputs bound (checked and hashed once for every way)."""
+        if self._binding is None:
+            self._binding = Binding([self.circuit], self.inputs, self.fdt)
+        return self._binding
 
     def keys(self):
-        """The value cache's keys of the circuit for these inputs (hashing them once)."""
+        """The value cache's keys of the circuit for these inputs."""
         if self._keys is None:
-            self._keys = [value_keys([self.circuit], self.inputs, self.fdt)]
+            self._keys = [self.binding().root_keys()]
         return self._keys[0]
 
     def program(self):
@@ -127,10 +127,10 @@ class _Evaluation(Route):
                 or cached_values(self.keys()) is not None:
             return False
         program, _ = self.program()
-        return worth_compiling(program, (program.key, "run"))
+        return worth_compiling(program, run_key(program))
 
     def cached(self):
-        if not self.cache or self.also:
+        if not self.cache or self.also or not self.circuit.children:  # a leaf's value is not kept
             return None
         found = cached_values(self.keys())
         return None if found is None else self.out(found, [])
@@ -139,7 +139,7 @@ class _Evaluation(Route):
         program, items = self.program()
         args = bind_once(program, self.inputs, self.fdt)
         kept_as = _kept_as(self.circuit, self.fdt, self.batch_heads) if kept else None
-        values = program_function(program, "jit", kept_as)(args)
+        values = run_function(program, "jit", kept_as)(args)
         if not self.also:
             note_compiled(_mark(self.circuit, self.fdt, self.batch_heads))
         if self.mode == "auto" and self.cache and not self.also:
@@ -150,7 +150,8 @@ class _Evaluation(Route):
         items = as_items(self.also)
         roots = [self.circuit, *(_resolve_also(self.circuit, items, self.fdt) if items else ())]
         info = RunInfo()
-        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups)
+        binding = None if items else self.binding()
+        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding)
         return self.out(values, items), "ops" if info.computed else "cache", info.computed, info.reused
 
     def compile_whole(self, keep: bool = False):
@@ -188,11 +189,11 @@ def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs, 
     is kept on disk for the next process's first evaluation (a new process's first circuit)."""
     with precision(fdt):
         program, _ = cached_program(circuit, fdt, also, batch_heads)
-        if not worth_compiling(program, (program.key, "run")):
+        if not worth_compiling(program, run_key(program)):
             return None
-        args = bind_arguments(program, inputs, fdt)
+        args = bind_once(program, inputs, fdt)
         kept_as = _kept_as(circuit, fdt, batch_heads) if keep and not also else None
-        for value in program_function(program, "jit", kept_as)(args):
+        for value in run_function(program, "jit", kept_as)(args):
             value.block_until_ready()
         if not also:
             note_compiled(_mark(circuit, fdt, batch_heads))
@@ -229,11 +230,12 @@ def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:
     return resolve_nodes(Program([circuit], fdt), items, "also")
 
 
-class Compiled:
-    """A circuit lowered once: call it with ``inputs`` (a dict keyed by Symbol or name).
+class Compiled(Lowered):
+    """A circuit lowered once (a ``Lowered``, its program ``evaluate`` runs whole): call it with
+    ``inputs`` (a dict keyed by Symbol or name).
 
     Array and Scalar values are uploaded to the device on first use and kept there, shared with
-    every other evaluation of the same tensors (``circuits.backend.runtime``'s device values).
+    every other evaluation of the same tensors (``circuits.backend.binding``'s device values).
 
     >>> from circuits import Symbol, GeneralFunction
     >>> x = Symbol((3,), name='x')
@@ -245,11 +247,11 @@ class Compiled:
     def __init__(self, circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,
                  shard=None):
         self.circuit = circuit
-        self.float_dtype = float_dtype(dtype)
-        self.program, self._items = program_with_also(circuit, self.float_dtype, also, batch_heads)
+        self.dtype = float_dtype(dtype)
+        self.program, self._items = program_with_also(circuit, self.dtype, also, batch_heads)
         self.placement = None
-        self._bound = None  # the arguments, bound once when there is no Symbol to bind
-        self._binder = binder_of(self.program, self.float_dtype)  # the per-call fast path
+        self._placed = None  # the arguments placed on the mesh once, when there is no Symbol to bind
+        self._binder = binder_of(self.program, self.dtype)  # the per-call fast path
         self._run = None
         if mesh is not None:
             from .sharding import Placement, mesh_of
@@ -258,17 +260,22 @@ class Compiled:
         elif shard:
             raise EvaluationError("compile: shard= needs mesh= (a jax.sharding.Mesh or a list of devices)")
 
+    @property
+    def float_dtype(self) -> str:
+        return self.dtype
+
     def arguments(self, inputs: Mapping | None = None) -> list:
-        """The argument values the compiled function gets (in ``program.arg_slots`` order): checked,
-        on the device, and placed on the mesh when there is one (``value.sharding`` shows how).
-        A circuit without free Symbols binds its arguments once: later calls reuse them."""
-        if self._bound is not None and not inputs:
-            return self._bound
-        with precision(self.float_dtype):
-            args = bind_arguments(self.program, inputs, self.float_dtype)
-            args = args if self.placement is None else self.placement.place(args)
+        """The argument values the compiled function gets (in ``program.arg_slots`` order): checked
+        (``bind``), on the device, and placed on the mesh when there is one (``value.sharding``
+        shows how; a circuit without free Symbols is placed once, later calls reuse it)."""
+        if self.placement is None:
+            return self.bind(inputs)
+        if self._placed is not None and not inputs:
+            return self._placed
+        with precision(self.dtype):
+            args = self.placement.place(self.bind(inputs))
         if not self.program.free_symbols():
-            self._bound = args
+            self._placed = args
         return args
 
     def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
@@ -276,20 +283,20 @@ class Compiled:
         the device).  The arguments are bound once (``circuits.backend.calling``): a call with
         inputs of shapes and dtypes seen before only checks their values' index ranges and
         runs the compiled function once."""
-        with precision(self.float_dtype):
+        with precision(self.dtype):
             args = None if self.placement is not None else self._binder.bind(inputs)
             if args is None:
                 args = self.arguments(inputs)
             run = self._run
             if run is None:
-                run = self._run = program_function(self.program, "jit")
+                run = self._run = run_function(self.program, "jit")
             outs = run(args)
         if return_jax:
             return package_outputs(outs, self._items)
         return _numpy_outputs(outs, self._items)
 
     def __repr__(self):
-        return f"<Compiled {len(self.program)} nodes, {self.float_dtype}: {self.circuit.line()}>"
+        return f"<Compiled {len(self.program)} nodes, {self.dtype}: {self.circuit.line()}>"
 
 
 def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,  # noqa: A001
@@ -321,8 +328,6 @@ def make_jaxpr(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float3
     """
     import jax
 
-    fdt = float_dtype(dtype)
-    program = Program([circuit], fdt)
-    with precision(fdt):
-        args = bind_arguments(program, inputs, fdt)
-        return jax.make_jaxpr(program.skeleton().run)(args)
+    low = Lowered(circuit, dtype)
+    with precision(low.dtype):
+        return jax.make_jaxpr(low.traceable())(low.bind(inputs))

@@ -24,41 +24,15 @@ from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from .backward import grads_ops
-from .binding import bind_arguments, float_dtype, precision
+from .binding import float_dtype, precision
+from .calling import bind_once
 from .incremental import RunInfo, has_batch_axis
+from .lowered import grad_function, grad_vmap_function
 from .lowering import as_items, resolve_nodes
 from .program import Program
-from .tiers import Route, check_mode, maybe_jit, run, worth_compiling
+from .tiers import Route, check_mode, run, worth_compiling
 
 __all__ = ["grad", "value_and_grad"]
-
-
-def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: bool, mode: str):
-    """``(args, cotangent) -> (output, gradients at slots)`` (compiled or not, as the jit policy
-    decides)."""
-
-    def make():
-        import jax
-        import jax.numpy as jnp
-
-        skeleton = program.skeleton()
-        fdt = program.float_dtype
-
-        def loss(deltas, args, cotangent):
-            (out,) = skeleton.run(args, deltas=dict(zip(slots, deltas)))
-            total = jnp.sum(out * cotangent) if weighted else jnp.sum(out)
-            return total, out
-
-        value_and_grad = jax.value_and_grad(loss, has_aux=True)
-
-        def run(args, cotangent):
-            zeros = [jnp.zeros(shape, dtype=fdt) for shape in shapes]
-            (_, out), grads = value_and_grad(zeros, args, cotangent)
-            return out, grads
-
-        return run
-
-    return maybe_jit((program.key, "grad", slots, weighted), len(program), mode, make)
 
 
 def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cotangent=None,
@@ -156,10 +130,9 @@ class _Gradient(Route):
         shapes = tuple(program.nodes[s].shape for s in slots)
         if self.batched:
             return _batched_value_and_grad(program, nodes, items, single, slots, shapes, self.inputs, weights)
-        args = bind_arguments(program, self.inputs, self.fdt)
+        args = bind_once(program, self.inputs, self.fdt)
         how = "uncompiled" if self.mode == "ops" else "jit"
-        fn = _gradient_function(program, slots, shapes, weights is not None, how)
-        out, grads = fn(args, weights)
+        out, grads = grad_function(program, slots, shapes, weights is not None, how)(args, weights)
         value = np.asarray(out)
         by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
         if single:
@@ -170,19 +143,11 @@ class _Gradient(Route):
 def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights):
     """Per-example values and gradients over inputs with a leading batch axis: one compiled
     program (the gradient program ``vmap``-ed over the batched arguments), batch axis first."""
-    import jax
-
     fdt = program.float_dtype
     with precision(fdt):
-        args, axes = bind_arguments(program, inputs, fdt, batched=True)
+        args, axes = bind_once(program, inputs, fdt, batched=True)
         cot_axis = None if weights is None or weights.ndim == len(program.nodes[program.outputs[0]].shape) else 0
-        key = (program.key, "grad-vmap", slots, weights is not None, tuple(axes), cot_axis)
-
-        def make():
-            run = _gradient_function(program, slots, shapes, weights is not None, "uncompiled")
-            return jax.vmap(run, in_axes=(list(axes), cot_axis))
-
-        out, grads = maybe_jit(key, len(program), "jit", make)(args, weights)
+        out, grads = grad_vmap_function(program, slots, shapes, weights is not None, axes, cot_axis)(args, weights)
         value = np.asarray(out)
         found = {program.nodes[s].hash: np.asarray(g) for s, g in zip(slots, grads)}
     by_item = [found[program.nodes[program.slot_of[n.hash]].hash] for n in nodes]
@@ -198,8 +163,8 @@ def _compile_gradient(program, nodes, weights, inputs) -> bool | None:
     if not worth_compiling(program, (program.key, "grad", slots, weights is not None)):
         return None  # too large to compile whole (see circuits.backend.tiers.JIT_MAX_OPS)
     with precision(fdt):
-        args = bind_arguments(program, inputs, fdt)
-        out, _ = _gradient_function(program, slots, shapes, weights is not None, "jit")(args, weights)
+        args = bind_once(program, inputs, fdt)
+        out, _ = grad_function(program, slots, shapes, weights is not None, "jit")(args, weights)
         out.block_until_ready()
     return True
 

@@ -55,7 +55,7 @@ from .program import kernel_part, node_key_part
 from .runtime import counted_jit
 
 __all__ = [
-    "run_ops", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",
+    "run_ops", "Binding", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",
     "value_cache_info", "set_value_budget", "kernel_info", "DEFAULT_VALUE_BYTES",
 ]
 
@@ -279,16 +279,30 @@ def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list) 
     return bound, fps
 
 
+class Binding:
+    """``roots`` prepared (their Modules substituted) and the values bound to their Symbols,
+    checked and hashed once: for the value cache's keys (``root_keys``) and for a run of the same
+    roots (``run_ops(binding=)``); what is wrong with the inputs is in ``problems``."""
+
+    __slots__ = ("roots", "free", "values", "problems", "keys")
+
+    def __init__(self, roots: Sequence[Circuit], inputs: Mapping | None, fdt: str):
+        self.roots, self.free = prepared(roots)
+        self.problems: list[str] = []
+        self.values, fps = bind_symbols(self.free, inputs, fdt, self.problems)
+        self.keys = CacheKeys(fdt, fps)
+
+    def root_keys(self) -> list | None:
+        """The value cache's keys of the roots (None when the inputs do not bind: a miss)."""
+        if self.problems or len(self.keys.fps) != len(self.free):
+            return None
+        return [self.keys(r) for r in self.roots]
+
+
 def value_keys(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str) -> list | None:
     """The value cache's keys of ``roots`` for these inputs (None when the inputs do not bind:
     a miss, not an error); for ``cached_values`` and ``remember``, hashing the inputs once."""
-    roots, free = prepared(roots)
-    problems: list[str] = []
-    _, fps = bind_symbols(free, inputs, fdt, problems)
-    if problems or len(fps) != len(free):
-        return None
-    keys = CacheKeys(fdt, fps)
-    return [keys(r) for r in roots]
+    return Binding(roots, inputs, fdt).root_keys()
 
 
 def cached_values(keys: list | None) -> list | None:
@@ -431,27 +445,27 @@ def _keep(node: Circuit, value, keys, store: list) -> None:
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
-            info: RunInfo | None = None, keep_all: bool = False, groups: bool = False, warm: bool = False):
+            info: RunInfo | None = None, keep_all: bool = False, groups: bool = False, warm: bool = False,
+            binding: Binding | None = None):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them).  ``groups=True`` runs the fused groups that are
     compiled (``circuits.backend.groups``) and queues the others' compilation.  ``warm=True``
-    computes the roots again though the cache holds them, and keeps the values the cache had."""
+    computes the roots again though the cache holds them, and keeps the values the cache had.
+    ``binding``: the ``Binding`` of these roots and inputs, made already (they are not bound again)."""
     if cache and not warm:
         # the warm-up after a new process's first, whole-program evaluation: wait for it rather
         # than compile the same kernels and compute the same values beside it
         wait_for(WARM)
     with _groups.foreground():
-        return _run_ops(roots, inputs, fdt, cache, info, keep_all, groups, warm)
+        return _run_ops(binding or Binding(roots, inputs, fdt), fdt, cache, info, keep_all, groups, warm)
 
 
-def _run_ops(roots, inputs, fdt, cache, info, keep_all, groups, warm):
-    roots, free = prepared(roots)
+def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
+    roots, bound, keys = binding.roots, binding.values, binding.keys
     again = {r.hash for r in roots} if warm else ()
-    problems: list[str] = []
-    bound, fps = bind_symbols(free, inputs, fdt, problems)
-    keys = CacheKeys(fdt, fps)
+    problems = list(binding.problems)
     env: dict = {}
     get = VALUES.get
     if cache:

@@ -307,7 +307,7 @@ class Route:
         return False
 
     def cached(self):
-        """The value, when it is known already (None: compute it)."""
+        """The value, when it is known already (None: compute it).  Asked first, but in ``'jit'``."""
         return None
 
     def whole(self, kept: bool = False):
@@ -338,18 +338,18 @@ def run(route: Route):
         if current.background:
             route.warm()
         return value
+    if route.mode != "jit":
+        # A value known for these inputs is returned as it is, whichever tier computed it: the
+        # same call gives the same bits before and after the compiled program is ready.
+        known = route.cached()
+        if known is not None:
+            record("cache", 0, 1)
+            return known
     found = None
     if not (route.mode == "jit" or route.by_ops is None
             or (auto and route.key is not None and whole_program_ready(route.key))):
         found = route.by_ops(auto and current.groups)
     if found is None:  # the whole program: compiled ('jit', 'auto' once ready), or a batch
-        if auto:
-            # A value known for these inputs is returned as it is, whichever tier computed it:
-            # the same call gives the same bits before and after the compiled program is ready.
-            known = route.cached()
-            if known is not None:
-                record("cache", 0, 1)
-                return known
         record(route.whole_tier)
         return route.whole()
     value, tier, computed, reused = found

@@ -45,14 +45,12 @@ from ..traversal import toposort
 from .binding import raise_problems
 from .incremental import (
     VALUES,
-    CacheKeys,
+    Binding,
     RunInfo,
-    bind_symbols,
     cached_kernel,
     check_leaf_indices,
     kernel,
     pick_row,
-    prepared,
     run_ops,
 )
 from .ops import build_op
@@ -130,12 +128,11 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
     changed nodes computed as rows (see the module docstring).  Every input is checked first."""
     info = info if info is not None else RunInfo()
-    roots, free = prepared([base, *variants])
-    base, variants = roots[0], roots[1:]
+    binding = Binding([base, *variants], inputs, fdt)
+    base, variants = binding.roots[0], binding.roots[1:]
+    raise_problems(binding.problems)
     problems: list[str] = []
-    bound, fps = bind_symbols(free, inputs, fdt, problems)
-    raise_problems(problems)
-    keys = CacheKeys(fdt, fps)
+    bound, keys = binding.values, binding.keys
     out: list = [None] * len(variants)
     todo = []
     for i, v in enumerate(variants):
