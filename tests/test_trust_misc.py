@@ -1,7 +1,9 @@
 """Trust, second round (issue 21): integer inputs beyond the int dtype they are computed in
 (item 4), race-free interning of function-family members (item 8), an empty tensor whose other
-axes overflow (item 17)."""
+axes overflow (item 17).  Third round (issue 33): finite floats beyond the float dtype an input is
+computed in (item 7)."""
 
+import re
 import sys
 import threading
 
@@ -127,3 +129,40 @@ def test_an_empty_tensor_whose_other_axes_overflow_is_refused_clearly(make):
 
 def test_an_empty_tensor_within_range_still_evaluates():
     assert C.evaluate(C.Scalar(1.0, (0, 2**40))).shape == (0, 2**40)
+
+
+# ---------------------------------------------------------------------------- issue 33 item 7
+_X = C.Symbol((3,), name="x")
+_DOUBLE = C.Einsum.from_spec("a,->a", _X, C.Scalar(2.0))
+_OVERFLOW = [np.array([1.0, 1e300, 2.0]), np.array([-1e39, 0.0, 0.0])]
+
+
+def _binders():
+    compiled = C.compile(_DOUBLE)
+    return {
+        "evaluate": lambda v: C.evaluate(_DOUBLE, {"x": v}),
+        "jit": lambda v: C.evaluate(_DOUBLE, {"x": v}, mode="jit"),
+        "compile": lambda v: compiled({"x": v}),
+        "batched": lambda v: C.evaluate_batched(_DOUBLE, {"x": v[None]})[0],
+        "eager": lambda v: C.evaluate(_DOUBLE, {"x": v}, mode="eager"),
+        "Eager": lambda v: C.Eager(_DOUBLE, {"x": v})(_DOUBLE),
+    }
+
+
+@pytest.mark.parametrize("path", ["evaluate", "jit", "compile", "batched", "eager", "Eager"])
+@pytest.mark.parametrize("value", _OVERFLOW, ids=["1e300", "-1e39"])
+def test_a_finite_float_that_overflows_the_input_dtype_is_refused(path, value):
+    run = _binders()[path]
+    assert run(np.array([1.0, 2.0, 3.0])).tolist() == [2.0, 4.0, 6.0]  # the signature seen once, fine
+    big = float(value[np.argmax(np.abs(value))])
+    with pytest.raises(C.EvaluationError, match=re.escape(f"'x' [3] Symbol holds {big!r}, beyond the largest float32")):
+        run(value)
+
+
+def test_inf_and_nan_given_as_such_pass_and_float64_keeps_big_values():
+    out = C.evaluate(_DOUBLE, {"x": np.array([np.inf, -np.inf, np.nan])})
+    assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2])
+    assert C.evaluate(_DOUBLE, {"x": np.array([1e300, 0, 0])}, dtype="float64")[0] == 2e300
+    assert C.evaluate(_DOUBLE, {"x": np.array([3e38, 0, 0])})[0] == np.inf  # the computation's own overflow
+    with pytest.raises(C.EvaluationError, match="holds 70000, beyond the largest float16"):
+        C.evaluate(_DOUBLE, {"x": np.array([70000, 1, 2])}, dtype="float16")

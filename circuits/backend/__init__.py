@@ -18,9 +18,10 @@ Modules, in dependency order:
   batched), the programs of live circuits cached;
 - ``calling``: arguments bound once per program (``ArgumentBinder``), the per-call fast path of
   ``Compiled``, ``evaluate_batched`` and ``evaluate``'s whole-program tier;
-- ``persistent``: JAX's compilation cache on disk, across processes; ``runtime``: the one compile
-  cache (``cached_jit``); ``executables``: the op kernels' executables kept on disk, loaded
-  without tracing;
+- ``cachedir``: the compilation cache's folders and files, checked at each use (ours, private, no
+  link); ``persistent``: JAX's compilation cache on disk, across processes; ``runtime``: the one
+  compile cache (``cached_jit``); ``executables``: the op kernels' executables kept on disk,
+  loaded without tracing;
 - ``groups``: fused groups of the op-by-op tier, compiled aside; ``incremental``: op-by-op
   evaluation through kernels cached per operation, over a process-wide value cache keyed by
   node identity and bound values;

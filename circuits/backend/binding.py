@@ -3,7 +3,8 @@ Symbols, Arrays and Scalars, and the values on the device that every path shares
 
 All checks happen before anything runs: a bad input raises one ``EvaluationError`` that names
 every offending node and says what was expected (a Symbol's shape and dtype, a placeholder
-Array, an int that would wrap, an index outside the axis a gather reads).
+Array, an int that would wrap, a finite float that would become inf, an index outside the axis a
+gather reads).
 
 >>> from circuits import Symbol, Add
 >>> from circuits.backend.program import Program
@@ -174,7 +175,52 @@ def check_symbol_value(sym: Symbol, value, fdt: str, problems: list, batched: bo
             + (" or evaluate with dtype='float64' (64-bit ints)" if canonical.itemsize < 8 else "")
         )
         return None, is_batched
-    return _cast(arr, canonical), is_batched
+    if not narrows(arr.dtype, canonical):
+        return _cast(arr, canonical), is_batched
+    with np.errstate(over="ignore"):  # an overflow is reported below, by the Symbol's name
+        cast = _cast(arr, canonical)
+    bad = overflowed(arr, cast)
+    if bad is not None:
+        problems.append(
+            f"input for Symbol {sym.line()} holds {bad!r}, beyond the largest {dtype_str(canonical)} "
+            f"({_largest(canonical):g}) it is computed in (it would become inf silently): scale it, "
+            "pass inf itself if that is meant"
+            + (", or evaluate with dtype='float64'" if canonical.itemsize < 8 else "")
+        )
+        return None, is_batched
+    return cast, is_batched
+
+
+def _largest(dtype) -> float:
+    """The largest finite value of an int or float dtype (bfloat16 included)."""
+    if str(dtype) == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    dtype = np.dtype(dtype)
+    return float(np.iinfo(dtype).max if dtype.kind in "iu" else np.finfo(dtype).max)
+
+
+def narrows(source, target) -> bool:
+    """Whether the cast of a ``source`` int or float to the float ``target`` can turn a finite
+    value into inf (float64 -> float32, an int -> float16)."""
+    return _kind(target) == "f" and _kind(source) in "fiu" and _largest(source) > _largest(target)
+
+
+def overflowed(value, cast):
+    """A finite value of ``value`` (numpy or JAX) that became inf in ``cast``, its cast to a
+    narrower float; None if none.  ``inf`` and ``nan`` given as such are not overflows."""
+    if isinstance(cast, np.ndarray):
+        xp = np
+    else:
+        import jax.numpy as xp
+    if bool(xp.isfinite(cast).all()):
+        return None
+    lost = xp.isinf(cast) & xp.isfinite(value)
+    if not bool(lost.any()):
+        return None
+    first = int(xp.argmax(lost.reshape(-1)))
+    return value.reshape(-1)[first].item()
 
 
 def _wrapping_int(arr, canonical):

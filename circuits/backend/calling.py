@@ -13,7 +13,8 @@ arithmetic is 0.1 ms, it was most of the gap to a hand-written ``jax.jit`` (BENC
 - each input's type, shape and dtype (its *signature*) is checked once per argument: a signature
   seen before skips the check, one not seen before is checked the full way;
 - what depends on an input's *values* is checked at every call, as ``bind_arguments`` does: the
-  range of int tokens that a gather reads or that would wrap in the cast.  Their extent is read
+  range of int tokens that a gather reads or that would wrap in the cast, a finite float that
+  would become inf in a narrowing cast.  Their extent is read
   from the host for a numpy array (which the caller may have changed in place since the last
   call) and once per device array (JAX arrays are immutable: kept by identity while it lives).
 
@@ -44,7 +45,7 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Symbol
-from .binding import bind_arguments, check_symbol_value, leaf_value, symbol_values
+from .binding import bind_arguments, check_symbol_value, leaf_value, narrows, overflowed, symbol_values
 from .bounded import WeakCaches
 from .program import Program
 
@@ -172,7 +173,7 @@ class ArgumentBinder:
                 info = np.iinfo(target)
                 wrap = (int(info.min), int(info.max) + 1)
             out = _Signature(None if target == value.dtype else target, 0 if is_batched else None, wrap,
-                             self._ranges.get(pos), issubclass(kind, np.ndarray))
+                             self._ranges.get(pos), issubclass(kind, np.ndarray), narrows(value.dtype, target))
         if len(self._signatures) >= _MAX_SIGNATURES:
             self._signatures.clear()
         self._signatures[sig] = out
@@ -215,7 +216,14 @@ class ArgumentBinder:
                 if extent is not None and not all(lo <= extent[0] and extent[1] < hi for lo, hi in found.bounds):
                     return None  # an index out of range or an int that would wrap: the full check says which
             if found.cast is not None:
-                value = value.astype(found.cast)
+                if found.narrows:
+                    with np.errstate(over="ignore"):
+                        cast = value.astype(found.cast)
+                    if overflowed(value, cast) is not None:
+                        return None  # a finite float that became inf: the full check says which
+                    value = cast
+                else:
+                    value = value.astype(found.cast)
             args[pos] = value
             if batched:
                 axes[pos] = found.axis
@@ -257,10 +265,11 @@ class _Signature:
     batch axis, the bounds its values must lie in (``[(lo, hi), ...]`` half-open, or None), and
     whether it is a host (numpy) value."""
 
-    __slots__ = ("cast", "axis", "bounds", "host")
+    __slots__ = ("cast", "axis", "bounds", "host", "narrows")
 
-    def __init__(self, cast, axis, wrap, index_range, host: bool):
+    def __init__(self, cast, axis, wrap, index_range, host: bool, narrows: bool = False):
         self.cast = cast
+        self.narrows = narrows  # a float cast that can overflow: its result is checked at each call
         self.axis = axis
         bounds = [b for b in (wrap, index_range) if b is not None]
         self.bounds = bounds or None

@@ -14,9 +14,20 @@ moves it or turns it off) under that key and:
   platform and version, its device kind and count.
 
 A later process loads the executable (``jax.experimental.serialize_executable``) and calls it:
-no trace, no lowering.  A new process's first whole program (``evaluation._compile_whole`` and the
-next process's first evaluation, ``persistent.compiled_before``) is kept the same way, under the
-circuit's hash and options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
+no trace, no lowering.  That payload is a pickle (JAX's own, of XLA's executable), so nothing in it
+is read before it is authenticated: an entry holds a keyed digest (blake3) of all it holds, made
+with this user's key (``cachedir.mac_key``: a 0600 file in the user's data folder, outside every
+cache folder), and the trees of arguments and results are stored as plain data.  An entry whose
+digest does not match (a flipped bit, a truncated file, a file someone else wrote) is removed
+before anything is deserialized.  The entry's file and every folder above it are checked as it is
+read (``circuits.backend.cachedir``).  A process marks an entry while it loads it and runs it the
+first time (a file naming the process and when it started): a mark whose process is gone means
+that loading it crashed, and the next process removes the entry instead of crashing the same way
+(a live process's mark is a concurrent load, not a crash).
+
+A new process's first whole program (``evaluation._compile_whole`` and the next process's first
+evaluation, ``persistent.compiled_before``) is kept the same way, under the circuit's hash and
+options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
 code is the user's, which may change between processes); nor is one called inside a JAX trace,
 under a trace context that is not plain data, or whose executable cannot be serialized.
 
@@ -34,23 +45,34 @@ tracers, another device) goes through the jitted kernel, as without this cache.
 from __future__ import annotations
 
 import collections
+import hmac
+import json
 import os
-import pickle
+import re
+import stat
 import struct
-import tempfile
 import threading
+import time
 
 import blake3
 import numpy as np
 
 from ..dtypes import dtype_str
-from .persistent import ensure_persistent_cache
+from . import cachedir
+from .cachedir import Untrusted
+from .persistent import ensure_persistent_cache, open_folder
 from .runtime import counted_jit
 
-__all__ = ["kept", "stable_key", "executable_info", "FOLDER"]
+__all__ = ["kept", "stable_key", "executable_info", "FOLDER", "is_entry"]
 
 FOLDER = "circuits-kernels"
-_MAGIC = b"circuits-kernel 1\n"
+_LOADING = "loading"  # the loading marks, a folder in FOLDER
+_MAGIC = b"circuits-kernel 2\n"
+_OLD_MAGICS = (b"circuits-kernel 1\n",)  # earlier formats: removed by the trim, never loaded
+_DIGEST = 32
+_ENTRY = re.compile(r"[0-9a-f]{64}")
+_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{16}")
+_TEMPORARY_AGE = 3600.0  # a temporary this old is a killed writer's: the trim may remove it
 _GF = b"GeneralFunction\0"
 _counts = collections.Counter()
 _trace_context: list = []  # [jax's trace_context], imported with the first kept kernel
@@ -59,8 +81,9 @@ _env: list = []  # [environment digest], computed once
 
 def executable_info() -> dict:
     """``loads`` (executables read from disk), ``stores`` (written), ``rejected`` (entries that
-    could not be used: compiled afresh) and ``fallbacks`` (calls the jitted kernel took)."""
-    return {k: _counts[k] for k in ("loads", "stores", "rejected", "fallbacks")}
+    could not be used: removed, compiled afresh), ``quarantined`` (entries removed because a process
+    died loading them) and ``fallbacks`` (calls the jitted kernel took)."""
+    return {k: _counts[k] for k in ("loads", "stores", "rejected", "quarantined", "fallbacks")}
 
 
 # ---------------------------------------------------------------------------- keys
@@ -177,20 +200,40 @@ def kept(key, op, jitted, counter: str = "kernel_compilations"):
     if directory is None:
         return jitted
     stable = stable_key(key)
-    if stable is None or not _setup():
+    if stable is None or not _setup() or _mac_key() is None:
         return jitted
-    return KeptKernel(op, jitted, stable, os.path.join(directory, FOLDER), counter)
+    return KeptKernel(op, jitted, stable, directory, counter)
+
+
+_keys: list = []  # [this user's key, or None when it cannot be used], read once
+
+
+def _mac_key() -> bytes | None:
+    """This user's key for the entries' digests (``cachedir.mac_key``); None, after one warning,
+    when its file cannot be trusted (kernels are then not kept)."""
+    if not _keys:
+        try:
+            key = cachedir.mac_key()
+        except Untrusted as e:
+            import warnings
+
+            key = None
+            warnings.warn(f"circuits: the key file {e.path!r} cannot be used: {e.problem}; kernels are not kept "
+                          f"across processes ({e.fix or 'remove it'})", RuntimeWarning, stacklevel=4)
+        _keys[:] = [key]
+    return _keys[0]
 
 
 class KeptKernel:
     """A kernel that runs the executable it loaded (or compiled and stored) for the arguments'
-    signature, and falls back to the jitted kernel for calls that executable does not take."""
+    signature, and falls back to the jitted kernel for calls that executable does not take.
+    ``root``: the cache folder (its entries are in ``root/circuits-kernels``)."""
 
-    __slots__ = ("op", "jitted", "key", "folder", "counter", "exe", "context", "by_signature")
+    __slots__ = ("op", "jitted", "key", "root", "counter", "exe", "context", "by_signature")
 
-    def __init__(self, op, jitted, key: bytes, folder: str, counter: str = "kernel_compilations"):
+    def __init__(self, op, jitted, key: bytes, root: str, counter: str = "kernel_compilations"):
         _setup()  # kept() makes one only where this jax can keep kernels
-        self.op, self.jitted, self.key, self.folder, self.counter = op, jitted, key, folder, counter
+        self.op, self.jitted, self.key, self.root, self.counter = op, jitted, key, root, counter
         self.exe = None
         self.context = None
         self.by_signature: dict = {}
@@ -215,17 +258,19 @@ class KeptKernel:
         signature = (tree, tuple((a.shape, dtype_str(a.dtype), a.weak_type) for a in avals), context)
         exe = self.by_signature.get(signature)
         if exe is None:
-            exe, path = self._load_or_compile(args, signature)
+            exe, loaded = self._load_or_compile(args, signature)
             self.by_signature[signature] = exe or False
-            if path is not None:  # read from disk: its first run tells whether it works here
-                try:
+            if loaded is not None:  # read from disk: its first run (still marked as loading)
+                try:  # tells whether it works here
                     out = exe(*args)
                 except jax.errors.JaxRuntimeError:
-                    _reject(path)
+                    loaded.reject()
                     self.by_signature[signature] = False
                     return self._fallback(args)
                 except (TypeError, ValueError):  # arguments on a device it was not loaded for
                     return self._fallback(args)
+                finally:
+                    loaded.done()
                 self.exe, self.context = exe, context
                 return out
         if exe is None or exe is False:
@@ -242,26 +287,27 @@ class KeptKernel:
         return self.jitted(*args)
 
     def _load_or_compile(self, args, signature) -> tuple:
-        """``(executable, path it was read from or None)`` for ``args``: read from its file when
-        one is there and loads, else compiled (traced and lowered through the jitted kernel) and
-        written; ``(None, None)`` when it cannot be kept (the caller uses the jitted kernel)."""
+        """``(executable, _Loading when it was read from disk, else None)`` for ``args``: read
+        from its entry when one is there and loads, else compiled (traced and lowered through the
+        jitted kernel) and written; ``(None, None)`` when it cannot be kept (the caller uses the
+        jitted kernel)."""
         tree, avals, context = signature
         plain = _plain_context(context)
         if plain is None:
             return None, None
         full = b"\n".join([self.key, repr(tree).encode(), repr(avals).encode(), plain, _environment()])
         name = blake3.blake3(full).hexdigest(32)
-        path = os.path.join(self.folder, name)
-        exe = _load(path, full)
+        root = self.root
+        exe, loaded = _load(root, name, full)
         if exe is not None:
             _counts["loads"] += 1
-            return exe, path
+            return exe, loaded
         # The module's name: the key without the library's source, so that a new version of the
         # library finds in JAX's cache what it lowers the same way.
         stem = blake3.blake3(full[:-len(_environment())]).hexdigest(24)
         compiled, fresh = _compile(self.op, args, "circuits_kernel_" + stem, self.counter)
         if fresh:
-            _store(path, full, compiled)
+            _store(root, name, full, compiled)
         else:  # from JAX's cache: XLA cannot serialize such an executable again whole (a kept
             # copy would not run); it serves this process, and a fresh compilation under a name
             # of its own is kept in the background
@@ -269,7 +315,7 @@ class KeptKernel:
 
             op, shapes = self.op, _stand_ins(args)
             settings = (jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
-            _keep_later(lambda: _keep_fresh(op, shapes, path, full, plain, settings))
+            _keep_later(lambda: _keep_fresh(op, shapes, root, name, full, plain, settings))
         return compiled, None
 
 
@@ -311,7 +357,7 @@ def _drain() -> None:
             pass  # process; the next job still runs
 
 
-def _keep_fresh(op, shapes, path: str, full: bytes, plain: bytes, settings: tuple) -> None:
+def _keep_fresh(op, shapes, root: str, name: str, full: bytes, plain: bytes, settings: tuple) -> None:
     """Compile ``op`` afresh (a module name of its own) and keep it (a background thread: its
     traces are not counted as the kernels' compilations, which a caller may be measuring).  The
     thread traces in the caller's x64 mode and matmul precision (``settings``: they are per
@@ -324,7 +370,7 @@ def _keep_fresh(op, shapes, path: str, full: bytes, plain: bytes, settings: tupl
             return
         compiled, fresh = _compile(op, shapes, "circuits_kernel_" + os.urandom(12).hex(), "kept_compilations")
     if fresh:
-        _store(path, full, compiled)
+        _store(root, name, full, compiled)
 
 
 def _compile(op, args, name: str, counter: str = "kernel_compilations") -> tuple:
@@ -365,61 +411,195 @@ def _setup() -> bool:
     return True
 
 
-def _reject(path: str) -> None:
-    """An entry that loaded but cannot run here: counted and removed (the next miss rewrites it)."""
-    _counts["rejected"] += 1
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+# ---------------------------------------------------------------------------- entries
+# An entry: _MAGIC, then the keyed digest of all it holds (_MAGIC included), then the body:
+# the key's length and the key (``full``), the trees' length and the trees (JSON), the payload.
+_LEAF = object()
 
 
-def _header(full: bytes) -> bytes:
-    """What an entry for key ``full`` starts with: the format's mark and the key itself."""
-    return _MAGIC + struct.pack("<q", len(full)) + full
+def _tree_data(treedef):
+    """A tree structure of tuples, lists, dicts with str keys and None as plain data for JSON
+    (ValueError for anything else: such a kernel is not kept)."""
+    import jax
+
+    def plain(node, depth):
+        if depth > 64:
+            raise ValueError("too deep")
+        if node is _LEAF:
+            return 0
+        if node is None:
+            return None
+        if type(node) is tuple:
+            return {"t": [plain(x, depth + 1) for x in node]}
+        if type(node) is list:
+            return {"l": [plain(x, depth + 1) for x in node]}
+        if type(node) is dict and all(type(k) is str for k in node):
+            return {"d": [[k, plain(v, depth + 1)] for k, v in node.items()]}
+        raise ValueError(f"a {type(node).__name__} in a tree")
+
+    return plain(jax.tree_util.tree_unflatten(treedef, [_LEAF] * treedef.num_leaves), 0)
 
 
-def _load(path: str, full: bytes):
-    """The executable stored at ``path`` for key ``full``; None when there is none or it cannot
-    be used (truncated, corrupt, another key, another jax)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+def _tree_of(data):
+    """The tree structure ``_tree_data`` described."""
+    import jax
+
+    def build(node, depth):
+        if depth > 64:
+            raise ValueError("too deep")
+        if node is None or node == 0:
+            return node
+        (kind, items), = node.items()
+        if kind == "d":
+            return {k: build(v, depth + 1) for k, v in items}
+        return (tuple if kind == "t" else list)(build(x, depth + 1) for x in items)
+
+    return jax.tree_util.tree_structure(build(data, 0))
+
+
+def _digest(key: bytes, body) -> bytes:
+    """The keyed digest of an entry of body ``body`` (its _MAGIC included)."""
+    h = blake3.blake3(_MAGIC, key=key)
+    h.update(body)
+    return h.digest(_DIGEST)
+
+
+def _pack(key: bytes, full: bytes, trees: str, blob: bytes) -> bytes:
+    tree_bytes = trees.encode()
+    body = struct.pack("<q", len(full)) + full + struct.pack("<q", len(tree_bytes)) + tree_bytes + blob
+    return _MAGIC + _digest(key, body) + body
+
+
+def _unpack(data: bytes, full: bytes, key: bytes):
+    """``(payload, in_tree, out_tree)`` of an entry for key ``full``, after its digest is checked;
+    ValueError when it does not match (nothing is deserialized before that)."""
+    start = len(_MAGIC) + _DIGEST
+    if not data.startswith(_MAGIC) or len(data) < start + 16:
+        raise ValueError("not an entry of this format")
+    body = memoryview(data)[start:]
+    if not hmac.compare_digest(_digest(key, body), data[len(_MAGIC):start]):
+        raise ValueError("its digest does not match")
+    (n,) = struct.unpack_from("<q", body, 0)
+    if bytes(body[8:8 + n]) != full:
+        raise ValueError("another key")
+    (m,) = struct.unpack_from("<q", body, 8 + n)
+    in_tree, out_tree = json.loads(bytes(body[16 + n:16 + n + m]).decode())
+    return bytes(body[16 + n + m:]), _tree_of(in_tree), _tree_of(out_tree)
+
+
+def is_entry(fd: int, name: str):
+    """The ``lstat`` of ``name`` in the kept executables' folder ``fd`` when it is an entry (an
+    entry's name, a regular file of this user's with an entry's header, of this format or an
+    earlier one) or a writer's leftover temporary; else None.  What the trim may remove."""
+    if _TEMPORARY.fullmatch(name):
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        old = time.time() - info.st_mtime > _TEMPORARY_AGE
+        return info if old and stat.S_ISREG(info.st_mode) and cachedir.is_ours(info) else None
+    if not _ENTRY.fullmatch(name):
         return None
     try:
-        head = _header(full)
-        if not data.startswith(head):
-            raise ValueError("another key")
-        blob, in_tree, out_tree = pickle.loads(data[len(head):])
-        from jax.experimental.serialize_executable import deserialize_and_load
-
-        return deserialize_and_load(blob, in_tree, out_tree)
-    except Exception:  # noqa: BLE001 - a bad entry of any kind (unpickling, XLA's loader) is a
-        _counts["rejected"] += 1  # miss: the kernel is compiled afresh and the entry rewritten
+        head = cachedir.read_file(fd, name, head=len(_MAGIC))
+    except Untrusted:
         return None
+    if head is None or not head.startswith((_MAGIC, *_OLD_MAGICS)):
+        return None
+    return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
 
-def _store(path: str, full: bytes, compiled) -> None:
-    """Write ``compiled``'s executable for key ``full`` at ``path`` (atomically; nothing when it
-    cannot be serialized or written)."""
+class _Loading:
+    """An entry being loaded: its mark is removed by ``done`` (the first run went through);
+    ``reject`` removes the entry too."""
+
+    __slots__ = ("fd", "marks", "name", "mark")
+
+    def __init__(self, fd: int, marks: int, name: str, mark: str):
+        self.fd, self.marks, self.name, self.mark = fd, marks, name, mark
+
+    def reject(self) -> None:
+        _counts["rejected"] += 1
+        cachedir.remove(self.fd, self.name)
+
+    def done(self) -> None:
+        if self.fd is None:
+            return
+        cachedir.remove(self.marks, self.mark)
+        os.close(self.marks)
+        os.close(self.fd)
+        self.fd = None
+
+
+def _load(root: str, name: str, full: bytes) -> tuple:
+    """``(executable, _Loading)`` for the entry ``name`` of key ``full`` in the cache folder
+    ``root``; ``(None, None)`` when there is none or it cannot be used (not ours, a digest that
+    does not match, another key, another jax: then it is removed).  Entries whose loading crashed
+    an earlier process are removed first."""
+    key = _mac_key()
+    fd = None if key is None else open_folder(root, FOLDER)
+    if fd is None:
+        return None, None
+    marks = None
+    try:
+        try:
+            marks = cachedir.open_sub(fd, _LOADING, f"{root}/{FOLDER}", create=True)
+        except Untrusted as e:
+            from .persistent import distrust
+
+            distrust(e, root)
+            return None, None
+        for entry in cachedir.dead_loads(marks):
+            if _ENTRY.fullmatch(entry) and cachedir.remove(fd, entry):
+                _counts["quarantined"] += 1
+        try:
+            data = cachedir.read_file(fd, name)
+            if data is None:
+                return None, None
+            blob, in_tree, out_tree = _unpack(data, full, key)
+        except (Untrusted, ValueError, UnicodeDecodeError, KeyError, TypeError, struct.error):
+            _counts["rejected"] += 1  # compiled afresh, the entry rewritten
+            cachedir.remove(fd, name)
+            return None, None
+        loading = _Loading(fd, marks, name, cachedir.loading(marks, name))
+        fd = marks = None  # the _Loading holds them now
+        try:
+            from jax.experimental.serialize_executable import deserialize_and_load
+
+            return deserialize_and_load(blob, in_tree, out_tree), loading
+        except Exception:  # noqa: BLE001 - an authenticated payload this jax cannot load (another
+            loading.reject()  # version's): compiled afresh, the entry rewritten
+            loading.done()
+            return None, None
+    except OSError:
+        return None, None
+    finally:
+        for folder in (fd, marks):
+            if folder is not None:
+                os.close(folder)
+
+
+def _store(root: str, name: str, full: bytes, compiled) -> None:
+    """Write ``compiled``'s executable for key ``full`` as the entry ``name`` in the cache folder
+    ``root`` (atomically; nothing when it cannot be serialized or written, or the folder fails
+    its checks)."""
+    key = _mac_key()
+    if key is None:
+        return
     try:
         from jax.experimental.serialize_executable import serialize
 
         blob, in_tree, out_tree = serialize(compiled)
-        data = _header(full) + pickle.dumps((blob, in_tree, out_tree))
-    except Exception:  # noqa: BLE001 - not serializable (constants, a backend without it): the
-        return  # kernel is compiled in each process, as without this cache
+        trees = json.dumps([_tree_data(in_tree), _tree_data(out_tree)])
+        if [_tree_of(t) for t in json.loads(trees)] != [in_tree, out_tree]:
+            return
+        data = _pack(key, full, trees, blob)
+    except Exception:  # noqa: BLE001 - not serializable (constants, a backend without it, a tree
+        return  # of other types): the kernel is compiled in each process, as without this cache
+    fd = open_folder(root, FOLDER, create=True)
+    if fd is None:
+        return
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except OSError:
-            os.unlink(tmp)
-            raise
+        cachedir.write_file(fd, name, data)
     except OSError:
         return
+    finally:
+        os.close(fd)
     _counts["stores"] += 1

@@ -68,13 +68,14 @@ def counted_jit(fn: Callable, counter: str, name: str | None = None) -> Callable
     (``circuits.backend.executables`` names each kept kernel's own)."""
     import jax
 
-    from .persistent import ensure_persistent_cache
+    from .persistent import ensure_persistent_cache, recheck
 
     ensure_persistent_cache()
 
     def traced(*args):
         with _counts_lock:
             _stats[counter] += 1
+        recheck()  # the cache folder, again before this compilation reads or writes JAX's entries
         return fn(*args)
 
     if name is not None:

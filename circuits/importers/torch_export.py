@@ -36,7 +36,7 @@ True
 from __future__ import annotations
 
 import operator
-from collections import Counter
+from collections import Counter, OrderedDict
 
 import numpy as np
 
@@ -69,7 +69,8 @@ def from_torch(module, example_inputs=(), example_kwargs=None, *, strict: bool =
     ``module`` is a ``torch.nn.Module`` (put it in eval mode: dropout in training mode is refused)
     or an ``ExportedProgram`` already made.  Tensor inputs become Symbols named after the forward
     arguments; evaluate with ``C.evaluate(c, {'input_ids': ids})``.  Shapes are those of the
-    example inputs.  Returns one circuit, or a tuple when the module returns several tensors.
+    example inputs.  Returns one circuit, a tuple when the module returns several tensors, or a
+    dict of circuits by the module's keys, in its order, when it returns a dict.
     Ops the importer cannot convert raise one ``CircuitError`` naming each with its module path.
 
     A transformers model as loaded (``use_cache=True`` in its config) is exported with
@@ -334,6 +335,13 @@ class _Importer:
                 continue
             value = self.values[value] if hasattr(value, "op") else value
             results.append(self._output(value, len(results)))
+        structure = getattr(getattr(self.program, "call_spec", None), "out_spec", None)
+        if structure is not None and structure.type in (dict, OrderedDict) \
+                and getattr(structure, "num_leaves", None) == len(results):
+            # a module returning a dict: the same keys in the same order (issue 33 item 11; a tuple
+            # lost them), values nested as the module nests them.  Not a transformers ModelOutput
+            # (a dict subclass): a model's circuit is that of its logits, as the docstring says.
+            return dict(structure.unflatten(results))
         return results[0] if len(results) == 1 else tuple(results)
 
     def _output(self, value, position: int) -> Circuit:

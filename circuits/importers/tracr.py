@@ -36,6 +36,9 @@ Example (compiling with tracr takes seconds, so instead of a doctest it runs as
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..errors import CircuitError
@@ -64,14 +67,60 @@ def _model_parts(model):
         raise CircuitError(
             f"from_tracr: expected a tracr AssembledTransformerModel (compiling.compile_rasp_to_model), got "
             f"{type(model).__name__} without {', '.join(missing)}")
-    params = {mod: {k: np.asarray(v, dtype=np.float32) for k, v in vals.items()} for mod, vals in model.params.items()}
+    raw = model.params
+    if not isinstance(raw, Mapping):
+        raise CircuitError(
+            f"from_tracr: model.params must be haiku's parameters, a dict {{module name: {{name: array}}}}, got a "
+            f"{type(raw).__name__}; give the model compile_rasp_to_model returned")
+    params = {}
+    for mod, vals in raw.items():
+        if not isinstance(mod, str) or not isinstance(vals, Mapping):
+            raise CircuitError(
+                f"from_tracr: model.params[{_brief(mod)}] must be a dict {{name: array}} of one haiku module, got a "
+                f"{type(vals).__name__}")
+        params[mod] = {k: _float_array(v, f"model.params[{_brief(mod)}][{_brief(k)}]") for k, v in vals.items()}
     return params, model.model_config
+
+
+def _brief(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _float_array(value, what: str) -> np.ndarray:
+    """``value`` as a float32 array; a string, an object or a ragged list is an error naming it."""
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise CircuitError(f"from_tracr: {what} is not an array ({e})") from None
+    if arr.dtype.kind not in "fiub":
+        raise CircuitError(f"from_tracr: {what} holds {arr.dtype} values ({_brief(value)}), not numbers; give "
+                           "the parameters tracr assembled")
+    return arr.astype(np.float32)
+
+
+# tracr's TransformerConfig fields that the circuit reads: sizes (ints >= 1) and flags (bools).
+_CONFIG_SIZES = ("num_layers", "num_heads", "key_size", "mlp_hidden_size")
+_CONFIG_FLAGS = ("causal", "layer_norm")
 
 
 def _check_config(cfg):
     import jax
 
-    if getattr(cfg, "layer_norm", False):
+    missing = [a for a in _CONFIG_SIZES + ("causal", "activation_function") if not hasattr(cfg, a)]
+    if missing:
+        raise CircuitError(
+            f"from_tracr: model.model_config must be tracr's TransformerConfig, got {_brief(cfg)} (without "
+            f"{', '.join(missing)}); give the model compile_rasp_to_model returned")
+    for flag in _CONFIG_FLAGS:
+        value = getattr(cfg, flag, False)
+        if not isinstance(value, (bool, np.bool_)):
+            raise CircuitError(f"from_tracr: model_config.{flag}={_brief(value)} must be True or False")
+    for size in _CONFIG_SIZES:
+        value = getattr(cfg, size)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise CircuitError(f"from_tracr: model_config.{size}={_brief(value)} must be an int >= 1")
+    if cfg.layer_norm:
         raise CircuitError("from_tracr: model_config.layer_norm=True is not supported (tracr compiles without "
                            "LayerNorm; a model with it was not assembled by tracr's compiler)")
     if cfg.activation_function is not jax.nn.relu:
@@ -88,15 +137,31 @@ def _layer_param(params, name: str, key: str, shape) -> np.ndarray:
     return v
 
 
+_LAYER_PARAM = re.compile(r"transformer/layer_(0|[1-9][0-9]*)/(?:attn/(?:query|key|value|linear)|mlp/linear_[12])")
+
+
 def _check_known_params(params, n_layers: int):
-    known = {"token_embed", "pos_embed"}
-    for l in range(n_layers):
-        known.update(f"transformer/layer_{l}/attn/{p}" for p in _ATTN_PARTS)
-        known.update(f"transformer/layer_{l}/mlp/{p}" for p in _MLP_PARTS)
-    extra = sorted(set(params) - known)
+    """Every parameter is one tracr assembles, and the layers they hold are the config's
+    ``num_layers`` (read from the parameters, so a config claiming 10**9 layers is refused at
+    once, not after building names for them)."""
+    layers, extra = set(), []
+    for key in params:
+        if key in ("token_embed", "pos_embed"):
+            continue
+        m = _LAYER_PARAM.fullmatch(key)
+        if m is None:
+            extra.append(key)
+        else:
+            layers.add(int(m.group(1)))
     if extra:
-        raise CircuitError(f"from_tracr: unsupported parameters {', '.join(map(repr, extra))} (a tracr model has "
-                           "only token/position embeddings and per-layer attention and MLP weights)")
+        raise CircuitError(f"from_tracr: unsupported parameters {', '.join(map(repr, sorted(extra)))} (a tracr model "
+                           "has only token/position embeddings and per-layer attention and MLP weights)")
+    if len(layers) != n_layers or (layers and max(layers) != n_layers - 1):  # (never a set of range(n_layers))
+        held = sorted(layers)
+        shown = ", ".join(f"layer_{l}" for l in held[:6]) + (", ..." if len(held) > 6 else "")
+        raise CircuitError(
+            f"from_tracr: model_config.num_layers={n_layers}, but the params hold {len(held)} layer(s)"
+            f"{f' ({shown})' if held else ''}; give the config and params of one compiled model")
 
 
 def _unembedding(model, d_model: int) -> tuple[np.ndarray, bool]:
@@ -128,7 +193,13 @@ def tracr_tokens(model, inputs) -> np.ndarray:
     if not inputs:
         raise CircuitError("tracr inputs are empty: give at least the BOS token, e.g. ['BOS', 1, 2]")
     encoder = model.input_encoder
-    if encoder is None:
+    if encoder is None:  # tracr then feeds the inputs to the model as token ids
+        bad = [x for x in inputs if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer))
+               or not -(1 << 63) <= x < 1 << 63]
+        if bad:
+            raise CircuitError(
+                f"tracr inputs {_brief(inputs)}: the model has no input_encoder, so inputs are token ids "
+                f"(ints), not {_brief(bad[0])}; encode them, or give the model its input encoder")
         return np.asarray(inputs, dtype=np.int64)
     try:
         ids = encoder.encode(inputs)
@@ -166,13 +237,15 @@ def from_tracr(model, inputs) -> Circuit:
     docstring) names each head ``'b{l}.a.head{h}'`` and each MLP ``'h{l}.mlp'``.
 
     Unsupported (each a ``CircuitError`` naming it): LayerNorm, an activation other than ReLU,
-    nonzero attention biases, parameters other than tracr's, inputs that do not encode.  A causal
+    nonzero attention biases, parameters other than tracr's, a config whose sizes are not ints
+    >= 1, whose flags are not bools or whose ``num_layers`` is not the params' layer count, inputs
+    that do not encode.  A causal
     model (``compile_rasp_to_model(..., causal=True)``) is supported.
     """
     _require_tracr()
     params, cfg = _model_parts(model)
     _check_config(cfg)
-    n_layers, n_heads, key_size, hidden = cfg.num_layers, cfg.num_heads, cfg.key_size, cfg.mlp_hidden_size
+    n_layers, n_heads, key_size, hidden = (int(getattr(cfg, size)) for size in _CONFIG_SIZES)
     _check_known_params(params, n_layers)
     tok_table = params.get("token_embed", {}).get("embeddings")
     if tok_table is None or tok_table.ndim != 2:

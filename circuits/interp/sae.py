@@ -59,6 +59,19 @@ def _tensors_needed(arch: str) -> tuple[str, ...]:
     return keys
 
 
+_TENSORS = ("W_enc", "W_dec", "b_dec", "b_enc", "threshold", "b_gate", "b_mag", "r_mag", "W_skip")
+
+
+def _brief(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_architecture(arch) -> None:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
+        raise CircuitError(f"SAE architecture {_brief(arch)} is not supported; use one of {', '.join(ARCHITECTURES)}")
+
+
 @attrs.frozen(eq=False, repr=False)
 class SAE:
     """One sparse autoencoder or transcoder (see the module docstring).  Tensors are numpy arrays
@@ -119,19 +132,35 @@ class SAE:
     def validate(self) -> None:
         """Raise ``CircuitError``/``ShapeError`` naming the problem: unknown architecture or
         normalisation, a tensor the architecture needs missing, a shape that does not fit."""
-        if self.architecture not in ARCHITECTURES:
-            raise CircuitError(f"SAE architecture {self.architecture!r} is not supported; use one of {', '.join(ARCHITECTURES)}")
+        _check_architecture(self.architecture)
         if self.normalize_activations not in NORMALIZATIONS:
             fix = (" (a SAELens file marked expected_average_only_in needs its dataset scaling factor s folded in: "
                    "W_enc * s, W_dec / s, b_dec / s, then 'none')" if self.normalize_activations ==
                    "expected_average_only_in" else "")
             raise CircuitError(f"SAE normalize_activations={self.normalize_activations!r} is not supported; "
                                f"use one of {', '.join(NORMALIZATIONS)}{fix}")
+        for key in ("hook_name", "hook_name_out"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise CircuitError(f"SAE {key}={_brief(value)} must be a str (a hook name such as "
+                                   "'blocks.0.hook_resid_pre') or None")
+        for key in ("rescale_acts_by_decoder_norm", "apply_b_dec_to_input"):
+            value = getattr(self, key)
+            if not isinstance(value, (bool, np.bool_)):
+                raise CircuitError(f"SAE {key}={_brief(value)} must be True or False")
         for key in _tensors_needed(self.architecture):
             if getattr(self, key) is None:
                 raise CircuitError(f"a {self.architecture} SAE needs the tensor {key!r}")
-        if self.architecture in ("topk", "abstopk") and (self.k is None or self.k < 1):
-            raise CircuitError(f"a {self.architecture} SAE needs k >= 1, got k={self.k!r}")
+        for key in _TENSORS:
+            value = getattr(self, key)
+            if value is not None and not (hasattr(value, "shape") and hasattr(value, "ndim") and hasattr(value, "dtype")):
+                raise CircuitError(f"SAE tensor {key!r} must be an array, got a {type(value).__name__}; "
+                                   "give numpy arrays (np.asarray)")
+        k = self.k
+        if k is not None and (isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k < 1):
+            raise CircuitError(f"SAE k={_brief(k)} must be an int >= 1 (how many latents a topk SAE keeps)")
+        if self.architecture in ("topk", "abstopk") and k is None:
+            raise CircuitError(f"a {self.architecture} SAE needs k >= 1, got k=None")
         d_in, d_sae = self.W_enc.shape if self.W_enc.ndim == 2 else (None, None)
         if d_in is None:
             raise ShapeError(f"SAE W_enc must be [d_in, d_sae], got shape {list(self.W_enc.shape)}")
@@ -199,6 +228,7 @@ class SAE:
         >>> SAE.random(8, 16, 'jumprelu').threshold.shape
         (16,)
         """
+        _check_architecture(architecture)
         rng = np.random.default_rng(seed)
         d_out = d_in if d_out is None else d_out
         w_dec = rng.standard_normal((d_sae, d_out))
@@ -211,8 +241,7 @@ class SAE:
              "r_mag": 0.1 * rng.standard_normal(d_sae), "W_skip": 0.1 * rng.standard_normal((d_out, d_in))}
         if architecture in ("topk", "abstopk") and k is None:
             k = max(1, d_sae // 4)
-        needed = _tensors_needed(architecture) if architecture in ARCHITECTURES else ()
-        kw = {key: t[key].astype(dtype) for key in needed}
+        kw = {key: t[key].astype(dtype) for key in _tensors_needed(architecture)}
         if architecture in TRANSCODER_ARCHITECTURES:
             settings.setdefault("apply_b_dec_to_input", False)
         return SAE(architecture=architecture, k=k, dtype=dtype, **kw, **settings)

@@ -52,6 +52,7 @@ import numpy as np
 
 from ..errors import ParseError, StoreError
 from ..hashing import PRINTED_HASH_HEX
+from ..nodes.leaves import FRESH_VALUE_STORES
 from .localfs import atomic_write, open_file
 from .remotefs import is_url, local_path, open_url, redact, write_url
 from .store import host_array, read_safetensors_from, safetensors_writer
@@ -67,7 +68,9 @@ def save(circuit, path, *, allow_placeholders: bool = False, storage_options: di
     """Write ``circuit`` (text and tensors) to one file at ``path`` (or an fsspec URL), atomically.
 
     Raises ``StoreError`` naming the placeholder Arrays (no value) unless ``allow_placeholders``,
-    and for any failure to write (naming ``path``).
+    for a text ``load`` would refuse to parse under the same allocation budget
+    (``circuits.text.parser.check_text_size``: the message names the setting to raise), and for
+    any failure to write (naming ``path``).
     """
     save_many([circuit], path, allow_placeholders=allow_placeholders, storage_options=storage_options)
 
@@ -85,6 +88,7 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
     """
     from ..nodes.base import Circuit
     from ..nodes.leaves import Array
+    from ..text.parser import check_text_size
     from ..text.printer import print_many
     from ..traversal import toposort
 
@@ -120,7 +124,12 @@ def save_many(circuits, path, *, allow_placeholders: bool = False, storage_optio
                 "in dtype, which the text does not show, so loading could not tell them apart; "
                 "rename one or give it a value (circuits.bind)"
             )
-    text = print_many(roots).encode("utf-8", "surrogatepass")
+    text = print_many(roots)
+    try:  # a file save writes must load under the same settings (issue 33 item 12)
+        check_text_size(text)
+    except ParseError as e:
+        raise StoreError(f"cannot save to {redact(str(path))}: load would refuse the file: {e}") from None
+    text = text.encode("utf-8", "surrogatepass")
     metadata = {
         "format": FORMAT,
         "format_version": str(FORMAT_VERSION),
@@ -327,3 +336,7 @@ class _FileTensors:
     def verify_all(self):
         for key in self.keys:
             self.verify(key)
+
+
+# Its tensors were read into memory of their own, held by nothing after ``load_many`` returns.
+FRESH_VALUE_STORES.add(_FileTensors)

@@ -28,9 +28,11 @@ fsspec is an optional dependency (``pip install 'circuits[remote]'``), imported 
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -84,6 +86,30 @@ def local_path(path):
     return path
 
 
+def user_path(text):
+    """A local path as a user typed it (an argument, ``CIRCUITS_STORE``,
+    ``CIRCUITS_COMPILATION_CACHE``): a ``file://`` prefix removed, ``~`` and ``~user`` resolved.
+    ``ValueError`` saying what is wrong when a folder name in it is empty or only spaces (a typo)
+    or a ``~user`` names no user (it is never taken as a folder of that name).
+
+    >>> str(user_path('file:///tmp/x'))
+    '/tmp/x'
+    >>> user_path('~no_such_user_here/x')
+    Traceback (most recent call last):
+    ...
+    ValueError: '~no_such_user_here' names no user here (so '~' cannot be resolved)
+    """
+    from pathlib import Path
+
+    text = local_path(os.fspath(text))
+    if not str(text).strip() or any(p and not p.strip() for p in str(text).split(os.sep)):
+        raise ValueError("a directory name there is empty or only spaces (a typo?)")
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # pathlib's '~user' for a user that does not exist, or no home at all
+        raise ValueError(f"{str(text).split(os.sep)[0]!r} names no user here (so '~' cannot be resolved)") from None
+
+
 def _fail(what: str, e: BaseException) -> StoreError:
     reason = str(e)
     if len(reason) > 300:  # (a backend may quote whole responses)
@@ -115,6 +141,13 @@ def filesystem(url: str, storage_options: dict | None = None):
             f"{url}: reading or writing a URL needs fsspec; install it with "
             "pip install 'circuits[remote]'"
         ) from None
+    if storage_options is not None and (
+            not isinstance(storage_options, Mapping) or not all(isinstance(k, str) for k in storage_options)):
+        # (its content is not shown: storage options hold passwords and tokens)
+        raise StoreError(redact(
+            f"{url}: storage_options must be a dict of fsspec options by name (like {{'anon': True}}), got type "
+            f"{type(storage_options).__name__}" + (" with keys that are not str" if isinstance(storage_options, Mapping)
+                                                   else "")))
     options = dict(storage_options or {})
     if url.split("://", 1)[0].lower() in READ_ONLY_PROTOCOLS:
         options = _with_http_timeouts(options)

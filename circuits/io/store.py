@@ -44,8 +44,10 @@ import numpy as np
 
 from ..errors import StoreError
 from ..hashing import content_hash, content_hasher
+from ..nodes.leaves import FRESH_VALUE_STORES
+from ..shapes import check_allocation
 from .localfs import DEAD_TEMPORARY_AGE, LocalDir, aligned_bytes, atomic_write, open_file
-from .remotefs import RemoteDir, is_url, local_path, redact
+from .remotefs import RemoteDir, is_url, redact, user_path
 
 # numpy dtype name <-> safetensors dtype code (the subset circuits supports).
 _CODE_BY_DTYPE = {
@@ -213,6 +215,8 @@ def read_safetensors_from(source, hashes: dict | None = None) -> tuple[dict, dic
             raise StoreError(f"{path}: {held - covered} trailing bytes belong to no tensor (corrupted file?)")
     if size is None:
         _check_undeclared(path, covered)
+    for _, _, name, dtype, shape in entries:  # each within the allocation budget, before reading any
+        check_allocation(shape, dtype.name, lambda: f"{path}: tensor {_short(name)}", StoreError)
     arrays = {}
     for start, end, name, dtype, shape in sorted(entries, key=lambda e: (e[0], e[1])):
         arrays[name], digest = _read_tensor(source, path, name, dtype, shape, end - start)
@@ -243,7 +247,11 @@ _READ_PIECE = 1 << 22
 def _read_tensor(source, path, name, dtype, shape, nbytes):
     """``(read-only array, its content hash)``: one tensor's bytes read into a fresh array and
     hashed as they arrive."""
-    buf = aligned_bytes(nbytes)
+    try:
+        buf = aligned_bytes(nbytes)
+    except MemoryError:
+        raise StoreError(f"{path}: not enough memory to read tensor {_short(name)} ({nbytes} bytes); free some "
+                         "or read it on a larger machine") from None
     try:
         arr = buf.view(dtype).reshape(shape)
     except (ValueError, OverflowError) as e:  # numpy's limits on dimensions
@@ -319,6 +327,7 @@ def read_npy_from(source) -> np.ndarray:
         )
     if source.size is None:
         _check_undeclared(path, nbytes)
+    check_allocation(shape, dtype.name, lambda: f"{path}: the tensor", StoreError)
     data = source.take(nbytes)
     if source.size is None and not source.at_end():
         raise StoreError(f"{path}: unreadable .npy file (trailing bytes)")
@@ -337,7 +346,7 @@ def default_root():
     """``$CIRCUITS_STORE`` if set (a path or an fsspec URL), else ``<user cache dir>/circuits/tensors``."""
     env = os.environ.get("CIRCUITS_STORE")
     if env:
-        return env if is_url(env) else Path(local_path(env)).expanduser()
+        return env if is_url(env) else user_path(env)
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("circuits")) / "tensors"
@@ -382,13 +391,9 @@ class TensorStore:
                 self._dir = RemoteDir(root, storage_options)
                 self.root = self._dir.url
             else:
-                text = local_path(os.fspath(root))
-                if not str(text).strip() or any(p and not p.strip() for p in str(text).split(os.sep)):
-                    raise StoreError("a directory name there is empty or only spaces (a typo?)")
-                self.root = Path(text).expanduser()
+                self.root = user_path(root)
                 self._dir = LocalDir(self.root, shared)
-        except (StoreError, TypeError, ValueError, RuntimeError) as e:
-            # RuntimeError: pathlib's '~user' for a user that does not exist
+        except (StoreError, TypeError, ValueError) as e:
             origin = f"CIRCUITS_STORE={redact(env)!r}" if env else f"TensorStore({redact(_short(root))})"
             raise StoreError(f"{origin}: not a usable store location ({redact(str(e))})") from None
 
@@ -518,3 +523,7 @@ class TensorStore:
                 if m:
                     found.add(m.group(1))
         return sorted(found)
+
+
+# ``get`` reads every tensor into memory of its own: an Array built from it keeps that memory.
+FRESH_VALUE_STORES.add(TensorStore)

@@ -31,6 +31,7 @@ import numpy as np
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..errors import CircuitError, ShapeError
 from ..nodes import Array, Circuit
+from ..nodes.leaves import aligned_empty
 from ..shapes import check_allocation
 from ..traversal import replace, toposort
 
@@ -216,7 +217,8 @@ def fill_random(circuit: Circuit, seed: int = 0, *, max_bytes: int | None = None
     mapping = {}
     for node in holes:
         rng = np.random.default_rng([int(seed), int.from_bytes(node.hash[:8], "little")])
-        mapping[node] = Array(_random_value(node, rng, bounds.get(node.hash)), name=node.name)
+        # a value drawn here and held by nothing else: the Array keeps it rather than copying it
+        mapping[node] = Array(_random_value(node, rng, bounds.get(node.hash)), name=node.name, _owned=True)
     return replace(circuit, mapping)
 
 
@@ -229,7 +231,9 @@ def _random_value(node: Array, rng, bound):
     if dtype == "bool":
         return rng.random(shape) < 0.5
     scale = 1.0 / np.sqrt(max(shape[-1], 1)) if shape else 1.0
-    value = rng.standard_normal(shape, dtype=np.float64 if dtype == "float64" else np.float32)
+    # drawn into memory the Array can keep as it is (64-byte aligned: see Array)
+    value = rng.standard_normal(shape, dtype=np.float64 if dtype == "float64" else np.float32,
+                                out=aligned_empty(shape, np.float64 if dtype == "float64" else np.float32))
     value *= value.dtype.type(scale)
     if dtype in ("float16", "bfloat16"):
         from .store import numpy_dtype

@@ -212,8 +212,7 @@ class Weights:
 def _renamed(node: Array, name: str, key: str) -> Circuit:
     if not isinstance(node, Array):
         raise CircuitError(f"weight {key!r} is a {node.type_name} node; give an array or an Array")
-    return Array(node.value, name=name) if node.value is not None else Array.placeholder(
-        node.shape, node.content_hash, name=name, dtype=node.dtype)
+    return node.rename(name)  # a valued Array keeps its value (no copy), a placeholder stays one
 
 
 def as_numpy(v, key: str) -> np.ndarray:

@@ -79,6 +79,23 @@ def _brief(value, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def as_uuid(value, what) -> uuid_module.UUID:
+    """``value`` (a UUID or its text) as a UUID; ``CircuitError`` naming ``what`` (a string or a
+    callable making one) when it is not one.
+
+    >>> as_uuid('00000000-0000-0000-0000-000000000001', 'x').int
+    1
+    """
+    if isinstance(value, uuid_module.UUID):
+        return value
+    try:
+        return uuid_module.UUID(str(value))
+    except ValueError:
+        what = what() if callable(what) else what
+        raise CircuitError(f"{what}: uuid {_brief(value)} is not a UUID (32 hex digits, like uuid.uuid4() "
+                           "gives)") from None
+
+
 def _printed_shape(cls, shape):
     if shape is None:
         raise ParseError(f"an {cls.type_name} line needs its shape",
@@ -91,14 +108,47 @@ def _no_children(leaf, children):
         raise CircuitError(f"{leaf.line()}: {leaf.type_name} is a leaf and has no children")
 
 
-def _aligned_copy(value: np.ndarray) -> np.ndarray:
-    """A C-contiguous copy of ``value`` whose data starts on a 64-byte boundary: JAX on the CPU
-    then uses it in place as the device value (no second copy of the tensor is held)."""
-    buf = np.empty(value.nbytes + 64, np.uint8)
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a 64-byte boundary: JAX on the
+    CPU then uses it in place as the device value (no second copy of the tensor is held)."""
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize * math.prod(shape)
+    buf = np.empty(nbytes + 64, np.uint8)
     start = -buf.ctypes.data % 64
-    out = buf[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _aligned_copy(value: np.ndarray) -> np.ndarray:
+    """A C-contiguous, 64-byte-aligned copy of ``value`` (see ``aligned_empty``)."""
+    out = aligned_empty(value.shape, value.dtype)
     out[...] = value
     return out
+
+
+def _seal(value: np.ndarray) -> None:
+    """Make ``value`` and every array it is a view of read-only: numpy then refuses to make the
+    Array's value writeable again through ``value.flags`` (it would through a writeable base)."""
+    while isinstance(value, np.ndarray):
+        value.flags.writeable = False
+        value = value.base
+
+
+def _jax_memory(value: np.ndarray) -> bool:
+    """Whether ``value`` is a view of a ``jax.Array``'s memory (``np.asarray`` of one, or a slice
+    of that): immutable as the jax.Array is, and kept alive by the view."""
+    while isinstance(value, np.ndarray):
+        value = value.base
+    return isinstance(value, memoryview) and value.readonly and type(value.obj).__module__.startswith("jax")
+
+
+def _in_place(value: np.ndarray) -> bool:
+    """Whether JAX on the CPU can use ``value`` as its device value without copying it."""
+    return value.flags.c_contiguous and value.ctypes.data % 64 == 0
+
+# Stores whose ``get`` reads each tensor into new memory and hands it to the caller alone (the
+# library's own readers, registered by ``circuits.io``; exactly these types, not subclasses): the
+# parser's Array takes that memory as its own rather than copying it again.
+FRESH_VALUE_STORES: set = set()
 
 
 class Array(Circuit):
@@ -124,9 +174,12 @@ class Array(Circuit):
     value: "np.ndarray | None"
     content_hash: str
 
-    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None, _hashed=None):
+    def _setup(self, value=None, name=None, *, shape=None, dtype=None, content_hash=None, _hashed=None,
+               _owned=False):
         # ``_hashed``: the content hash of ``value``, computed by a reader that hashed the bytes
         # as it copied them (a store's verified ``get``); internal, it spares a second pass.
+        # ``_owned``: ``value`` is a numpy array the library just allocated and alone holds (a
+        # tensor read from a file, a random draw, another Array's value): it is kept, not copied.
         if value is None:
             if shape is None or content_hash is None:
                 raise CircuitError(
@@ -141,27 +194,33 @@ class Array(Circuit):
             self.content_hash = content_hash
             return self._set_common((), shape, normalize_dtype(dtype), name)
         if hasattr(value, "__jax_array__") or type(value).__module__.startswith("jax"):
-            host = np.asarray(value)
+            host = np.asarray(value)  # a jax.Array is immutable: kept as it is
             stored = value
         else:
+            # A numpy value is copied unless the library allocated it and alone holds it, or it
+            # is a view of a jax.Array's memory: a read-only view proves nothing (its memory may
+            # be written through another name, a file under a memory map rewritten, an owner
+            # set writeable again), and an Array's value must stay the bytes its content hash
+            # was computed from (issue 33 item 3).
+            fresh = _owned
             host = np.asarray(value)
             if host.dtype == np.bool_ and host.size and host.view(np.uint8).max() > 1:
                 # A bool array can hold bytes other than 0 and 1 (np.frombuffer, a view): numpy
                 # and JAX then compute with the raw byte (True + 0.0 == 2.0).  Normalise to 0/1
                 # before hashing, so equal truth values are one Array and evaluate as 0/1.
                 host = host.view(np.uint8) != 0
-                host.flags.writeable = False
-            if host.flags.writeable:
-                # A private read-only copy: a later write to the caller's array must not change a
-                # node whose hash was computed from the old bytes.
+                fresh, _hashed = True, None
+            if not (fresh and _in_place(host) or _jax_memory(host)):
+                check_allocation(host.shape, normalize_dtype(host.dtype),
+                                 lambda: f"Array {quote_name(name) if name else ''} (a private copy of its value)")
                 host = _aligned_copy(host)
-                host.flags.writeable = False
+            _seal(host)
             stored = host
         dtype_name = normalize_dtype(host.dtype)
         if dtype is not None and normalize_dtype(dtype) != dtype_name:
             raise CircuitError(f"Array {name!r}: value has dtype {dtype_name}, not {dtype}")
         self.value = stored
-        self.content_hash = _hashed if _hashed is not None and host is value else compute_content_hash(host)
+        self.content_hash = _hashed if _hashed is not None else compute_content_hash(host)
         return self._set_common((), tuple(int(s) for s in host.shape), dtype_name, name)
 
     @classmethod
@@ -207,7 +266,7 @@ class Array(Circuit):
         shape = _printed_shape(cls, shape)
         context = context or _NO_CONTEXT
         if payload is None:
-            return Array(random_tensor(shape, context), name=name)
+            return Array(random_tensor(shape, context), name=name, _owned=True)
         store = context.store
         if store is not None:
             digest = payload.lower()
@@ -220,7 +279,8 @@ class Array(Circuit):
                 # whose content hash is ``full``: it need not be hashed again.
                 value = store.get(full)
                 verified = getattr(store, "hashes_verified", False) is True and len(full) == 64
-                node = Array(value, name=name, _hashed=full if verified else None)
+                node = Array(value, name=name, _hashed=full if verified else None,
+                             _owned=type(store) in FRESH_VALUE_STORES)
                 if node.shape != shape:
                     raise ParseError(
                         f"the tensor with this hash has shape {shape_text(node.shape)}, not {shape_text(shape)}",
@@ -240,7 +300,7 @@ class Array(Circuit):
         _no_children(self, children)
         if self.value is None:
             return Array.placeholder(self.shape, self.content_hash, name=name, dtype=self.dtype)
-        return Array(self.value, name=name)
+        return Array(self.value, name=name, _hashed=self.content_hash, _owned=True)
 
     def numpy(self) -> np.ndarray:
         """The value as a numpy array (raises for a placeholder)."""
@@ -296,9 +356,9 @@ class RandomTensors:
         if dtype == "bfloat16":
             import ml_dtypes
 
-            out = np.empty(shape, ml_dtypes.bfloat16)
+            out = aligned_empty(shape, ml_dtypes.bfloat16)
         else:
-            out = np.empty(shape, dtype)
+            out = aligned_empty(shape, dtype)
         flat = out.reshape(-1)
         n = flat.size
         for start in range(0, n, self.PIECE):  # the values one standard_normal(shape) call gives
@@ -396,12 +456,8 @@ class Symbol(Circuit):
     uuid: "uuid_module.UUID | None"
 
     def _setup(self, shape, name=None, dtype=DEFAULT_FLOAT, uuid=None):
-        if uuid is not None and not isinstance(uuid, uuid_module.UUID):
-            try:
-                uuid = uuid_module.UUID(str(uuid))
-            except ValueError:
-                raise CircuitError(f"Symbol {name!r}: uuid {_brief(uuid)} is not a UUID (32 hex digits, "
-                                   "like uuid.uuid4() gives)") from None
+        if uuid is not None:
+            uuid = as_uuid(uuid, lambda: f"Symbol {name!r}")
         self.uuid = uuid
         return self._set_common((), _check_shape(shape, lambda: f"Symbol {name!r}"), normalize_dtype(dtype), name)
 

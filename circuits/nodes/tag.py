@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid as uuid_module
 
 from .base import Circuit, check_children, convert_payload
+from .leaves import as_uuid
 
 
 class Tag(Circuit):
@@ -29,8 +30,8 @@ class Tag(Circuit):
         (child,) = check_children("Tag", name, (child,))
         if uuid is None:
             uuid = uuid_module.uuid4()
-        elif not isinstance(uuid, uuid_module.UUID):
-            uuid = uuid_module.UUID(str(uuid))
+        else:
+            uuid = as_uuid(uuid, lambda: f"Tag {name!r} over {child.line()}")
         self.uuid = uuid
         return self._set_common((child,), child.shape, child.dtype, name)
 

@@ -14,9 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import serialize_executable
 
 from circuits.backend import executables
 from circuits.backend.background import wait_for_background
+from circuits.backend.cachedir import make_root
 from circuits.backend.executables import FOLDER, KeptKernel, executable_info, stable_key
 from circuits.backend.runtime import counted_jit
 
@@ -50,35 +52,43 @@ def run_probe(cache) -> dict:
 
 
 def test_a_new_process_loads_the_kernels_traces_none_and_gets_the_same_bits(tmp_path):
-    first = run_probe(tmp_path)
+    cache = tmp_path / "cache"
+    first = run_probe(cache)
     assert first["traced"] > 0 and first["stores"] > 0 and first["loads"] == 0
-    assert os.listdir(tmp_path / FOLDER)
-    second = run_probe(tmp_path)
+    assert entries(cache)
+    second = run_probe(cache)
     assert second["traced"] == 0 and second["loads"] == first["stores"] and second["rejected"] == 0
     assert (second["value"], second["grad"]) == (first["value"], first["grad"])
 
 
 def test_corrupt_entries_are_compiled_afresh_and_rewritten(tmp_path):
-    first = run_probe(tmp_path)
-    entries = sorted((tmp_path / FOLDER).iterdir())
-    for i, path in enumerate(entries):  # garbage, truncated, empty: every kind of bad entry
+    cache = tmp_path / "cache"
+    first = run_probe(cache)
+    found = entries(cache)
+    for i, path in enumerate(found):  # garbage, truncated, empty: every kind of bad entry
         data = path.read_bytes()
         path.write_bytes([b"garbage", data[: len(data) // 2], b""][i % 3])
-    second = run_probe(tmp_path)
+    second = run_probe(cache)
     assert (second["value"], second["grad"]) == (first["value"], first["grad"])
-    assert second["rejected"] == len(entries) and second["loads"] == 0 and second["stores"] == len(entries)
-    third = run_probe(tmp_path)
-    assert third["loads"] == len(entries) and third["traced"] == 0 and third["value"] == first["value"]
+    assert second["rejected"] == len(found) and second["loads"] == 0 and second["stores"] == len(found)
+    third = run_probe(cache)
+    assert third["loads"] == len(found) and third["traced"] == 0 and third["value"] == first["value"]
 
 
 def test_with_the_cache_switched_off_nothing_is_kept(tmp_path):
-    on, off = run_probe(tmp_path), run_probe("off")
+    on, off = run_probe(tmp_path / "cache"), run_probe("off")
     assert off["stores"] == off["loads"] == 0 and off["traced"] > 0
     assert (off["value"], off["grad"]) == (on["value"], on["grad"])
 
 
+def entries(cache) -> list:
+    """The kept executables' entries in the cache folder ``cache`` (not the loading marks' folder)."""
+    return sorted(p for p in (cache / FOLDER).iterdir() if p.is_file())
+
+
 def kernel(fn, tmp_path, key=("test-kernel",)):
-    return KeptKernel(fn, counted_jit(fn, "kernel_compilations"), stable_key(key), str(tmp_path / FOLDER))
+    root = make_root(str(tmp_path / "cache"))
+    return KeptKernel(fn, counted_jit(fn, "kernel_compilations"), stable_key(key), root)
 
 
 def test_a_kernel_keeps_one_executable_per_argument_signature(tmp_path):
@@ -89,7 +99,7 @@ def test_a_kernel_keeps_one_executable_per_argument_signature(tmp_path):
     assert got.dtype == np.int32 and got.tolist() == [1, 3, 5, 7]
     np.testing.assert_array_equal(k(x, 1.0), x * 2 + 1)  # a weakly typed scalar
     wait_for_background()  # one JAX's cache held is kept in the background
-    assert len(os.listdir(tmp_path / FOLDER)) == 3
+    assert len(entries(tmp_path / "cache")) == 3
     again = kernel(lambda a, b: a * 2 + b, tmp_path)  # another process would load all three
     loads = executable_info()["loads"]
     np.testing.assert_array_equal(again(x, x), x * 3)
@@ -107,7 +117,7 @@ def test_traced_calls_and_other_precisions_take_the_right_path(tmp_path):
     with jax.default_matmul_precision("highest"):
         np.testing.assert_allclose(np.asarray(k(a, a)), a.astype(np.float64) @ a, rtol=1e-6)
     wait_for_background()
-    assert len(os.listdir(tmp_path / FOLDER)) == 2
+    assert len(entries(tmp_path / "cache")) == 2
 
 
 def test_an_entry_that_loads_but_cannot_run_is_removed_and_compiled_afresh(tmp_path, monkeypatch):
@@ -115,12 +125,12 @@ def test_an_entry_that_loads_but_cannot_run_is_removed_and_compiled_afresh(tmp_p
     x = np.linspace(0, 1, 5, dtype=np.float32)
     want = np.asarray(k(x))
     wait_for_background()
-    (entry,) = (tmp_path / FOLDER).iterdir()
+    (entry,) = entries(tmp_path / "cache")
 
     def broken(*args):
         raise jax.errors.JaxRuntimeError("NOT_FOUND: Function fusion not found")
 
-    monkeypatch.setattr(executables, "_load", lambda path, full: broken)
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: broken)
     rejected = executable_info()["rejected"]
     fresh = kernel(lambda a: jnp.sin(a), tmp_path)
     np.testing.assert_array_equal(np.asarray(fresh(x)), want)
@@ -175,7 +185,7 @@ def test_kernels_kept_in_the_background_keep_the_callers_x64_mode_and_precision(
     # compilations in JAX's cache and keeps them afresh in a background thread, which must trace
     # in float64 at 'highest' as the caller did; the third loads what that thread kept
     def run():
-        env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path))
+        env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path / "cache"))
         out = subprocess.run([sys.executable, "-c", PROBE_PRECISION], env=env, capture_output=True, text=True,
                              timeout=300)
         assert out.returncode == 0, out.stderr
@@ -184,8 +194,8 @@ def test_kernels_kept_in_the_background_keep_the_callers_x64_mode_and_precision(
 
     first = run()
     assert first["dtype"] == "float64" and first["stores"] > 0
-    for name in os.listdir(tmp_path / FOLDER):
-        os.unlink(tmp_path / FOLDER / name)
+    for path in entries(tmp_path / "cache"):
+        path.unlink()
     second = run()
     assert second["stores"] > 0  # kept afresh in the background
     third = run()

@@ -9,8 +9,13 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import blake3
 import pytest
+
+from circuits.backend.cachedir import make_root
+from circuits.backend.executables import _MAGIC
 
 PROBE = r"""
 import json, warnings
@@ -59,7 +64,7 @@ def test_an_unusable_directory_warns_and_evaluation_goes_on(tmp_path, kind):
     path = tmp_path / "cache"
     if kind == "file":
         path.write_text("not a directory")
-        expect = "not a directory"
+        expect = "not a folder"
     elif kind == "shared":
         path.mkdir()
         path.chmod(0o777)
@@ -67,7 +72,7 @@ def test_an_unusable_directory_warns_and_evaluation_goes_on(tmp_path, kind):
     else:  # under a file: cannot be created (a read-only directory would not stop root)
         (tmp_path / "afile").write_text("x")
         path = tmp_path / "afile" / "cache"
-        expect = "cannot be created"
+        expect = "not a folder"
     got = probe(str(path), tmp_path)
     assert got["value"] == [1.0, 1.0, 1.0] and got["directory"] is None
     assert len(got["warnings"]) == 1 and expect in got["warnings"][0] and "CIRCUITS_COMPILATION_CACHE" in got["warnings"][0]
@@ -139,30 +144,47 @@ def test_a_program_computing_a_users_function_is_not_kept_across_processes():
         unregister_function("softsign_test_kept")
 
 
-def _entry(path, size, when):
+def _entry(path, size, when, data=b"x"):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x" * size)
+    path.write_bytes((data * size)[:size])
     os.utime(path, (when, when))
     return path
 
 
-def test_trim_removes_the_entries_used_longest_ago_down_to_80_percent(tmp_path):
+def jax_name(tag: str) -> str:
+    """A file name of JAX's persistent cache (jax/_src/cache_key.py, lru_cache.py)."""
+    return f"jit_{tag}-{blake3.blake3(tag.encode()).hexdigest()}-cache"
+
+
+def kept_entry(root, tag: str, size: int, when: float):
+    """A kept executable's file (its name and header: what the trim recognises)."""
+    name = blake3.blake3(tag.encode()).hexdigest()
+    return _entry(root / "circuits-kernels" / name, size, when, data=_MAGIC + b"x" * size)
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A cache folder circuits made (marked)."""
+    return Path(make_root(str(tmp_path / "cache")))
+
+
+def test_trim_removes_the_entries_used_longest_ago_down_to_80_percent(root):
     """JAX's entries and the kept executables count; the oldest go first until the directory
     holds at most 80% of the budget; marks of programs and the stamp stay."""
     from circuits.backend.persistent import trim
 
-    old = _entry(tmp_path / "jit_a-cache", 400, 1000)
-    kept_old = _entry(tmp_path / "circuits-kernels" / "k1", 300, 1001)
-    newer = _entry(tmp_path / "jit_b-cache", 200, 2000)
-    kept_new = _entry(tmp_path / "circuits-kernels" / "k2", 100, 3000)
-    mark = _entry(tmp_path / "circuits-programs" / "m", 0, 10)
-    assert trim(str(tmp_path), 2000) == {"bytes": 1000, "removed": 0, "freed": 0}  # under the budget
-    got = trim(str(tmp_path), 500)  # over: down to 400 bytes
+    old = _entry(root / jax_name("a"), 400, 1000)
+    kept_old = kept_entry(root, "k1", 300, 1001)
+    newer = _entry(root / jax_name("b"), 200, 2000)
+    kept_new = kept_entry(root, "k2", 100, 3000)
+    mark = _entry(root / "circuits-programs" / "m", 0, 10)
+    assert trim(str(root), 2000) == {"bytes": 1000, "removed": 0, "freed": 0}  # under the budget
+    got = trim(str(root), 500)  # over: down to 400 bytes
     assert got == {"bytes": 1000, "removed": 2, "freed": 700}
     assert not old.exists() and not kept_old.exists() and newer.exists() and kept_new.exists() and mark.exists()
 
 
-def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(tmp_path, monkeypatch):
+def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(root, monkeypatch):
     import threading
     import time
 
@@ -171,19 +193,19 @@ def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(tmp_path,
     monkeypatch.setattr(persistent, "_budget", [500])
 
     def run():
-        persistent._trim_later(str(tmp_path))
+        persistent._trim_later(str(root))
         for t in threading.enumerate():
             if t.name == "circuits-trim":
                 t.join(30)
 
-    first = _entry(tmp_path / "jit_a-cache", 1000, 1000)
+    first = _entry(root / jax_name("a"), 1000, 1000)
     run()
     assert not first.exists()
-    again = _entry(tmp_path / "jit_b-cache", 1000, 1000)
+    again = _entry(root / jax_name("b"), 1000, 1000)
     run()  # the stamp is fresh: no look today
     assert again.exists()
     # a look started and never finished (its process ended first) is due again a few minutes later
-    stamp = tmp_path / "circuits-trimmed"
+    stamp = root / "circuits-trimmed"
     day_ago = time.time() - persistent.TRIM_EVERY - 10
     os.utime(stamp, (day_ago, day_ago))
     real_trim = persistent.trim
@@ -196,11 +218,11 @@ def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(tmp_path,
     os.utime(stamp, (moved, moved))
     run()
     assert not again.exists()
-    again = _entry(tmp_path / "jit_c-cache", 1000, 1000)
+    again = _entry(root / jax_name("c"), 1000, 1000)
     run()  # that look finished: the stamp says now
     assert again.exists()
     day_ago = time.time() - persistent.TRIM_EVERY - 10
-    os.utime(tmp_path / "circuits-trimmed", (day_ago, day_ago))
+    os.utime(root / "circuits-trimmed", (day_ago, day_ago))
     run()
     assert not again.exists()
 
@@ -234,9 +256,8 @@ def test_a_new_process_trims_an_old_cache_to_the_budget_the_environment_sets(tmp
     """The first process of the day looks through the directory; over the budget that
     CIRCUITS_COMPILATION_CACHE_MAX_BYTES sets, the oldest entries go.  A value that is not a
     number of bytes is one warning naming it, and the default budget holds."""
-    cache = tmp_path / "cache"
-    cache.mkdir(mode=0o700)
-    junk = _entry(cache / "jit_old-cache", 1 << 20, 1000)
+    cache = Path(make_root(str(tmp_path / "cache")))
+    junk = _entry(cache / jax_name("old"), 1 << 20, 1000)
     env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(cache), CIRCUITS_COMPILATION_CACHE_MAX_BYTES=setting)
     out = subprocess.run([sys.executable, "-c", TRIM_PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -249,19 +270,19 @@ def test_a_new_process_trims_an_old_cache_to_the_budget_the_environment_sets(tmp
         assert not junk.exists() and got["last_trim"]["removed"] >= 1
 
 
-def test_set_cache_size_trims_our_directory_and_never_one_the_user_gave_jax(tmp_path, monkeypatch):
+def test_set_cache_size_trims_our_directory_and_never_one_the_user_gave_jax(root, monkeypatch):
     import circuits as C
     from circuits.backend import persistent
 
     monkeypatch.setattr(persistent, "_budget", [])
-    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(tmp_path), "reason": "on"})
-    old = _entry(tmp_path / "jit_a-cache", 1000, 1000)
-    new = _entry(tmp_path / "jit_b-cache", 300, 2000)
+    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(root), "reason": "on", "mode": "ours"})
+    old = _entry(root / jax_name("a"), 1000, 1000)
+    new = _entry(root / jax_name("b"), 300, 2000)
     C.backend.set_cache_size(disk_bytes=500)
     disk = C.cache_stats()["disk"]
     assert disk["max_bytes"] == 500 and disk["last_trim"] == {"bytes": 1300, "removed": 1, "freed": 1000}
     assert not old.exists() and new.exists()
-    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(tmp_path),
+    monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(root), "mode": "user",
                                                "reason": "configured by the user (jax_compilation_cache_dir)"})
     C.backend.set_cache_size(disk_bytes=0)
     assert new.exists()

@@ -261,6 +261,26 @@ def test_a_python_number_returned_is_a_constant_circuit():
     assert C.evaluate(seven) == 7 and seven.dtype == "int64"
 
 
+def test_a_module_returning_a_dict_gives_a_dict_of_circuits_with_its_keys_in_its_order():
+    # a tuple before, the keys lost (issue 33 item 11)
+    def forward(x):
+        return {"z": x * 2, "a": x + 1, "pair": (x - 1, x.sum()), "three": 3.0}
+
+    module = _Returns(forward).eval()
+    x = np.array([1.0, -2.0], np.float32)
+    got = from_torch(module, (torch.ones(2),))
+    want = forward(torch.from_numpy(x))
+    assert type(got) is dict and list(got) == ["z", "a", "pair", "three"]
+    for key in ("z", "a"):
+        np.testing.assert_array_equal(C.evaluate(got[key], {"x": x}), want[key].numpy())
+    assert isinstance(got["pair"], tuple) and len(got["pair"]) == 2
+    for ours, theirs in zip(got["pair"], want["pair"]):
+        np.testing.assert_array_equal(C.evaluate(ours, {"x": x}), theirs.numpy())
+    assert C.evaluate(got["three"]) == 3.0
+    one = from_torch(_Returns(lambda x: {"only": x * 3}).eval(), (torch.ones(2),))
+    assert list(one) == ["only"] and C.evaluate(one["only"], {"x": x}).tolist() == [3.0, -6.0]
+
+
 def test_a_none_output_is_a_clear_error():
     with pytest.raises(C.CircuitError, match="output 1 of the module is NoneType"):
         from_torch(_Returns(lambda x: (x * 2, None)).eval(), (torch.ones(2),))

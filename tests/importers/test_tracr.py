@@ -7,6 +7,7 @@ with attention and MLPs, a numerical one), the slow run the ACDC tasks and more 
 
 import dataclasses
 import os
+import re
 
 import jax
 import numpy as np
@@ -266,3 +267,47 @@ def test_more_programs_match_tracr(causal):
         assert model.model_config.causal == causal
         for inputs in (["BOS", 3], ["BOS", 2, 3, 1], ["BOS", 3, 1, 2, 2, 1] if causal else ["BOS", 3, 1, 2]):
             check_against_tracr(model, inputs)
+
+
+# ---------------------------------------------------------------------------- issue 33 items 6 and 8
+def test_a_config_claiming_a_billion_layers_is_refused_at_once(hist):
+    """It took 169 s and then a raw MemoryError (names were built for every claimed layer)."""
+    cfg = dataclasses.replace(hist.model_config, num_layers=10**9)
+    with pytest.raises(CircuitError, match=r"num_layers=1000000000, but the params hold 1 layer\(s\) \(layer_0\)"):
+        from_tracr(dataclasses.replace(hist, model_config=cfg), ["BOS", "a"])
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("causal", "no", "model_config.causal='no' must be True or False"),
+    ("layer_norm", 0, "model_config.layer_norm=0 must be True or False"),
+    ("num_heads", 1.5, "model_config.num_heads=1.5 must be an int >= 1"),
+    ("key_size", 0, "model_config.key_size=0 must be an int >= 1"),
+    ("mlp_hidden_size", True, "model_config.mlp_hidden_size=True must be an int >= 1"),
+])
+def test_config_fields_of_the_wrong_type_are_refused(hist, field, value, message):
+    cfg = dataclasses.replace(hist.model_config, **{field: value})
+    with pytest.raises(CircuitError, match=re.escape(message)):
+        from_tracr(dataclasses.replace(hist, model_config=cfg), ["BOS", "a"])
+
+
+def test_malformed_models_are_clear_errors(hist):
+    with pytest.raises(CircuitError, match="model.model_config must be tracr's TransformerConfig, got None"):
+        from_tracr(dataclasses.replace(hist, model_config=None), ["BOS", "a"])
+    with pytest.raises(CircuitError, match="model.params must be haiku's parameters.*got a list"):
+        from_tracr(dataclasses.replace(hist, params=list(hist.params.values())), ["BOS", "a"])
+    with pytest.raises(CircuitError, match=r"model.params\['token_embed'\] must be a dict"):
+        from_tracr(dataclasses.replace(hist, params={**hist.params, "token_embed": "abc"}), ["BOS", "a"])
+    for bad in ("abc", np.array([["a", "b"]]), [[1.0], [1.0, 2.0]]):
+        params = {**hist.params, "token_embed": {"embeddings": bad}}
+        with pytest.raises(CircuitError, match=r"model.params\['token_embed'\]\['embeddings'\]"):
+            from_tracr(dataclasses.replace(hist, params=params), ["BOS", "a"])
+
+
+def test_a_model_without_input_encoder_takes_token_ids(hist):
+    raw = dataclasses.replace(hist, input_encoder=None)
+    ids = tracr_tokens(hist, ["BOS", "a", "b"]).tolist()
+    np.testing.assert_array_equal(circuits.evaluate(from_tracr(raw, ids)),
+                                  circuits.evaluate(from_tracr(hist, ["BOS", "a", "b"])))
+    for bad in (["BOS", "a"], [0, 1.5], [0, True], [0, 2**70]):
+        with pytest.raises(CircuitError, match="no input_encoder, so inputs are token ids"):
+            from_tracr(raw, bad)

@@ -165,13 +165,52 @@ def test_bad_save_paths_are_store_errors_naming_the_folder(tmp_path):
     locked.mkdir()
     os.chmod(locked, 0o500)
     try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("running as a user who may write anywhere")
+        if os.access(locked, os.W_OK):  # root writes anywhere: the same save as another user
+            _save_into_a_folder_nobody_may_write()
+            return
         with pytest.raises(StoreError) as info:
             save_sae(sae, locked / "s")
         assert str(locked / "s") in str(info.value) and ".tmp" not in str(info.value)
     finally:
         os.chmod(locked, 0o700)
+
+
+def _save_into_a_folder_nobody_may_write():
+    """Run as root (CI): ``save_sae`` by the user ``nobody`` (a forked child that drops to uid
+    65534) into a folder of root's, 0755."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    sae = SAE.random(4, 8)
+    top = Path(tempfile.mkdtemp(prefix="sae-locked-"))
+    try:
+        os.chmod(top, 0o755)
+        target = top / "s"
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: no JAX, only numpy and files
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    save_sae(sae, target)
+                    message = "saved"
+                except StoreError as e:
+                    message = f"StoreError: {e}"
+                os.write(write, message.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            message = f.read()
+        os.waitpid(pid, 0)
+        assert message.startswith("StoreError:"), message
+        assert str(target) in message and ".tmp" not in message
+        assert os.listdir(top) == []
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_failed_write_names_the_folder_and_leaves_nothing(tmp_path, monkeypatch):
@@ -187,3 +226,53 @@ def test_a_failed_write_names_the_folder_and_leaves_nothing(tmp_path, monkeypatc
     assert "free some space" in str(info.value)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["s"] and which(load_sae(tmp_path / "s"), a, b) == "a"
+
+
+# ---------------------------------------------------------------------------- issue 33 item 6
+@pytest.mark.parametrize("make, match", [
+    (lambda: SAE.random(4, 8, "crosscoder"), "SAE architecture 'crosscoder' is not supported; use one of standard"),
+    (lambda: SAE.random(4, 8, ["topk"]), r"SAE architecture \['topk'\] is not supported"),
+    (lambda: SAE.random(4, 8, "topk", k="2"), "SAE k='2' must be an int >= 1"),
+    (lambda: SAE.random(4, 8, "topk", k=True), "SAE k=True must be an int >= 1"),
+    (lambda: SAE.random(4, 8, "topk", k=0), "SAE k=0 must be an int >= 1"),
+    (lambda: SAE.random(4, 8, hook_name={"blocks.0.hook_resid_pre"}), "SAE hook_name={'blocks.0.hook_resid_pre'} must be a str"),
+    (lambda: SAE.random(4, 8, "transcoder", hook_name_out=3), "SAE hook_name_out=3 must be a str"),
+    (lambda: SAE.random(4, 8, apply_b_dec_to_input="no"), "SAE apply_b_dec_to_input='no' must be True or False"),
+    (lambda: SAE("standard", [[0.0]], np.zeros((1, 1)), np.zeros(1), np.zeros(1)), "SAE tensor 'W_enc' must be an array, got a list"),
+])
+def test_bad_sae_settings_are_library_errors(make, match):
+    with pytest.raises(CircuitError, match=match):
+        make()
+
+
+def test_a_weight_file_over_the_allocation_budget_is_refused_before_reading(tmp_path, monkeypatch):
+    """An 8 GB SAE weight file gave a raw MemoryError: each tensor is checked against the budget
+    (here 1 MiB, the tensor 2 MiB) before anything is read."""
+    folder = tmp_path / "big"
+    save_sae(SAE.random(4, 8), folder)
+    big = {"W_enc": np.zeros((4, 1 << 17), np.float32), "W_dec": np.zeros((1 << 17, 4), np.float32),
+           "b_enc": np.zeros(1 << 17, np.float32), "b_dec": np.zeros(4, np.float32)}
+    safetensors.numpy.save_file(big, str(folder / "sae_weights.safetensors"))
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg["d_sae"] = 1 << 17
+    cfg["metadata"].pop(sae_files.DIGEST_KEY, None)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    assert load_sae(folder).d_sae == 1 << 17
+    monkeypatch.setenv("CIRCUITS_MAX_ALLOC_BYTES", str(1 << 20))
+    with pytest.raises(StoreError, match=r"sae_weights.safetensors: tensor 'W_dec' would allocate 2.0 MiB .*"
+                                         r"over the budget of 1.0 MiB; raise it with the environment variable"):
+        load_sae(folder)
+
+
+def test_running_out_of_memory_while_reading_is_a_store_error(tmp_path, monkeypatch):
+    from circuits.io import store
+
+    folder = tmp_path / "f"
+    save_sae(SAE.random(4, 8), folder)
+
+    def no_memory(n):
+        raise MemoryError
+
+    monkeypatch.setattr(store, "aligned_bytes", no_memory)
+    with pytest.raises(StoreError, match="sae_weights.safetensors: not enough memory to read tensor"):
+        load_sae(folder)

@@ -270,3 +270,47 @@ def test_a_load_on_another_thread_of_a_growing_file_never_sees_garbage(tmp_path)
         stop.set()
         thread.join()
     assert errors == []
+
+
+# ---------------------------------------------------------------------------- issue 33 item 6
+@pytest.mark.parametrize("options", ["anon=True", 5, [("anon", True)], {1: True}])
+def test_storage_options_that_are_not_a_dict_of_names_are_store_errors(options):
+    import circuits
+
+    x = Array(np.ones(2, np.float32), name="x")
+    match = r"memory://q/c.circuit: storage_options must be a dict of fsspec options by name"
+    with pytest.raises(StoreError, match=match):
+        save(x, "memory://q/c.circuit", storage_options=options)
+    save(x, "memory://q/c.circuit")
+    with pytest.raises(StoreError, match=match):
+        load("memory://q/c.circuit", storage_options=options)
+    with pytest.raises(StoreError, match="memory://q: storage_options must be a dict"):
+        circuits.TensorStore("memory://q", storage_options=options)
+    assert load("memory://q/c.circuit", storage_options={}) is x
+
+
+# ---------------------------------------------------------------------------- issue 33 item 12
+def test_a_file_save_writes_loads_under_the_same_settings(tmp_path, monkeypatch):
+    """save wrote a 105 MB text that load then refused (its parse estimate over the allocation
+    budget): now save refuses it, with load's message and the setting to raise."""
+    from circuits.text import parser
+
+    monkeypatch.setattr(parser, "PARSE_FREE_CHARS", 100)  # a small text stands for a 105 MB one
+    small = Add(*[Scalar(float(i), name=f"t{i}") for i in range(4)], name="s")
+    big = Add(*[Scalar(float(i), name=f"term.{i}") for i in range(400)], name="sum")
+    budget = 40 * len(small.to_text()) + 1
+    assert 40 * len(big.to_text()) > budget
+    monkeypatch.setenv("CIRCUITS_MAX_ALLOC_BYTES", str(budget))
+    for c, saves in ((small, True), (big, False)):
+        path = tmp_path / f"{c.name}.circuit"
+        if saves:
+            save(c, path)
+            assert load(path) is c
+        else:
+            with pytest.raises(StoreError, match=rf"cannot save to {path}: load would refuse the file: this text is "
+                                                 r".*over the allocation budget .* CIRCUITS_MAX_ALLOC_BYTES=<bytes>"):
+                save(c, path)
+            assert not path.exists()
+    monkeypatch.setenv("CIRCUITS_MAX_ALLOC_BYTES", str(1000 * budget))
+    save(big, tmp_path / "sum.circuit")  # the setting raised: saved, and it loads under it
+    assert load(tmp_path / "sum.circuit") is big

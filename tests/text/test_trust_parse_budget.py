@@ -107,6 +107,12 @@ def test_a_text_too_big_to_parse_within_the_budget_is_refused_at_once(tmp_path, 
     assert 25_000 < len(text) < 1 << 20  # fits the budget itself, but not 40 bytes per character of it
     with pytest.raises(ParseError, match="parsing it needs about .* over the allocation budget of 1.0 MiB"):
         C.parse(text)
-    save(c, tmp_path / "c.circuit")  # saving needs no parse
+    # save refuses what load would refuse under the same budget (issue 33 item 12); written under
+    # a larger one, the file is refused by a load under the smaller one
+    with pytest.raises(StoreError, match="cannot save to .*c.circuit: load would refuse the file: this text is "):
+        save(c, tmp_path / "c.circuit")
+    monkeypatch.setenv("CIRCUITS_MAX_ALLOC_BYTES", str(1 << 30))
+    save(c, tmp_path / "c.circuit")
+    monkeypatch.setenv("CIRCUITS_MAX_ALLOC_BYTES", str(1 << 20))
     with pytest.raises(StoreError, match="c.circuit: this text is .*CIRCUITS_MAX_ALLOC_BYTES"):
         load(tmp_path / "c.circuit")

@@ -274,3 +274,26 @@ def test_the_tree_line_count_is_the_printed_line_count(c, depth, as_traversal):
     printed = len(c.to_text(**opts).split("\n"))
     cut = None if depth is None else depth
     assert _tree_lines(c, cut, None, as_traversal and depth is not None, 10**9) == printed
+
+
+# ---------------------------------------------------------------------------- issue 33 item 10
+def test_a_random_array_of_a_parsed_text_peaks_at_its_own_size():
+    """Drawn piece by piece into the memory the Array keeps: the peak is the tensor plus one piece,
+    not a float64 draw or a second copy on top of it (a legal 2.6 GiB 'Array rand' under a 4 GiB
+    budget ran out of memory)."""
+    import tracemalloc
+
+    from circuits.nodes.leaves import RandomTensors
+
+    n = 8 * RandomTensors.PIECE
+    nbytes = n * 4
+    gc.collect()
+    tracemalloc.start()
+    try:
+        node = C.parse(f"'r' [{n}] Array rand")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert node.value.dtype == "float32" and node.value.nbytes == nbytes
+    piece = RandomTensors.PIECE * 8  # one piece of float64 standard normal draws
+    assert peak < nbytes + piece + (1 << 20), (peak, nbytes)
