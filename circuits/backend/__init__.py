@@ -19,9 +19,10 @@ Modules, in dependency order:
 - ``calling``: arguments bound once per program (``ArgumentBinder``), the per-call fast path of
   ``Compiled``, ``evaluate_batched`` and ``evaluate``'s whole-program tier;
 - ``cachedir``: the compilation cache's folders and files, checked at each use (ours, private, no
-  link); ``persistent``: JAX's compilation cache on disk, across processes; ``runtime``: the one
-  compile cache (``cached_jit``); ``executables``: the op kernels' executables kept on disk,
-  loaded without tracing;
+  link); ``persistent``: JAX's compilation cache on disk, across processes, and its budget;
+  ``compiling``: ``counted_jit``, every XLA compilation counted; ``executables``: the op kernels'
+  executables kept on disk, loaded without tracing; ``runtime``: the one compile cache
+  (``cached_jit``);
 - ``groups``: fused groups of the op-by-op tier, compiled aside; ``incremental``: op-by-op
   evaluation through kernels cached per operation, over a process-wide value cache keyed by
   node identity and bound values;
@@ -33,12 +34,13 @@ Modules, in dependency order:
   object (``configure``), the jit policy (``maybe_jit``) and ``last_run``;
 - ``caches``: one set of controls for every cache (``cache_stats``, ``clear_cache``,
   ``set_cache_size``);
-- ``evaluation``: ``evaluate``, ``compile``/``Compiled``, ``make_jaxpr``;
+- ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable), and the
+  recipes of the functions a program runs as (run, vmap, gradient);
 - ``batched``: ``evaluate_batched`` (vmap, chunks, sharding over devices);
+- ``evaluation``: ``evaluate``, ``compile``/``Compiled`` (a ``Lowered``), ``make_jaxpr``;
 - ``eager``: ``Eager``, a view for exploring intermediate values over the op-by-op tier;
 - ``gradients``: ``grad`` and ``value_and_grad`` with respect to any node;
-- ``symbolic``: the sympy interpreter behind ``symbolic_equal``;
-- ``lowered``: ``Lowered``, a circuit lowered to one program (bind, run, vmap, traceable).
+- ``symbolic``: the sympy interpreter behind ``symbolic_equal``.
 
 This package is the backend's one door: the layers above it (models, analysis, rewrites,
 interp, importers) import what they need from ``circuits.backend``, never from its submodules

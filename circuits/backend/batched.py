@@ -32,6 +32,7 @@ from .lowered import run_function, vmap_function
 from .lowering import cached_program, package_outputs, program_with_also
 from .memory import INPUT_TYPES, peak_bytes, value_bytes
 from .program import Program
+from .sharding import BATCH_AXIS, Placement
 from .tiers import Route, check_mode, run
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
@@ -345,8 +346,6 @@ class _Batched(Route):
         self._say(plan.reason)
         chunks = _Chunks(program, items, args, axes, total, plan, group, self.mode, self.return_jax)
         if devs is not None or mesh is not None:
-            from .sharding import BATCH_AXIS, Placement
-
             if devs is not None:
                 from jax.sharding import Mesh
 

@@ -28,6 +28,7 @@ from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .background import WARM, in_background
+from .batched import evaluate_batched
 from .binding import float_dtype, precision
 from .calling import bind_once, binder_of
 from .incremental import Binding, RunInfo, cached_values, has_batch_axis, remember, run_ops
@@ -35,6 +36,7 @@ from .lowered import Lowered, run_function, run_key
 from .lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_nodes
 from .persistent import compiled_before, note_compiled
 from .program import Program
+from .sharding import Placement, mesh_of
 from .tiers import Route, check_mode, run, settings, worth_compiling
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr"]
@@ -83,8 +85,6 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     fdt = float_dtype(dtype)
     mode = check_mode(mode)
     if has_batch_axis(circuit, inputs):
-        from .batched import evaluate_batched
-
         return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
                                 return_jax=return_jax)
     with precision(fdt):
@@ -254,8 +254,6 @@ class Compiled(Lowered):
         self._binder = binder_of(self.program, self.dtype)  # the per-call fast path
         self._run = None
         if mesh is not None:
-            from .sharding import Placement, mesh_of
-
             self.placement = Placement(mesh_of(mesh), self.program, shard)
         elif shard:
             raise EvaluationError("compile: shard= needs mesh= (a jax.sharding.Mesh or a list of devices)")

@@ -48,31 +48,23 @@ import collections
 import hmac
 import json
 import os
-import re
-import stat
 import struct
 import threading
-import time
 
 import blake3
 import numpy as np
 
 from ..dtypes import dtype_str
 from . import cachedir
+from .background import in_background
 from .cachedir import Untrusted
-from .persistent import ensure_persistent_cache, open_folder
-from .runtime import counted_jit
+from .compiling import counted_jit
+from .persistent import FOLDER, KEPT_MAGIC, KEPT_NAME, distrust, ensure_persistent_cache, open_folder
 
-__all__ = ["kept", "stable_key", "executable_info", "FOLDER", "is_entry"]
+__all__ = ["kept", "stable_key", "executable_info"]
 
-FOLDER = "circuits-kernels"
 _LOADING = "loading"  # the loading marks, a folder in FOLDER
-_MAGIC = b"circuits-kernel 2\n"
-_OLD_MAGICS = (b"circuits-kernel 1\n",)  # earlier formats: removed by the trim, never loaded
 _DIGEST = 32
-_ENTRY = re.compile(r"[0-9a-f]{64}")
-_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{16}")
-_TEMPORARY_AGE = 3600.0  # a temporary this old is a killed writer's: the trim may remove it
 _GF = b"GeneralFunction\0"
 _counts = collections.Counter()
 _trace_context: list = []  # [jax's trace_context], imported with the first kept kernel
@@ -337,8 +329,6 @@ _worker_lock = threading.Lock()
 
 def _keep_later(job) -> None:
     """Run ``job`` in the one background thread that keeps kernels (started when none runs)."""
-    from .tiers import in_background
-
     _pending.append(job)
     with _worker_lock:
         if not (_worker and _worker[0].is_alive()):
@@ -412,7 +402,7 @@ def _setup() -> bool:
 
 
 # ---------------------------------------------------------------------------- entries
-# An entry: _MAGIC, then the keyed digest of all it holds (_MAGIC included), then the body:
+# An entry: KEPT_MAGIC, then the keyed digest of all it holds (KEPT_MAGIC included), then the body:
 # the key's length and the key (``full``), the trees' length and the trees (JSON), the payload.
 _LEAF = object()
 
@@ -458,8 +448,8 @@ def _tree_of(data):
 
 
 def _digest(key: bytes, body) -> bytes:
-    """The keyed digest of an entry of body ``body`` (its _MAGIC included)."""
-    h = blake3.blake3(_MAGIC, key=key)
+    """The keyed digest of an entry of body ``body`` (its KEPT_MAGIC included)."""
+    h = blake3.blake3(KEPT_MAGIC, key=key)
     h.update(body)
     return h.digest(_DIGEST)
 
@@ -467,17 +457,17 @@ def _digest(key: bytes, body) -> bytes:
 def _pack(key: bytes, full: bytes, trees: str, blob: bytes) -> bytes:
     tree_bytes = trees.encode()
     body = struct.pack("<q", len(full)) + full + struct.pack("<q", len(tree_bytes)) + tree_bytes + blob
-    return _MAGIC + _digest(key, body) + body
+    return KEPT_MAGIC + _digest(key, body) + body
 
 
 def _unpack(data: bytes, full: bytes, key: bytes):
     """``(payload, in_tree, out_tree)`` of an entry for key ``full``, after its digest is checked;
     ValueError when it does not match (nothing is deserialized before that)."""
-    start = len(_MAGIC) + _DIGEST
-    if not data.startswith(_MAGIC) or len(data) < start + 16:
+    start = len(KEPT_MAGIC) + _DIGEST
+    if not data.startswith(KEPT_MAGIC) or len(data) < start + 16:
         raise ValueError("not an entry of this format")
     body = memoryview(data)[start:]
-    if not hmac.compare_digest(_digest(key, body), data[len(_MAGIC):start]):
+    if not hmac.compare_digest(_digest(key, body), data[len(KEPT_MAGIC):start]):
         raise ValueError("its digest does not match")
     (n,) = struct.unpack_from("<q", body, 0)
     if bytes(body[8:8 + n]) != full:
@@ -485,25 +475,6 @@ def _unpack(data: bytes, full: bytes, key: bytes):
     (m,) = struct.unpack_from("<q", body, 8 + n)
     in_tree, out_tree = json.loads(bytes(body[16 + n:16 + n + m]).decode())
     return bytes(body[16 + n + m:]), _tree_of(in_tree), _tree_of(out_tree)
-
-
-def is_entry(fd: int, name: str):
-    """The ``lstat`` of ``name`` in the kept executables' folder ``fd`` when it is an entry (an
-    entry's name, a regular file of this user's with an entry's header, of this format or an
-    earlier one) or a writer's leftover temporary; else None.  What the trim may remove."""
-    if _TEMPORARY.fullmatch(name):
-        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        old = time.time() - info.st_mtime > _TEMPORARY_AGE
-        return info if old and stat.S_ISREG(info.st_mode) and cachedir.is_ours(info) else None
-    if not _ENTRY.fullmatch(name):
-        return None
-    try:
-        head = cachedir.read_file(fd, name, head=len(_MAGIC))
-    except Untrusted:
-        return None
-    if head is None or not head.startswith((_MAGIC, *_OLD_MAGICS)):
-        return None
-    return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
 
 class _Loading:
@@ -542,12 +513,10 @@ def _load(root: str, name: str, full: bytes) -> tuple:
         try:
             marks = cachedir.open_sub(fd, _LOADING, f"{root}/{FOLDER}", create=True)
         except Untrusted as e:
-            from .persistent import distrust
-
             distrust(e, root)
             return None, None
         for entry in cachedir.dead_loads(marks):
-            if _ENTRY.fullmatch(entry) and cachedir.remove(fd, entry):
+            if KEPT_NAME.fullmatch(entry) and cachedir.remove(fd, entry):
                 _counts["quarantined"] += 1
         try:
             data = cachedir.read_file(fd, name)

@@ -40,10 +40,10 @@ from ..traversal import toposort  # noqa: F401 - the docstring's example
 from .background import in_background
 from .binding import precision
 from .bounded import BoundedCache, current_epoch, working_for
+from .compiling import counted_jit
 from .executables import kept
 from .ops import build_op
 from .program import kernel_part
-from .runtime import counted_jit
 
 __all__ = ["plan", "group_kernel", "group_info", "wait_for_groups", "MIN_MEMBERS"]
 

@@ -49,10 +49,10 @@ from . import groups as _groups
 from .background import WARM, wait_for
 from .binding import check_index_values, check_symbol_value, leaf_value, raise_problems, symbol_values
 from .bounded import BoundedCache
+from .compiling import counted_jit
 from .executables import kept
 from .ops import build_op
 from .program import kernel_part, node_key_part
-from .runtime import counted_jit
 
 __all__ = [
     "run_ops", "Binding", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",

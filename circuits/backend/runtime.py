@@ -20,23 +20,21 @@ True
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Callable
 
 import numpy as np
 
 from ..errors import EvaluationError
 from .bounded import BoundedCache
+from .compiling import compile_counts, counted_jit
+from .executables import kept
 
-__all__ = ["cached_jit", "counted_jit", "is_cached", "is_compiled", "is_compiled_any", "compile_cache_stats",
+__all__ = ["cached_jit", "is_cached", "is_compiled", "is_compiled_any", "compile_cache_stats",
            "clear_compile_cache", "set_compile_cache_size"]
 
 
 # ---------------------------------------------------------------------------- the compile cache
 _functions = BoundedCache("compiled", "compiled", max_entries=128)  # key -> compiled function
-_counts_lock = threading.Lock()
-_stats = collections.Counter()  # traces, by counter name (counted_jit)
 
 
 def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
@@ -49,38 +47,10 @@ def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) 
     if fn is not None:
         return fn
     made = make()
-    fn = _counted_jit(made)
+    fn = counted_jit(made, "compilations")
     if kept_as is not None:
-        from .executables import kept
-
         fn = kept(("program", kept_as), made, fn, counter="compilations")
     return _functions.setdefault(key, fn)
-
-
-def _counted_jit(fn: Callable) -> Callable:
-    return counted_jit(fn, "compilations")
-
-
-def counted_jit(fn: Callable, counter: str, name: str | None = None) -> Callable:
-    """``jax.jit(fn)``, every trace (a compilation for XLA) counted under ``counter`` in
-    ``cache_stats()`` (``'compilations'`` for whole programs, ``'kernel_compilations'`` for the
-    per-operation kernels of ``circuits.backend.incremental``); ``name``: the compiled module's
-    (``circuits.backend.executables`` names each kept kernel's own)."""
-    import jax
-
-    from .persistent import ensure_persistent_cache, recheck
-
-    ensure_persistent_cache()
-
-    def traced(*args):
-        with _counts_lock:
-            _stats[counter] += 1
-        recheck()  # the cache folder, again before this compilation reads or writes JAX's entries
-        return fn(*args)
-
-    if name is not None:
-        traced.__name__ = traced.__qualname__ = name
-    return jax.jit(traced)
 
 
 def is_cached(key) -> bool:
@@ -108,8 +78,8 @@ def compile_cache_stats() -> dict:
     ['compilations', 'evictions', 'hits', 'kernel_compilations', 'max_size', 'misses', 'size']
     """
     info = _functions.info()
-    with _counts_lock:
-        out = {k: _stats[k] for k in ("compilations", "kernel_compilations")}
+    counts = compile_counts()
+    out = {k: counts[k] for k in ("compilations", "kernel_compilations")}
     out.update(hits=info["hits"], misses=info["misses"], evictions=info["evictions"], size=info["entries"],
                max_size=info["max_entries"])
     return out

@@ -46,7 +46,6 @@ from typing import Callable
 from ..errors import EvaluationError
 from .background import in_background
 from .bounded import BoundedCache
-from .persistent import COLD_COMPILE_MAX_OPS
 from .program import Program
 from .runtime import cached_jit, is_cached
 
@@ -61,6 +60,11 @@ MODE_ALIASES = {"eager": "ops"}
 # A circuit evaluated op by op this many times (with other inputs each time) gets its whole
 # program compiled; from then on ``mode='auto'`` runs that.
 JIT_AFTER = 2
+
+# A new process's first op-by-op evaluation of a program of at most this many nodes compiles it
+# whole in the background (once per process) and marks it on disk, so that the next process's
+# first evaluation of it runs whole at once (the cold start; ``circuits.backend.persistent``).
+COLD_COMPILE_MAX_OPS = 1000
 
 # Above this many distinct nodes ``mode='auto'`` runs op by op: XLA's compile time grows with
 # program size (a 50,000-op chain takes ~15 s to compile on CPU, ~0.6 s to run eagerly), and a

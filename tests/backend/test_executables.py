@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from jax.experimental import serialize_executable
 
-from circuits.backend import executables
 from circuits.backend.background import wait_for_background
 from circuits.backend.cachedir import make_root
-from circuits.backend.executables import FOLDER, KeptKernel, executable_info, stable_key
-from circuits.backend.runtime import counted_jit
+from circuits.backend.compiling import counted_jit
+from circuits.backend.executables import KeptKernel, executable_info, stable_key
+from circuits.backend.persistent import FOLDER
 
 # A forward op by op and a gradient op by op (vector-Jacobian kernels), in a fresh process.
 PROBE = r"""

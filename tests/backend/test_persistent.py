@@ -15,7 +15,7 @@ import blake3
 import pytest
 
 from circuits.backend.cachedir import make_root
-from circuits.backend.executables import _MAGIC
+from circuits.backend.persistent import KEPT_MAGIC
 
 PROBE = r"""
 import json, warnings
@@ -159,7 +159,7 @@ def jax_name(tag: str) -> str:
 def kept_entry(root, tag: str, size: int, when: float):
     """A kept executable's file (its name and header: what the trim recognises)."""
     name = blake3.blake3(tag.encode()).hexdigest()
-    return _entry(root / "circuits-kernels" / name, size, when, data=_MAGIC + b"x" * size)
+    return _entry(root / "circuits-kernels" / name, size, when, data=KEPT_MAGIC + b"x" * size)
 
 
 @pytest.fixture

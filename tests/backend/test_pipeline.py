@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
 import circuits.backend as backend
 
 BACKEND = pathlib.Path(backend.__file__).parent
@@ -95,12 +93,6 @@ def _cycle(edges: dict) -> list | None:
     return None
 
 
-# persistent.py and executables.py are being changed on another branch (the on-disk cache's trust
-# fixes); their part of the loop and of the homes goes once that branch is in.
-AFTER_TRUST_CACHE = pytest.mark.xfail(strict=True, reason="persistent/executables wait for the trust-cache branch")
-
-
-@AFTER_TRUST_CACHE
 def test_the_backend_has_no_import_loop_counting_imports_inside_functions():
     edges = _edges()
     del edges[""]  # the package's door imports everything (and nothing imports it back)
@@ -126,7 +118,6 @@ def _defined(tree: ast.Module) -> set:
     return names
 
 
-@AFTER_TRUST_CACHE
 def test_every_name_has_one_home():
     """A name imported from a backend module is defined there (no module re-exports what it
     imported; the package's ``__init__``, the door, is the one that does)."""
