@@ -124,7 +124,7 @@ def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
 def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     """The first EAP call compiles nothing whole; the second starts the program's compilation in
     the background; once it is ready, calls run it; every tier gives the same scores."""
-    from circuits.backend.background import wait_for_background
+    from circuits.backend.cache.background import wait_for_background
     from circuits.backend.tiers import last_run
 
     w, _, _ = model
@@ -147,7 +147,7 @@ def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
     """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
     GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
     from circuits.backend import tiers
-    from circuits.backend.background import wait_for_background
+    from circuits.backend.cache.background import wait_for_background
     from circuits.backend.tiers import last_run
 
     w, _, _ = model

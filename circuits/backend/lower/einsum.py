@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple, Sequence
 
-from ..errors import EvaluationError
-from .bounded import FunctionCache
+from ...errors import EvaluationError
+from ..cache.bounded import FunctionCache
 
 
 def _lax():
@@ -43,7 +43,7 @@ def _diagonal_step(axes: tuple):
     """(unique axes, fn) taking the diagonal over repeated ids of one operand, or None."""
     if len(set(axes)) == len(axes):
         return None
-    from ..nodes.einsum import AXIS_LETTERS
+    from ...nodes.einsum import AXIS_LETTERS
 
     letters = {a: AXIS_LETTERS[i] for i, a in enumerate(dict.fromkeys(axes))}
     unique = tuple(dict.fromkeys(axes))

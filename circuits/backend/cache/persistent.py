@@ -10,7 +10,7 @@ compilation, once) or turns it off (``off``, ``0``, ``false``, ``no``).
 
 What it trusts.  Compiled code read from the cache runs: JAX reads its own entries (native code)
 itself, and a kept executable's payload is a pickle.  So the cache is used only in a folder this
-library made, marked with a marker file when it was made (``circuits.backend.cachedir``), this
+library made, marked with a marker file when it was made (``circuits.backend.cache.cachedir``), this
 user's and private, reached through folders only this user or root can change (a folder others
 may write to must be sticky, as ``/tmp`` is), and no link is followed inside it.  The folders are
 checked again before every read, write, compilation and trim, not once at start-up; a folder
@@ -44,8 +44,8 @@ import threading
 import time
 import warnings
 
-from ..errors import EvaluationError
-from ..shapes import check_budget
+from ...errors import EvaluationError
+from ...shapes import check_budget
 from . import cachedir
 from .cachedir import Untrusted
 
@@ -58,7 +58,7 @@ __all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cach
 # compilation loaded from JAX's cache (``circuits.backend.tiers``: the cold start).
 _MARKS = "circuits-programs"
 
-# The executables kept beside JAX's cache (``circuits.backend.executables`` writes them, the trim
+# The executables kept beside JAX's cache (``circuits.backend.cache.executables`` writes them, the trim
 # removes them): their folder, their names, and the header each starts with (this format's, and
 # earlier ones, which the trim still removes); ``cachedir.write_file``'s temporaries, and the age
 # at which one is a killed writer's.
@@ -96,7 +96,7 @@ _last_trim: dict = {}
 def cache_directory(environ=None) -> str | None:
     """The folder the persistent cache should use, absolute (None: switched off); ``Untrusted``
     when ``CIRCUITS_COMPILATION_CACHE`` cannot be resolved (a ``~user`` that names no user)."""
-    from ..io.remotefs import user_path
+    from ...io.remotefs import user_path
 
     environ = os.environ if environ is None else environ
     value = environ.get(ENV)
@@ -338,7 +338,7 @@ def trim(directory: str, max_bytes: int) -> dict:
     file's access and modification times) until it holds at most 80% of ``max_bytes``, when it
     holds more than ``max_bytes``.  Entries are JAX's compilations and the kept executables
     (``circuits-kernels``), by name (and header); nothing else is counted or removed, and nothing
-    at all outside a folder that this library made and marked (``circuits.backend.cachedir``).
+    at all outside a folder that this library made and marked (``circuits.backend.cache.cachedir``).
     Returns ``{'bytes': before, 'removed': files, 'freed': bytes}`` (with ``'skipped'``: why,
     when the folder cannot be trimmed).
 

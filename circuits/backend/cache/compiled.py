@@ -6,8 +6,8 @@ patched circuits alike.  Whether a program is compiled at all is the jit policy'
 
 >>> import numpy as np
 >>> from circuits import Symbol, Add
->>> from circuits.backend.binding import bind_arguments
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.binding import bind_arguments
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2,), name='x')
 >>> program = Program([Add(x, x)], 'float32')
 >>> args = bind_arguments(program, {'x': [1, 2]}, 'float32')
@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import EvaluationError
+from ...errors import EvaluationError
 from .bounded import BoundedCache
 from .compiling import compile_counts, counted_jit
 from .executables import kept
@@ -42,7 +42,7 @@ def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) 
     least recently used entry is evicted beyond the cache size), every trace counted as a
     compilation.  ``kept_as``: bytes naming the function the same way in every process (a
     circuit's hash and options); its executable is then kept on disk and a later process loads
-    it without tracing or lowering (``circuits.backend.executables``)."""
+    it without tracing or lowering (``circuits.backend.cache.executables``)."""
     fn = _functions.get(key)
     if fn is not None:
         return fn

@@ -141,7 +141,7 @@ def test_node_lowering_float32_jit_matches_numpy(case):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_node_lowering_float64_eager_matches_numpy_to_1e12(case):
+def test_node_lowering_float64_op_by_op_matches_numpy_to_1e12(case):
     c = CASES[case]
     _check(c, evaluate(c, dtype="float64", mode="ops"), numpy_evaluate(c), "float64")
 

@@ -15,7 +15,7 @@ wraps one made already) and offers what a caller does with it, the backend's doo
 above it; ``Compiled`` (``compile``) is a ``Lowered`` that runs its compiled function when called:
 
 - ``bind(inputs, given=...)``: the argument values, every one checked before anything runs
-  (``circuits.backend.binding.bind_arguments``, through the program's binder when it can:
+  (``circuits.backend.lower.binding.bind_arguments``, through the program's binder when it can:
   unbound or misshapen Symbols, placeholder Arrays, ints that would wrap, and indices outside
   the axis a gather reads);
 - ``function(mode)`` / ``run(inputs)``: ``run_function``; ``vmap(in_axes)``: ``vmap_function``;
@@ -42,12 +42,12 @@ from __future__ import annotations
 
 from typing import Callable, Collection, Mapping, Sequence
 
-from ..nodes import Circuit
-from .binding import float_dtype, precision
-from .calling import bind_once
-from .program import ARGUMENT_TYPES, Program
-from .runtime import cached_jit, is_compiled, is_compiled_any
-from .tiers import maybe_jit
+from ...nodes import Circuit
+from ..cache.compiled import cached_jit, is_compiled, is_compiled_any
+from ..lower.binding import float_dtype, precision
+from ..lower.calling import bind_once
+from ..lower.program import ARGUMENT_TYPES, Program
+from .policy import maybe_jit
 
 __all__ = ["Lowered", "run_key", "run_function", "vmap_function", "grad_function", "grad_vmap_function"]
 
@@ -60,7 +60,7 @@ def run_key(program: Program) -> tuple:
 
 def run_function(program: Program, how: str = "auto", kept_as: bytes | None = None) -> Callable[[list], list]:
     """``args -> outputs`` of ``program`` (compiled or not, as the jit policy decides for ``how``);
-    ``kept_as``: its executable kept across processes under these bytes (``runtime.cached_jit``)."""
+    ``kept_as``: its executable kept across processes under these bytes (``cache.compiled.cached_jit``)."""
     return maybe_jit(run_key(program), len(program), how, lambda: program.skeleton().run, kept_as)
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .bounded import BoundedCache
+from ..cache.bounded import BoundedCache
 
 __all__ = ["tune_chunk", "tail_sizes", "candidates", "tuned_chunks", "forget_tuning", "WORSE", "TUNE_FROM_BYTES"]
 

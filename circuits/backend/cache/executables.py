@@ -1,9 +1,9 @@
 """Per-operation kernels kept compiled across processes, loaded without tracing them.
 
-JAX's persistent cache (``circuits.backend.persistent``) keys a compilation by the module JAX
+JAX's persistent cache (``circuits.backend.cache.persistent``) keys a compilation by the module JAX
 lowers, so a new process still traces and lowers each kernel before it finds the compilation on
 disk: tens of milliseconds a kernel, most of a first call's time (a GPT-2 gradient uses dozens).
-A kernel of ``incremental.cached_kernel`` is described by its own key (operation, shapes, float
+A kernel of ``tiers.kernels.cached_kernel`` is described by its own key (operation, shapes, float
 precision: what the in-process kernel cache already relies on), so its executable is kept beside
 JAX's cache (the folder ``circuits-kernels``, under the same controls: ``CIRCUITS_COMPILATION_CACHE``
 moves it or turns it off) under that key and:
@@ -20,14 +20,14 @@ with this user's key (``cachedir.mac_key``: a 0600 file in the user's data folde
 cache folder), and the trees of arguments and results are stored as plain data.  An entry whose
 digest does not match (a flipped bit, a truncated file, a file someone else wrote) is removed
 before anything is deserialized.  The entry's file and every folder above it are checked as it is
-read (``circuits.backend.cachedir``).  A process marks an entry while it loads it and runs it the
+read (``circuits.backend.cache.cachedir``).  A process marks an entry while it loads it and runs it the
 first time (a file naming the process and when it started): a mark whose process is gone means
 that loading it crashed, and the next process removes the entry instead of crashing the same way
 (a live process's mark is a concurrent load, not a crash).
 
 A new process's first whole program (``evaluation._compile_whole`` and the next process's first
 evaluation, ``persistent.compiled_before``) is kept the same way, under the circuit's hash and
-options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
+options (``cache.compiled.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
 code is the user's, which may change between processes); nor is one called inside a JAX trace,
 under a trace context that is not plain data, or whose executable cannot be serialized.
 
@@ -54,7 +54,7 @@ import threading
 import blake3
 import numpy as np
 
-from ..dtypes import dtype_str
+from ...dtypes import dtype_str
 from . import cachedir
 from .background import in_background
 from .cachedir import Untrusted
@@ -121,8 +121,8 @@ def stable_key(key) -> bytes | None:
 def _stable_function_part(part: bytes) -> bytes | None:
     """A GeneralFunction's key part (``program.node_key_part``: name, then its spec's identity)
     without the identity, when that spec is the library's own function of that name."""
-    from ..errors import CircuitError
-    from ..functions.registry import is_library_function, lookup
+    from ...errors import CircuitError
+    from ...functions.registry import is_library_function, lookup
 
     if len(part) < len(_GF) + 9 or part[-9:-8] != b"\0":
         return None

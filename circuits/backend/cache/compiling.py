@@ -1,5 +1,5 @@
 """XLA compilations: ``counted_jit`` is ``jax.jit`` with every trace counted (a trace is a
-compilation for XLA), JAX's persistent cache switched on first (``circuits.backend.persistent``).
+compilation for XLA), JAX's persistent cache switched on first (``circuits.backend.cache.persistent``).
 
 The counts are ``cache_stats()``'s ``compilations`` (whole programs), ``kernel_compilations``
 (the op-by-op tier's kernels), and the background's own (``group_compilations``,
@@ -27,7 +27,7 @@ _counts = collections.Counter()  # traces, by counter name
 
 def counted_jit(fn: Callable, counter: str, name: str | None = None) -> Callable:
     """``jax.jit(fn)``, every trace counted under ``counter``; ``name``: the compiled module's
-    (``circuits.backend.executables`` names each kept kernel's own)."""
+    (``circuits.backend.cache.executables`` names each kept kernel's own)."""
     import jax
 
     ensure_persistent_cache()

@@ -2,7 +2,7 @@
 kept on disk, the warm-up after a new process's first evaluation.
 
 ``in_background(fn, name)`` runs ``fn()`` in a daemon thread that works for the cache epoch it
-was started in (``circuits.backend.bounded``: what it computes after a ``clear_cache`` is not
+was started in (``circuits.backend.cache.bounded``: what it computes after a ``clear_cache`` is not
 put back); ``wait_for_background()`` waits for every such thread (tests, benchmarks, and the
 interpreter's exit: a compilation torn down inside XLA aborts the process), ``wait_for(name)``
 for those of one name (an op-by-op run waits for the warm-up instead of computing the same

@@ -25,7 +25,7 @@ copied unless its dtype must change; JAX moves it to the device in the call).
 
 >>> import numpy as np
 >>> from circuits import Symbol, Array, Einsum
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2,), name='x')
 >>> program = Program([Einsum.from_spec('a,a->', x, Array(np.ones(2, np.float32), name='w'))], 'float32')
 >>> binder = ArgumentBinder(program, 'float32')
@@ -43,10 +43,10 @@ import weakref
 
 import numpy as np
 
-from ..errors import EvaluationError
-from ..nodes import Symbol
+from ...errors import EvaluationError
+from ...nodes import Symbol
+from ..cache.bounded import WeakCaches
 from .binding import bind_arguments, check_symbol_value, leaf_value, narrows, overflowed, symbol_values
-from .bounded import WeakCaches
 from .program import Program
 
 __all__ = ["ArgumentBinder", "binder_of", "bind_once"]

@@ -11,7 +11,7 @@ and ``clear()`` joins with ``register`` (a weak set of per-object caches, a ``fu
 A clear must stick: work running in the background when the cache is cleared (a whole program
 compiling, a fused group, the warm-up of a new process) must not put back what it computed
 from before the clear.  ``clear`` moves the cache's ``cleared_at`` to a new *epoch*; a thread
-started by ``circuits.backend.background`` works for the epoch it was started in
+started by ``circuits.backend.cache.background`` works for the epoch it was started in
 (``working_for``), and a store from a thread working for an epoch older than the cache's clear
 is dropped (the caller still gets its value).
 

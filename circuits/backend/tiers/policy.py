@@ -4,17 +4,17 @@ reports having done (``last_run``).
 - **cache**: the value asked for is already known (same circuit, same bound values).
 - **op by op** (``mode='ops'``, and ``'auto'`` for a structure seen for the first time): through
   kernels cached per (operation, shapes, precision) and over the values already known
-  (``circuits.backend.incremental``): a new variant of a known model compiles nothing in the call
+  (``circuits.backend.tiers.op_by_op``): a new variant of a known model compiles nothing in the call
   and computes only what its intervention reaches.  In ``'auto'`` the nodes that one other node
   alone reads run with it as one fused kernel per structure, compiled in the background in a pause
-  the first time it is met (``circuits.backend.groups``; ``settings().groups``).
+  the first time it is met (``circuits.backend.tiers.groups``; ``settings().groups``).
 - **whole program** (``mode='jit'``, ``compile``, ``evaluate_batched``, ``sweep``; and ``'auto'``
   for a circuit evaluated op by op ``jit_after`` times already): one XLA program (heads batched,
   everything fused), compiled in a background thread (``settings().background``) while the calls
   go on op by op, and taken as soon as it is ready.  It does not export intermediates to the
   value cache.
 - **cold start**: a new process's first evaluation (``settings().cold_start``) runs whole at once
-  when an earlier process compiled its program (``circuits.backend.persistent``), then warms the
+  when an earlier process compiled its program (``circuits.backend.cache.persistent``), then warms the
   op-by-op tier in the background; else it runs op by op and compiles its program whole in the
   background for the next process.
 
@@ -43,11 +43,11 @@ import dataclasses
 import threading
 from typing import Callable
 
-from ..errors import EvaluationError
-from .background import in_background
-from .bounded import BoundedCache
-from .program import Program
-from .runtime import cached_jit, is_cached
+from ...errors import EvaluationError
+from ..cache.background import in_background
+from ..cache.bounded import BoundedCache
+from ..cache.compiled import cached_jit, is_cached
+from ..lower.program import Program
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
            "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
@@ -63,7 +63,7 @@ JIT_AFTER = 2
 
 # A new process's first op-by-op evaluation of a program of at most this many nodes compiles it
 # whole in the background (once per process) and marks it on disk, so that the next process's
-# first evaluation of it runs whole at once (the cold start; ``circuits.backend.persistent``).
+# first evaluation of it runs whole at once (the cold start; ``circuits.backend.cache.persistent``).
 COLD_COMPILE_MAX_OPS = 1000
 
 # Above this many distinct nodes ``mode='auto'`` runs op by op: XLA's compile time grows with
@@ -79,7 +79,7 @@ class Settings:
     - ``cold_start``: a new process's first evaluation is special (see the module docstring);
     - ``background``: whole programs compile in a background thread (False: in the call that
       reaches ``jit_after``);
-    - ``groups``: op by op, ``'auto'`` runs fused groups (``circuits.backend.groups``);
+    - ``groups``: op by op, ``'auto'`` runs fused groups (``circuits.backend.tiers.groups``);
     - ``pinned``: the tier every ``mode='auto'`` call takes instead (``'ops'`` or ``'jit'``; see
       ``pinned``), None for none;
     - ``jit_after``: op-by-op runs of one circuit before its whole program compiles;
@@ -197,7 +197,7 @@ def worth_compiling(program: Program, key) -> bool:
 
 def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
     """The function ``make()`` builds: compiled, from the compile cache under ``key``
-    (``runtime.cached_jit``; ``kept_as``: its executable kept across processes), when the jit
+    (``cache.compiled.cached_jit``; ``kept_as``: its executable kept across processes), when the jit
     policy says so; else as it is (its skeleton then runs uncompiled).
 
     ``make`` must build a function that holds no node and no tensor (a ``Skeleton``'s ops):
@@ -360,7 +360,7 @@ def run(route: Route):
     record(tier, computed, reused)
     if auto and tier == "ops" and route.key is not None:
         # A new process's first op-by-op evaluation of a small program compiles it whole in the
-        # background, for the next process (see circuits.backend.persistent).
+        # background, for the next process (see circuits.backend.cache.persistent).
         now = cold and computed <= COLD_COMPILE_MAX_OPS
         if cold:
             _cold[0] = False

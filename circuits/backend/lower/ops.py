@@ -2,7 +2,7 @@
 
 Each builder reads only the node's payload and shapes, plans once what it can (an Index's slices
 and gathers, a Rearrange's reshape and transpose, an Einsum's contraction order in
-``circuits.backend.einsum``) and returns a function of the children's values that holds no node
+``circuits.backend.lower.einsum``) and returns a function of the children's values that holds no node
 and no tensor, so a compiled function closing over it keeps no array alive.  Ops depend only on
 payload and shapes, so equal ones are built once (a bounded memo).
 
@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import EvaluationError
-from ..nodes import (
+from ...errors import EvaluationError
+from ...nodes import (
     Add,
     Circuit,
     Concat,
@@ -35,7 +35,7 @@ from ..nodes import (
     SetSymbolicShape,
     Tag,
 )
-from .bounded import BoundedCache
+from ..cache.bounded import BoundedCache
 from .einsum import common_dtype, einsum_op
 
 __all__ = ["OP_BUILDERS", "build_op", "broadcast_scalar"]
@@ -222,7 +222,7 @@ OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
     Scatter: _build_scatter,
     SetSymbolicShape: _build_tag,  # the child's value, its shape only restated
     DiscreteVar: _build_discrete_var,
-    Module: _build_module,  # lowered by substitution: see circuits.backend.program
+    Module: _build_module,  # lowered by substitution: see circuits.backend.lower.program
 }
 
 
@@ -239,7 +239,7 @@ def build_op(node: Circuit, fdt: str) -> Callable:
     if builder is None:
         raise EvaluationError(
             f"no JAX lowering for node type {t.__name__}: {node.line()}; "
-            "add a builder to circuits.backend.ops.OP_BUILDERS"
+            "add a builder to circuits.backend.lower.ops.OP_BUILDERS"
         )
     if t not in _MEMOIZED:
         return builder(node, fdt)

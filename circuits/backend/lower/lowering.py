@@ -1,5 +1,5 @@
 """A circuit to the program ``evaluate`` runs: the nodes ``also=`` names (by node or by name)
-as extra outputs, sums of per-head subcircuits batched (``circuits.backend.head_batching``),
+as extra outputs, sums of per-head subcircuits batched (``circuits.backend.lower.head_batching``),
 and the programs of live circuits cached, so a warm ``evaluate`` skips the lowering.
 
 >>> from circuits import Add, Symbol
@@ -15,10 +15,10 @@ import difflib
 import threading
 import weakref
 
-from ..errors import SelectionError
-from ..nodes import Circuit
-from .bounded import BoundedCache
-from .fusion import lower as batch_heads_lowering  # heads batched, then gathered log_softmax fused
+from ...errors import SelectionError
+from ...nodes import Circuit
+from ..cache.bounded import BoundedCache
+from .fusion import lower as batch_heads_lowering
 from .fusion import worth_lowering as has_head_sums
 from .program import Program
 
@@ -40,7 +40,7 @@ def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = Fals
     """A program computing ``circuit`` then the nodes ``also`` names; and the items as given.
 
     ``batch_heads=True`` lowers sums of per-head subcircuits to one computation over a head axis
-    (``circuits.backend.head_batching``); nodes named by ``also`` keep their values."""
+    (``circuits.backend.lower.head_batching``); nodes named by ``also`` keep their values."""
     items = as_items(also)
     program = Program([circuit], fdt)
     wanted = resolve_nodes(program, items, "also") if items else []

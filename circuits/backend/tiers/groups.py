@@ -34,16 +34,15 @@ import threading
 import time
 from typing import Sequence
 
-from ..dtypes import FLOAT_DTYPES
-from ..nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
-from ..traversal import toposort  # noqa: F401 - the docstring's example
-from .background import in_background
-from .binding import precision
-from .bounded import BoundedCache, current_epoch, working_for
-from .compiling import counted_jit
-from .executables import kept
-from .ops import build_op
-from .program import kernel_part
+from ...dtypes import FLOAT_DTYPES
+from ...nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
+from ..cache.background import in_background
+from ..cache.bounded import BoundedCache, current_epoch, working_for
+from ..cache.compiling import counted_jit
+from ..cache.executables import kept
+from ..lower.binding import precision
+from ..lower.ops import build_op
+from ..lower.program import kernel_part
 
 __all__ = ["plan", "group_kernel", "group_info", "wait_for_groups", "MIN_MEMBERS"]
 

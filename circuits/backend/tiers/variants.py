@@ -39,22 +39,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import dtype_str, is_float, is_int
-from ..nodes import Circuit, Index, SetSymbolicShape, Tag
-from ..traversal import toposort
-from .binding import raise_problems
-from .incremental import (
-    VALUES,
-    Binding,
-    RunInfo,
-    cached_kernel,
-    check_leaf_indices,
-    kernel,
-    pick_row,
-    run_ops,
-)
-from .ops import build_op
-from .program import node_key_part
+from ...dtypes import dtype_str, is_float, is_int
+from ...nodes import Circuit, Index, SetSymbolicShape, Tag
+from ...traversal import toposort
+from ..lower.binding import raise_problems
+from ..lower.ops import build_op
+from ..lower.program import node_key_part
+from .kernels import cached_kernel, kernel, pick_row
+from .op_by_op import RunInfo, check_leaf_indices, run_ops
+from .values import VALUES, Binding
 
 __all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
 
@@ -192,7 +185,7 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
                 given[h] = node
     if not given:
         return
-    from ..io.values import gather_index_ranges
+    from ...io.values import gather_index_ranges
 
     on_path = gather_index_ranges(order)
     position = {n.hash: i for i, n in enumerate(order)}

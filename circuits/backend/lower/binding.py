@@ -7,7 +7,7 @@ Array, an int that would wrap, a finite float that would become inf, an index ou
 gather reads).
 
 >>> from circuits import Symbol, Add
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2,), name='x')
 >>> bind_arguments(Program([Add(x, x)], 'float32'), {'x': [1, 2]}, 'float32')
 [array([1., 2.], dtype=float32)]
@@ -23,10 +23,10 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES, dtype_str, is_float
-from ..errors import EvaluationError
-from ..nodes import Circuit, Scalar, Symbol
-from .bounded import BoundedCache
+from ...dtypes import FLOAT_DTYPES, dtype_str, is_float
+from ...errors import EvaluationError
+from ...nodes import Circuit, Scalar, Symbol
+from ..cache.bounded import BoundedCache
 from .program import ARGUMENT_TYPES, Program
 
 __all__ = [
