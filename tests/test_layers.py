@@ -163,3 +163,47 @@ def test_the_checker_catches_an_upward_import():
         assert any("circuits/nodes/base.py" in v and "circuits.backend" in v for v in violations())
     finally:
         ALLOWED.update(saved)
+
+
+def private_imports(unit: str):
+    """Imports of a private name (``_x``, from ``from m import _x``) by a module of ``unit`` from a
+    module of ``unit`` in another package: modules that share private names are one package."""
+    found = []
+    for path in sorted(ROOT.joinpath(*unit.split(".")).rglob("*.py")):
+        me = module_name(path)
+        package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                target = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith(unit):
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                module = f"{target}.{name}" if ROOT.joinpath(*target.split("."), name + ".py").exists() else target
+                home = module.rsplit(".", 1)[0]
+                if home != package:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {me} imports {name} from {target}")
+    return found
+
+
+def test_interp_modules_share_no_private_names_outside_a_package():
+    # The discovery modules shared six private names: they became the package interp/discovery/.
+    assert private_imports("circuits.interp") == []
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    # The benchmarks' helpers and oracles (numpy_attn_only, variants) live in benchmarks/: the
+    # tests may read them, never the other way round.
+    found = []
+    for path in sorted(ROOT.joinpath("benchmarks").rglob("*.py")):
+        for line, target in imports_of(path):
+            if target == "tests" or target.startswith("tests."):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert found == []

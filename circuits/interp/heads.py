@@ -78,7 +78,7 @@ def split_heads(circuit: Circuit, at, *, axis: int | None = None, stop_at=None) 
     n_heads = node.axis_sizes()[head]
     in_axes = tuple(tuple(a for a in axes if a != head) for axes in node.in_axes)
     original = {n.hash for n in toposort(circuit)}
-    push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+    push = rewrites.normalize(index_rules.RULES)
     label = node.name or "attn"
     heads = []
     for h in range(n_heads):

@@ -39,17 +39,18 @@ term is ``sender + w * (patched sender - sender)`` for its weight ``w`` in the S
 
 from __future__ import annotations
 
+import collections
 import re
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import CircuitError, SelectionError
-from ..nodes import Add, Array, Circuit, Concat, Einsum, Index, Rearrange, Scalar, Symbol
-from ..traversal import toposort
-from .expansion import layer_norm_parts
-from .interventions import _values_over_batch, source_copies
-from .sites import copy_with
+from ...errors import CircuitError, SelectionError
+from ...nodes import Add, Array, Circuit, Concat, Einsum, Index, Rearrange, Scalar, Symbol
+from ...traversal import replace, toposort
+from ..interventions import source_copies, values_over_batch
+from ..residual_paths import layer_norm_parts
+from ..sites import copy_with, resolve_inputs
 
 __all__ = ["Edges", "edges", "patch_edges", "ABLATIONS", "MASK_NAME"]
 
@@ -219,6 +220,7 @@ def _analyse(circuit: Circuit) -> Edges:
                 f"edges: the residual stream term {t.line()} is computed from other terms ({inner[0].line()}) but is "
                 "neither a head ('...head<h>') nor an MLP ('....mlp'): split fused attention into heads "
                 "(split_heads=True) or name the block")
+    _check_unique([n.name for n in heads + mlps] + [EMBEDS], "sources", "{} -> output")
     source_of: dict[bytes, str] = {n.hash: n.name for n in heads + mlps}
     for t in embeds:
         source_of[t.hash] = EMBEDS
@@ -240,6 +242,7 @@ def _analyse(circuit: Circuit) -> Edges:
     pos = {n.hash: i for i, n in enumerate(order)}
     dests = list({node.hash: (label, node) for label, node in dests}.values())
     dests.sort(key=lambda d: pos[d[1].hash])
+    _check_unique([label for label, _ in dests] + [OUTPUT], "destinations", "embeds -> {}")
     out: list[_Dest] = []
     for label, node in dests + [(OUTPUT, circuit)]:
         resid = out_resid if label == OUTPUT else _find_resid(node, is_source, label)
@@ -259,6 +262,19 @@ def _analyse(circuit: Circuit) -> Edges:
         _check_only_through(node if label != OUTPUT else circuit, resid, is_source, label)
         out.append(_Dest(label, node, resid, srcs, consts))
     return Edges(circuit, members, out)
+
+
+def _check_unique(labels: list[str], what: str, example: str) -> None:
+    """Refuse labels of distinct sources or destinations that repeat: their edges' names would
+    (a model built without per-head names: every head's query input is ``'a.q'``)."""
+    counts = collections.Counter(labels)
+    twice = [label for label, k in counts.items() if k > 1]
+    if twice:
+        named = ", ".join(f"{label!r} {counts[label]} times" for label in twice[:3])
+        raise CircuitError(
+            f"edges: distinct {what} share names ({named}{', ...' if len(twice) > 3 else ''}), so edge names would "
+            f"repeat ({example.format(twice[0])!r}); build the model with unique names: "
+            "attn_only(..., unique_names=True), gpt2/opt/llama(..., split_heads=True), or name each node apart")
 
 
 def _roles(head: Circuit, is_source) -> dict[str, Circuit]:
@@ -321,7 +337,7 @@ _graph_of = edges  # patch_edges' parameter is named like the function
 
 
 # ---------------------------------------------------------------------------- patching
-def _patched_sources(g: Edges, labels, source, ablation: str, data) -> dict[str, list[Circuit]]:
+def patched_sources(g: Edges, labels, source, ablation: str, data) -> dict[str, list[Circuit]]:
     """Each needed source's patched value, member by member: recomputed from ``source``
     (resample), zeros, or its mean over ``source``'s batch."""
     if ablation not in ABLATIONS:
@@ -337,13 +353,11 @@ def _patched_sources(g: Edges, labels, source, ablation: str, data) -> dict[str,
         raise CircuitError(f"ablation={ablation!r} needs source=, a mapping from input names to values"
                            + (" with a leading batch axis" if ablation == "mean" else ""))
     if ablation == "mean":
-        vals = _values_over_batch(g.circuit, [(lab, m) for lab, m in nodes], source, None, None, "auto") \
+        vals = values_over_batch(g.circuit, [(lab, m) for lab, m in nodes], source, None, None, "auto") \
             if nodes else []
         arrs = {m.hash: Array(np.asarray(v.mean(axis=0)).astype(np.dtype(m.dtype)), name=f"{m.name or lab}.mean_ablated")
                 for (lab, m), v in zip(nodes, vals)}
         return {lab: [arrs[m.hash] for m in g._sources[lab]] for lab in labels}
-    from .sites import resolve_inputs
-
     inputs = resolve_inputs(g.circuit, source, "source")
     table = {h: v if isinstance(v, Circuit) else Array(v, name=f"{n.name if n.name is not None else 'input'}.source")
              for h, (n, v) in inputs.items()}
@@ -357,13 +371,11 @@ def _sum(nodes: list[Circuit], name=None) -> Circuit:
     return nodes[0] if len(nodes) == 1 and name is None else Add(*nodes, name=name)
 
 
-def _rebuild(g: Edges, term_of, new: dict | None = None, swap: dict | None = None) -> Circuit:
+def rebuild(g: Edges, term_of, new: dict | None = None, swap: dict | None = None) -> Circuit:
     """The circuit rebuilt with each destination ``d`` for which ``term_of(d, new)`` returns a
     residual sum reading that sum (the nodes between copied, ``'<name>@<destination>'``);
     ``new`` (filled if given): original node hash -> rebuilt node; ``swap`` (optional): node
     hash -> function of its rebuilt node giving what stands in its place (e.g. an interpolation)."""
-    from ..traversal import replace
-
     dest_at = {d.node.hash: d for d in g._dests if d.label != OUTPUT}
     out_dest = g._dests[-1]
     new = {} if new is None else new
@@ -394,8 +406,6 @@ def _template(g: Edges, d: _Dest) -> tuple[Circuit, Circuit]:
     cached = g._templates.get(d.label)
     if cached is not None:
         return cached
-    from ..nodes import Symbol
-
     slot = Symbol(d.resid.shape, name=f"{d.label}.resid", dtype=d.resid.dtype)
     copies = copy_with([d.node], {d.resid.hash: slot}, f"@{d.label}")
     template = copies[d.node.hash]
@@ -405,7 +415,7 @@ def _template(g: Edges, d: _Dest) -> tuple[Circuit, Circuit]:
             import rewrites
             from rewrites.rules import index as index_rules
 
-            push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+            push = rewrites.normalize(index_rules.RULES)
             template = rewrites.apply(push, template, where=lambda n: n.hash not in g._original)
     g._templates[d.label] = (slot, template)
     return slot, template
@@ -444,7 +454,7 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
     if not chosen:
         return circuit
     picked = {g.names[i] for i in chosen}
-    patched = _patched_sources(g, [g.names[i].split(" -> ", 1)[0] for i in chosen], source, ablation, None)
+    patched = patched_sources(g, [g.names[i].split(" -> ", 1)[0] for i in chosen], source, ablation, None)
 
     def term_of(d: _Dest, new):
         hit = [s for s in d.sources if f"{s} -> {d.label}" in picked]
@@ -455,13 +465,13 @@ def patch_edges(circuit: Circuit, edges: Sequence[str] | None, source: Mapping |
             terms += patched[s] if s in hit else [new[m.hash] for m in g._sources[s]]
         return Add(*terms, *d.consts, name=f"{d.label}.resid")
 
-    return _rebuild(g, term_of)
+    return rebuild(g, term_of)
 
 
 def masked_with_parts(g: Edges, covered: list[int], source, ablation: str) -> tuple[Circuit, dict]:
     """``patch_edges``' masked form over the ``covered`` edge positions and its ``parts`` (see
     ``_masked``), made once per graph, edge set, ablation and source."""
-    key = (tuple(covered), ablation, _fingerprint(source))
+    key = (tuple(covered), ablation, fingerprint(source))
     found = g._masked.get(key)
     if found is None:
         parts: dict = {}
@@ -472,15 +482,15 @@ def masked_with_parts(g: Edges, covered: list[int], source, ablation: str) -> tu
     return found
 
 
-def _fingerprint(source) -> tuple | None:
+def fingerprint(source) -> tuple | None:
     """A key for a source mapping: names (or node hashes) and value digests."""
     if source is None or not isinstance(source, Mapping):
         return None
-    out = [(k.hash if isinstance(k, Circuit) else str(k), _value_digest(v)) for k, v in source.items()]
+    out = [(k.hash if isinstance(k, Circuit) else str(k), value_digest(v)) for k, v in source.items()]
     return tuple(sorted(out, key=repr))
 
 
-def _value_digest(v):
+def value_digest(v):
     """A key for one value: a node's hash, or an array's shape, dtype and a digest of its bytes."""
     import hashlib
 
@@ -504,7 +514,7 @@ def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict
     weights = Symbol((len(covered),), name=MASK_NAME, dtype="float32")
     slot = {g.names[e]: i for i, e in enumerate(covered)}
     labels = list(dict.fromkeys(g.names[e].split(" -> ", 1)[0] for e in covered))
-    patched = _patched_sources(g, labels, source, ablation, None) if covered and deltas is None else {}
+    patched = patched_sources(g, labels, source, ablation, None) if covered and deltas is None else {}
     neg = Scalar(-1.0)
     covered_srcs = {d.label: tuple(s for s in d.sources if f"{s} -> {d.label}" in slot) for d in g._dests}
     members: dict[tuple, list[str]] = {}  # senders -> the destinations reading exactly those
@@ -544,7 +554,7 @@ def _masked(g: Edges, covered: list[int], source, ablation: str, *, deltas: dict
         return node
 
     new: dict[bytes, Circuit] = {}
-    out = _rebuild(g, term_of, new)
+    out = rebuild(g, term_of, new)
     if parts is not None:
         parts["resid"] = resid_of
         parts["senders"] = {s: [new[m.hash] for m in ms] for s, ms in g._sources.items()}

@@ -21,7 +21,7 @@ over a chunk of ``alpha`` values (the chunk sized from the program, ``STEPS_BYTE
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
 >>> from circuits.interp import edges
->>> from circuits.interp.discovery import metric_node
+>>> from circuits.interp.metric import metric_node
 >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
 >>> loss = attn_only(w, np.arange(6), unique_names=True)
 >>> g = edges(loss)
@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Lowered, float_dtype, precision
-from ..errors import CircuitError
-from ..nodes import Add, Circuit, Einsum, Scalar, Symbol
-from .edge_graph import Edges, _fingerprint, _patched_sources, _rebuild
+from ...backend import Lowered, check_mode, float_dtype, op_tier, precision, record, values_and_grads_ops
+from ...errors import CircuitError
+from ...nodes import Add, Circuit, Einsum, Scalar, Symbol
+from ._graph import EMBEDS, Edges, fingerprint, patched_sources, rebuild
 
 __all__ = ["EdgeScores", "MaskedValues", "interpolated_circuit", "split_circuit", "uniform_circuit"]
 
@@ -68,7 +68,7 @@ def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
         node = resid[d.label] = Add(new[d.resid.hash], name=f"{d.label}.resid")
         return node
 
-    circuit = _rebuild(g, term_of, mapping)
+    circuit = rebuild(g, term_of, mapping)
     senders = {s: [mapping[m.hash] for m in members] for s, members in g._sources.items()}
     g._split = (circuit, resid, senders)
     return g._split
@@ -95,12 +95,12 @@ def uniform_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict, dic
     >>> bool(np.allclose(a, evaluate(masked, {'edges.mask': np.full(len(g), 0.3, np.float32)}), atol=1e-5))
     True
     """
-    return _kept(g, "_uniform", (ablation, _fingerprint(source)), lambda: _uniform(g, source, ablation))
+    return _kept(g, "_uniform", (ablation, fingerprint(source)), lambda: _uniform(g, source, ablation))
 
 
 def _uniform(g: Edges, source, ablation: str) -> tuple:
     alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
-    patched = _patched_sources(g, g.sources, source, ablation, None)
+    patched = patched_sources(g, g.sources, source, ablation, None)
     resid: dict[str, Circuit] = {}
     moved: dict[tuple, Circuit] = {}  # senders -> alpha * (patched - computed), shared by their readers
 
@@ -116,7 +116,7 @@ def _uniform(g: Edges, source, ablation: str) -> tuple:
         return node
 
     new: dict[bytes, Circuit] = {}
-    circuit = _rebuild(g, term_of, new)
+    circuit = rebuild(g, term_of, new)
     senders = {s: [new[m.hash] for m in members] for s, members in g._sources.items()}
     return circuit, resid, senders, patched, alpha
 
@@ -139,14 +139,12 @@ def interpolated_circuit(g: Edges, source, ablation: str) -> tuple[Circuit, dict
     >>> bool(np.allclose(evaluate(circuit, {alpha: np.float32(1)}), evaluate(loss), atol=1e-6))
     True
     """
-    return _kept(g, "_interpolated", (ablation, _fingerprint(source)), lambda: _interpolated(g, source, ablation))
+    return _kept(g, "_interpolated", (ablation, fingerprint(source)), lambda: _interpolated(g, source, ablation))
 
 
 def _interpolated(g: Edges, source, ablation: str) -> tuple:
-    from .edge_graph import EMBEDS
-
     alpha = Symbol((), name=ALPHA_NAME, dtype="float32")
-    patched = _patched_sources(g, g.sources, source, ablation, None)
+    patched = patched_sources(g, g.sources, source, ablation, None)
     resid: dict[str, Circuit] = {}
 
     def term_of(d, new):
@@ -160,7 +158,7 @@ def _interpolated(g: Edges, source, ablation: str) -> tuple:
         return swap
 
     swap = {c.hash: between(p) for c, p in zip(g._sources[EMBEDS], patched[EMBEDS])}
-    circuit = _rebuild(g, term_of, {}, swap)
+    circuit = rebuild(g, term_of, {}, swap)
     return circuit, resid, patched, alpha
 
 
@@ -202,7 +200,7 @@ class EdgeScores:
             raise CircuitError(f"edge scores need a scalar metric; {m.line()} has shape {list(m.shape)}")
         self.fdt = float_dtype(dtype)
         if patched is None:
-            patched = _patched_sources(g, g.sources, source, ablation, None)
+            patched = patched_sources(g, g.sources, source, ablation, None)
         labels = g.sources
         clean_nodes = [n for s in labels for n in senders[s]]
         patched_nodes = [n for s in labels for n in patched[s]]
@@ -280,8 +278,6 @@ class EdgeScores:
         through the cached per-operation kernels (and the value cache), the gradients at the
         destinations' sums by the op-by-op reverse sweep; nothing is compiled whole.  None where
         the circuit's nodes are not all there as evaluated (Modules substituted)."""
-        from ..backend import values_and_grads_ops
-
         total = None
         with precision(self.fdt):
             for feed, weight in feeds:
@@ -314,17 +310,16 @@ class EdgeScores:
             return None
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
-    def _tiered(self, key, mode: str, feeds, whole) -> np.ndarray:
+    def _tiered(self, key, mode: str, runs: int | None, feeds, whole) -> np.ndarray:
         """The scores from the op-by-op tier (``backend.op_tier``: ``'ops'``, or ``'auto'`` until
-        the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` feeds; ``'auto'``'s
+        the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` runs, the ``runs`` feeds that
+        ``feeds()`` yields one at a time, never held together; ``'auto'``'s
         ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most
         ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both cores to
         compile or to load in a new process), else from ``whole()``, the compiled program."""
-        from ..backend import check_mode, op_tier, record
-
         scores = None
-        if feeds is not None and not (check_mode(mode) == "auto" and len(feeds) > OP_BY_OP_MAX_RUNS):
-            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds), lambda: whole() is not None)
+        if runs is not None and not (check_mode(mode) == "auto" and runs > OP_BY_OP_MAX_RUNS):
+            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds()), lambda: whole() is not None)
         if scores is None:
             scores = whole()
             record("jit")
@@ -345,10 +340,13 @@ class EdgeScores:
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
         rows = self.rows(feed)
-        feeds = None if rows is None else [({**row, symbol: v}, 1.0 / (len(values) * len(rows)))
-                                           for v in values for row in rows]
+        runs = None if rows is None else len(values) * len(rows)
+
+        def feeds():  # one run at a time: ten million steps are not ten million dicts at once
+            return (({**row, symbol: v}, 1.0 / runs) for v in values for row in rows)
+
         key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
-        return self._tiered(key, mode, feeds, lambda: self._integrated(symbol, values, feed, chunk))
+        return self._tiered(key, mode, runs, feeds, lambda: self._integrated(symbol, values, feed, chunk))
 
     def _integrated(self, symbol: Symbol, values: np.ndarray, feed: dict, chunk: int | None) -> np.ndarray:
         args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
@@ -415,9 +413,10 @@ class EdgeScores:
         the whole program in the background (a GPT-2's takes a minute to compile; op by op the
         first call takes seconds), used once it is ready."""
         rows = self.rows(feed)
-        feeds = None if rows is None else [(row, 1.0 / len(rows)) for row in rows]
         key = (self.program.key, *self.tag, len(rows or ()))
-        return self._tiered(key, mode, feeds, lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
+        return self._tiered(key, mode, None if rows is None else len(rows),
+                            lambda: ((row, 1.0 / len(rows)) for row in rows),
+                            lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
 
 
 def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:

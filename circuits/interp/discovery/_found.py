@@ -1,7 +1,10 @@
 """A found circuit: the edges a discovery method keeps, as a graph, a file and a plain circuit.
 
 ``FoundCircuit(graph, kept, source, ablation=...)`` holds the kept edge names of a model's
-head-level graph (``edges``); ``.circuit`` is the pruned model, a plain circuit in which every
+head-level graph (``edges``): ``edges`` lists them by decreasing |score| when the circuit comes
+from a ranking (``Discovery.top`` and ``threshold``; ties in graph order), else in graph order
+(ACDC's circuit, which has no single score per edge, a file read back), and the repr says which.
+``.circuit`` is the pruned model, a plain circuit in which every
 removed edge is patched (``patch_edges``), so it prints, saves and diffs like any other; ``.plot()``
 draws the kept graph with matplotlib and the notebook view draws it as SVG; ``save(path)`` writes
 the kept edges as a JSON list of names and ``FoundCircuit.load(path, circuit, source)`` reads
@@ -14,7 +17,9 @@ them back against the model.
 >>> loss = attn_only(w, np.arange(6), unique_names=True)
 >>> f = FoundCircuit(edges(loss), ['b0.a.head0 -> b1.a.head0.a.k', 'b1.a.head0 -> output'], None, ablation='zero')
 >>> f
-FoundCircuit(2 of 12 edges, ablation='zero')
+FoundCircuit(2 of 12 edges in graph order, ablation='zero')
+  b0.a.head0 -> b1.a.head0.a.k
+  b1.a.head0 -> output
 >>> f.circuit.get_unique('b1.a.head0.a.k.resid').children[1].name
 'b0.a.head0'
 """
@@ -25,9 +30,11 @@ import json
 import os
 from typing import Mapping
 
-from ..errors import CircuitError, StoreError
-from ..nodes import Circuit
-from .edge_graph import OUTPUT, Edges, edges, patch_edges
+import numpy as np
+
+from ...errors import CircuitError, StoreError
+from ...nodes import Circuit
+from ._graph import OUTPUT, Edges, edges, patch_edges
 
 __all__ = ["FoundCircuit"]
 
@@ -35,10 +42,21 @@ __all__ = ["FoundCircuit"]
 class FoundCircuit:
     """The kept edges of a head-level graph, with the pruned model (``.circuit``)."""
 
-    def __init__(self, graph: Edges, kept, source: Mapping | None, *, ablation: str = "resample"):
+    def __init__(self, graph: Edges, kept, source: Mapping | None, *, ablation: str = "resample", scores=None,
+                 unranked: str | None = None):
+        """``scores`` (one per edge of ``graph``, in its order): the ranking the edges were kept
+        by, which orders ``edges`` by decreasing |score| (ties in graph order); None: graph order,
+        ``unranked`` saying why in the repr (ACDC's circuit: a set of edges)."""
         idx = graph.resolve(list(kept), "kept edges")
-        self.graph, self.source, self.ablation = graph, source, ablation
-        self.edges = [graph[i] for i in sorted(idx)]
+        self.graph, self.source, self.ablation, self.unranked = graph, source, ablation, unranked
+        if scores is None:
+            order = sorted(idx)
+            self.scores = None
+        else:
+            scores = np.asarray(scores, np.float64)
+            order = sorted(idx, key=lambda i: (-abs(scores[i]), i))
+            self.scores = {graph[i]: float(scores[i]) for i in order}
+        self.edges = [graph[i] for i in order]
         self._circuit = None
 
     @property
@@ -59,12 +77,29 @@ class FoundCircuit:
     def __contains__(self, name):
         return name in set(self.edges)
 
+    @property
+    def order(self) -> str:
+        """How ``edges`` is ordered: ``'by |score|'`` or ``'in graph order'``."""
+        if self.scores is not None:
+            return "by |score|"
+        return f"in graph order ({self.unranked})" if self.unranked else "in graph order"
+
+    SHOWN = 10  # edges the repr lists
+
     def __repr__(self):
-        return f"FoundCircuit({len(self.edges)} of {len(self.graph)} edges, ablation={self.ablation!r})"
+        shown = self.SHOWN
+        head = f"FoundCircuit({len(self.edges)} of {len(self.graph)} edges {self.order}, ablation={self.ablation!r})"
+        rows = self.edges[:shown]
+        width = max([len(e) for e in rows], default=0)
+        lines = [f"  {e:<{width}}  {self.scores[e]:+.6g}" if self.scores is not None else f"  {e}" for e in rows]
+        if len(self.edges) > shown:
+            lines.append(f"  ... {len(self.edges) - shown} more")
+        return "\n".join([head, *lines])
 
     # ------------------------------------------------------------------ files
     def save(self, path) -> None:
-        """Write the kept edge names as a JSON list (atomically)."""
+        """Write the kept edge names as a JSON list (atomically), in ``edges``' order; a list of
+        names holds no scores, so ``load`` gives them back in graph order."""
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(self.edges, f, indent=1)
@@ -72,7 +107,8 @@ class FoundCircuit:
 
     @classmethod
     def load(cls, path, circuit: Circuit, source: Mapping | None, *, ablation: str = "resample") -> "FoundCircuit":
-        """Read a list of edge names saved by ``save`` against ``circuit`` (every name checked)."""
+        """Read a list of edge names saved by ``save`` against ``circuit`` (every name checked);
+        its ``edges`` are in graph order."""
         try:
             with open(path) as f:
                 names = json.load(f)
@@ -160,7 +196,8 @@ class FoundCircuit:
 
             parts.append(f'<text x="{x:.0f}" y="{y + 3:.0f}" text-anchor="middle">{html.escape(_short(name))}</text>')
         parts.append("</svg>")
-        return f"<p>{len(self.edges)} of {len(self.graph)} edges (ablation {self.ablation})</p>" + "".join(parts)
+        return (f"<p>{len(self.edges)} of {len(self.graph)} edges {self.order} (ablation {self.ablation})</p>"
+                + "".join(parts))
 
 
 _COLOURS = {"q": "tab:blue", "k": "tab:green", "v": "tab:red"}

@@ -7,7 +7,7 @@ changes the metric ``m``.  All methods work on one program: the masked circuit o
 
 - ``'exact'``: each edge patched alone, ``m(mask = e_i) - m(clean)``, all edges in one call of
   one compiled program that computes each node only for the edges upstream of it
-  (``exact_scores``);
+  (``_exact``);
 - ``'eap'`` (Syed et al.): ``(sender patched - sender clean) · dm/d(destination input)``, which is
   exactly ``dm/d mask_i`` at the clean point: one forward and one backward pass (auto-circuit
   reports the opposite sign);
@@ -24,10 +24,12 @@ changes the metric ``m``.  All methods work on one program: the masked circuit o
   KL divergence rises by less than ``tau``; otherwise by absolute value).  The score is that
   change; the result's ``found`` is the circuit kept.
 
-``metric``: ``None`` (the output's sum), weights of the output's shape (``sum(w * output)``), a
-function from the output node to a node (its values summed), or ``'kl'``: the KL divergence of
-the output distribution from the clean one (the output must be logits ``[..., vocab]``), averaged
-over positions: ACDC's metric.
+``metric`` as ``circuits.interp.metric`` reads it (for ``attribute`` too): ``None`` (the
+output's sum), weights of the output's shape (``sum(w * output)``), a function from the output
+node to a node (its values summed), or ``'kl'``: the KL divergence of the output distribution
+from the clean one (the output must be logits ``[..., vocab]``), averaged over positions: ACDC's
+metric.  Its gradient at the clean run is zero (the divergence is smallest there), so ``'eap'``
+scores every edge 0 for it, as for any metric smallest at the clean run; ``attribute`` refuses it.
 
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
@@ -47,71 +49,38 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import CircuitError, ShapeError
-from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Scalar
-from .edge_graph import ABLATIONS, MASK_NAME, Edges, edges, patch_edges
-from .found import FoundCircuit
+from ...backend import check_mode, evaluate, evaluate_batched
+from ...errors import CircuitError, ShapeError
+from ...nodes import Circuit, Symbol
+from ...shapes import check_allocation
+from ...traversal import replace, toposort
+from ..checks import check_count, check_real
+from ..metric import log_softmax, metric_node, read_metric
+from ..sites import resolve_inputs
+from ._exact import ExactScores
+from ._found import FoundCircuit
+from ._graph import ABLATIONS, MASK_NAME, Edges, edges, fingerprint, patch_edges, value_digest
+from ._scores import EdgeScores, MaskedValues, interpolated_circuit, scorer_for, split_circuit, uniform_circuit
 
-__all__ = ["discover", "Discovery", "METHODS", "metric_node"]
+__all__ = ["discover", "Discovery", "METHODS"]
 
 METHODS = ("eap", "eap-ig", "eap-ig-mask", "acdc", "exact")
-CHUNK = 8  # rows of a batched call of a masked program are a multiple of this (see _Objective.values)
-_AXES = "abcdefghijklmnopqrstuvwxyz"
-
-
-def metric_node(out: Circuit, metric, *, clean=None) -> Circuit:
-    """The scalar node ``m`` of a metric spec on output ``out`` (see the module docstring);
-    ``clean``: what ``'kl'`` compares with: the clean logits' value, or a node (e.g. a Symbol)
-    holding the clean log-probabilities."""
-    if metric is None:
-        return Einsum.from_spec(_AXES[: out.ndim] + "->", out, name="metric")
-    if isinstance(metric, str):
-        if metric != "kl":
-            raise CircuitError(f"metric={metric!r}: the named metric is 'kl'; otherwise give weights or a function")
-        if out.ndim < 1 or clean is None:
-            raise CircuitError(f"metric='kl' needs logits [..., vocab]; {out.line()} is not")
-        if not isinstance(clean, Circuit):
-            clean = np.asarray(clean)
-            keep = clean.dtype if clean.dtype == np.float64 else np.float32
-            clean = Array(_log_softmax(clean.astype(np.float64)).astype(keep), name="metric.clean_log_probs")
-        n = int(np.prod(out.shape[:-1]))
-        ax = _AXES[: out.ndim]
-        p = GeneralFunction("exp", clean, name="metric.clean_probs")
-        logp = GeneralFunction("log_softmax", out, name="metric.log_probs")
-        gap = Add(clean, Einsum.from_spec(f"{ax},->{ax}", logp, Scalar(-1.0)), name="metric.log_ratio")
-        return Einsum.from_spec(f"{ax},{ax},->", p, gap, Scalar(1.0 / n), name="metric.kl")
-    if isinstance(metric, Circuit):
-        raise CircuitError("metric= takes a function output -> node, an array of weights, 'kl' or None, not a node")
-    if callable(metric):
-        node = metric(out)
-        if not isinstance(node, Circuit):
-            raise CircuitError(f"metric(output) returned {type(node).__name__}; return a node built on the output")
-        return Einsum.from_spec(_AXES[: node.ndim] + "->", node, name="metric") if node.ndim else node
-    weights = np.asarray(metric)
-    if weights.shape != out.shape:
-        raise ShapeError(f"metric weights have shape {list(weights.shape)}; the output {out.line()} has shape "
-                         f"{list(out.shape)}: give one weight per output value")
-    ax = _AXES[: out.ndim]
-    weights = weights if weights.dtype in (np.float32, np.float64) else weights.astype(np.float32)
-    return Einsum.from_spec(f"{ax},{ax}->", out, Array(weights, name="metric.weights"),
-                            name="metric")
-
-
-def _log_softmax(x):
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+CHUNK = 8  # rows of a batched call of a masked program are a multiple of this (see Objective.values)
 
 
 class Discovery:
     """Edge scores from ``discover``: ``result[edge name]`` is a score, ``scores`` all of them in
-    ``edges`` order; it shows as a table sorted by |score|; ``top(k)`` and ``threshold(tau)``
-    give a ``FoundCircuit`` (the edges kept); ``found`` is ACDC's own circuit (else None)."""
+    ``edges`` order (the graph's); it shows as a table sorted by |score|; ``top(k)`` and
+    ``threshold(tau)`` give a ``FoundCircuit`` whose ``edges`` are by decreasing |score| (ties in
+    graph order); ``found`` is ACDC's own circuit, in graph order (else None)."""
 
     def __init__(self, graph: Edges, scores: np.ndarray, method: str, *, source, ablation: str,
-                 found: FoundCircuit | None = None, info: dict | None = None):
+                 found: FoundCircuit | None = None, info: dict | None = None, circuit: Circuit | None = None):
         self.graph, self.scores, self.method = graph, np.asarray(scores, np.float64), method
         self.source, self.ablation, self.found = source, ablation, found
         self.info = info or {}
+        # the circuit as the caller gave it to discover (graph.circuit reads Symbols for a batch)
+        self.circuit = graph.circuit if circuit is None else circuit
 
     @property
     def edges(self) -> list[str]:
@@ -138,10 +107,12 @@ class Discovery:
 
     def threshold(self, tau: float) -> FoundCircuit:
         """The circuit of the edges whose |score| is at least ``tau``."""
+        tau = check_real(tau, "threshold", "tau", fix="the least |score| an edge keeps")
         return self._found([i for i in self.ranking() if abs(self.scores[i]) >= tau])
 
     def _found(self, kept) -> FoundCircuit:
-        return FoundCircuit(self.graph, [self.graph[i] for i in sorted(kept)], self.source, ablation=self.ablation)
+        return FoundCircuit(self.graph, [self.graph[i] for i in kept], self.source, ablation=self.ablation,
+                            scores=self.scores)
 
     def table(self, n: int = 20) -> str:
         rows = self.ranking()[:n]
@@ -177,7 +148,7 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     evaluates the masked program part by part instead of its one row-sparse program).
     ``mode`` (``'auto'``, ``'ops'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
     in ``'auto'`` their first calls run op by op (row by row, step by step, up to
-    ``edge_scores.OP_BY_OP_MAX_RUNS`` runs; more compile at once) through the kernels every
+    ``_scores.OP_BY_OP_MAX_RUNS`` runs; more compile at once) through the kernels every
     evaluation shares, and the second compiles their one program in the background if it
     has at most ``JIT_MAX_OPS`` nodes (GPT-2 small's, 9,400, stays op by op: a first EAP call of
     seconds where compiling or loading its program takes a minute); ``'jit'`` compiles at once
@@ -201,30 +172,34 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
         raise CircuitError(f"discover: method={method!r}; use one of {', '.join(map(repr, METHODS))}")
     if ablation not in ABLATIONS:
         raise CircuitError(f"discover: ablation={ablation!r}; use one of {', '.join(map(repr, ABLATIONS))}")
-    if not isinstance(steps, (int, np.integer)) or steps < 1:
-        raise CircuitError(f"discover: steps={steps!r}; give a positive number of integration steps")
-    from ..backend import check_mode
-
+    steps = check_count(steps, "discover", "steps", fix="integration steps")
+    tau = check_real(tau, "discover", "tau", fix="ACDC's threshold on the metric's change")
+    batch_size = check_count(batch_size, "discover", "batch_size", none=True, fix="rows of one call")
     check_mode(mode)
+    if method in ("eap-ig", "eap-ig-mask"):  # the steps' values and weights (10**12 steps: refused here)
+        check_allocation((3, steps + 1), "float64", lambda: f"discover: steps={steps}")
     edges(circuit)  # a model without heads is an error before anything runs
+    read_metric(metric, circuit, "discover")
+    given = circuit
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     g = edges(circuit)
     clean = clean_for(circuit, metric, feed, dtype)
+    result = dict(source=source, ablation=ablation, circuit=given)
     if method == "eap":
         scores = _eap(g, source, ablation, metric, clean, feed, dtype, mode)
-        return Discovery(g, scores, method, source=source, ablation=ablation)
+        return Discovery(g, scores, method, **result)
     if method == "exact":
         scores = _exact(circuit, g, source, ablation, metric, clean, feed, dtype, batch_size)
-        return Discovery(g, scores, method, source=source, ablation=ablation)
+        return Discovery(g, scores, method, **result)
     if method in ("eap-ig-mask", "eap-ig"):
         integrated = _eap_ig_mask if method == "eap-ig-mask" else _eap_ig
         scores = integrated(g, source, ablation, metric, clean, feed, steps, dtype, mode=mode)
-        return Discovery(g, scores, method, source=source, ablation=ablation, info={"steps": steps})
+        return Discovery(g, scores, method, info={"steps": steps}, **result)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    obj = _Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
+    obj = Objective(metric_node(masked, metric, clean=clean), feed, dtype, batch_size)
     scores, kept = _acdc(obj, g, tau, signed=isinstance(metric, str))
-    found = FoundCircuit(g, kept, source, ablation=ablation)
-    return Discovery(g, scores, method, source=source, ablation=ablation, found=found, info={"tau": tau})
+    found = FoundCircuit(g, kept, source, ablation=ablation, unranked="ACDC keeps a set of edges, not a ranking")
+    return Discovery(g, scores, method, found=found, info={"tau": tau}, **result)
 
 
 def batch_setup(circuit: Circuit, source, inputs, ablation: str):
@@ -232,10 +207,6 @@ def batch_setup(circuit: Circuit, source, inputs, ablation: str):
     the source as Symbols ``'<input>.source'`` (resample) and the feed ``{Symbol: rows}``."""
     if inputs is None:
         return circuit, source, {}
-    from ..nodes import Symbol
-    from ..traversal import replace
-    from .sites import resolve_inputs
-
     given = resolve_inputs(circuit, inputs, "inputs", batched=True)
     sizes = {v.shape[0] for _, v in given.values()}
     if len(sizes) != 1 or 0 in sizes:
@@ -265,8 +236,6 @@ def clean_for(circuit: Circuit, metric, feed: dict, dtype):
     Symbol of their log-probabilities fed per row (a batch); None for other metrics."""
     if not isinstance(metric, str):
         return None
-    from ..backend import evaluate, evaluate_batched
-    from ..nodes import Symbol
 
     if not feed:
         return evaluate(circuit, dtype=dtype)
@@ -274,14 +243,14 @@ def clean_for(circuit: Circuit, metric, feed: dict, dtype):
                                          dtype=dtype), np.float64)
     fdt = "float64" if str(dtype) == "float64" else "float32"
     sym = Symbol(circuit.shape, name="metric.clean_log_probs", dtype=fdt)
-    feed[sym] = _log_softmax(logits).astype(fdt)
+    feed[sym] = log_softmax(logits).astype(fdt)
     return sym
 
 
 _VALUES: dict = {}  # (metric node hash, dtype) -> MaskedValues: a warm discover re-lowers nothing
 
 
-class _Objective:
+class Objective:
     """The mean metric over the batch (or the one example) of the masked program."""
 
     def __init__(self, m: Circuit, feed: dict, dtype, batch_size):
@@ -306,8 +275,6 @@ class _Objective:
 
     def _values(self):
         if self._compiled is None:
-            from .edge_scores import MaskedValues
-
             self._compiled = _VALUES.get((self.m.hash, str(self.dtype)))
             if self._compiled is None:
                 self._compiled = MaskedValues(self.m, self.mask, self.dtype)
@@ -323,8 +290,6 @@ _MASKS: dict = {}  # metric node hash -> its mask Symbol (a warm discover walks 
 def _mask_symbol(m: Circuit):
     found = _MASKS.get(m.hash)
     if found is None:
-        from ..traversal import toposort
-
         found = next(n for n in toposort(m) if n.name == MASK_NAME and not n.children)
         if len(_MASKS) >= 64:
             _MASKS.pop(next(iter(_MASKS)))
@@ -334,27 +299,23 @@ def _mask_symbol(m: Circuit):
 
 def _exact(circuit, g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, batch_size) -> np.ndarray:
     """Each edge patched alone, ``m(mask = e_i) - m(clean)``: one row-sparse program over the
-    split circuit (``exact_scores.ExactScores``: each node computed only for the edges upstream
-    of it) where its rows fit ``ROWS_BYTES`` and no ``batch_size`` is asked for, else the masked
+    split circuit (``ExactScores``: each node computed only for the edges upstream
+    of it) where its rows fit ``_exact.ROWS_BYTES`` and no ``batch_size`` is asked for, else the masked
     program part by part (``_ExactParts``).  Either is kept on the graph (``scorer_for``) under
     the metric (``_metric_key``: the weights' or the clean logits' digest; a function's node
     hash), the ablation, the source's fingerprint, the dtype, ``batch_size`` and the feed's rows,
     so a warm call binds its feed and runs."""
-    from .edge_graph import _fingerprint
-    from .edge_scores import scorer_for, split_circuit
-    from .exact_scores import ROWS_BYTES, ExactScores
-
     split, resid, senders = split_circuit(g)
     what = _metric_key(metric, clean)
     m = metric_node(split, metric, clean=clean) if what is None else None
     rows = next(iter(feed.values())).shape[0] if feed else 1
-    key = ("exact", what or m.hash, ablation, _fingerprint(source), str(dtype), batch_size, rows)
+    key = ("exact", what or m.hash, ablation, fingerprint(source), str(dtype), batch_size, rows)
 
     def make():
         if batch_size is None:
             node = m if m is not None else metric_node(split, metric, clean=clean)
             scorer = ExactScores(g, node, resid, senders, source, ablation, dtype)
-            if scorer.rows_bytes() * rows <= ROWS_BYTES:
+            if scorer.fits(rows):
                 return scorer
         return _ExactParts(circuit, g, source, ablation, metric, clean, dtype, batch_size)
 
@@ -365,12 +326,10 @@ def _metric_key(metric, clean) -> tuple | None:
     """What ``metric_node(out, metric, clean=clean)`` is made of, as a key without making it: the
     kind and a digest of the weights or of the clean logits (None: a function or anything else,
     keyed by its node's hash)."""
-    from .edge_graph import _value_digest
-
     def digest(v):
         if not isinstance(v, Circuit) and np.asarray(v).dtype.kind not in "biuf":
             raise TypeError
-        return _value_digest(v)
+        return value_digest(v)
 
     try:
         if metric is None:
@@ -413,7 +372,7 @@ class _ExactParts:
         scores = np.empty(self.n, np.float64)
         for part, m in self.parts:
             k = len(part)
-            obj = _Objective(m, feed, self.dtype, self.batch_size)
+            obj = Objective(m, feed, self.dtype, self.batch_size)
             values = obj.values(np.concatenate([np.zeros((1, k), np.float32), np.eye(k, dtype=np.float32)]),
                                 pad=False)
             scores[part] = values[1:] - values[0]
@@ -423,13 +382,10 @@ class _ExactParts:
 def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, mode: str = "auto") -> np.ndarray:
     """Syed et al.: every edge's ``(patched sender - sender) . dm/d(destination input)`` from
     one compiled forward and backward pass of the circuit with each destination reading its own
-    residual sum (``edge_scores``)."""
-    from .edge_graph import _fingerprint
-    from .edge_scores import EdgeScores, scorer_for, split_circuit
-
+    residual sum (``_scores``)."""
     split, resid, senders = split_circuit(g)
     m = metric_node(split, metric, clean=clean)
-    key = ("eap", m.hash, ablation, _fingerprint(source), str(dtype))
+    key = ("eap", m.hash, ablation, fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, source, ablation, dtype))
     return scorer(feed, mode)
 
@@ -437,16 +393,13 @@ def _eap(g: Edges, source, ablation: str, metric, clean, feed: dict, dtype, mode
 def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
                  chunk: int | None = None, mode: str = "auto") -> np.ndarray:
     """auto-circuit's integrated gradients: ``dm/d mask`` averaged over the masks ``k/steps . 1``,
-    from the circuit whose every edge has the weight ``alpha`` (``edge_scores.uniform_circuit``):
+    from the circuit whose every edge has the weight ``alpha`` (``_scores.uniform_circuit``):
     the gradient at every destination's sum times its senders' differences, the steps ``alpha =
     k/steps`` run by one program vmapped over ``chunk`` of them (by default as many as fit
-    ``edge_scores.STEPS_BYTES``), the patched senders computed once a call."""
-    from .edge_graph import _fingerprint
-    from .edge_scores import EdgeScores, scorer_for, uniform_circuit
-
+    ``_scores.STEPS_BYTES``), the patched senders computed once a call."""
     circuit, resid, senders, patched, alpha = uniform_circuit(g, source, ablation)
     m = metric_node(circuit, metric, clean=clean)
-    key = ("eap-ig-mask", m.hash, ablation, _fingerprint(source), str(dtype))
+    key = ("eap-ig-mask", m.hash, ablation, fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, senders, None, ablation, dtype, patched=patched))
     return scorer.integrated(alpha, np.arange(steps + 1) / steps, feed, chunk, mode)
 
@@ -454,28 +407,30 @@ def _eap_ig_mask(g: Edges, source, ablation: str, metric, clean, feed: dict, ste
 def _eap_ig(g: Edges, source, ablation: str, metric, clean, feed: dict, steps: int, dtype,
             chunk: int | None = None, mode: str = "auto") -> np.ndarray:
     """Hanna et al.: the gradients at every destination's sum in the runs whose embeddings go from
-    the source's to the clean ones (``edge_scores.interpolated_circuit``) times the fixed
+    the source's to the clean ones (``_scores.interpolated_circuit``) times the fixed
     clean-to-source sender differences (per row for a batch), the steps ``alpha = k/steps`` run by
     one program vmapped over ``chunk`` of them, the clean and patched senders computed once a call."""
-    from .edge_graph import _fingerprint
-    from .edge_scores import EdgeScores, interpolated_circuit, scorer_for
-
     circuit, resid, patched, alpha = interpolated_circuit(g, source, ablation)
     m = metric_node(circuit, metric, clean=clean)
-    key = ("eap-ig", m.hash, ablation, _fingerprint(source), str(dtype))
+    key = ("eap-ig", m.hash, ablation, fingerprint(source), str(dtype))
     scorer = scorer_for(g, key, lambda: EdgeScores(g, m, resid, g._sources, None, ablation, dtype, patched=patched))
     return scorer.integrated(alpha, np.arange(steps) / steps, feed, chunk, mode)
 
 
-def _acdc(obj: _Objective, g: Edges, tau: float, *, signed: bool):
+def _acdc(obj: Objective, g: Edges, tau: float, *, signed: bool):
     mask = np.zeros(len(g), np.float32)
     current = obj.value(mask)
+    if not np.isfinite(current):  # every change would be NaN, and NaN < tau keeps every edge
+        raise CircuitError(f"discover: the metric is {current} on the clean run; ACDC needs a finite metric")
     scores = np.zeros(len(g), np.float64)
     order = [g.index(f"{s} -> {d.label}") for d in reversed(g._dests) for s in reversed(d.sources)]
     for i in order:
         mask[i] = 1.0
         value = obj.value(mask)
         change = value - current
+        if not np.isfinite(change):
+            raise CircuitError(f"discover: the metric is {value} with the edge {g[i]!r} removed (ACDC, after "
+                               f"{int(mask.sum()) - 1} edges removed); ACDC needs a finite metric")
         scores[i] = change
         if (change if signed else abs(change)) < tau:
             current = value

@@ -23,9 +23,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import CircuitError, ShapeError
-from ..nodes import Circuit
-from .edge_graph import edges, patch_edges
+from ...errors import CircuitError, ShapeError
+from ...nodes import Circuit
+from ..checks import check_count
+from ..metric import metric_node, read_metric
+from ._discover import Discovery, Objective, batch_setup, clean_for
+from ._graph import edges, patch_edges
 
 __all__ = ["faithfulness", "Faithfulness"]
 
@@ -84,12 +87,19 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     the numbers of edges kept (default: every size up to 256 edges, else 64 sizes spread out);
     ``ablation`` defaults to the Discovery's own (else ``'resample'``); ``inputs`` a batch, as
     for ``discover`` (the metric averaged over its rows)."""
-    from .discovery import Discovery, _Objective, batch_setup, clean_for, metric_node
-
     g = edges(circuit)
+    read_metric(metric, circuit, "faithfulness")
+    batch_size = check_count(batch_size, "faithfulness", "batch_size", none=True, fix="rows of one call")
     n = len(g)
     label = ""
     if isinstance(scores, Discovery):
+        if scores.circuit is not circuit and scores.circuit != circuit:
+            alike = " (alike in name and type: they differ below, in inputs or weights)" \
+                if scores.circuit.line() == circuit.line() else ""
+            raise CircuitError(
+                f"faithfulness: scores= is a Discovery of another circuit ({scores.circuit.line()}, "
+                f"{len(scores)} edges) than circuit= ({circuit.line()}, {n} edges){alike}: give the circuit it "
+                "was discovered on, or scores=result.as_dict() to rank this circuit's edges by that result's scores")
         ablation = ablation or scores.ablation
         label = scores.method
         vec = scores.scores
@@ -104,7 +114,7 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
     ablation = ablation or "resample"
     if sizes is None:
         sizes = range(n + 1) if n <= 256 else np.unique(np.linspace(0, n, 64).round().astype(int))
-    sizes = [int(s) for s in sizes]
+    sizes = [check_count(s, "faithfulness", "sizes", minimum=0) for s in sizes]
     if any(s < 0 or s > n for s in sizes):
         raise CircuitError(f"faithfulness: sizes must lie between 0 and {n} (the number of edges)")
     order = sorted(range(n), key=lambda i: (-abs(vec[i]), i))
@@ -115,6 +125,6 @@ def faithfulness(circuit: Circuit, source: Mapping | None, metric, scores, *, si
                      + [np.zeros(n, np.float32), np.ones(n, np.float32)])
     circuit, source, feed = batch_setup(circuit, source, inputs, ablation)
     masked = patch_edges(circuit, None, source, ablation=ablation, mask=True)
-    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype))
-    values = _Objective(m, feed, dtype, batch_size).values(masks)
+    m = metric_node(masked, metric, clean=clean_for(circuit, metric, feed, dtype), what="faithfulness")
+    values = Objective(m, feed, dtype, batch_size).values(masks)
     return Faithfulness(sizes, values[:-2], values[-2], values[-1], n, label)

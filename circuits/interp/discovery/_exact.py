@@ -19,8 +19,8 @@ masked program part by part otherwise).
 >>> import numpy as np
 >>> from circuits.models import attn_only, random_weights
 >>> from circuits.interp import edges, patch_edges
->>> from circuits.interp.discovery import metric_node
->>> from circuits.interp.edge_scores import split_circuit
+>>> from circuits.interp.metric import metric_node
+>>> from circuits.interp.discovery._scores import split_circuit
 >>> from circuits import evaluate
 >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
 >>> loss = attn_only(w, np.arange(6), unique_names=True)
@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import Lowered, float_dtype
-from ..errors import CircuitError
-from ..nodes import Circuit
-from .edge_graph import Edges, _patched_sources
-from .edge_scores import run_scorer
+from ...backend import Lowered, float_dtype
+from ...errors import CircuitError
+from ...nodes import Circuit
+from ._graph import Edges, patched_sources
+from ._scores import run_scorer
 
 __all__ = ["ExactScores", "ROWS_BYTES"]
 
@@ -64,7 +64,7 @@ class ExactScores:
         if m.shape != ():
             raise CircuitError(f"exact scores need a scalar metric; {m.line()} has shape {list(m.shape)}")
         self.fdt = float_dtype(dtype)
-        patched = _patched_sources(g, g.sources, source, ablation, None)
+        patched = patched_sources(g, g.sources, source, ablation, None)
         labels = g.sources
         clean_nodes = [n for s in labels for n in senders[s]]
         patched_nodes = [n for s in labels for n in patched[s]]
@@ -122,6 +122,10 @@ class ExactScores:
         size = max(np.dtype(self.fdt).itemsize, 4)
         return sum(m.bit_count() * int(np.prod(node.shape)) * size
                    for node, m in zip(self.program.nodes, self.masks) if m)
+
+    def fits(self, rows: int = 1) -> bool:
+        """Whether the row-sparse run over a feed of ``rows`` rows fits ``ROWS_BYTES``."""
+        return self.rows_bytes() * rows <= ROWS_BYTES
 
     def _make(self):
         import jax
