@@ -27,7 +27,7 @@ from ..nodes import Circuit
 from .cache.bounded import BoundedCache
 from .lower.binding import float_dtype, precision
 from .lower.calling import bind_once
-from .lower.lowering import cached_program, package_outputs, program_with_also
+from .lower.lowering import cached_program, expand_also, package_outputs, program_with_also
 from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
 from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
@@ -296,6 +296,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     devs = _devices(devices)
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
+    also = expand_also(circuit, also)
     with precision(fdt):
         return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
                             batch_heads and mode != "ops", mesh, shard))
