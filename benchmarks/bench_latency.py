@@ -281,7 +281,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--gpt2-only", action="store_true", help="the GPT-2 rows only")
-    parser.add_argument("--mode", default="auto", choices=["auto", "eager", "jit"],
+    parser.add_argument("--mode", default="auto", choices=["auto", "ops", "eager", "jit"],
                         help="the tier of the GPT-2 rows' sweep and attribute (default auto, as a user calls them)")
     args = parser.parse_args(argv)
     rows: list = []

@@ -263,13 +263,13 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     parser.add_argument("--no-groups", action="store_true",
-                        help="op by op without fused groups (circuits.backend.tiers.GROUPS), to compare")
+                        help="op by op without fused groups (tiers.configure(groups=False)), to compare")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.no_groups:
         from circuits.backend import tiers
 
-        tiers.GROUPS = False
+        tiers.configure(groups=False)
     from importlib.metadata import version
 
     rows: list = [("TransformerLens / torch / torch threads",

@@ -23,8 +23,8 @@ import numpy as np
 
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, toposort
 from circuits.backend import evaluate
-from circuits.backend.program import Program
-from circuits.backend.runtime import bind_arguments, precision
+from circuits.backend.lower.binding import bind_arguments, precision
+from circuits.backend.lower.program import Program
 
 from .common import interleaved_medians, report
 
@@ -129,7 +129,7 @@ def main(runs: int = 5, target: int = 10_000):
     inputs = {"tokens": toks}
 
     # the two agree (eager, so the check costs no XLA compilation of the big program)
-    ours = evaluate(circuit, inputs, mode="eager")
+    ours = evaluate(circuit, inputs, mode="ops")
     theirs = np.asarray(handwritten(w, toks, layers))
     assert np.allclose(ours, theirs, rtol=1e-4, atol=1e-5), (ours, theirs)
 

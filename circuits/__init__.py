@@ -57,6 +57,10 @@ _LAZY = {
     "value_and_grad": ("circuits.backend", "value_and_grad"),
     "Eager": ("circuits.backend", "Eager"),
     "cache_stats": ("circuits.backend", "cache_stats"),
+    "clear_cache": ("circuits.backend", "clear_cache"),
+    "set_cache_size": ("circuits.backend", "set_cache_size"),
+    # the JAX backend itself (C.backend.last_run(), C.backend.tiers.pinned(...))
+    "backend": ("circuits.backend", None),
     "models": ("circuits.models", None),
     # importers.from_torch (torch is imported only when it is called)
     "importers": ("circuits.importers", None),

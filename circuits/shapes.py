@@ -3,7 +3,8 @@
 Sizes, slice bounds and axis ids are signed 64-bit ints (``INT64_MIN``..``INT64_MAX``).  The
 allocation budget (``max_alloc_bytes``: the environment variable ``CIRCUITS_MAX_ALLOC_BYTES``, else
 4 GiB) bounds any single tensor the library allocates; ``check_allocation`` refuses a larger one
-with an error naming what asked for it, before anything is allocated.
+with an error naming what asked for it, before anything is allocated.  ``check_budget`` checks a
+byte budget someone gives (the value cache's, the compilation cache's on disk).
 
 A leaf module: it imports only ``errors`` and ``dtypes``.
 
@@ -14,10 +15,11 @@ A leaf module: it imports only ``errors`` and ``dtypes``.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 
 from .dtypes import ITEMSIZE
-from .errors import CircuitError
+from .errors import CircuitError, EvaluationError
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_ALLOC_ENV = "CIRCUITS_MAX_ALLOC_BYTES"
@@ -230,6 +232,25 @@ def check_allocation(shape, dtype: str, what, error=CircuitError, budget=None) -
             f"budget of {_human_bytes(limit)}; raise it with the environment variable "
             f"{MAX_ALLOC_ENV}=<bytes> if this is intended, or make the tensor smaller"
         )
+
+
+def check_budget(n, what: str) -> int:
+    """A byte budget, checked: a non-negative int (``bool`` and absurd values refused).
+
+    >>> check_budget(1 << 20, 'budget')
+    1048576
+    >>> check_budget(-1, 'budget')
+    Traceback (most recent call last):
+    circuits.errors.EvaluationError: budget must be at least 0 bytes (0 keeps nothing), got -1
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):  # numpy's ints are Integral
+        raise EvaluationError(f"{what} must be an int number of bytes, got {n!r}")
+    n = int(n)
+    if n < 0:
+        raise EvaluationError(f"{what} must be at least 0 bytes (0 keeps nothing), got {n}")
+    if n > 1 << 50:
+        raise EvaluationError(f"{what} of {n} bytes is absurd (over a pebibyte); give at most {1 << 50}")
+    return n
 
 
 def _human_bytes(n: int) -> str:

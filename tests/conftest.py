@@ -21,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from circuits.backend import tiers
+from circuits.backend.cache.background import wait_for_background
 from tests.deep import build_deep_chain
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -33,13 +34,12 @@ settings.register_profile(
 settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
-# A process's first evaluation is special (circuits.backend.tiers.COLD_START): no test should
-# depend on being the first in its worker; tests/backend/test_persistent.py tests it in fresh
-# processes.
-tiers.COLD_START = False
-# Fused groups compile in the background (circuits.backend.groups): off, so that no test's counts
-# see another's compilation land; tests/backend/test_groups.py turns them on.
-tiers.GROUPS = False
+# A process's first evaluation is special (cold start): no test should depend on being the first
+# in its worker; tests/backend/test_persistent.py tests it in fresh processes.  Fused groups
+# compile in the background (circuits.backend.tiers.groups): off, so that no test's counts see another's
+# compilation land; tests/backend/test_groups.py turns them on, and the interpretability tests run
+# with the settings a user gets (tests/interp/conftest.py).
+tiers.configure(cold_start=False, groups=False)
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +47,7 @@ def _background_compilations_end_with_their_test():
     """A whole-program compilation that 'auto' starts in the background ends within the test that
     started it, so no other test's count of compilations sees it land."""
     yield
-    tiers.wait_for_background()
+    wait_for_background()
 
 
 # Enough for pytest, JAX tracing, sympy and the library's own (bounded) call depth; a recursion

@@ -9,7 +9,7 @@ import their implementations lazily from ``circuits/nodes/base.py``: they are li
 
 The backend has one door: a module above it imports ``circuits.backend`` (the package, whose
 ``__all__`` is the backend's public surface: ``Lowered`` for a lowered program), never one of its
-submodules (``circuits.backend.runtime``, ``.program``...).
+submodules (``circuits.backend.evaluation``, ``.cache.compiled``...).
 """
 
 import ast
@@ -106,8 +106,9 @@ BACKEND = ROOT / "circuits" / "backend"
 
 
 def backend_submodule(target: str):
-    """The backend submodule ``target`` names (``circuits.backend.runtime``, or a name inside one),
-    None for the package itself and the names it exports."""
+    """The backend submodule or stage ``target`` names (``circuits.backend.evaluation``,
+    ``circuits.backend.cache`` for ``circuits.backend.cache.compiled`` or a name inside one), None
+    for the package itself and the names it exports."""
     parts = target.split(".")
     if parts[:2] != ["circuits", "backend"] or len(parts) < 3:
         return None
@@ -139,8 +140,9 @@ def test_modules_above_the_backend_use_its_one_door():
 
 
 def test_the_door_check_tells_a_submodule_from_an_exported_name():
-    assert backend_submodule("circuits.backend.runtime") == "circuits.backend.runtime"
-    assert backend_submodule("circuits.backend.runtime.bind_arguments") == "circuits.backend.runtime"
+    assert backend_submodule("circuits.backend.evaluation") == "circuits.backend.evaluation"
+    assert backend_submodule("circuits.backend.cache.compiled") == "circuits.backend.cache"
+    assert backend_submodule("circuits.backend.cache.compiled.cached_jit") == "circuits.backend.cache"
     assert backend_submodule("circuits.backend.evaluate") is None  # `from ..backend import evaluate`
     assert backend_submodule("circuits.backend") is None
 

@@ -12,7 +12,7 @@ PUBLIC = {
     "Add", "Array", "Circuit", "CircuitError", "Compiled", "Concat", "Eager", "Einsum",
     "EvaluationError", "FunctionSpec", "GeneralFunction", "Index", "ParseError", "Rearrange",
     "RewriteError", "RewriteLoopError", "Scalar", "SelectionError", "ShapeError", "StoreError",
-    "Symbol", "Tag", "TensorStore", "bind", "cache_stats", "compile", "cost", "count_nodes", "deep_map",
+    "Symbol", "Tag", "TensorStore", "backend", "bind", "cache_stats", "clear_cache", "set_cache_size", "compile", "cost", "count_nodes", "deep_map",
     "evaluate", "evaluate_batched", "fill_random", "grad", "importers", "interp", "diff", "save_many", "load_many",
     "load", "models", "parse", "parse_many", "print_many", "profile", "register_elementwise",
     "register_function", "replace", "save", "select", "strip_names", "summary", "symbolic_equal", "testing",
@@ -70,7 +70,7 @@ def test_promised_call_shapes():
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"]),
                        (rewrites.batch_heads, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
-    for fn in (C.compile, C.evaluate_batched):  # sharding (circuits.backend.sharding), per-head batching
+    for fn in (C.compile, C.evaluate_batched):  # sharding (circuits.backend.lower.sharding), per-head batching
         assert {"mesh", "shard", "batch_heads"} <= set(inspect.signature(fn).parameters), fn
     assert "batch_heads" in inspect.signature(C.evaluate).parameters
 
@@ -121,6 +121,21 @@ def test_circuit_selection_methods():
     assert [n.name for n in c.paths("x")[0]] == ["y", "e", "x"]
     z = c.update("x", lambda n: C.Array(np.zeros(2, np.float32), name="x"))
     np.testing.assert_allclose(C.evaluate(z), [1.0, 1.0])
+
+
+def test_the_backend_and_its_cache_controls_are_attributes_in_a_fresh_process():
+    """``C.backend`` (the README's ``C.backend.last_run()``, ``C.backend.tiers.pinned``) and the
+    cache controls beside ``C.cache_stats`` need no import of their own."""
+    import subprocess
+    import sys
+
+    script = ("import circuits as C\n"
+              "assert C.backend.last_run()['tier'] is None\n"
+              "assert callable(C.backend.tiers.pinned) and C.clear_cache is C.backend.clear_cache\n"
+              "assert C.set_cache_size is C.backend.set_cache_size and 'max_size' in C.cache_stats()\n"
+              "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_backend_door_names():

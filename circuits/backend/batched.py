@@ -17,22 +17,23 @@ array([[ 0.,  1.,  2.],
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from typing import Mapping, NamedTuple
 
 import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .batch_tuning import tail_sizes, tune_chunk
-from .binding import float_dtype, precision
-from .calling import bind_once
-from .lowering import cached_program, expand_also, package_outputs, program_with_also
-from .memory import INPUT_TYPES, peak_bytes, value_bytes
-from .program import Program
-from .runtime import check_mode, maybe_jit
+from .cache.bounded import BoundedCache
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once
+from .lower.lowering import cached_program, expand_also, package_outputs, program_with_also
+from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
+from .lower.program import Program
+from .lower.sharding import BATCH_AXIS, Placement
+from .tiers.batch_tuning import tail_sizes, tune_chunk
+from .tiers.lowered import run_function, vmap_function
+from .tiers.policy import Route, check_mode, run
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
 
@@ -47,7 +48,7 @@ DEFAULT_MEMORY_BUDGET = 256 << 20
 
 class BatchPlan(NamedTuple):
     """How ``evaluate_batched`` splits a dataset: ``chunk`` rows at a time, each row estimated
-    at ``row_bytes`` of temporaries (``circuits.backend.memory``: the op-by-op peak of one row
+    at ``row_bytes`` of temporaries (``circuits.backend.lower.memory``: the op-by-op peak of one row
     plus its batched inputs), within ``budget`` bytes; ``reason`` says why in words."""
 
     chunk: int
@@ -94,15 +95,7 @@ def _row_bytes(program: Program, fdt: str, batched_args) -> int:
 # One row's bytes of temporaries (``_row_bytes``) and matmul height (``matmul_rows``), by (program key, precision, batch axes): a
 # circuit evaluated on batch after batch (a masked search) is lowered and costed once (its
 # program comes from the cache of live circuits' programs, which keeps no tensor alive).
-_ROW_COSTS: collections.OrderedDict = collections.OrderedDict()
-_ROW_COSTS_SIZE = 1024
-_row_costs_lock = threading.Lock()
-
-
-def clear_row_costs() -> None:
-    """Forget the row costs kept for ``evaluate_batched`` (``clear_cache('compiled')``)."""
-    with _row_costs_lock:
-        _ROW_COSTS.clear()
+_ROW_COSTS = BoundedCache("row costs", "compiled", max_entries=1024)
 
 
 def _devices(devices):
@@ -203,41 +196,13 @@ def matmul_rows(program: Program, batched_args) -> float:
     return macs / weights if weights else 0.0
 
 
-def _batched_function(program: Program, axes: tuple, mode: str, group: int | None = None):
-    """``args -> outputs`` of ``program`` mapped over the batch axes ``axes`` (compiled or not, as
-    the jit policy decides): one vmap, or with ``group`` a ``lax.map`` over the rows, ``group``
-    rows vmapped at a time."""
-
-    def make():
-        import jax
-
-        run = program.skeleton().run
-        if group is None:
-            return jax.vmap(run, in_axes=(list(axes),))
-        batched = [i for i, ax in enumerate(axes) if ax == 0]
-
-        def mapped(args):
-            def one_row(rows):
-                full = list(args)
-                for i, v in zip(batched, rows):
-                    full[i] = v
-                return run(full)
-
-            return jax.lax.map(one_row, [args[i] for i in batched], batch_size=group)
-
-        return mapped
-
-    key = (program.key, "vmap", axes) if group is None else (program.key, "vmap", axes, "map", group)
-    return maybe_jit(key, len(program), mode, make)
-
-
-def _row_function(program: Program, axes: tuple, mode: str):
+def _row_function(program: Program, axes: tuple, how: str):
     """``args -> outputs`` for a chunk of one row: the program itself on that row (the function
     ``compile`` and ``evaluate`` use, from the same compile cache), its outputs given a batch axis
     of one.  A ``vmap`` of one row is slower on the CPU (the seed's loss 1.14x a hand-written
     ``lax.map``; the row's own program 1.02x: BENCHMARKS.md, issue 24): XLA keeps the unit batch
     axis in its contractions."""
-    run = maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run)
+    run = run_function(program, how)
 
     def one_row(part):
         outs = run([a[0] if ax == 0 else a for a, ax in zip(part, axes)])
@@ -299,7 +264,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       rows as fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost
       model (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
       slower than chunks.  With neither given, the size within that bound is measured on the
-      dataset's own rows (``circuits.backend.batch_tuning``; kept per program for later calls).
+      dataset's own rows (``circuits.backend.tiers.batch_tuning``; kept per program for later calls).
       The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
       ``verbose=True``.  A chunk of one row runs the program itself on the row (no ``vmap``);
       on the CPU, a chunk of rows of large work (``MAP_FROM_BYTES``) runs as a ``lax.map`` over
@@ -309,10 +274,11 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
       inputs are split along the mesh axis named ``'batch'`` (if it has one), the matched Arrays
-      and Symbols as their specs say, the rest replicated (``circuits.backend.sharding``); not
+      and Symbols as their specs say, the rest replicated (``circuits.backend.lower.sharding``); not
       with ``devices``.
-    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate``; ``return_jax=True`` leaves results on the
-      device(s) as jax arrays instead of copying them to numpy.
+    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate`` (over a batch, ``mode='ops'``
+      runs the program uncompiled, each operation dispatched by JAX); ``return_jax=True`` leaves
+      results on the device(s) as jax arrays instead of copying them to numpy.
 
     Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
 
@@ -330,93 +296,139 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     devs = _devices(devices)
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
-    heads = batch_heads and mode != "eager"
     also = expand_also(circuit, also)
-    if devs is None and mesh is None:
-        program, items = cached_program(circuit, fdt, also, heads)
-    else:  # placement reads the program's nodes
-        program, items = program_with_also(circuit, fdt, also, heads)
     with precision(fdt):
-        args, axes = bind_once(program, inputs, fdt, batched=True)
+        return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
+                            batch_heads and mode != "ops", mesh, shard))
+
+
+class _Batched(Route):
+    """``evaluate_batched``'s way: the whole program over chunks of rows (``plan`` the chunks,
+    ``whole`` runs them)."""
+
+    by_ops = None  # no op-by-op way over a batch (yet)
+
+    def __init__(self, circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
+                 heads, mesh, shard):
+        self.circuit, self.inputs, self.fdt, self.also, self.mode = circuit, inputs, fdt, also, mode
+        self.batch_size, self.devs, self.return_jax, self.memory_budget = batch_size, devs, return_jax, memory_budget
+        self.verbose, self.heads, self.mesh, self.shard = verbose, heads, mesh, shard
+
+    def whole(self, kept: bool = False):
+        chunks = self.plan()
+        if chunks.total == 0:
+            return _empty_outputs(chunks.function, chunks.args, chunks.axes, chunks.items, self.return_jax)
+        if self.batch_size is None and self.memory_budget is None and chunks.placement is None \
+                and self.mode != "ops":
+            self._say(chunks.tune())
+        return package_outputs(chunks.run(), chunks.items)
+
+    def plan(self) -> "_Chunks":
+        """The program, its arguments bound, and how many rows each chunk holds."""
+        circuit, fdt, also, heads, devs, mesh = self.circuit, self.fdt, self.also, self.heads, self.devs, self.mesh
+        if devs is None and mesh is None:
+            program, items = cached_program(circuit, fdt, also, heads)
+        else:  # placement reads the program's nodes
+            program, items = program_with_also(circuit, fdt, also, heads)
+        args, axes = bind_once(program, self.inputs, fdt, batched=True)
         total = _batch_size_of(program, args, axes)
         axes = tuple(axes)
         row_key = (program.key, fdt, axes)
-        with _row_costs_lock:
-            costs = _ROW_COSTS.get(row_key)
+        costs = _ROW_COSTS.get(row_key)
         if costs is None:
             full = program if program.nodes is not None else program_with_also(circuit, fdt, also, heads)[0]
             batched_args = [n for n, ax in zip(full.arg_nodes(), axes) if ax == 0]
             costs = (_row_bytes(full, fdt, batched_args), matmul_rows(full, batched_args))
-            with _row_costs_lock:
-                _ROW_COSTS[row_key] = costs
-                while len(_ROW_COSTS) > _ROW_COSTS_SIZE:
-                    _ROW_COSTS.popitem(last=False)
+            _ROW_COSTS.put(row_key, costs, 0)
         row, tall = costs
-        plan = plan_batch(program, total, fdt, batch_size, memory_budget, row_bytes=row)
-        chunk = plan.chunk
+        plan = plan_batch(program, total, fdt, self.batch_size, self.memory_budget, row_bytes=row)
         group = (map_group(tall) if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
                  and _on_cpu() else None)
-        made: dict = {}  # the chunk function and the one-row function, each made on first use
-
-        def fn(part, one_row: bool = False):
-            f = made.get(one_row)
-            if f is None:
-                f = made[one_row] = (_row_function(program, axes, mode) if one_row
-                                     else _batched_function(program, axes, mode, group))
-            return f(part)
-
-        log.info("evaluate_batched: %s", plan.reason)
-        if verbose:
-            print(f"evaluate_batched: {plan.reason}")
-        placement = None
+        self._say(plan.reason)
+        chunks = _Chunks(program, items, args, axes, total, plan, group, self.mode, self.return_jax)
         if devs is not None or mesh is not None:
-            from .sharding import BATCH_AXIS, Placement
-
             if devs is not None:
                 from jax.sharding import Mesh
 
                 mesh = Mesh(np.array(devs), (BATCH_AXIS,))
             batch_axis = BATCH_AXIS if BATCH_AXIS in mesh.axis_names else None
-            placement = Placement(mesh, program, shard, batch_axis)
-            ways = placement.batch_devices()
-            chunk = -(-chunk // ways) * ways
-            unbatched = placement.place(args)
-            args = [a if ax == 0 else u for a, u, ax in zip(args, unbatched, axes)]
-        elif shard:
+            chunks.place(Placement(mesh, program, self.shard, batch_axis))
+        elif self.shard:
             raise EvaluationError("evaluate_batched: shard= needs mesh= (a jax.sharding.Mesh)")
-        if total == 0:
-            return _empty_outputs(fn, args, axes, items, return_jax)
-        pieces = []
+        return chunks
 
-        def run_chunk(start, size):
-            part = [a if ax is None else _rows(a, start, size) for a, ax in zip(args, axes)]
-            if placement is not None:
-                placed = placement.place(part, axes)
-                part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
-            outs = fn(part, size == 1 and placement is None)
-            real = min(size, total - start)
-            outs = [o[:real] if real < size else o for o in outs]
-            pieces.append(outs if return_jax else [np.asarray(o) for o in outs])
-            return pieces[-1]
+    def _say(self, why: str | None) -> None:
+        if why is not None:
+            log.info("evaluate_batched: %s", why)
+            if self.verbose:
+                print(f"evaluate_batched: {why}")
 
-        start, compiled = 0, ()
-        if batch_size is None and memory_budget is None and placement is None and mode != "eager":
-            import jax
 
-            if group is not None:
-                chunk, why = map_chunk(chunk, group, total)
-            else:
-                start, chunk, why, compiled = tune_chunk((program.key, axes, jax.default_backend()), total, chunk,
-                                                         plan.row_bytes, run_chunk)
-            if why is not None:
-                log.info("evaluate_batched: %s", why)
-                if verbose:
-                    print(f"evaluate_batched: {why}")
-        for size in tail_sizes(total - start, chunk, compiled):
-            run_chunk(start, size)
+class _Chunks:
+    """A batch planned (``_Batched.plan``): ``run()`` evaluates it chunk by chunk."""
+
+    def __init__(self, program: Program, items: list, args: list, axes: tuple, total: int, plan: BatchPlan,
+                 group: int | None, mode: str, return_jax: bool):
+        self.program, self.items, self.args, self.axes, self.total = program, items, args, axes, total
+        self.chunk, self.row_bytes, self.group, self.mode, self.return_jax = plan.chunk, plan.row_bytes, group, mode, return_jax
+        self.placement = None
+        self.start = 0  # rows evaluated while measuring chunk sizes
+        self.compiled: set = set()  # chunk sizes already compiled
+        self.pieces: list = []
+        self._made: dict = {}  # the chunk function and the one-row function, each made on first use
+
+    def function(self, part, one_row: bool = False):
+        """The outputs for ``part`` (the arguments with a chunk of rows)."""
+        f = self._made.get(one_row)
+        if f is None:
+            how = "uncompiled" if self.mode == "ops" else self.mode
+            f = self._made[one_row] = (_row_function(self.program, self.axes, how) if one_row
+                                       else vmap_function(self.program, self.axes, how, self.group))
+        return f(part)
+
+    def place(self, placement) -> None:
+        """Shard over ``placement``'s devices: the chunk a multiple of them, the constants placed."""
+        self.placement = placement
+        ways = placement.batch_devices()
+        self.chunk = -(-self.chunk // ways) * ways
+        unbatched = placement.place(self.args)
+        self.args = [a if ax == 0 else u for a, u, ax in zip(self.args, unbatched, self.axes)]
+
+    def tune(self) -> str | None:
+        """Choose the chunk size: the CPU's map form in whole groups, else measured on the first
+        rows (``batch_tuning``: those rows are real work, kept); why, in words (None: the plan's
+        size stands)."""
+        import jax
+
+        if self.group is not None:
+            self.chunk, why = map_chunk(self.chunk, self.group, self.total)
+            return why
+        self.start, self.chunk, why, self.compiled = tune_chunk(
+            (self.program.key, self.axes, jax.default_backend()), self.total, self.chunk, self.row_bytes,
+            self.run_chunk)
+        return why
+
+    def run_chunk(self, start: int, size: int) -> list:
+        """The outputs of ``size`` rows from ``start`` (padded to ``size`` at the end), kept."""
+        axes, total = self.axes, self.total
+        part = [a if ax is None else _rows(a, start, size) for a, ax in zip(self.args, axes)]
+        if self.placement is not None:
+            placed = self.placement.place(part, axes)
+            part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]
+        outs = self.function(part, size == 1 and self.placement is None)
+        real = min(size, total - start)
+        outs = [o[:real] if real < size else o for o in outs]
+        self.pieces.append(outs if self.return_jax else [np.asarray(o) for o in outs])
+        return self.pieces[-1]
+
+    def run(self) -> list:
+        """Every row's outputs, batch axis first: the rows not measured yet, chunk by chunk."""
+        start = self.start
+        for size in tail_sizes(self.total - start, self.chunk, self.compiled):
+            self.run_chunk(start, size)
             start += size
-        outs = [_concat([p[k] for p in pieces], return_jax) for k in range(len(pieces[0]))]
-    return package_outputs(outs, items)
+        pieces = self.pieces
+        return [_concat([p[k] for p in pieces], self.return_jax) for k in range(len(pieces[0]))]
 
 
 def _concat(parts, as_jax: bool):

@@ -1,16 +1,19 @@
 """One set of controls for everything evaluation keeps: compiled whole programs, per-operation
-kernels, the value cache of incremental evaluation, and the caches of ``Eager`` evaluators.
+kernels and fused groups, the value cache of op-by-op evaluation, lowered programs, values on
+the device, and every other cache the backend holds in memory (each registers itself where it
+is created: ``circuits.backend.cache.bounded``).
 
 - ``cache_stats()``: counters (flat, for the compile cache as before; ``'values'``,
-  ``'kernels'``, ``'eager'`` and ``'tiers'`` sub-dicts for the rest);
+  ``'kernels'``, ``'eager'``, ``'tiers'``, ``'groups'`` and ``'disk'`` sub-dicts for the rest, and
+  ``'caches'``: every registered cache's own counters by name);
 - ``clear_cache(what='all')``: forget what is kept (``'compiled'``, ``'values'``, ``'kernels'``);
 - ``set_cache_size(functions=None, *, values_bytes=None, disk_bytes=None)``: bound the compile
   cache (whole programs), the value cache (bytes on the device) and the compilation cache's
   directory on disk.
 
-Persistent compilation across processes is JAX's own cache (``circuits.backend.persistent``),
+Persistent compilation across processes is JAX's own cache (``circuits.backend.cache.persistent``),
 with the executables this library keeps beside it; ``cache_stats()['disk']`` says where it is,
-its budget and what the last trim found.
+its budget and what the last trim found.  ``clear_cache`` never touches it.
 
 >>> stats = cache_stats()
 >>> sorted(stats['values'])
@@ -22,24 +25,18 @@ its budget and what the last trim found.
 
 from __future__ import annotations
 
-import weakref
-
 from ..errors import EvaluationError
-from .groups import clear_groups, group_info
-from .incremental import DEFAULT_VALUE_BYTES, VALUES, clear_kernels, kernel_info
-from .persistent import disk_info, set_disk_budget
-from .runtime import clear_compile_cache, compile_cache_stats, set_compile_cache_size
-from .tiers import clear_tiers, tier_info
+from .cache.bounded import KINDS, registered
+from .cache.compiled import compile_cache_stats, set_compile_cache_size
+from .cache.persistent import disk_info, set_disk_budget
+from .tiers.groups import group_info
+from .tiers.kernels import kernel_info
+from .tiers.policy import tier_info
+from .tiers.values import DEFAULT_VALUE_BYTES, set_value_budget, value_cache_info
 
-__all__ = ["cache_stats", "clear_cache", "set_cache_size", "register_eager", "DEFAULT_VALUE_BYTES"]
+__all__ = ["cache_stats", "clear_cache", "set_cache_size", "DEFAULT_VALUE_BYTES"]
 
-_EAGERS: "weakref.WeakSet" = weakref.WeakSet()
-_WHAT = ("all", "compiled", "values", "kernels")
-
-
-def register_eager(evaluator) -> None:
-    """Fold an ``Eager`` evaluator's cache into ``cache_stats`` and ``clear_cache``."""
-    _EAGERS.add(evaluator)
+_WHAT = ("all", *KINDS)
 
 
 def cache_stats() -> dict:
@@ -49,51 +46,48 @@ def cache_stats() -> dict:
     ``evictions``, ``size``, ``max_size``; ``kernel_compilations`` (per-operation kernels traced).
     ``values``: the value cache (``hits``, ``misses``, ``stores``, ``evictions``, ``entries``,
     ``bytes``, ``max_bytes``); ``kernels``: per-operation kernels held; ``eager``: the live
-    ``Eager`` evaluators' ``entries`` and ``bytes``; ``tiers``: circuits tracked for
+    ``Eager`` views (``evaluators``; their ``entries`` and ``bytes`` are 0: they read the value
+    cache); ``tiers``: circuits tracked for
     whole-program compilation; ``groups``: the op-by-op tier's fused groups
-    (``circuits.backend.groups``).
+    (``circuits.backend.tiers.groups``); ``disk``: the compilation cache's directory; ``caches``: each
+    registered in-memory cache's ``entries`` and counters, by name.
     """
+    caches = registered()
     out = compile_cache_stats()
-    out["values"] = VALUES.info()
+    out["values"] = value_cache_info()
     out["kernels"] = kernel_info()
-    eagers = [e.cache_info() for e in list(_EAGERS)]
-    out["eager"] = {"evaluators": len(eagers), "entries": sum(i["entries"] for i in eagers),
-                    "bytes": sum(i["bytes"] for i in eagers)}
+    eager = caches["eager"].info() if "eager" in caches else {"objects": 0, "entries": 0, "bytes": 0}
+    out["eager"] = {"evaluators": eager["objects"], "entries": eager["entries"], "bytes": eager["bytes"]}
     out["tiers"] = tier_info()
     out["groups"] = group_info()
     out["disk"] = disk_info()
+    out["caches"] = {name: dict(cache.info(), kind=cache.kind) for name, cache in caches.items()}
     return out
 
 
 def clear_cache(what: str = "all") -> None:
-    """Forget kept results: ``'compiled'`` whole programs, ``'values'`` (the value cache and every
-    ``Eager`` evaluator's), ``'kernels'``, or ``'all'`` of them (counters keep counting).
+    """Forget kept results: ``'compiled'`` whole programs (and what goes with them: lowered
+    programs, row costs, chunk measurements, whole programs tracked), ``'values'`` (the value
+    cache, which ``Eager`` views read, values on the device), ``'kernels'`` (per-operation
+    kernels, fused groups, op builders), or ``'all'`` of them (counters keep counting; the
+    compilation cache on disk is not touched).  A compilation running in the background puts
+    nothing back into a cache cleared meanwhile.
 
     >>> clear_cache('values'); cache_stats()['values']['entries']
     0
     """
     if what not in _WHAT:
         raise EvaluationError(f"clear_cache(what={what!r}): use one of {', '.join(map(repr, _WHAT))}")
-    if what in ("all", "compiled"):
-        from .batched import clear_row_costs
-
-        clear_compile_cache()
-        clear_tiers()
-        clear_row_costs()
-    if what in ("all", "values"):
-        VALUES.clear()
-        for evaluator in list(_EAGERS):
-            evaluator.clear()
-    if what in ("all", "kernels"):
-        clear_kernels()
-        clear_groups()
+    for cache in registered().values():
+        if what == "all" or cache.kind == what:
+            cache.clear()
 
 
 def set_cache_size(functions: int | None = None, *, values_bytes: int | None = None,
                    disk_bytes: int | None = None) -> None:
     """Bound the compile cache to ``functions`` whole programs, the value cache to
     ``values_bytes`` bytes (0 keeps no value) and the compilation cache's directory on disk to
-    ``disk_bytes`` (trimmed at once, and daily: ``circuits.backend.persistent``); least recently
+    ``disk_bytes`` (trimmed at once, and daily: ``circuits.backend.cache.persistent``); least recently
     used entries go first.
 
     >>> set_cache_size(256); cache_stats()['max_size']
@@ -105,6 +99,6 @@ def set_cache_size(functions: int | None = None, *, values_bytes: int | None = N
     if functions is not None:
         set_compile_cache_size(functions)
     if values_bytes is not None:
-        VALUES.set_max_bytes(values_bytes)
+        set_value_budget(values_bytes)
     if disk_bytes is not None:
         set_disk_budget(disk_bytes)

@@ -1,6 +1,6 @@
 """Evaluation with JAX.
 
-A circuit is lowered in toposort order to one JAX function (``circuits.backend.program``): each distinct
+A circuit is lowered in toposort order to one JAX function (``circuits.backend.lower.program``): each distinct
 node is computed once, Arrays and Scalars are **arguments** of that function, not baked-in
 constants, and the compile cache is keyed by the name-blind, value-blind structure plus shapes and
 dtypes, so a patched circuit (same structure, other arrays) reuses compiled code.
@@ -13,8 +13,9 @@ array([ 3., 12.], dtype=float32)
 
 The entry points here: ``evaluate(circuit, inputs=None, *, dtype='float32', also=None,
 mode='auto')``, ``compile(circuit, *, dtype='float32', also=None)`` -> ``Compiled`` (call it with
-the inputs), and ``make_jaxpr(circuit, inputs)``.  Whether ``evaluate`` compiles is the one jit
-policy of ``circuits.backend.runtime``, shared with ``evaluate_batched`` and the gradients.
+the inputs), and ``make_jaxpr(circuit, inputs)``.  Which way ``evaluate`` runs (a known value, op
+by op, the whole program) is the tier policy's business (``circuits.backend.tiers.run``), shared
+with ``evaluate_batched`` and the gradients.
 """
 
 from __future__ import annotations
@@ -26,40 +27,37 @@ import numpy as np
 from ..errors import EvaluationError, SelectionError
 from ..nodes import Circuit
 from ..traversal import toposort
-from . import incremental, tiers
-from .calling import bind_once, binder_of
-from .incremental import RunInfo, cached_values, has_batch_axis, remember, run_ops, value_keys
-from .lowering import expand_also
-from .persistent import COLD_COMPILE_MAX_OPS, compiled_before, note_compiled
-from .program import Program
-from .runtime import (
+from .batched import evaluate_batched
+from .cache.background import WARM, in_background
+from .cache.persistent import compiled_before, note_compiled
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once, binder_of
+from .lower.lowering import (
     as_items,
-    bind_arguments,
     cached_program,
-    check_mode,
-    float_dtype,
+    expand_also,
     items_key_of,
-    maybe_jit,
     package_outputs,
-    precision,
     program_with_also,
     resolve_nodes,
-    worth_compiling,
 )
-from .tiers import in_background, mark_ready, note_op_run, record, whole_program_ready
+from .lower.program import Program
+from .lower.sharding import Placement, mesh_of
+from .tiers.lowered import Lowered, run_function, run_key
+from .tiers.op_by_op import RunInfo, run_ops
+from .tiers.policy import Route, check_mode, run, settings, worth_compiling
+from .tiers.symbols import has_batch_axis
+from .tiers.values import Binding, cached_values, remember
 
-__all__ = ["evaluate", "compile", "Compiled", "make_jaxpr", "program_function"]
-
-
-def program_function(program: Program, mode: str, kept_as: bytes | None = None):
-    """``args -> outputs`` of ``program``: compiled (from the compile cache) or op by op, as the
-    jit policy decides for ``mode``; ``kept_as``: its executable kept across processes under
-    these bytes (``runtime.cached_jit``)."""
-    return maybe_jit((program.key, "run"), len(program), mode, lambda: program.skeleton().run, kept_as)
+__all__ = ["evaluate", "compile", "Compiled", "make_jaxpr"]
 
 
 def _numpy_outputs(outs, items):
     return package_outputs([np.asarray(o) for o in outs], items)
+
+
+def _outputs(outs, items):
+    return package_outputs(list(outs), items)
 
 
 def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32", also=None,
@@ -74,14 +72,14 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
       pass: the result is then ``(value, {item: value})`` keyed by the items as given; a matcher
       (``circuits.select``: ``Glob('*.attn_probs')``, ``Regex``, ``Type``, a TransformerLens hook
       name) gives every node it matches, keyed by name (by node where names repeat).
-    - ``mode`` pins a tier (``circuits.backend.tiers``): ``'eager'`` runs op by op through kernels
+    - ``mode`` pins a tier (``circuits.backend.tiers``): ``'ops'`` runs op by op through kernels
       cached per operation, over the values already computed in this process (nothing new
       compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
       ``'auto'`` (default) runs a circuit op by op until it has been evaluated ``JIT_AFTER``
       times, then compiles it whole (in the background) and runs that.  ``last_run()`` says
       which tier ran.
     - ``batch_heads``: in the whole-program tier, compute a sum of per-head subcircuits as one
-      computation over a head axis (``circuits.backend.head_batching``); op by op, a one-head
+      computation over a head axis (``circuits.backend.lower.head_batching``); op by op, a one-head
       change recomputes only that head.
     - ``cache=False``: neither read nor keep values in the value cache (for measuring
       throughput); ``return_jax=True`` leaves the result on the device as a jax array.
@@ -100,66 +98,81 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     mode = check_mode(mode)
     also = expand_also(circuit, also)
     if has_batch_axis(circuit, inputs):
-        from .batched import evaluate_batched
-
-        record("jit")
         return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
                                 return_jax=return_jax)
-    out = _outputs if return_jax else _numpy_outputs
-    items_key = items_key_of(also)
-    tier_key = ("run", circuit.hash, fdt, items_key, bool(batch_heads))
-    cold = mode == "auto" and tiers.COLD_START and items_key is not None and not also
     with precision(fdt):
-        program = keys = kept_as = None
-        warm = False
-        if cold and compiled_before(_mark(circuit, fdt, batch_heads)) \
-                and cached_values(keys := value_keys([circuit], inputs, fdt)) is None:
-            # The first evaluation in this process: a program an earlier process compiled whole
-            # runs whole at once (its executable kept, or JAX's persistent cache holds its
-            # compilation).
-            program, items = cached_program(circuit, fdt, also, batch_heads)
-            if worth_compiling(program, (program.key, "run")):
-                mark_ready(tier_key)
-                tiers.COLD_START = False
-                warm = cache and tiers.BACKGROUND
-                kept_as = _kept_as(circuit, fdt, batch_heads)
-            else:
-                program = None
-        if program is None and (mode == "jit" or (mode == "auto" and items_key is not None
-                                                  and whole_program_ready(tier_key))):
-            if mode == "auto" and cache and not also:
-                # A value known for these inputs is returned as it is, whichever tier computed it:
-                # the same call gives the same bits before and after the compiled program is ready.
-                keys = keys or value_keys([circuit], inputs, fdt)
-                found = cached_values(keys)
-                if found is not None:
-                    record("cache", 0, 1)
-                    return out(found, [])
-            program, items = cached_program(circuit, fdt, also, batch_heads)
-        if program is not None:
-            args = bind_once(program, inputs, fdt)
-            record("jit")
-            values = program_function(program, "jit", kept_as)(args)
-            if not also:
-                note_compiled(_mark(circuit, fdt, batch_heads))
-            if mode == "auto" and cache and not also:
-                remember(keys or value_keys([circuit], inputs, fdt), values)
-            if warm:
-                _warm_ops(circuit, inputs, fdt)
-            return out(values, items)
-        items = as_items(also)
-        roots = [circuit, *(_resolve_also(circuit, items, fdt) if items else ())]
+        return run(_Evaluation(circuit, inputs, fdt, also, mode, bool(batch_heads), cache, return_jax))
+
+
+class _Evaluation(Route):
+    """``evaluate``'s ways to a value: the value cache, op by op, the whole program (see
+    ``tiers.run`` for which)."""
+
+    def __init__(self, circuit, inputs, fdt, also, mode, batch_heads, cache, return_jax):
+        self.circuit, self.inputs, self.fdt, self.also, self.mode = circuit, inputs, fdt, also, mode
+        self.batch_heads, self.cache = batch_heads, cache
+        self.out = _outputs if return_jax else _numpy_outputs
+        items_key = items_key_of(also)
+        # a whole program is tracked only where the also= items have a key (names, nodes)
+        self.key = None if items_key is None else ("run", circuit.hash, fdt, items_key, batch_heads)
+        self.cold_start = items_key is not None and not also
+        self._binding = self._keys = self._program = None
+
+    def binding(self) -> Binding:
+        """The circuit with its inputs bound (checked and hashed once for every way)."""
+        if self._binding is None:
+            self._binding = Binding([self.circuit], self.inputs, self.fdt)
+        return self._binding
+
+    def keys(self):
+        """The value cache's keys of the circuit for these inputs."""
+        if self._keys is None:
+            self._keys = [self.binding().root_keys()]
+        return self._keys[0]
+
+    def program(self):
+        if self._program is None:
+            self._program = cached_program(self.circuit, self.fdt, self.also, self.batch_heads)
+        return self._program
+
+    def from_earlier_process(self) -> bool:
+        if not compiled_before(_mark(self.circuit, self.fdt, self.batch_heads)) \
+                or cached_values(self.keys()) is not None:
+            return False
+        program, _ = self.program()
+        return worth_compiling(program, run_key(program))
+
+    def cached(self):
+        if not self.cache or self.also or not self.circuit.children:  # a leaf's value is not kept
+            return None
+        found = cached_values(self.keys())
+        return None if found is None else self.out(found, [])
+
+    def whole(self, kept: bool = False):
+        program, items = self.program()
+        args = bind_once(program, self.inputs, self.fdt)
+        kept_as = _kept_as(self.circuit, self.fdt, self.batch_heads) if kept else None
+        values = run_function(program, "jit", kept_as)(args)
+        if not self.also:
+            note_compiled(_mark(self.circuit, self.fdt, self.batch_heads))
+        if self.mode == "auto" and self.cache and not self.also:
+            remember(self.keys(), values)
+        return self.out(values, items)
+
+    def by_ops(self, groups: bool):
+        items = as_items(self.also)
+        roots = [self.circuit, *(_resolve_also(self.circuit, items, self.fdt) if items else ())]
         info = RunInfo()
-        values = run_ops(roots, inputs, fdt, cache=cache, info=info, groups=mode == "auto" and tiers.GROUPS)
-    record("ops" if info.computed else "cache", info.computed, info.reused)
-    if mode == "auto" and info.computed and items_key is not None:
-        # A new process's first op-by-op evaluation of a small program compiles it whole in the
-        # background, for the next process (see circuits.backend.persistent).
-        now = cold and info.computed <= COLD_COMPILE_MAX_OPS
-        if cold:
-            tiers.COLD_START = False
-        note_op_run(tier_key, lambda: _compile_whole(circuit, fdt, also, batch_heads, inputs, keep=now), now=now)
-    return out(values, items)
+        binding = None if items else self.binding()
+        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding)
+        return self.out(values, items), "ops" if info.computed else "cache", info.computed, info.reused
+
+    def compile_whole(self, keep: bool = False):
+        return _compile_whole(self.circuit, self.fdt, self.also, self.batch_heads, self.inputs, keep)
+
+    def warm(self) -> None:
+        if self.cache:
+            _warm_ops(self.circuit, self.inputs, self.fdt)
 
 
 def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
@@ -173,26 +186,27 @@ def _warm_ops(circuit: Circuit, inputs: Mapping | None, fdt: str) -> None:
 
     inputs = None if inputs is None else {k: np.array(v, copy=True) for k, v in inputs.items()}
     matmul = jax.config.jax_default_matmul_precision
+    groups = settings().groups
 
     def warm():
         with precision(fdt), jax.default_matmul_precision(matmul):
-            run_ops([circuit], inputs, fdt, cache=True, info=RunInfo(), groups=tiers.GROUPS, warm=True)
+            run_ops([circuit], inputs, fdt, cache=True, info=RunInfo(), groups=groups, warm=True)
 
-    incremental.warming = in_background(warm)
+    in_background(warm, name=WARM)
 
 
 def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs, keep: bool = False) -> bool | None:
     """Compile (and run once) the whole program of ``circuit``: the tier ``'auto'`` moves to
-    (None for a program over ``JIT_MAX_OPS`` distinct nodes, not already compiled: XLA's compile
+    (None for a program over ``jit_max_ops`` distinct nodes, not already compiled: XLA's compile
     time grows with program size, and such a program stays op by op).  ``keep``: its executable
     is kept on disk for the next process's first evaluation (a new process's first circuit)."""
     with precision(fdt):
         program, _ = cached_program(circuit, fdt, also, batch_heads)
-        if not worth_compiling(program, (program.key, "run")):
+        if not worth_compiling(program, run_key(program)):
             return None
-        args = bind_arguments(program, inputs, fdt)
+        args = bind_once(program, inputs, fdt)
         kept_as = _kept_as(circuit, fdt, batch_heads) if keep and not also else None
-        for value in program_function(program, "jit", kept_as)(args):
+        for value in run_function(program, "jit", kept_as)(args):
             value.block_until_ready()
         if not also:
             note_compiled(_mark(circuit, fdt, batch_heads))
@@ -218,10 +232,6 @@ def _kept_as(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes | None:
     return _mark(circuit, fdt, batch_heads)
 
 
-def _outputs(outs, items):
-    return package_outputs(list(outs), items)
-
-
 def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:
     """The nodes ``also=`` names (by node, or by a name one distinct node has)."""
     if all(isinstance(i, Circuit) for i in items):
@@ -233,11 +243,12 @@ def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:
     return resolve_nodes(Program([circuit], fdt), items, "also")
 
 
-class Compiled:
-    """A circuit lowered once: call it with ``inputs`` (a dict keyed by Symbol or name).
+class Compiled(Lowered):
+    """A circuit lowered once (a ``Lowered``, its program ``evaluate`` runs whole): call it with
+    ``inputs`` (a dict keyed by Symbol or name).
 
     Array and Scalar values are uploaded to the device on first use and kept there, shared with
-    every other evaluation of the same tensors (``circuits.backend.runtime``'s device values).
+    every other evaluation of the same tensors (``circuits.backend.lower.binding``'s device values).
 
     >>> from circuits import Symbol, GeneralFunction
     >>> x = Symbol((3,), name='x')
@@ -249,52 +260,54 @@ class Compiled:
     def __init__(self, circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,
                  shard=None):
         self.circuit = circuit
-        self.float_dtype = float_dtype(dtype)
-        self.program, self._items = program_with_also(circuit, self.float_dtype, expand_also(circuit, also),
-                                                      batch_heads)
+        self.dtype = float_dtype(dtype)
+        self.program, self._items = program_with_also(circuit, self.dtype, expand_also(circuit, also), batch_heads)
         self.placement = None
-        self._bound = None  # the arguments, bound once when there is no Symbol to bind
-        self._binder = binder_of(self.program, self.float_dtype)  # the per-call fast path
+        self._placed = None  # the arguments placed on the mesh once, when there is no Symbol to bind
+        self._binder = binder_of(self.program, self.dtype)  # the per-call fast path
         self._run = None
         if mesh is not None:
-            from .sharding import Placement, mesh_of
-
             self.placement = Placement(mesh_of(mesh), self.program, shard)
         elif shard:
             raise EvaluationError("compile: shard= needs mesh= (a jax.sharding.Mesh or a list of devices)")
 
+    @property
+    def float_dtype(self) -> str:
+        return self.dtype
+
     def arguments(self, inputs: Mapping | None = None) -> list:
-        """The argument values the compiled function gets (in ``program.arg_slots`` order): checked,
-        on the device, and placed on the mesh when there is one (``value.sharding`` shows how).
-        A circuit without free Symbols binds its arguments once: later calls reuse them."""
-        if self._bound is not None and not inputs:
-            return self._bound
-        with precision(self.float_dtype):
-            args = bind_arguments(self.program, inputs, self.float_dtype)
-            args = args if self.placement is None else self.placement.place(args)
+        """The argument values the compiled function gets (in ``program.arg_slots`` order): checked
+        (``bind``), on the device, and placed on the mesh when there is one (``value.sharding``
+        shows how; a circuit without free Symbols is placed once, later calls reuse it)."""
+        if self.placement is None:
+            return self.bind(inputs)
+        if self._placed is not None and not inputs:
+            return self._placed
+        with precision(self.dtype):
+            args = self.placement.place(self.bind(inputs))
         if not self.program.free_symbols():
-            self._bound = args
+            self._placed = args
         return args
 
     def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
         """The circuit's value for ``inputs`` (numpy; ``return_jax=True``: a jax array left on
-        the device).  The arguments are bound once (``circuits.backend.calling``): a call with
+        the device).  The arguments are bound once (``circuits.backend.lower.calling``): a call with
         inputs of shapes and dtypes seen before only checks their values' index ranges and
         runs the compiled function once."""
-        with precision(self.float_dtype):
+        with precision(self.dtype):
             args = None if self.placement is not None else self._binder.bind(inputs)
             if args is None:
                 args = self.arguments(inputs)
             run = self._run
             if run is None:
-                run = self._run = program_function(self.program, "jit")
+                run = self._run = run_function(self.program, "jit")
             outs = run(args)
         if return_jax:
             return package_outputs(outs, self._items)
         return _numpy_outputs(outs, self._items)
 
     def __repr__(self):
-        return f"<Compiled {len(self.program)} nodes, {self.float_dtype}: {self.circuit.line()}>"
+        return f"<Compiled {len(self.program)} nodes, {self.dtype}: {self.circuit.line()}>"
 
 
 def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool = True, mesh=None,  # noqa: A001
@@ -304,7 +317,7 @@ def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool =
 
     ``mesh`` (a ``jax.sharding.Mesh`` or a list of devices) and ``shard`` (``{matcher:
     PartitionSpec}``) split the matched Arrays and Symbols over the devices, the rest replicated,
-    and XLA partitions the computation to match (``circuits.backend.sharding``):
+    and XLA partitions the computation to match (``circuits.backend.lower.sharding``):
 
     >>> import jax
     >>> from jax.sharding import PartitionSpec as P
@@ -326,8 +339,6 @@ def make_jaxpr(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float3
     """
     import jax
 
-    fdt = float_dtype(dtype)
-    program = Program([circuit], fdt)
-    with precision(fdt):
-        args = bind_arguments(program, inputs, fdt)
-        return jax.make_jaxpr(program.skeleton().run)(args)
+    low = Lowered(circuit, dtype)
+    with precision(low.dtype):
+        return jax.make_jaxpr(low.traceable())(low.bind(inputs))

@@ -23,43 +23,17 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .backward import grads_ops
-from .binding import bind_arguments, float_dtype, precision
-from .incremental import RunInfo, has_batch_axis
-from .lowering import as_items, resolve_nodes
-from .program import Program
-from .runtime import check_mode, maybe_jit, worth_compiling
-from .tiers import note_op_run, record, whole_program_ready
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once
+from .lower.lowering import as_items, resolve_nodes
+from .lower.program import Program
+from .tiers.backward import grads_ops
+from .tiers.lowered import grad_function, grad_vmap_function
+from .tiers.op_by_op import RunInfo
+from .tiers.policy import Route, check_mode, run, worth_compiling
+from .tiers.symbols import has_batch_axis
 
 __all__ = ["grad", "value_and_grad"]
-
-
-def _gradient_function(program: Program, slots: tuple, shapes: tuple, weighted: bool, mode: str):
-    """``(args, cotangent) -> (output, gradients at slots)`` (compiled or not, as the jit policy
-    decides)."""
-
-    def make():
-        import jax
-        import jax.numpy as jnp
-
-        skeleton = program.skeleton()
-        fdt = program.float_dtype
-
-        def loss(deltas, args, cotangent):
-            (out,) = skeleton.run(args, deltas=dict(zip(slots, deltas)))
-            total = jnp.sum(out * cotangent) if weighted else jnp.sum(out)
-            return total, out
-
-        value_and_grad = jax.value_and_grad(loss, has_aux=True)
-
-        def run(args, cotangent):
-            zeros = [jnp.zeros(shape, dtype=fdt) for shape in shapes]
-            (_, out), grads = value_and_grad(zeros, args, cotangent)
-            return out, grads
-
-        return run
-
-    return maybe_jit((program.key, "grad", slots, weighted), len(program), mode, make)
 
 
 def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cotangent=None,
@@ -71,7 +45,7 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype``,
     ``mode`` and ``cache`` as for ``evaluate``.  Inputs with a leading batch axis give per-example
     values and gradients (batch axis first) from one compiled program; ``cotangent`` may then
-    carry the batch axis too.  Op by op (``'eager'``, and ``'auto'`` until the
+    carry the batch axis too.  Op by op (``'ops'``, and ``'auto'`` until the
     same gradient has been asked for ``JIT_AFTER`` times) the forward values come from the value
     cache where known and the backward pass runs vector-Jacobian products through kernels cached
     per operation, so a fresh structure compiles nothing whole.
@@ -114,59 +88,67 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
                 f"{list(circuit.shape)} ({circuit.line()})"
             )
         weights = weights.astype(np.float64 if fdt == "float64" else np.float32)
-    batched = has_batch_axis(circuit, inputs)
-    tier_key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
-    if not batched and (mode == "eager" or (mode == "auto" and not whole_program_ready(tier_key))):
+    route = _Gradient(circuit, items, nodes, by_node, single, inputs, weights, fdt, mode, cache, program_of)
+    with precision(fdt):
+        return run(route)
+
+
+class _Gradient(Route):
+    """``value_and_grad``'s ways: op by op (forward values from the value cache, the reverse
+    sweep through cached kernels), or the whole gradient program (see ``tiers.run`` for which)."""
+
+    def __init__(self, circuit, items, nodes, by_node, single, inputs, weights, fdt, mode, cache, program_of):
+        self.circuit, self.items, self.nodes, self.by_node, self.single = circuit, items, nodes, by_node, single
+        self.inputs, self.weights, self.fdt, self.mode, self.cache = inputs, weights, fdt, mode, cache
+        self.program_of = program_of
+        self.key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
+        self.batched = has_batch_axis(circuit, inputs)
+        if self.batched:
+            self.by_ops = None  # per-example gradients: one compiled program
+        self.whole_tier = "ops" if mode == "ops" and not self.batched else "jit"
+
+    def by_ops(self, groups: bool):
+        nodes, items = self.nodes, self.items
         distinct = list({n.hash: n for n in nodes}.values())
         info = RunInfo()
-        with precision(fdt):
-            found = grads_ops(circuit, distinct, inputs, fdt, weights, cache=cache, info=info)
-            if found is not None:  # None: a node to differentiate is not in the circuit as evaluated
-                out, grads = found
-                record("ops", info.computed, info.reused)
-                if mode == "auto":
-                    note_op_run(tier_key, lambda: _compile_gradient(program_of(), nodes, weights, inputs))
-                value = np.asarray(out)
-                by_hash = {n.hash: np.asarray(g) for n, g in zip(distinct, grads)}
-                if single:
-                    return value, by_hash[nodes[0].hash]
-                return value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}
-    program = program_of()
-    if by_node:
-        nodes = resolve_nodes(program, items, "wrt")
-    slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
-    shapes = tuple(program.nodes[s].shape for s in slots)
-    if batched:
-        return _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights)
-    with precision(fdt):
-        args = bind_arguments(program, inputs, fdt)
-        fn = _gradient_function(program, slots, shapes, weights is not None, "eager" if mode == "eager" else "jit")
-        out, grads = fn(args, weights)
-        record("jit" if mode != "eager" else "ops")
+        found = grads_ops(self.circuit, distinct, self.inputs, self.fdt, self.weights, cache=self.cache, info=info)
+        if found is None:  # a node to differentiate is not in the circuit as evaluated
+            return None
+        out, grads = found
+        value = np.asarray(out)
+        by_hash = {n.hash: np.asarray(g) for n, g in zip(distinct, grads)}
+        if self.single:
+            return (value, by_hash[nodes[0].hash]), "ops", info.computed, info.reused
+        return (value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}), "ops", info.computed, info.reused
+
+    def compile_whole(self, keep: bool = False):
+        return _compile_gradient(self.program_of(), self.nodes, self.weights, self.inputs)
+
+    def whole(self, kept: bool = False):
+        program, items, single, weights = self.program_of(), self.items, self.single, self.weights
+        nodes = resolve_nodes(program, items, "wrt") if self.by_node else self.nodes
+        slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
+        shapes = tuple(program.nodes[s].shape for s in slots)
+        if self.batched:
+            return _batched_value_and_grad(program, nodes, items, single, slots, shapes, self.inputs, weights)
+        args = bind_once(program, self.inputs, self.fdt)
+        how = "uncompiled" if self.mode == "ops" else "jit"
+        out, grads = grad_function(program, slots, shapes, weights is not None, how)(args, weights)
         value = np.asarray(out)
         by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
-    if single:
-        return value, by_slot[program.slot_of[nodes[0].hash]]
-    return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
+        if single:
+            return value, by_slot[program.slot_of[nodes[0].hash]]
+        return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
 
 
 def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights):
     """Per-example values and gradients over inputs with a leading batch axis: one compiled
     program (the gradient program ``vmap``-ed over the batched arguments), batch axis first."""
-    import jax
-
     fdt = program.float_dtype
     with precision(fdt):
-        args, axes = bind_arguments(program, inputs, fdt, batched=True)
+        args, axes = bind_once(program, inputs, fdt, batched=True)
         cot_axis = None if weights is None or weights.ndim == len(program.nodes[program.outputs[0]].shape) else 0
-        key = (program.key, "grad-vmap", slots, weights is not None, tuple(axes), cot_axis)
-
-        def make():
-            run = _gradient_function(program, slots, shapes, weights is not None, "eager")
-            return jax.vmap(run, in_axes=(list(axes), cot_axis))
-
-        out, grads = maybe_jit(key, len(program), "jit", make)(args, weights)
-        record("jit")
+        out, grads = grad_vmap_function(program, slots, shapes, weights is not None, axes, cot_axis)(args, weights)
         value = np.asarray(out)
         found = {program.nodes[s].hash: np.asarray(g) for s, g in zip(slots, grads)}
     by_item = [found[program.nodes[program.slot_of[n.hash]].hash] for n in nodes]
@@ -180,10 +162,10 @@ def _compile_gradient(program, nodes, weights, inputs) -> bool | None:
     slots = tuple(dict.fromkeys(program.slot_of[n.hash] for n in nodes))
     shapes = tuple(program.nodes[s].shape for s in slots)
     if not worth_compiling(program, (program.key, "grad", slots, weights is not None)):
-        return None  # too large to compile whole (see circuits.backend.runtime.JIT_MAX_OPS)
+        return None  # too large to compile whole (see circuits.backend.tiers.JIT_MAX_OPS)
     with precision(fdt):
-        args = bind_arguments(program, inputs, fdt)
-        out, _ = _gradient_function(program, slots, shapes, weights is not None, "jit")(args, weights)
+        args = bind_once(program, inputs, fdt)
+        out, _ = grad_function(program, slots, shapes, weights is not None, "jit")(args, weights)
         out.block_until_ready()
     return True
 

@@ -461,7 +461,7 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     with precision(fdt):
         adj, kept = _edges(f, leaf_values, frozen_targets, feature_index, top, probs[top], n_sites=len(sites), n_pos=n_pos,
                            vocab=vocab, pos=pos, n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size,
-                           jit=mode != "eager", max_features=max_feature_nodes)
+                           jit=mode not in ("ops", "eager"), max_features=max_feature_nodes)
     if kept is not None:  # the features not visited leave the graph
         n_feat = len(feature_index)
         nodes = [nodes[k] for k in kept] + nodes[n_feat:]

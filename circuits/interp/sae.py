@@ -193,7 +193,7 @@ class SAE:
         return cfg
 
     # ------------------------------------------------------------------ numbers
-    def encode(self, x, dtype: str | None = None, mode: str = "eager") -> np.ndarray:
+    def encode(self, x, dtype: str | None = None, mode: str = "ops") -> np.ndarray:
         """The latents of ``x`` ([..., d_in]) from the circuit form (``sae_nodes``), evaluated
         (``mode`` as for ``evaluate``: op by op by default, as the circuit is a few large ops)."""
         from ..backend import evaluate
@@ -202,7 +202,7 @@ class SAE:
         node = sae_nodes(Array(np.asarray(x, dt), name="x"), self, "sae")["acts"]
         return evaluate(node, dtype=dt, mode=mode)
 
-    def decode(self, f, dtype: str | None = None, x=None, mode: str = "eager") -> np.ndarray:
+    def decode(self, f, dtype: str | None = None, x=None, mode: str = "ops") -> np.ndarray:
         """The reconstruction from latents ``f`` ([..., d_sae]); a skip transcoder or an SAE with
         input normalisation also needs the input ``x``."""
         from ..backend import evaluate

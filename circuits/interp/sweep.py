@@ -43,7 +43,7 @@ array([0., 2., 4., 6.], dtype=float32)
 {'drop0': 18.0, 'drop1': 12.0, 'drop2': 6.0}
 >>> result.info['programs']
 1
->>> sweep(total, variants, mode='eager').info['tier']     # op by op over the value cache
+>>> sweep(total, variants, mode='ops').info['tier']     # op by op over the value cache
 'ops'
 """
 
@@ -248,7 +248,7 @@ class _Values:
             self.values[node.hash] = value
         leaves = [n for n in needed if type(n) in ARGUMENT_TYPES and n.hash not in self.values]
         if leaves:  # nothing to compute: op by op, the program gives its bound arguments back
-            for node, value in zip(leaves, Lowered(leaves, fdt).run(inputs, mode="eager")):
+            for node, value in zip(leaves, Lowered(leaves, fdt).run(inputs, mode="uncompiled")):
                 self.values[node.hash] = value
 
     def of(self, node):
@@ -368,9 +368,9 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
       variant of the seed model.  ``'auto'`` (the default) does so for the groups of at least
       ``OPTIMIZE_FROM`` variants that are big (``LOOP_FROM_BYTES`` of their own values each),
       where the work saved outweighs the rewrite's and the compilation's cost; ``False`` never.  The values are the same up to float rounding.
-    - ``mode``: ``'jit'`` runs the groups' compiled programs as above; ``'eager'`` evaluates each
+    - ``mode``: ``'jit'`` runs the groups' compiled programs as above; ``'ops'`` evaluates each
       variant op by op through the kernels cached per operation, over the process's value cache
-      (``circuits.backend.incremental``: the common work is computed once and shared through the
+      (``circuits.backend.tiers.op_by_op``: the common work is computed once and shared through the
       cache, each variant computes only its own part, and nothing is compiled whole);
       ``'auto'`` (default) takes the compiled programs when every group's is compiled already
       (a sweep of a structure swept before) and runs op by op otherwise (a first sweep answers
@@ -390,15 +390,15 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     fdt = float_dtype(dtype)
     if batch_size is not None and int(batch_size) < 1:
         raise CircuitError(f"sweep: batch_size={batch_size}: give a positive number of variants")
-    if mode not in ("auto", "jit", "eager"):
-        raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'eager'")
+    if mode not in ("auto", "jit", "ops", "eager"):  # 'eager': the former name of 'ops'
+        raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'ops'")
     mode = check_mode(mode)
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     if has_batch_axis(circuit, inputs):
         return _sweep_batched(circuit, variants, inputs, fdt, progress)
     structure = (circuit.hash, tuple(v.hash for v in variants.values()), fdt, batch_size)
-    if mode == "eager" or (mode == "auto" and structure not in _SWEPT_WHOLE):
+    if mode == "ops" or (mode == "auto" and structure not in _SWEPT_WHOLE):
         return _sweep_op_by_op(circuit, variants, inputs, fdt, progress)
     common, direct, own = _plan(circuit, variants, fdt)
     if mode == "auto" and not _all_compiled(own, batch_size):
@@ -524,7 +524,7 @@ def _all_compiled(own: dict, batch_size) -> bool:
 
 def _sweep_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
     """Every variant op by op over the value cache, the variants' changed nodes computed as rows
-    of one kernel per base node (``circuits.backend.variants``): the common work once."""
+    of one kernel per base node (``circuits.backend.tiers.variants``): the common work once."""
     bar = _progress(len(variants), progress)
     try:
         with precision(fdt):

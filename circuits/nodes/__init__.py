@@ -21,8 +21,8 @@ its own (``__slots__``), and otherwise inherit ``Circuit``'s defaults for a type
    children that gained leading batch axes or other (symbolic) sizes, or an ``ExpandError``
    saying why it cannot follow; a leaf resizes its symbolic sizes.
 5. ``NODE_TYPES`` below lists it.
-6. Evaluation: an op builder in ``circuits.backend.ops.OP_BUILDERS`` (a leaf: one of
-   ``circuits.backend.program.ARGUMENT_TYPES``).
+6. Evaluation: an op builder in ``circuits.backend.lower.ops.OP_BUILDERS`` (a leaf: one of
+   ``circuits.backend.lower.program.ARGUMENT_TYPES``).
 7. Exact form: a rule in ``circuits.backend.symbolic.SYMBOLIC_RULES``.
 8. Tests: ``circuits.testing.dags`` draws it (``root_types=[it]``), and the node-type test's
    properties hold: it evaluates, round-trips through the printer, batches exactly by expansion.

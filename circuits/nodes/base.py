@@ -209,8 +209,8 @@ class Circuit:
         self.hash = h
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
-        self._free = None  # the Symbols below, filled on demand (circuits.backend.incremental)
-        self._kernel_part = None  # what its op kernel is keyed by (circuits.backend.incremental)
+        self._free = None  # the Symbols below, filled on demand (circuits.backend.tiers.op_by_op)
+        self._kernel_part = None  # what its op kernel is keyed by (circuits.backend.tiers.op_by_op)
         mine = _Ref(self, _forget)
         mine.key = h
         # One atomic insert-if-absent: of threads racing to build this node, one wins.

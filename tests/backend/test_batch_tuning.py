@@ -1,4 +1,4 @@
-"""evaluate_batched's measured chunk size (``circuits.backend.batch_tuning``): the measuring
+"""evaluate_batched's measured chunk size (``circuits.backend.tiers.batch_tuning``): the measuring
 calls return the same rows as evaluating each row alone, later calls go on where the last one
 stopped, and the memory plan's bound caps the sizes tried."""
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits.backend import batch_tuning, batched
-from circuits.backend.batch_tuning import candidates, forget_tuning, tail_sizes, tuned_chunks
+from circuits.backend import batched
+from circuits.backend.tiers import batch_tuning
+from circuits.backend.tiers.batch_tuning import candidates, forget_tuning, tail_sizes, tuned_chunks
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def test_given_batch_size_or_budget_is_not_measured(always_tune):
     c, _ = _circuit()
     C.evaluate_batched(c, {"x": np.ones((8, 16))}, batch_size=2)
     C.evaluate_batched(c, {"x": np.ones((8, 16))}, memory_budget=1 << 30)
-    C.evaluate_batched(c, {"x": np.ones((8, 16))}, mode="eager")
+    C.evaluate_batched(c, {"x": np.ones((8, 16))}, mode="ops")
     assert tuned_chunks() == {}
 
 

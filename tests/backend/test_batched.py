@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Symbol, evaluate
-from circuits.backend import cache_stats, evaluate_batched, tiers
+from circuits.backend import cache_stats, evaluate_batched
+from circuits.backend.cache.background import wait_for_background
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -34,7 +35,7 @@ def loop(circuit, rows: list[dict], **kw):
     """Row by row with ``evaluate``; its 'auto' tier compiles the whole program in the background
     from the second row on: waited for, so that counts of compilations taken next are this test's."""
     out = np.stack([evaluate(circuit, r, **kw) for r in rows])
-    tiers.wait_for_background()
+    wait_for_background()
     return out
 
 
@@ -68,7 +69,7 @@ def test_all_inputs_batched_int_tokens_and_float64():
 def test_batched_intermediates_eager_mode_and_jax_output():
     xs = rng.standard_normal((4, 3)).astype(np.float32)
     ys = rng.standard_normal((4, 3)).astype(np.float32)
-    value, extra = evaluate_batched(OUT, {"x": xs, "y": ys}, also=["h", "xy"], mode="eager")
+    value, extra = evaluate_batched(OUT, {"x": xs, "y": ys}, also=["h", "xy"], mode="ops")
     np.testing.assert_allclose(extra["xy"], xs + ys, rtol=1e-6)
     np.testing.assert_allclose(extra["h"], np.tanh((xs + ys) @ W.numpy()), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(value, loop(OUT, [{"x": x, "y": y} for x, y in zip(xs, ys)]), rtol=1e-5, atol=1e-6)
@@ -81,7 +82,8 @@ def test_batched_intermediates_eager_mode_and_jax_output():
 def test_one_row_chunks_run_the_rows_own_program(dtype):
     """A chunk of one row is the program itself on the row (the function evaluate compiles), not
     a vmap of one: same values as the loop, shared input kept, also= and return_jax as before."""
-    from circuits.backend.runtime import is_compiled, is_compiled_any, program_with_also
+    from circuits.backend.cache.compiled import is_compiled, is_compiled_any
+    from circuits.backend.lower.lowering import program_with_also
 
     c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="one_row")
     xs = rng.standard_normal((3, 3)).astype(dtype)
@@ -100,13 +102,14 @@ def test_one_row_chunks_run_the_rows_own_program(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypatch):
     """On the CPU a chunk of rows of large work runs as lax.map over groups of rows (every row
     here counts as large; groups of two): the same values as the loop and numpy, a short last
     chunk, an odd chunk (a group and a remainder), also= and return_jax."""
     from circuits.backend import batched
-    from circuits.backend.runtime import clear_compile_cache, is_compiled, program_with_also
+    from circuits.backend.cache.compiled import clear_compile_cache, is_compiled
+    from circuits.backend.lower.lowering import program_with_also
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     monkeypatch.setattr(batched, "MAP_GROUP_MAX", 2)
@@ -138,7 +141,8 @@ def test_map_groups_hold_more_rows_when_rows_are_short(tall, monkeypatch):
     4 positions run 16 at a time (matmuls 64 tall), rows of 300 two at a time; a group larger
     than the chunk still gives the loop's values."""
     from circuits.backend import batched
-    from circuits.backend.runtime import clear_compile_cache, is_compiled, program_with_also
+    from circuits.backend.cache.compiled import clear_compile_cache, is_compiled
+    from circuits.backend.lower.lowering import program_with_also
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     clear_compile_cache()
@@ -161,8 +165,9 @@ def test_the_map_form_runs_the_memory_cap_in_whole_groups_without_measuring(monk
     """With no batch_size, a chunk of the map form is the memory plan's cap rounded down to
     whole groups: nothing is measured (each size measured would compile a program) and the
     values are the loop's."""
-    from circuits.backend import batch_tuning, batched
-    from circuits.backend.runtime import clear_compile_cache
+    from circuits.backend import batched
+    from circuits.backend.cache.compiled import clear_compile_cache
+    from circuits.backend.tiers import batch_tuning
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     monkeypatch.setattr(batch_tuning, "TUNE_FROM_BYTES", 0)

@@ -27,11 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from circuits.backend import cachedir, executables, persistent
-from circuits.backend.cachedir import MARKER, SUBFOLDER, Untrusted, make_root
-from circuits.backend.executables import FOLDER, KeptKernel, executable_info, stable_key
-from circuits.backend.runtime import counted_jit
-from circuits.backend.tiers import wait_for_background
+from circuits.backend.cache import cachedir, executables, persistent
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.cachedir import MARKER, SUBFOLDER, Untrusted, make_root
+from circuits.backend.cache.compiling import counted_jit
+from circuits.backend.cache.executables import KeptKernel, executable_info, stable_key
+from circuits.backend.cache.persistent import FOLDER
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
@@ -49,9 +50,9 @@ record = caught.__enter__()
 warnings.simplefilter("always")
 import jax
 import circuits as C
-from circuits.backend.executables import executable_info
-from circuits.backend.persistent import persistent_cache_info
-from circuits.backend.tiers import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.backend.cache.persistent import persistent_cache_info
+from circuits.backend.cache.background import wait_for_background
 
 def run(n):
     x = C.Array(np.linspace(0, 1, n, dtype=np.float32), name=f"x{n}")
@@ -116,7 +117,7 @@ def forge(data: bytes, canary) -> bytes:
     if data.startswith(b"circuits-kernel 1\n"):  # the format before authentication
         (n,) = struct.unpack_from("<q", data, 18)
         return data[:26 + n] + evil
-    start = len(executables._MAGIC) + executables._DIGEST
+    start = len(persistent.KEPT_MAGIC) + executables._DIGEST
     (n,) = struct.unpack_from("<q", data, start)
     (m,) = struct.unpack_from("<q", data, start + 8 + n)
     return data[:start + 16 + n + m] + evil
@@ -294,7 +295,7 @@ import numpy as np
 warnings.simplefilter("always")
 import jax
 import circuits as C
-from circuits.backend.executables import executable_info
+from circuits.backend.cache.executables import executable_info
 x = C.Array(np.ones(3, np.float32), name='x')
 C.evaluate(C.GeneralFunction('exp', x), mode='eager')
 os.chmod(os.environ['CIRCUITS_COMPILATION_CACHE'], 0o777)
@@ -373,7 +374,7 @@ def test_the_trim_deletes_entries_only_never_through_a_link(tmp_path):
     entry.write_bytes(b"x" * 1000)
     kept = root / FOLDER / ("1" * 64)
     kept.parent.mkdir()
-    kept.write_bytes(executables._MAGIC + b"x" * 1000)
+    kept.write_bytes(persistent.KEPT_MAGIC + b"x" * 1000)
     strangers = [root / "notes.txt", root / FOLDER / ("2" * 64), root / "jit_g-cache"]  # no header / not JAX's name
     for path in strangers:
         path.write_bytes(b"y" * 1000)
@@ -382,7 +383,7 @@ def test_the_trim_deletes_entries_only_never_through_a_link(tmp_path):
     for path in [entry, kept, *strangers]:
         os.utime(path, (1000, 1000))
     got = persistent.trim(str(root), 0)
-    assert got == {"bytes": 2000 + len(executables._MAGIC), "removed": 2, "freed": 2000 + len(executables._MAGIC)}
+    assert got == {"bytes": 2000 + len(persistent.KEPT_MAGIC), "removed": 2, "freed": 2000 + len(persistent.KEPT_MAGIC)}
     assert not entry.exists() and not kept.exists()
     assert all(p.exists() for p in strangers) and link.is_symlink() and victim.read_bytes() == b"precious" * 1000
 

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
-from circuits.backend import binding, compile, evaluate, evaluate_batched, value_and_grad
-from circuits.backend.program import Skeleton
-from circuits.backend.runtime import precision
+from circuits.backend import Lowered, compile, evaluate, evaluate_batched, value_and_grad
+from circuits.backend.lower import binding
+from circuits.backend.lower.binding import precision
+from circuits.backend.lower.program import Skeleton
 
 
 def weights(seed: int, shape=(4, 3)):
@@ -47,7 +48,7 @@ def uploads(monkeypatch):
         return real(value)
 
     monkeypatch.setattr(binding, "_upload", counted)
-    monkeypatch.setattr(binding, "_small", {})  # nothing known by content from earlier tests
+    binding._small.clear()  # nothing known by content from earlier tests
     return seen
 
 
@@ -84,9 +85,10 @@ def test_repeated_calls_send_nothing_to_the_device():
         np.testing.assert_allclose(value, expected, rtol=1e-6)
 
 
-def test_eager_runs_on_the_device_values(monkeypatch):
-    # Eager paths run ops one by one (their Python constants cross to the device per op, so the
-    # transfer guard does not apply): the Arrays and Scalars they are handed are device values.
+def test_the_uncompiled_skeleton_runs_on_the_device_values(monkeypatch):
+    # The skeleton run uncompiled dispatches ops one by one (their Python constants cross to the
+    # device per op, so the transfer guard does not apply): the Arrays and Scalars it is handed
+    # are device values.
     circuit, x = model(5, "eager")
     seen = []
     real = Skeleton.run
@@ -97,8 +99,8 @@ def test_eager_runs_on_the_device_values(monkeypatch):
 
     monkeypatch.setattr(Skeleton, "run", recording)
     inputs = {x: np.ones(3, np.float32)}
-    expected = evaluate(circuit, inputs, mode="eager")  # op by op through kernels (not a Skeleton)
-    np.testing.assert_allclose(Eager(circuit, inputs)(circuit), expected, rtol=1e-6)
+    expected = evaluate(circuit, inputs, mode="ops")  # op by op through kernels (not a Skeleton)
+    np.testing.assert_allclose(Lowered(circuit).run(inputs, mode="uncompiled")[0], expected, rtol=1e-6)
     assert len(seen) == 1
     for args in seen:
         leaves = [a for a in args if not isinstance(a, np.ndarray)]  # the Symbol's value is numpy

@@ -1,4 +1,4 @@
-"""The einsum plan (``circuits.backend.einsum``): operand order chosen so that a contraction's
+"""The einsum plan (``circuits.backend.lower.einsum``): operand order chosen so that a contraction's
 result comes out in the output's order, values against ``numpy.einsum`` for any output order."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from circuits import Array, Einsum, evaluate
-from circuits.backend.einsum import einsum_steps
+from circuits.backend.lower.einsum import einsum_steps
 
 Q, D, H, C, K = range(5)
 
@@ -61,5 +61,5 @@ def test_any_output_order_matches_numpy(data):
     spec = ",".join("".join(letters[a] for a in t) for t in in_axes) + "->" + "".join(letters[a] for a in out)
     want = np.einsum(spec, *values)
     c = Einsum(*(Array(v) for v in values), in_axes=in_axes, out_axes=out)
-    np.testing.assert_allclose(evaluate(c, dtype="float64", mode="eager"), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(evaluate(c, dtype="float64", mode="ops"), want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(evaluate(c, mode="jit"), want, rtol=1e-4, atol=1e-4)

@@ -117,11 +117,11 @@ def test_options_are_checked():
 
 @pytest.mark.parametrize("run", [
     lambda c, i: evaluate(c, i, mode="jit"),
-    lambda c, i: evaluate(c, i, mode="eager"),
+    lambda c, i: evaluate(c, i, mode="ops"),
     lambda c, i: compile(c)(i),
     lambda c, i: Eager(c, i)(c),
     lambda c, i: evaluate_batched(c, {"x": np.zeros((4, 2, 3))}),
-], ids=["jit", "eager", "compiled", "Eager", "batched"])
+], ids=["jit", "ops", "compiled", "Eager", "batched"])
 def test_nothing_runs_before_every_check_passed(run):
     # the counting function is reached first in toposort order, the placeholder after it
     c = Add(Einsum.from_spec("ab->", counted(X)), Einsum.from_spec("ab->", HOLE))

@@ -1,4 +1,4 @@
-"""The fused lowering of a gathered log_softmax (``circuits.backend.fusion``): every fused or
+"""The fused lowering of a gathered log_softmax (``circuits.backend.lower.fusion``): every fused or
 chunked form equals the plain lowering (``batch_heads=False``: the circuit computed as printed,
 log_softmax then gather) within float rounding, in float32 and float64, on the seed, GPT-2,
 Llama, drawn circuits, batches, and with ``also=``."""
@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits.backend import fusion
+from circuits.backend.cache.compiled import clear_compile_cache as clear_cache
 from circuits.backend.evaluation import make_jaxpr
-from circuits.backend.runtime import clear_compile_cache as clear_cache
-from circuits.backend.runtime import program_with_also
+from circuits.backend.lower import fusion
+from circuits.backend.lower.lowering import program_with_also
 from circuits.models import attn_only, gpt2, llama, random_weights, tokens_symbol
 from circuits.models.gpt2 import random_gpt2_weights
 from circuits.models.llama import random_llama_weights
@@ -87,7 +87,7 @@ def test_seed_batched_fused_equals_plain(dtype, small_chunks):
     loss = attn_only(w, tokens_symbol(11))
     toks = np.random.default_rng(2).integers(0, 53, (3, 11))
     fused = C.evaluate_batched(loss, {"toks_int_var": toks}, dtype=dtype, batch_size=2)
-    plain = C.evaluate_batched(loss, {"toks_int_var": toks}, dtype=dtype, batch_heads=False, mode="eager")
+    plain = C.evaluate_batched(loss, {"toks_int_var": toks}, dtype=dtype, batch_heads=False, mode="ops")
     np.testing.assert_allclose(fused, plain, **TOL[dtype])
 
 

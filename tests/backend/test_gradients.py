@@ -30,7 +30,7 @@ def test_analytic_gradients_of_a_quadratic():
     np.testing.assert_allclose(g32, 2 * pre, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_cotangent_weights_a_vector_output(mode):
     cot = rng.standard_normal((2, 4))
     g = grad(PRE, W, {"x": XV}, cotangent=cot, dtype="float64", mode=mode)
@@ -49,7 +49,7 @@ def test_gradient_with_respect_to_a_shared_node_counts_every_use():
 def finite_difference(circuit, node, inputs, eps=1e-6):
     """d sum(circuit) / d node by central differences, the node replaced by a constant (every
     bumped circuit has one structure: one compilation serves them all)."""
-    base = evaluate(circuit, inputs, dtype="float64", also=[node], mode="eager")[1][node]
+    base = evaluate(circuit, inputs, dtype="float64", also=[node], mode="ops")[1][node]
     out = np.zeros_like(base)
     for pos in np.ndindex(*base.shape):
         vals = []
@@ -91,7 +91,7 @@ def test_gradient_errors():
 def ops_match_jit(out, wrt, inputs, fdt):
     """Value and gradients op by op equal the whole program's; ``(op-by-op value, gradients,
     tolerance)``."""
-    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="eager")
+    v_ops, g_ops = value_and_grad(out, wrt, inputs, dtype=fdt, mode="ops")
     v_jit, g_jit = value_and_grad(out, wrt, inputs, dtype=fdt, mode="jit")
     tol = dict(rtol=1e-10, atol=1e-12) if fdt == "float64" else dict(rtol=2e-5, atol=2e-5)
     np.testing.assert_allclose(v_ops, v_jit, **tol)
@@ -102,7 +102,7 @@ def ops_match_jit(out, wrt, inputs, fdt):
 
 @pytest.mark.parametrize("fdt", ["float32", "float64"])
 def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(fdt):
-    """The reverse sweep's kernel-free cases (``circuits.backend.backward``): int picks of one
+    """The reverse sweep's kernel-free cases (``circuits.backend.tiers.backward``): int picks of one
     child, the same position picked twice, negative and several int axes; Adds broadcasting a
     leading axis, a size-1 axis and a scalar; a Tag; against ``jax.grad`` of the whole program
     (``mode='jit'``) and an analytic numpy gradient."""
@@ -138,7 +138,7 @@ def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(
 @pytest.mark.parametrize("fdt", ["float32", "float64"])
 def test_op_by_op_heads_run_as_rows_and_match_the_whole_program(fdt):
     """Per-head nodes of one operation and shapes run as rows of one kernel in the reverse sweep
-    (``circuits.backend.backward``): heads picked from one stacked value (a position picked twice),
+    (``circuits.backend.tiers.backward``): heads picked from one stacked value (a position picked twice),
     a weight shared by every head, per-head weights, a nonlinearity; against ``jax.grad`` of the
     whole program (``mode='jit'``) and numpy."""
     heads = 4

@@ -1,4 +1,4 @@
-"""Fused groups in the op-by-op tier (``circuits.backend.groups``): a variant recomputes through
+"""Fused groups in the op-by-op tier (``circuits.backend.tiers.groups``): a variant recomputes through
 the groups its clean run made, every member's value is kept, and the values agree with the
 whole program and with op by op."""
 
@@ -9,19 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import circuits as C
-from circuits.backend import clear_cache, evaluate, groups, last_run, tiers
-from circuits.backend import incremental as inc
+from circuits.backend import clear_cache, evaluate, last_run, tiers
+from circuits.backend.tiers import groups
+from circuits.backend.tiers.symbols import prepared
 from circuits.testing import circuits_with_inputs
 from circuits.traversal import toposort
 
 
 @pytest.fixture(autouse=True)
-def grouped(monkeypatch):
-    monkeypatch.setattr(tiers, "GROUPS", True)
-    clear_cache()
-    yield
-    groups.wait_for_groups()
-    clear_cache()
+def grouped():
+    with tiers.configure(groups=True):
+        clear_cache()
+        yield
+        groups.wait_for_groups()
+        clear_cache()
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def shipped():
 
 
 def _plan(root, known=frozenset()):
-    roots, _ = inc.prepared([root])
+    roots, _ = prepared([root])
     order = toposort(*roots, stop=lambda n: n.hash in known)
     todo = [n for n in order if n.children and n.hash not in known]
     return groups.plan(todo, {r.hash for r in roots}), {n.hash for n in order}
@@ -69,7 +70,7 @@ def test_groups_compile_aside_then_run_and_every_value_is_kept(shipped):
             value = evaluate(variant)
             assert last_run()["tier"] == "ops"
             np.testing.assert_allclose(value, evaluate(variant, mode="jit", cache=False), rtol=2e-5, atol=2e-6)
-            np.testing.assert_allclose(value, evaluate(variant, mode="eager", cache=False), rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(value, evaluate(variant, mode="ops", cache=False), rtol=2e-5, atol=2e-6)
     assert groups.group_info()["hits"] >= hits + 8
     # A member inside a group (a query of a layer-1 head) was kept: asked for, it is read, not computed.
     variant = ablate(shipped, "b0.a.head3")
@@ -81,7 +82,7 @@ def test_groups_compile_aside_then_run_and_every_value_is_kept(shipped):
 
 def test_eager_mode_never_uses_groups(shipped):
     queued = groups.group_info()["queued"]
-    evaluate(shipped, mode="eager")
+    evaluate(shipped, mode="ops")
     assert groups.group_info()["queued"] == queued
     clear_cache("values")
     evaluate(shipped)  # 'auto', op by op: queued
@@ -93,7 +94,7 @@ def test_a_group_that_fails_to_compile_stays_op_by_op(shipped, monkeypatch):
         raise RuntimeError("no")
 
     monkeypatch.setattr(groups, "_group_op", broken)
-    groups.clear_groups()
+    clear_cache("kernels")
     failed = groups.group_info()["failed"]
     first = evaluate(shipped)
     groups.wait_for_groups()
@@ -150,8 +151,9 @@ def test_a_process_exits_without_compiling_what_is_queued(tmp_path):
     script = (
         "import numpy as np\n"
         "from circuits import GeneralFunction, Symbol, evaluate\n"
-        "from circuits.backend import groups, tiers\n"
-        "tiers.COLD_START = False\n"
+        "from circuits.backend import tiers\n"
+        "from circuits.backend.tiers import groups\n"
+        "tiers.configure(cold_start=False)\n"
         "groups.IDLE = 1e9  # never a pause: the queued group would wait forever\n"
         "x = Symbol((3,), name='x')\n"
         "y = GeneralFunction('exp', GeneralFunction('sin', GeneralFunction('tanh', x)))\n"

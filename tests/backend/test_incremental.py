@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Scalar, Symbol
 from circuits.backend import cache_stats, clear_cache, evaluate, last_run, set_cache_size, tiers, value_and_grad
-from circuits.backend.incremental import VALUES, free_symbols
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.tiers.symbols import free_symbols
+from circuits.backend.tiers.values import VALUES
 from circuits.testing import circuits_with_inputs
 
 rng = np.random.default_rng(5)
@@ -37,15 +39,15 @@ def test_a_variant_computes_only_what_its_change_reaches():
     x = Symbol((2, 3), name="x_reuse")
     out = layered(x)
     xv = rng.standard_normal((2, 3)).astype(np.float32)
-    np.testing.assert_allclose(evaluate(out, {x: xv}, mode="eager"), numpy_layered(xv, W.numpy()), rtol=1e-5)
+    np.testing.assert_allclose(evaluate(out, {x: xv}, mode="ops"), numpy_layered(xv, W.numpy()), rtol=1e-5)
     assert last_run()["tier"] == "ops" and last_run()["computed"] == 3
     # replace 'act' by a constant: only the new root is computed, 'pre' is reused
     zero = Array(np.zeros((2, 4), np.float32), name="act.zero")
     variant = C.replace(out, {out.get_unique("act"): zero})
-    np.testing.assert_allclose(evaluate(variant, {x: xv}, mode="eager"), xv @ W.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(evaluate(variant, {x: xv}, mode="ops"), xv @ W.numpy(), rtol=1e-5)
     assert last_run() == {"tier": "ops", "computed": 1, "reused": 1}
     # the same request again: the value itself is known
-    evaluate(variant, {x: xv}, mode="eager")
+    evaluate(variant, {x: xv}, mode="ops")
     assert last_run()["tier"] == "cache"
 
 
@@ -71,17 +73,17 @@ def test_a_value_computed_at_one_matmul_precision_is_not_returned_at_another():
     x = Symbol((2, 3), name="x_matmul_precision")
     out = layered(x)
     xv = rng.standard_normal((2, 3)).astype(np.float32)
-    evaluate(out, {x: xv}, mode="eager")
-    evaluate(out, {x: xv}, mode="eager")
+    evaluate(out, {x: xv}, mode="ops")
+    evaluate(out, {x: xv}, mode="ops")
     assert last_run()["tier"] == "cache"
     for setting in ("highest", "bfloat16"):
         with jax.default_matmul_precision(setting):
-            got = evaluate(out, {x: xv}, mode="eager")
+            got = evaluate(out, {x: xv}, mode="ops")
             assert last_run() == {"tier": "ops", "computed": 3, "reused": 0}, setting
-            evaluate(out, {x: xv}, mode="eager")
+            evaluate(out, {x: xv}, mode="ops")
             assert last_run()["tier"] == "cache"
         np.testing.assert_allclose(got, numpy_layered(xv, W.numpy()), rtol=1e-2, atol=1e-2)
-    evaluate(out, {x: xv}, mode="eager")
+    evaluate(out, {x: xv}, mode="ops")
     assert last_run()["tier"] == "cache"
 
 
@@ -101,8 +103,8 @@ def test_nodes_that_depend_on_no_symbol_are_shared_across_bindings():
     x = Symbol((4,), name="x_shared")
     const = GeneralFunction("exp", Einsum.from_spec("ab->b", W), name="const")
     c = Add(const, x)
-    evaluate(c, {x: np.zeros(4, np.float32)}, mode="eager")
-    evaluate(c, {x: np.ones(4, np.float32)}, mode="eager")
+    evaluate(c, {x: np.zeros(4, np.float32)}, mode="ops")
+    evaluate(c, {x: np.ones(4, np.float32)}, mode="ops")
     assert last_run() == {"tier": "ops", "computed": 1, "reused": 1}  # only the Add: 'const' reused
 
 
@@ -114,7 +116,7 @@ def test_free_symbols_are_memoised_and_modules_bind_theirs():
     spec = C.ModuleSpec(GeneralFunction("exp", Symbol((2,), name="m.arg")), [C.ModuleArgSpec(Symbol((2,), name="m.arg"))])
     m = C.Module(spec, x, name="m")
     assert [s.name for s in free_symbols(m)] == ["fx"]
-    np.testing.assert_allclose(evaluate(m, {"fx": np.ones(2)}, mode="eager"), np.exp(np.ones(2)), rtol=1e-6)
+    np.testing.assert_allclose(evaluate(m, {"fx": np.ones(2)}, mode="ops"), np.exp(np.ones(2)), rtol=1e-6)
 
 
 def test_a_rebuilt_node_keeps_its_symbols_only_where_its_children_keep_theirs():
@@ -134,8 +136,13 @@ def test_a_rebuilt_node_keeps_its_symbols_only_where_its_children_keep_theirs():
 
 
 # ------------------------------------------------------------------ tiers
-def test_auto_moves_to_the_whole_program_after_jit_after_runs(monkeypatch):
-    monkeypatch.setattr(tiers, "BACKGROUND", False)
+@pytest.fixture
+def no_background():
+    with tiers.configure(background=False):
+        yield
+
+
+def test_auto_moves_to_the_whole_program_after_jit_after_runs(no_background):
     x = Symbol((2, 3), name="x_tier")
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_tier"))
     before = cache_stats()["compilations"]
@@ -153,18 +160,17 @@ def test_a_background_compilation_is_taken_when_ready():
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_background"))
     for k in range(tiers.JIT_AFTER):
         evaluate(out, {x: np.full((2, 3), float(k), np.float32)})
-    tiers.wait_for_background(120)
+    wait_for_background(120)
     value = evaluate(out, {x: np.full((2, 3), 9.0, np.float32)})
     assert last_run()["tier"] == "jit"
-    np.testing.assert_allclose(value, evaluate(out, {x: np.full((2, 3), 9.0, np.float32)}, mode="eager"),
+    np.testing.assert_allclose(value, evaluate(out, {x: np.full((2, 3), 9.0, np.float32)}, mode="ops"),
                                rtol=1e-6)
 
 
-def test_a_value_known_for_the_inputs_is_returned_whichever_tier_is_ready(monkeypatch):
+def test_a_value_known_for_the_inputs_is_returned_whichever_tier_is_ready(no_background):
     """The same call gives the same bits before and after the whole program is compiled (the tiers
     differ by float rounding): a cached value for these inputs is returned before the compiled
     program runs, and the compiled program's values are kept for the next same call."""
-    monkeypatch.setattr(tiers, "BACKGROUND", False)
     x = Symbol((2, 3), name="x_same_bits")
     out = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_same_bits"))
     first = [evaluate(out, {x: np.full((2, 3), 0.1 * k, np.float32)}) for k in range(tiers.JIT_AFTER)]
@@ -182,10 +188,10 @@ def test_a_new_variant_of_a_known_model_compiles_nothing_new():
     x = Symbol((2, 3), name="x_kernels")
     out = layered(x)
     xv = rng.standard_normal((2, 3)).astype(np.float32)
-    evaluate(out, {x: xv}, mode="eager")
+    evaluate(out, {x: xv}, mode="ops")
     before = cache_stats()
     other = layered(x, Array(rng.standard_normal((3, 4)).astype(np.float32), name="w_other"))
-    evaluate(other, {x: xv}, mode="eager")
+    evaluate(other, {x: xv}, mode="ops")
     after = cache_stats()
     assert after["kernel_compilations"] == before["kernel_compilations"]
     assert after["compilations"] == before["compilations"]
@@ -195,6 +201,12 @@ def test_mode_and_budgets_are_checked():
     c = GeneralFunction("exp", Scalar(0.0))
     with pytest.raises(EvaluationError, match="mode='fast'"):
         evaluate(c, mode="fast")
+    evaluate(c, mode="eager")  # the op-by-op tier's former name, kept one release
+    assert last_run()["tier"] in ("ops", "cache")
+    with tiers.pinned("eager"):
+        assert tiers.check_mode("auto") == "ops"
+    with pytest.raises(EvaluationError, match="use 'ops' or 'jit'"):
+        tiers.pinned("auto")
     for bad, match in [(-1, "at least 0"), (1 << 60, "absurd"), ("1GB", "int number of bytes"), (True, "int")]:
         with pytest.raises(EvaluationError, match=match):
             set_cache_size(values_bytes=bad)
@@ -222,7 +234,7 @@ def test_the_byte_budget_holds_over_a_long_random_session():
             zero = Array(np.zeros((8, 16), np.float32), name=f"zero{step % 3}")
             variant = C.replace(top, {layers[k]: zero}) if k < len(layers) - 1 else top
             xv = r.standard_normal((8, 16)).astype(np.float32) if step % 5 == 0 else np.ones((8, 16), np.float32)
-            got = evaluate(variant, {x: xv}, mode="eager")
+            got = evaluate(variant, {x: xv}, mode="ops")
             np.testing.assert_allclose(got, evaluate(variant, {x: xv}, mode="jit", cache=False), rtol=1e-5,
                                        atol=1e-6)
             assert VALUES.info()["bytes"] <= budget
@@ -258,9 +270,9 @@ def test_cache_false_neither_reads_nor_writes_values():
     out = layered(x)
     xv = rng.standard_normal((2, 3)).astype(np.float32)
     stores = VALUES.info()["stores"]
-    evaluate(out, {x: xv}, mode="eager", cache=False)
+    evaluate(out, {x: xv}, mode="ops", cache=False)
     assert VALUES.info()["stores"] == stores and last_run()["computed"] == 3
-    evaluate(out, {x: xv}, mode="eager", cache=False)
+    evaluate(out, {x: xv}, mode="ops", cache=False)
     assert last_run()["computed"] == 3
 
 
@@ -269,7 +281,7 @@ def test_results_can_stay_on_the_device():
 
     x = Symbol((2, 3), name="x_device")
     out = layered(x)
-    for mode in ("eager", "jit"):
+    for mode in ("ops", "jit"):
         value = evaluate(out, {x: np.ones((2, 3), np.float32)}, mode=mode, return_jax=True)
         assert isinstance(value, jax.Array)
 
@@ -291,7 +303,7 @@ def test_gradients_op_by_op_match_the_whole_program_and_compile_nothing_whole():
     xv = rng.standard_normal((2, 3)).astype(np.float32)
     cot = rng.standard_normal((2, 4)).astype(np.float32)
     before = cache_stats()["compilations"]
-    v_ops, g_ops = value_and_grad(out, ["pre", W], {x: xv}, cotangent=cot, mode="eager")
+    v_ops, g_ops = value_and_grad(out, ["pre", W], {x: xv}, cotangent=cot, mode="ops")
     assert cache_stats()["compilations"] == before and last_run()["tier"] == "ops"
     v_jit, g_jit = value_and_grad(out, ["pre", W], {x: xv}, cotangent=cot, mode="jit")
     np.testing.assert_allclose(v_ops, v_jit, rtol=1e-6)
@@ -314,15 +326,15 @@ def test_tiers_agree_on_generated_circuits(case, dtype):
     circuit, inputs = case
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-12)
     whole = evaluate(circuit, inputs, mode="jit", dtype=dtype, cache=False)
-    ops = evaluate(circuit, inputs, mode="eager", dtype=dtype, cache=False)
-    cached = evaluate(circuit, inputs, mode="eager", dtype=dtype)
-    again = evaluate(circuit, inputs, mode="eager", dtype=dtype)
+    ops = evaluate(circuit, inputs, mode="ops", dtype=dtype, cache=False)
+    cached = evaluate(circuit, inputs, mode="ops", dtype=dtype)
+    again = evaluate(circuit, inputs, mode="ops", dtype=dtype)
     np.testing.assert_allclose(ops, whole, **tol, equal_nan=True)
     np.testing.assert_allclose(cached, whole, **tol, equal_nan=True)
     np.testing.assert_array_equal(again, cached)
     leaves = _leaf_nodes(circuit)
     if leaves and circuit.dtype.startswith("float"):
-        g_ops = value_and_grad(circuit, leaves[:2], inputs, mode="eager", dtype=dtype)[1]
+        g_ops = value_and_grad(circuit, leaves[:2], inputs, mode="ops", dtype=dtype)[1]
         g_jit = value_and_grad(circuit, leaves[:2], inputs, mode="jit", dtype=dtype)[1]
         for leaf in leaves[:2]:
             np.testing.assert_allclose(g_ops[leaf], g_jit[leaf], **tol, equal_nan=True)
@@ -338,7 +350,7 @@ def test_the_shipped_model_ablations_and_path_patches_agree_across_tiers():
     evaluate(c)
     corrupt = np.random.default_rng(2).integers(1, 64, 34)
     for variant in (ablate(c, "b1.a.head0"), path_patch(c, "b0.a.head2", "b1.a.head1.a.k", {"toks_int_var": corrupt})):
-        ops = evaluate(variant, mode="eager")
+        ops = evaluate(variant, mode="ops")
         assert last_run()["reused"] > 0  # layer 0 / the clean run is not computed again
         np.testing.assert_allclose(ops, evaluate(variant, mode="jit"), rtol=2e-5, atol=2e-6)
     # Eager on the same model, then an ablation (a cached Index of the tokens was range-checked
@@ -359,9 +371,9 @@ def test_a_pinned_tier_holds_for_every_auto_call_in_the_block():
         evaluate(out, inputs)
         assert last_run()["tier"] == "jit"
         assert sweep(out, {"twice": Add(out, out)}, inputs, progress=False).info["tier"] == "jit"
-        evaluate(out, inputs, mode="eager")  # an explicit mode is kept
+        evaluate(out, inputs, mode="ops")  # an explicit mode is kept
         assert last_run()["tier"] in ("ops", "cache")
-    with tiers.pinned("eager"):
+    with tiers.pinned("ops"):
         evaluate(out, {x: np.zeros((2, 3), np.float32)})
         assert last_run()["tier"] == "ops"
     evaluate(out, {x: np.full((2, 3), 5.0, np.float32)})

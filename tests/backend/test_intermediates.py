@@ -1,5 +1,5 @@
-"""Values of intermediate nodes: ``also=`` in the same pass as the output, and the cached eager
-evaluator for interactive exploration."""
+"""Values of intermediate nodes: ``also=`` in the same pass as the output, and the ``Eager`` view
+for interactive exploration (the op-by-op tier over the value cache)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from circuits import (
     compile,
     evaluate,
 )
-from circuits.backend import Eager, cache_stats
+from circuits.backend import Eager, cache_stats, clear_cache
 
 rng = np.random.default_rng(0)
 XV = rng.standard_normal((2, 3)).astype(np.float32)
@@ -47,7 +47,7 @@ def test_also_returns_intermediates_from_one_pass():
     np.testing.assert_array_equal(extra[X], XV)
 
 
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_also_single_name_and_modes(mode):
     _, act, out = numpy_values()
     value, extra = evaluate(OUT, {"x": XV}, also="act", mode=mode)
@@ -81,12 +81,13 @@ def test_also_errors_name_the_problem():
     np.testing.assert_allclose(extra[twin_b], np.sin(XV), rtol=1e-6)
 
 
-def test_eager_values_match_and_are_cached():
+def test_eager_values_match_and_are_read_from_the_value_cache():
     pre, act, out = numpy_values()
+    clear_cache("values")
     ev = Eager(OUT, {"x": XV})
     np.testing.assert_allclose(ev(OUT), out, rtol=1e-6)
     computed = ev.cache_info()["misses"]
-    assert computed == 6  # x, w, pre, act, the scalar, out: each once
+    assert computed == 3  # pre, act, out: each once (the leaves are arguments, not computed)
     np.testing.assert_allclose(ev("act"), act, rtol=1e-6)
     np.testing.assert_allclose(ev(PRE), pre, rtol=1e-6)
     info = ev.cache_info()
@@ -95,21 +96,29 @@ def test_eager_values_match_and_are_cached():
     doubled = Add(ACT, ACT)
     np.testing.assert_allclose(ev(doubled), 2 * act, rtol=1e-6)
     assert ev.cache_info()["misses"] == computed + 1
+    # the same values as evaluate's op-by-op tier, which reads the same cache
+    other = Eager(OUT, {"x": XV})
+    other(ACT)
+    assert (other.cache_info()["hits"], other.cache_info()["misses"]) == (1, 0)
     ev.clear()
     assert ev.cache_info()["entries"] == 0 and ev.cache_info()["bytes"] == 0
 
 
-def test_eager_cache_is_bounded_and_stays_correct_under_eviction():
-    pre, act, out = numpy_values()
-    one_value = act.nbytes
-    ev = Eager(OUT, {"x": XV}, max_bytes=2 * one_value)
-    np.testing.assert_allclose(ev(OUT), out, rtol=1e-6)
-    assert ev.cache_info()["bytes"] <= 2 * one_value and ev.cache_info()["evictions"] > 0
-    np.testing.assert_allclose(ev(PRE), pre, rtol=1e-6)
-    few = Eager(OUT, {"x": XV}, max_entries=2)
-    few(OUT)
-    assert few.cache_info()["entries"] == 2
-    np.testing.assert_allclose(few("pre"), pre, rtol=1e-6)
+def test_eager_runs_what_evaluate_runs_op_by_op():
+    """The view is the op-by-op tier: the same bits as ``evaluate(..., mode='ops')``, computed
+    afresh each time (the value cache cleared in between)."""
+    clear_cache("values")
+    by_view = Eager(OUT, {"x": XV}).values([OUT, "pre"])
+    clear_cache("values")
+    value, extra = evaluate(OUT, {"x": XV}, also=["pre"], mode="ops")
+    np.testing.assert_array_equal(by_view[0], value)
+    np.testing.assert_array_equal(by_view[1], extra["pre"])
+
+
+def test_eager_cache_bounds_are_gone_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="set_cache_size"):
+        few = Eager(OUT, {"x": XV}, max_entries=2)
+    np.testing.assert_allclose(few("pre"), numpy_values()[0], rtol=1e-6)
 
 
 def test_eager_float64_and_its_errors():

@@ -1,6 +1,6 @@
 """One jit policy and one compile cache for every evaluation path: ``evaluate``, ``compile``,
 ``evaluate_batched`` and ``grad``/``value_and_grad`` all decide jit-or-eager the same way
-(``runtime.maybe_jit``) and reuse compiled code for patched circuits of the same structure."""
+(``tiers.maybe_jit``) and reuse compiled code for patched circuits of the same structure."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import pathlib
 import numpy as np
 import pytest
 
+import circuits.backend
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar, Symbol, evaluate
-from circuits.backend import cache_stats, evaluate_batched, grad, runtime, value_and_grad
+from circuits.backend import cache_stats, evaluate_batched, grad, tiers, value_and_grad
 
-BACKEND = pathlib.Path(runtime.__file__).parent
+BACKEND = pathlib.Path(circuits.backend.__file__).parent
 
 
 def compilations():
@@ -67,10 +68,15 @@ PATHS = pytest.mark.parametrize("run", [run_evaluate, run_batched, run_grad], id
 
 
 # evaluate and grad tier by repetition instead (a new structure runs op by op whatever its size):
-# tests/backend/test_tiers.py
+# tests/backend/test_incremental.py
+@pytest.fixture
+def every_program_large():
+    with tiers.configure(jit_max_ops=2):
+        yield
+
+
 @pytest.mark.parametrize("run", [run_batched], ids=["batched"])
-def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, monkeypatch):
-    monkeypatch.setattr(runtime, "JIT_MAX_OPS", 2)  # every program here is "large"
+def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, every_program_large):
     circuit, w = patched(20, rows=7)  # a structure no other test compiles
     before = compilations()
     eager = run(circuit, w, "auto")
@@ -90,13 +96,13 @@ def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, monkeypat
 def test_eager_mode_never_compiles(run):
     circuit, w = patched(30)
     before = compilations()
-    run(circuit, w, "eager")
+    run(circuit, w, "ops")
     assert compilations() == before
 
 
 # ------------------------------------------------------------------ one home for each concept
 def _sources():
-    return {p.name: ast.parse(p.read_text()) for p in sorted(BACKEND.glob("*.py"))}
+    return {str(p.relative_to(BACKEND)): ast.parse(p.read_text()) for p in sorted(BACKEND.rglob("*.py"))}
 
 
 def test_no_private_name_is_imported_across_backend_modules():
@@ -109,7 +115,7 @@ def test_no_private_name_is_imported_across_backend_modules():
     assert private == []
 
 
-def test_jit_and_the_jit_policy_live_in_runtime_only():
+def test_jit_lives_in_compiling_and_the_jit_policy_in_tiers():
     found = {}
     for name, tree in _sources().items():
         for node in ast.walk(tree):
@@ -117,6 +123,6 @@ def test_jit_and_the_jit_policy_live_in_runtime_only():
                 found.setdefault("jax.jit", set()).add(name)
             if isinstance(node, ast.Name) and node.id in ("JIT_MAX_OPS", "is_cached", "use_jit"):
                 found.setdefault(node.id, set()).add(name)
-    assert found["jax.jit"] == {"runtime.py"}
-    assert found["JIT_MAX_OPS"] == {"runtime.py"}
-    assert found["use_jit"] == {"runtime.py"} and found["is_cached"] == {"runtime.py"}
+    assert found["jax.jit"] == {"cache/compiling.py"}
+    assert found["JIT_MAX_OPS"] == {"tiers/policy.py"}
+    assert found["use_jit"] == {"tiers/policy.py"} and found["is_cached"] == {"cache/compiled.py", "tiers/policy.py"}

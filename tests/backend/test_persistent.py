@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache (circuits.backend.persistent): on in a private directory,
+"""JAX's persistent compilation cache (circuits.backend.cache.persistent): on in a private directory,
 moved or switched off by CIRCUITS_COMPILATION_CACHE, and an unusable directory is one warning
 naming it, never a failed evaluation.  Each case runs in a fresh process (the cache is set up
 once per process)."""
@@ -14,14 +14,14 @@ from pathlib import Path
 import blake3
 import pytest
 
-from circuits.backend.cachedir import make_root
-from circuits.backend.executables import _MAGIC
+from circuits.backend.cache.cachedir import make_root
+from circuits.backend.cache.persistent import KEPT_MAGIC
 
 PROBE = r"""
 import json, warnings
 import numpy as np
 import circuits as C
-from circuits.backend.persistent import persistent_cache_info
+from circuits.backend.cache.persistent import persistent_cache_info
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     value = C.evaluate(C.GeneralFunction('exp', C.Array(np.zeros(3, np.float32))), mode='jit')
@@ -82,13 +82,14 @@ NEW_PROCESS = r"""
 import json
 import numpy as np
 import circuits as C
-from circuits.backend import last_run, tiers
+from circuits.backend import last_run
 x = C.Array(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3), name='x_new_process')
 c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.0), name='out')
 value = C.evaluate(c)
 first = last_run()['tier']
 traced = C.cache_stats()['compilations']  # whole programs traced by this first evaluation
-tiers.wait_for_background(120)
+from circuits.backend.cache.background import wait_for_background
+wait_for_background(120)
 variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
 changed = C.evaluate(variant)
 print(json.dumps({"value": np.asarray(value).tolist(), "tier": first, "variant": last_run(),
@@ -158,7 +159,7 @@ def jax_name(tag: str) -> str:
 def kept_entry(root, tag: str, size: int, when: float):
     """A kept executable's file (its name and header: what the trim recognises)."""
     name = blake3.blake3(tag.encode()).hexdigest()
-    return _entry(root / "circuits-kernels" / name, size, when, data=_MAGIC + b"x" * size)
+    return _entry(root / "circuits-kernels" / name, size, when, data=KEPT_MAGIC + b"x" * size)
 
 
 @pytest.fixture
@@ -170,7 +171,7 @@ def root(tmp_path):
 def test_trim_removes_the_entries_used_longest_ago_down_to_80_percent(root):
     """JAX's entries and the kept executables count; the oldest go first until the directory
     holds at most 80% of the budget; marks of programs and the stamp stay."""
-    from circuits.backend.persistent import trim
+    from circuits.backend.cache.persistent import trim
 
     old = _entry(root / jax_name("a"), 400, 1000)
     kept_old = kept_entry(root, "k1", 300, 1001)
@@ -187,7 +188,7 @@ def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(root, mon
     import threading
     import time
 
-    from circuits.backend import persistent
+    from circuits.backend.cache import persistent
 
     monkeypatch.setattr(persistent, "_budget", [500])
 
@@ -271,7 +272,7 @@ def test_a_new_process_trims_an_old_cache_to_the_budget_the_environment_sets(tmp
 
 def test_set_cache_size_trims_our_directory_and_never_one_the_user_gave_jax(root, monkeypatch):
     import circuits as C
-    from circuits.backend import persistent
+    from circuits.backend.cache import persistent
 
     monkeypatch.setattr(persistent, "_budget", [])
     monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(root), "reason": "on", "mode": "ours"})

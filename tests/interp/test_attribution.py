@@ -39,7 +39,7 @@ def test_attribution_is_the_linear_term(fdt, tol):
     for name, key in SITES.items():
         np.testing.assert_allclose(got[name], linear_term(w, key), **tol, err_msg=name)
     # the estimates are not all zero, and not the exact patching effect (it is a linear estimate)
-    exact = C.evaluate(patch(c, "b0.a.head0", {"toks_int_var": CORRUPT}), dtype=fdt, mode="eager").sum() - C.evaluate(c, dtype=fdt, mode="eager").sum()
+    exact = C.evaluate(patch(c, "b0.a.head0", {"toks_int_var": CORRUPT}), dtype=fdt, mode="ops").sum() - C.evaluate(c, dtype=fdt, mode="ops").sum()
     assert abs(got["b0.a.head0"]) > 1e-3 and abs(got["b0.a.head0"] - exact) > 1e-6
 
 

@@ -28,7 +28,7 @@ def hand_circuit():
 def test_hand_case():
     tc = SAE(architecture="transcoder", W_enc=np.array([[1.0], [0.0]]), W_dec=np.array([[0.0, 3.0]]),
              b_enc=np.zeros(1), b_dec=np.zeros(2), apply_b_dec_to_input=False, dtype="float64")
-    g = attribution_graph(hand_circuit(), {"mlp": tc}, embeddings="emb", mode="eager")
+    g = attribution_graph(hand_circuit(), {"mlp": tc}, embeddings="emb", mode="ops")
     ids = [n["id"] for n in g.nodes]
     assert ids == ["0_0_0", "err_0_0", "E_0_0", "logit_1_0"]
     assert g.nodes[-1]["probability"] == pytest.approx(0.97069, abs=1e-5)
@@ -63,7 +63,7 @@ def test_circuit_tracing_pruning_example():
 # ---------------------------------------------------------------------------- exactness
 def readouts(frozen, values):
     targets = frozen["targets"]
-    _, got = C.evaluate(one_root(targets), values, dtype="float64", also=targets, mode="eager")
+    _, got = C.evaluate(one_root(targets), values, dtype="float64", also=targets, mode="ops")
     logits = np.asarray(got[targets[-1]])[frozen["position"]]
     return [np.asarray(got[t]) for t in targets[:-1]], logits - logits.mean()
 
@@ -114,7 +114,7 @@ def small():
     logits = attn_only(w, np.array([0, 3, 5, 7, 3, 5, 7, 2]), logits=True, unique_names=True)
     saes = {"b0": SAE.random(8, 24, "jumprelu", seed=1, dtype="float64"),
             "b1": SAE.random(8, 24, "topk", k=5, seed=2, dtype="float64")}
-    return logits, attribution_graph(logits, saes, max_logits=3, batch_size=16, mode="eager")
+    return logits, attribution_graph(logits, saes, max_logits=3, batch_size=16, mode="ops")
 
 
 def test_every_edge_is_its_ablation_in_the_frozen_circuit(small):
@@ -122,8 +122,8 @@ def test_every_edge_is_its_ablation_in_the_frozen_circuit(small):
     # the frozen circuit at the clean leaves is the original computation
     pres, _ = readouts(g.frozen, g.frozen["values"])
     _, got = C.evaluate(one_root(g.frozen["targets"]), g.frozen["values"], dtype="float64", also=g.frozen["targets"],
-                        mode="eager")
-    np.testing.assert_allclose(got[g.frozen["targets"][-1]], C.evaluate(logits, dtype="float64", mode="eager"), atol=1e-10)
+                        mode="ops")
+    np.testing.assert_allclose(got[g.frozen["targets"][-1]], C.evaluate(logits, dtype="float64", mode="ops"), atol=1e-10)
     # edges into features only come from earlier layers; errors, tokens have no incoming edges
     kinds = np.array([n["kind"] for n in g.nodes])
     assert not g.adjacency[(kinds == "error") | (kinds == "token")].any()
@@ -164,7 +164,7 @@ def test_max_feature_nodes_visits_the_most_influential_features(small, cap, batc
     logits, full = small
     saes = {"b0": SAE.random(8, 24, "jumprelu", seed=1, dtype="float64"),
             "b1": SAE.random(8, 24, "topk", k=5, seed=2, dtype="float64")}
-    g = attribution_graph(logits, saes, max_logits=3, batch_size=batch, mode="eager", max_feature_nodes=cap)
+    g = attribution_graph(logits, saes, max_logits=3, batch_size=batch, mode="ops", max_feature_nodes=cap)
     n_feat = sum(n["kind"] == "feature" for n in full.nodes)
     ids = [n["id"] for n in g.nodes]
     kept = [n["id"] for n in g.nodes if n["kind"] == "feature"]
@@ -202,11 +202,11 @@ def test_transcoders_in_gpt2_and_a_nonlinearity_left_is_an_error():
     cfg = dict(n_embd=8, n_head=2, n_layer=2, vocab_size=11, n_positions=16, activation_function="gelu_new")
     logits = gpt2(cfg, random_gpt2_weights(cfg, dtype=np.float64), np.array([1, 4, 2, 7, 4, 2]))
     tcs = {f"h{l}.mlp": SAE.random(8, 16, "skip_transcoder", d_out=8, seed=l, dtype="float64") for l in range(2)}
-    g = attribution_graph(logits, tcs, embeddings="tok_embeds", max_logits=2, mode="eager")
+    g = attribution_graph(logits, tcs, embeddings="tok_embeds", max_logits=2, mode="ops")
     assert {n["site"] for n in g.nodes if n["kind"] == "feature"} == {"h0.mlp", "h1.mlp"}
     check_edges_by_ablation(g, n_samples=20)
     with pytest.raises(CircuitError, match="h1.mlp.act.*nonlinear.*transcoder"):
-        attribution_graph(logits, {"h0.mlp": tcs["h0.mlp"]}, embeddings="tok_embeds", mode="eager")
+        attribution_graph(logits, {"h0.mlp": tcs["h0.mlp"]}, embeddings="tok_embeds", mode="ops")
 
 
 # ---------------------------------------------------------------------------- known answer
@@ -225,7 +225,7 @@ def test_induction_graph_has_the_previous_token_to_induction_path():
     f0 = bridge[0][0]
     assert (f"E_{toks[k]}_{k}", f0, g.edge(f"E_{toks[k]}_{k}", f0)) in kept
     # Cross-position edges go through attention; measure which heads carry them.
-    _, probs = C.evaluate(logits, mode="eager", also=[f"b{l}.a.head{h}.a.attn_probs" for l in range(2) for h in range(4)])
+    _, probs = C.evaluate(logits, mode="ops", also=[f"b{l}.a.head{h}.a.attn_probs" for l in range(2) for h in range(4)])
     induction = [h for h in range(4) if probs[f"b1.a.head{h}.a.attn_probs"][q, k] > 0.5]
     prev = max(range(4), key=lambda h: np.mean([probs[f"b0.a.head{h}.a.attn_probs"][p, p - 1] for p in range(1, 32)]))
     assert induction and np.mean([probs[f"b0.a.head{prev}.a.attn_probs"][p, p - 1] for p in range(1, 32)]) > 0.5
@@ -272,7 +272,7 @@ def _edge_in(g, frozen, s, t):
 # ---------------------------------------------------------------------------- output
 def test_json_and_printing(tmp_path, small):
     logits, _ = small
-    g = attribution_graph(logits, {"b0": SAE.random(8, 16, seed=3)}, targets=[5, 7], mode="eager")
+    g = attribution_graph(logits, {"b0": SAE.random(8, 16, seed=3)}, targets=[5, 7], mode="ops")
     doc = g.to_json(tmp_path / "g.json", slug="demo")
     assert json.loads((tmp_path / "g.json").read_text()) == doc
     assert set(doc) == {"metadata", "qParams", "nodes", "links"} and doc["metadata"]["slug"] == "demo"

@@ -116,7 +116,7 @@ def test_acdc_is_the_oracles_greedy_pruning(model):
     r = discover(loss, SRC, weights, method="acdc", tau=tau, dtype="float64")
     assert set(r.found.removed) == set(removed) and 0 < len(removed) < len(NAMES)
     np.testing.assert_allclose([r[e] for e in NAMES], [want_scores[e] for e in NAMES], rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(C.evaluate(r.found.circuit, dtype="float64", mode="eager") @ weights, current, rtol=1e-8)
+    np.testing.assert_allclose(C.evaluate(r.found.circuit, dtype="float64", mode="ops") @ weights, current, rtol=1e-8)
 
 
 def test_kl_metric(model):
@@ -188,7 +188,7 @@ def test_result_object_found_circuits_and_files(model, tmp_path):
     assert set(r.threshold(abs(r.scores[r.ranking()[3]])).edges) == set(found.edges)
     # the pruned model is a plain circuit: every removed edge patched
     want, _ = forward(w, CLEAN, weights_of={e: 1.0 for e in found.removed}, senders=sources_on(w, CORRUPT))
-    np.testing.assert_allclose(C.evaluate(found.circuit, dtype="float64", mode="eager"), want, rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(C.evaluate(found.circuit, dtype="float64", mode="ops"), want, rtol=1e-9, atol=1e-10)
     assert "<svg" in found._repr_html_() and "<table>" in r._repr_html_()
     found.save(tmp_path / "found.json")
     back = FoundCircuit.load(tmp_path / "found.json", loss, SRC)

@@ -24,7 +24,7 @@ def model():
 
 
 def run(c, inputs=None):
-    return C.evaluate(c, inputs, dtype="float64", mode="eager")
+    return C.evaluate(c, inputs, dtype="float64", mode="ops")
 
 
 def test_edges_are_the_oracles(model):

@@ -32,7 +32,7 @@ def step_by_step(loss, source, weights, steps):
     masked = patch_edges(loss, None, source, mask=True)
     n = len(edges(loss))
     grads = [C.value_and_grad(masked, "edges.mask", {"edges.mask": np.full(n, k / steps, np.float32)}, cotangent=weights,
-                              dtype="float64", mode="eager")[1] for k in range(steps + 1)]
+                              dtype="float64", mode="ops")[1] for k in range(steps + 1)]
     return np.mean(np.asarray(grads, np.float64), axis=0)
 
 
@@ -44,8 +44,8 @@ def test_uniform_circuit_is_the_masked_circuit_at_alpha(model, ablation):
     circuit, _, _, _, alpha = uniform_circuit(g, source, ablation)
     masked = patch_edges(loss, None, source, ablation=ablation, mask=True)
     for a in (0.0, 0.3, 1.0):
-        got = C.evaluate(circuit, {alpha: np.float32(a)}, dtype="float64", mode="eager")
-        want = C.evaluate(masked, {"edges.mask": np.full(len(g), a, np.float32)}, dtype="float64", mode="eager")
+        got = C.evaluate(circuit, {alpha: np.float32(a)}, dtype="float64", mode="ops")
+        want = C.evaluate(masked, {"edges.mask": np.full(len(g), a, np.float32)}, dtype="float64", mode="ops")
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
@@ -82,7 +82,7 @@ def test_default_chunk_and_a_batch_equal_step_by_step(model, monkeypatch):
         np.testing.assert_allclose(rb.scores, np.mean(rows, axis=0), rtol=1e-8, atol=1e-11)
     # op by op (row by row, step by step): the same mean
     re = discover(attn_only(w, tokens, unique_names=True), {"toks_int_var": corrupt_rows}, weights,
-                  method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows}, mode="eager")
+                  method="eap-ig-mask", steps=2, dtype="float64", inputs={"toks_int_var": clean_rows}, mode="ops")
     np.testing.assert_allclose(re.scores, np.mean(rows, axis=0), rtol=1e-8, atol=1e-11)
 
 
@@ -106,7 +106,7 @@ BATCH_SRC = {"toks_int_var": np.stack([CORRUPT, CLEAN, CORRUPT[::-1]])}
 @pytest.mark.parametrize("method", ["eap", "eap-ig", "eap-ig-mask"])
 @pytest.mark.parametrize("batch", [False, True], ids=["one", "batch"])
 def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
-    """``mode='eager'`` (the senders and the gradients through the per-operation kernels, row by
+    """``mode='ops'`` (the senders and the gradients through the per-operation kernels, row by
     row and step by step) gives the compiled program's scores, in float64 to rounding."""
     w, _, weights = model
     tokens = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
@@ -114,18 +114,19 @@ def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
     source, extra = (BATCH_SRC, BATCH) if batch else (SRC, {})
     metric = None if method == "eap" else weights  # eap: the loss's sum; the others: a weighted one
     got = {mode: discover(circuit, source, metric, method=method, steps=3, dtype="float64", mode=mode, **extra)
-           for mode in ("eager", "jit")}
-    np.testing.assert_allclose(got["eager"].scores, got["jit"].scores, rtol=1e-9, atol=1e-12)
+           for mode in ("ops", "jit")}
+    np.testing.assert_allclose(got["ops"].scores, got["jit"].scores, rtol=1e-9, atol=1e-12)
     assert np.abs(got["jit"].scores).max() > 1e-3
     if method == "eap-ig-mask" and not batch:
-        np.testing.assert_allclose(got["eager"].scores, step_by_step(circuit, SRC, weights, 3), rtol=1e-8, atol=1e-11)
+        np.testing.assert_allclose(got["ops"].scores, step_by_step(circuit, SRC, weights, 3), rtol=1e-8, atol=1e-11)
 
 
 @pytest.mark.unpinned
 def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     """The first EAP call compiles nothing whole; the second starts the program's compilation in
     the background; once it is ready, calls run it; every tier gives the same scores."""
-    from circuits.backend.tiers import last_run, wait_for_background
+    from circuits.backend.cache.background import wait_for_background
+    from circuits.backend.tiers import last_run
 
     w, _, _ = model
     circuit = attn_only(w, CLEAN[::-1].copy(), unique_names=True)  # a program no other test compiled
@@ -143,21 +144,22 @@ def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
 
 
 @pytest.mark.unpinned
-def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model, monkeypatch):
+def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
     """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
     GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
-    from circuits.backend import runtime
-    from circuits.backend.tiers import last_run, wait_for_background
+    from circuits.backend import tiers
+    from circuits.backend.cache.background import wait_for_background
+    from circuits.backend.tiers import last_run
 
     w, _, _ = model
-    monkeypatch.setattr(runtime, "JIT_MAX_OPS", 10)
     circuit = attn_only(w, np.roll(CLEAN, 1), unique_names=True)
-    runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
-    wait_for_background()
-    runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
-    assert last_run()["tier"] == "ops"
-    compiled = discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64", mode="jit")
-    assert last_run()["tier"] == "jit"
+    with tiers.configure(jit_max_ops=10):
+        runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
+        wait_for_background()
+        runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
+        assert last_run()["tier"] == "ops"
+        compiled = discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64", mode="jit")
+        assert last_run()["tier"] == "jit"
     for r in runs:
         np.testing.assert_allclose(r.scores, compiled.scores, rtol=1e-9, atol=1e-12)
 

@@ -135,7 +135,7 @@ def test_mlps_and_a_function_metric_match_one_patched_circuit_per_edge(family):
         return C.Index(out, (slice(None), 3))
 
     def value(circuit):
-        return float(np.asarray(C.evaluate(circuit, dtype="float64", mode="eager"))[:, 3].sum())
+        return float(np.asarray(C.evaluate(circuit, dtype="float64", mode="ops"))[:, 3].sum())
 
     clean = value(c)
     some = [i for i, e in enumerate(g) if i % 4 == 0 or e.endswith("-> h1.mlp")]  # every destination kind

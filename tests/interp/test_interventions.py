@@ -26,7 +26,7 @@ def setup(request):
 
 def run(c, fdt, inputs=None):
     # eager: each variant is a new program, and compiling it would cost more than running it
-    return C.evaluate(c, inputs, dtype=fdt, mode="eager")
+    return C.evaluate(c, inputs, dtype=fdt, mode="ops")
 
 
 def recorded(w, toks):
@@ -53,18 +53,18 @@ def test_mean_and_resample_ablation(setup):
     rows = [recorded(w, t) for t in BATCH]
     sites = ["b0.a.head2", "b1.a.head0", "b1.a.head1.a.attn_probs"]
     keys = [("head", 0, 2), ("head", 1, 0), ("probs", 1, 1)]
-    mean = ablate(c, sites, "mean", data={"toks_int_var": BATCH}, mode="eager")
+    mean = ablate(c, sites, "mean", data={"toks_int_var": BATCH}, mode="ops")
     assert mean.get_unique("b1.a.head0.mean_ablated").shape == (8, 16)
     hooks = {k: (lambda v, k=k: np.mean([r[k] for r in rows], axis=0)) for k in keys}
     np.testing.assert_allclose(run(mean, fdt), forward(w, CLEAN, hooks=hooks), **tol)
     for seed in (0, 7):
         picks = np.random.default_rng(seed).integers(0, len(BATCH), len(sites))
-        resampled = ablate(c, sites, "resample", data={"toks_int_var": BATCH}, seed=seed, mode="eager")
+        resampled = ablate(c, sites, "resample", data={"toks_int_var": BATCH}, seed=seed, mode="ops")
         hooks = {k: (lambda v, k=k, i=i: rows[i][k]) for k, i in zip(keys, picks)}
         np.testing.assert_allclose(run(resampled, fdt), forward(w, CLEAN, hooks=hooks), **tol)
     # a Symbol input works the same way and the result still takes the Symbol
     sym = attn_only(w, tokens_symbol(10), unique_names=True)
-    got = run(ablate(sym, sites, "mean", data={"toks_int_var": BATCH}, mode="eager"), fdt, {"toks_int_var": CLEAN})
+    got = run(ablate(sym, sites, "mean", data={"toks_int_var": BATCH}, mode="ops"), fdt, {"toks_int_var": CLEAN})
     np.testing.assert_allclose(got, run(mean, fdt), **tol)
 
 

@@ -18,7 +18,7 @@ CORRUPT = np.array([0, 4, 6, 1, 4, 6, 1, 2])
 
 
 def f64(c):
-    return np.asarray(C.evaluate(c, dtype="float64", mode="eager"), np.float64)
+    return np.asarray(C.evaluate(c, dtype="float64", mode="ops"), np.float64)
 
 
 ARCHS = [("standard", {}), ("topk", {"k": 3}), ("jumprelu", {}), ("gated", {}),
@@ -76,7 +76,7 @@ def test_error_live_or_frozen_under_patching():
     live_t = attn_only(W, C.Symbol((8,), name="toks_int_var", dtype="int64"), unique_names=True,
                        targets=CLEAN)
     sym_spliced = splice(live_t, "b0", sae)
-    np.testing.assert_allclose(np.asarray(C.evaluate(sym_spliced, {"toks_int_var": CORRUPT}, dtype="float64", mode="eager")),
+    np.testing.assert_allclose(np.asarray(C.evaluate(sym_spliced, {"toks_int_var": CORRUPT}, dtype="float64", mode="ops")),
                                corrupt_loss, atol=1e-10)
 
 
@@ -86,8 +86,8 @@ def test_features_are_sites_for_attribute_and_path_patch():
     feats = list(range(24))
     spliced = splice(loss, "b0", sae, features=feats)
     src = {"toks_int_var": CORRUPT}
-    whole = attribute(spliced, "b0.sae.acts", src, dtype="float64", mode="eager")["b0.sae.acts"]
-    per = attribute(spliced, [feature_site("b0", i) for i in feats], src, dtype="float64", mode="eager")
+    whole = attribute(spliced, "b0.sae.acts", src, dtype="float64", mode="ops")["b0.sae.acts"]
+    per = attribute(spliced, [feature_site("b0", i) for i in feats], src, dtype="float64", mode="ops")
     assert abs(sum(per.values()) - whole) <= 1e-9 * max(1.0, abs(whole))
     assert sum(abs(v) > 1e-9 for v in per.values()) >= 2
     # path patching a feature into one head's value input changes the loss, and only through that head

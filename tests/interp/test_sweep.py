@@ -264,7 +264,7 @@ def test_op_by_op_sweeps_equal_the_compiled_ones_and_compile_nothing_whole(model
     variants = {**zero_ablation_variants(clean, N_LAYERS, N_HEADS),
                 **path_patch_variants(clean, corrupt, N_HEADS)}
     before = compilations()
-    ops = sweep(clean, variants, inputs, dtype=dtype, mode="eager")
+    ops = sweep(clean, variants, inputs, dtype=dtype, mode="ops")
     assert compilations() == before and ops.info["tier"] == "ops"
     jit = sweep(clean, variants, inputs, dtype=dtype, mode="jit")
     assert jit.info["tier"] == "jit"
@@ -282,7 +282,7 @@ def test_an_op_by_op_sweep_checks_token_ranges(model):
     bad = toks.copy()
     bad[3] = VOCAB + 5
     with pytest.raises(EvaluationError, match="outside"):
-        sweep(clean, variants, {"toks_int_var": bad}, mode="eager")
+        sweep(clean, variants, {"toks_int_var": bad}, mode="ops")
 
 
 def test_a_sweep_over_a_dataset_gives_values_batch_axis_first(model):
@@ -300,7 +300,7 @@ def test_a_sweep_over_a_dataset_gives_values_batch_axis_first(model):
 
 
 @pytest.mark.unpinned  # its evaluate is the default tier: the error names the gather that tier meets first
-@pytest.mark.parametrize("mode", ["jit", "eager"])
+@pytest.mark.parametrize("mode", ["jit", "ops"])
 def test_a_variant_patched_from_tokens_outside_the_vocabulary_is_refused_as_evaluate_refuses_it(model, mode):
     # Regression (issue 23 item 7): the compiled sweep bound a variant's own leaves with its own copy
     # of the argument binding and skipped the index-range check, so such a variant gave NaN.

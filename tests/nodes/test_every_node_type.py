@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import circuits as C
 import circuits.nodes
-from circuits.backend.ops import OP_BUILDERS
-from circuits.backend.program import ARGUMENT_TYPES
+from circuits.backend.lower.ops import OP_BUILDERS
+from circuits.backend.lower.program import ARGUMENT_TYPES
 from circuits.backend.symbolic import SYMBOLIC_RULES, symbolic_evaluate
 from circuits.check import check
 from circuits.expand import expand

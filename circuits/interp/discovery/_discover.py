@@ -146,7 +146,7 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     the integrated-gradient methods, ``tau`` for ACDC; ``dtype`` as for ``evaluate``;
     ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
     evaluates the masked program part by part instead of its one row-sparse program).
-    ``mode`` (``'auto'``, ``'eager'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
+    ``mode`` (``'auto'``, ``'ops'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
     in ``'auto'`` their first calls run op by op (row by row, step by step, up to
     ``_scores.OP_BY_OP_MAX_RUNS`` runs; more compile at once) through the kernels every
     evaluation shares, and the second compiles their one program in the background if it

@@ -311,7 +311,7 @@ class EdgeScores:
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
     def _tiered(self, key, mode: str, runs: int | None, feeds, whole) -> np.ndarray:
-        """The scores from the op-by-op tier (``backend.op_tier``: ``'eager'``, or ``'auto'`` until
+        """The scores from the op-by-op tier (``backend.op_tier``: ``'ops'``, or ``'auto'`` until
         the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` runs, the ``runs`` feeds that
         ``feeds()`` yields one at a time, never held together; ``'auto'``'s
         ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..dtypes import ITEMSIZE, is_float
-from ..nodes import Array, Circuit, Einsum, Scalar, Symbol, Tag
-from ..traversal import toposort
+from ...dtypes import ITEMSIZE, is_float
+from ...nodes import Array, Circuit, Einsum, Scalar, Symbol, Tag
+from ...traversal import toposort
 from .einsum import einsum_steps
 
 __all__ = ["INPUT_TYPES", "value_bytes", "einsum_temp_bytes", "peak_bytes", "toposort_order", "live_bytes"]

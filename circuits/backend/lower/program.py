@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Collection, Sequence
 
-from ..dtypes import is_float, is_int
-from ..errors import EvaluationError
-from ..expand import substitute_all_modules
-from ..hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
-from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, Symbol, Tag
-from ..shapes import check_allocation, max_alloc_bytes
-from ..traversal import toposort
+from ...dtypes import is_float, is_int
+from ...errors import EvaluationError
+from ...expand import substitute_all_modules
+from ...hashing import argument_key_part, op_key_part, pack_ints, program_body_key, program_key
+from ...nodes import Array, Circuit, GeneralFunction, Module, Scalar, Symbol, Tag
+from ...shapes import check_allocation, max_alloc_bytes
+from ...traversal import toposort
 from .ops import broadcast_scalar, build_op
 
 # Node types lowered by substitution before the program is laid out.
@@ -93,7 +93,7 @@ class Skeleton:
         ``deltas`` maps slots to values added to what is computed there (zeros that make a node's
         value a differentiable input: gradients with respect to any node).  ``observe(slot,
         value)``, if given, sees every slot's value as soon as it is there, before it is freed
-        (the eager evaluator caches values this way).
+        (``interp.exact_scores`` keeps values this way).
         """
         env: list[Any] = [None] * self.size
         scalar_shapes = self.scalar_shapes
@@ -123,7 +123,7 @@ class Program:
 
     ``given`` (node hashes) names nodes whose values are supplied: they are arguments too (in
     ``given_slots``) and the walk does not descend below them, so the program computes only the
-    frontier above values known already (the eager evaluator's cache).
+    frontier above values known already (a sweep's shared values, an attribution's sources).
 
     >>> from circuits import Add, GeneralFunction, Symbol
     >>> h = GeneralFunction('exp', Symbol((2,), name='x'))
@@ -161,7 +161,7 @@ class Program:
         self.arg_slots = tuple(i for i, n in enumerate(nodes) if type(n) in ARGUMENT_TYPES or i in given_slots)
         self._skeleton = None
         self._index_ranges = None
-        self.call_state = None  # the arguments bound once for calls (circuits.backend.calling)
+        self.call_state = None  # the arguments bound once for calls (circuits.backend.lower.calling)
         self._arg_nodes = tuple(nodes[i] for i in self.arg_slots)
         self._free_symbols = tuple(n for i, n in zip(self.arg_slots, self._arg_nodes)
                                    if type(n) is Symbol and i not in given_slots)
@@ -224,7 +224,7 @@ class Program:
         if self._index_ranges is None:
             ranges = {}
             if any(is_int(self.nodes[i].dtype) for i in self.arg_slots):
-                from ..io.values import gather_index_ranges
+                from ...io.values import gather_index_ranges
 
                 found = gather_index_ranges(self.nodes)
                 for i in self.arg_slots:

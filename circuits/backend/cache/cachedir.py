@@ -2,8 +2,8 @@
 
 Compiled code read from the cache runs (JAX's entries are native code; a kept executable's
 payload is a pickle, ``jax.experimental.serialize_executable``'s), so what is read must be what
-this user wrote.  Every operation on the cache (``circuits.backend.persistent``,
-``circuits.backend.executables``) goes through this module, which checks, at the moment of use:
+this user wrote.  Every operation on the cache (``circuits.backend.cache.persistent``,
+``circuits.backend.cache.executables``) goes through this module, which checks, at the moment of use:
 
 - **the folders on the way down**, from ``/``, opened one at a time without following links
   (``walk``): every folder and link belongs to this user or to root, and a folder others can write
@@ -43,7 +43,7 @@ __all__ = ["Untrusted", "MARKER", "SUBFOLDER", "walk", "make_root", "open_root",
 
 MARKER = "CACHEDIR.TAG"  # the Cache Directory Tagging convention: backup tools skip the folder
 MARKER_TEXT = (b"Signature: 8a477f597d28d172789f06886806bc55\n"
-               b"# A cache of compiled code made by circuits (circuits.backend.persistent): it deletes\n"
+               b"# A cache of compiled code made by circuits (circuits.backend.cache.persistent): it deletes\n"
                b"# only its own entries and JAX's here.  The whole folder may be removed.\n")
 SUBFOLDER = "circuits-cache"
 KEY_NAME = "compilation-cache.key"

@@ -16,7 +16,8 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple, Sequence
 
-from ..errors import EvaluationError
+from ...errors import EvaluationError
+from ..cache.bounded import FunctionCache
 
 
 def _lax():
@@ -42,7 +43,7 @@ def _diagonal_step(axes: tuple):
     """(unique axes, fn) taking the diagonal over repeated ids of one operand, or None."""
     if len(set(axes)) == len(axes):
         return None
-    from ..nodes.einsum import AXIS_LETTERS
+    from ...nodes.einsum import AXIS_LETTERS
 
     letters = {a: AXIS_LETTERS[i] for i, a in enumerate(dict.fromkeys(axes))}
     unique = tuple(dict.fromkeys(axes))
@@ -318,6 +319,9 @@ def einsum_steps(in_axes: tuple, out_axes: tuple, shapes: tuple) -> tuple[tuple,
     """
     *_, steps, sizes = _plan([tuple(t) for t in in_axes], tuple(out_axes), shapes)
     return steps, sizes
+
+
+FunctionCache("einsum plans", "kernels", einsum_steps)
 
 
 def einsum_op(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]) -> Callable:

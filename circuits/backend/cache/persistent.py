@@ -10,7 +10,7 @@ compilation, once) or turns it off (``off``, ``0``, ``false``, ``no``).
 
 What it trusts.  Compiled code read from the cache runs: JAX reads its own entries (native code)
 itself, and a kept executable's payload is a pickle.  So the cache is used only in a folder this
-library made, marked with a marker file when it was made (``circuits.backend.cachedir``), this
+library made, marked with a marker file when it was made (``circuits.backend.cache.cachedir``), this
 user's and private, reached through folders only this user or root can change (a folder others
 may write to must be sticky, as ``/tmp`` is), and no link is followed inside it.  The folders are
 checked again before every read, write, compilation and trim, not once at start-up; a folder
@@ -44,20 +44,30 @@ import threading
 import time
 import warnings
 
+from ...errors import EvaluationError
+from ...shapes import check_budget
 from . import cachedir
 from .cachedir import Untrusted
 
 __all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cache_info", "compiled_before",
-           "note_compiled", "COLD_COMPILE_MAX_OPS", "DISK_BYTES", "MAX_BYTES_ENV", "trim", "set_disk_budget",
-           "disk_info", "open_folder", "recheck", "distrust"]
+           "note_compiled", "DISK_BYTES", "MAX_BYTES_ENV", "trim", "set_disk_budget", "disk_info", "open_folder",
+           "recheck", "distrust", "FOLDER", "KEPT_MAGIC", "KEPT_NAME", "is_entry"]
 
 # A program compiled whole is marked (an empty file named by its structural key, beside JAX's
 # cache): a new process whose first evaluation is of a marked program runs it whole at once, its
-# compilation loaded from JAX's cache.  A new process's first op-by-op evaluation of a program of
-# at most this many nodes compiles it whole in the background (once per process), so that the
-# next process finds it.
-COLD_COMPILE_MAX_OPS = 1000
+# compilation loaded from JAX's cache (``circuits.backend.tiers``: the cold start).
 _MARKS = "circuits-programs"
+
+# The executables kept beside JAX's cache (``circuits.backend.cache.executables`` writes them, the trim
+# removes them): their folder, their names, and the header each starts with (this format's, and
+# earlier ones, which the trim still removes); ``cachedir.write_file``'s temporaries, and the age
+# at which one is a killed writer's.
+FOLDER = "circuits-kernels"
+KEPT_NAME = re.compile(r"[0-9a-f]{64}")
+KEPT_MAGIC = b"circuits-kernel 2\n"
+_OLD_KEPT_MAGICS = (b"circuits-kernel 1\n",)
+_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{16}")
+_TEMPORARY_AGE = 3600.0
 _noted: set = set()
 
 ENV = "CIRCUITS_COMPILATION_CACHE"
@@ -86,7 +96,7 @@ _last_trim: dict = {}
 def cache_directory(environ=None) -> str | None:
     """The folder the persistent cache should use, absolute (None: switched off); ``Untrusted``
     when ``CIRCUITS_COMPILATION_CACHE`` cannot be resolved (a ``~user`` that names no user)."""
-    from ..io.remotefs import user_path
+    from ...io.remotefs import user_path
 
     environ = os.environ if environ is None else environ
     value = environ.get(ENV)
@@ -248,9 +258,6 @@ def disk_budget() -> int:
     (a value that is not a number of bytes is one warning, and the default holds), else ``DISK_BYTES``."""
     if _budget:
         return _budget[0]
-    from ..errors import EvaluationError
-    from .incremental import check_budget
-
     value, n = os.environ.get(MAX_BYTES_ENV), DISK_BYTES
     if value is not None:
         try:
@@ -267,8 +274,6 @@ def disk_budget() -> int:
 def set_disk_budget(n: int) -> dict:
     """Keep the compilation cache's directory under ``n`` bytes from now on, trimming it at once
     (see the module docstring); returns what ``trim`` removed ({} when the cache is off)."""
-    from .incremental import check_budget
-
     n = check_budget(n, "disk_bytes")  # the value cache's budget check: an int, 0 to a pebibyte
     _budget[:] = [n]
     directory = ensure_persistent_cache()
@@ -287,8 +292,6 @@ def _entries(fd: int, kernels: int | None) -> list:
     """``(time last used, size, folder descriptor, name)`` of every entry the trim may remove:
     JAX's (by name) in the root ``fd`` and the kept executables (by name and header) in its
     ``circuits-kernels`` folder ``kernels``; regular files of this user's, links not followed."""
-    from .executables import is_entry
-
     found = []
     for folder, keep in ((fd, lambda name: JAX_ENTRY.fullmatch(name)), (kernels, None)):
         if folder is None:
@@ -311,12 +314,31 @@ def _entries(fd: int, kernels: int | None) -> list:
     return found
 
 
+def is_entry(fd: int, name: str):
+    """The ``lstat`` of ``name`` in the kept executables' folder ``fd`` when it is an entry (an
+    entry's name, a regular file of this user's with an entry's header, of this format or an
+    earlier one) or a writer's leftover temporary; else None.  What the trim may remove."""
+    if _TEMPORARY.fullmatch(name):
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        old = time.time() - info.st_mtime > _TEMPORARY_AGE
+        return info if old and stat.S_ISREG(info.st_mode) and cachedir.is_ours(info) else None
+    if not KEPT_NAME.fullmatch(name):
+        return None
+    try:
+        head = cachedir.read_file(fd, name, head=len(KEPT_MAGIC))
+    except Untrusted:
+        return None
+    if head is None or not head.startswith((KEPT_MAGIC, *_OLD_KEPT_MAGICS)):
+        return None
+    return os.stat(name, dir_fd=fd, follow_symlinks=False)
+
+
 def trim(directory: str, max_bytes: int) -> dict:
     """Remove the entries of the cache folder ``directory`` used longest ago (the later of a
     file's access and modification times) until it holds at most 80% of ``max_bytes``, when it
     holds more than ``max_bytes``.  Entries are JAX's compilations and the kept executables
     (``circuits-kernels``), by name (and header); nothing else is counted or removed, and nothing
-    at all outside a folder that this library made and marked (``circuits.backend.cachedir``).
+    at all outside a folder that this library made and marked (``circuits.backend.cache.cachedir``).
     Returns ``{'bytes': before, 'removed': files, 'freed': bytes}`` (with ``'skipped'``: why,
     when the folder cannot be trimmed).
 
@@ -331,8 +353,6 @@ def trim(directory: str, max_bytes: int) -> dict:
     >>> sorted(name[:5] for name in os.listdir(d))  # the newer entry, the marker, not a user's file
     ['CACHE', 'jit_g', 'notes']
     """
-    from .executables import FOLDER
-
     fd = kernels = None
     out = {"bytes": 0, "removed": 0, "freed": 0}
     try:

@@ -29,7 +29,7 @@ Einsum, the sum is folded into it (``'HsV,HdV->sd'``: no ``[heads, s, d]`` tempo
 read from its batched node as ``Index(batched, i)``, and ``keep`` maps every kept node to the
 node of the new circuit with its value.
 
-Head batching has three homes, one job each: ``circuits.backend.head_batching`` (the lowering
+Head batching has three homes, one job each: ``circuits.backend.lower.head_batching`` (the lowering
 ``evaluate`` / ``compile`` apply: per-head sums batched over a head axis, the circuit untouched),
 ``rewrites.batch_heads`` (the same transformation as a rewrite, for a circuit to print, save or
 cost) and ``circuits.interp.split_heads`` (the inverse: a fused layer split into named per-head
@@ -55,8 +55,8 @@ from typing import Collection, Sequence
 
 import numpy as np
 
-from ..nodes import Add, Circuit, Einsum, GeneralFunction, Index
-from ..traversal import toposort
+from ...nodes import Add, Circuit, Einsum, GeneralFunction, Index
+from ...traversal import toposort
 
 __all__ = ["batch_heads", "has_head_sums"]
 

@@ -41,12 +41,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import dtype_str, is_float
-from ..nodes import Add, Circuit, Index, SetSymbolicShape, Tag
-from ..traversal import toposort
-from .incremental import VALUES, RunInfo, cached_kernel, pick_row, prepared, run_ops
-from .ops import build_op
-from .program import node_key_part
+from ...dtypes import dtype_str, is_float
+from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
+from ...traversal import toposort
+from ..lower.ops import build_op
+from ..lower.program import node_key_part
+from .kernels import cached_kernel, pick_row
+from .op_by_op import RunInfo, run_ops
+from .symbols import prepared
+from .values import VALUES
 
 __all__ = ["grads_ops", "vjp_kernel", "picked_positions"]
 

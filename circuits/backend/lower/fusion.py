@@ -24,7 +24,7 @@ lowering, so an optimized circuit runs the same code as ``compile`` of the origi
 same fused node.
 
 It is a lowering choice, not a rewrite: ``compile``, ``evaluate`` and ``evaluate_batched`` make
-it where they batch heads (``circuits.backend.lowering.program_with_also``; ``batch_heads=False``
+it where they batch heads (``circuits.backend.lower.lowering.program_with_also``; ``batch_heads=False``
 lowers the circuit as printed), the circuit itself is untouched and the value is the same up to
 float rounding (``tests/backend/test_fusion.py`` checks it against the plain lowering in float32
 and float64, on the seed, GPT-2, Llama and drawn circuits).  A ``log_softmax`` that a node other
@@ -50,10 +50,10 @@ from __future__ import annotations
 import functools
 from typing import Collection, Sequence
 
-from ..errors import CircuitError
-from ..functions import FunctionSpec, GenIndex, per_row
-from ..nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
-from ..traversal import toposort
+from ...errors import CircuitError
+from ...functions import FunctionSpec, GenIndex, per_row
+from ...nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, Scalar
+from ...traversal import toposort
 from .einsum import einsum_op
 from .head_batching import batch_heads, has_head_sums
 
@@ -357,7 +357,7 @@ def worth_lowering(nodes: Sequence[Circuit]) -> bool:
 
 def lower(roots: Sequence[Circuit], keep: Collection[Circuit] = ()) -> tuple[list[Circuit], dict]:
     """The backend's value-preserving lowering before a program is laid out: heads batched
-    (``circuits.backend.head_batching``), then gathered ``log_softmax`` s fused (``fuse_gathers``).
+    (``circuits.backend.lower.head_batching``), then gathered ``log_softmax`` s fused (``fuse_gathers``).
     Returns ``(new_roots, {kept node hash: node with its value})`` like both.
 
     >>> from circuits import Symbol, GeneralFunction

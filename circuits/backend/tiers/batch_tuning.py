@@ -23,9 +23,10 @@ and then use the best size at once.  Small work (``TUNE_FROM_BYTES``) runs as th
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable
+
+from ..cache.bounded import BoundedCache
 
 __all__ = ["tune_chunk", "tail_sizes", "candidates", "tuned_chunks", "forget_tuning", "WORSE", "TUNE_FROM_BYTES"]
 
@@ -34,9 +35,8 @@ WORSE = 1.10
 #: Datasets whose rows' temporaries (cost model) total less than this run as the plan says.
 TUNE_FROM_BYTES = 64 << 20
 
-_lock = threading.Lock()
-_state: dict = {}  # key -> {"per_row": {size: seconds}, "warm": set(sizes), "done": bool}
-_MAX_KEYS = 256
+# key -> {"per_row": {size: seconds}, "warm": set(sizes), "done": bool}
+_state = BoundedCache("chunk tuning", "compiled", max_entries=256, lru=False)
 
 
 def candidates(cap: int) -> list[int]:
@@ -50,14 +50,12 @@ def candidates(cap: int) -> list[int]:
 
 def tuned_chunks() -> dict:
     """What has been measured: ``{key: {size: seconds per row}}`` (a copy)."""
-    with _lock:
-        return {k: dict(v["per_row"]) for k, v in _state.items()}
+    return {k: dict(_state.peek(k, {"per_row": {}})["per_row"]) for k in _state.keys()}
 
 
 def forget_tuning() -> None:
     """Drop every measurement (the next batched evaluations measure again)."""
-    with _lock:
-        _state.clear()
+    _state.clear()
 
 
 def _block(piece) -> None:
@@ -77,12 +75,9 @@ def tune_chunk(key, total: int, cap: int, row_bytes: int,
     if cap == 1 or row_bytes * total < TUNE_FROM_BYTES:
         return 0, cap, None, set()
     key = (key, cap)
-    with _lock:
-        state = _state.get(key)
-        if state is None:
-            if len(_state) >= _MAX_KEYS:
-                _state.pop(next(iter(_state)))
-            state = _state[key] = {"per_row": {}, "warm": set(), "done": False}
+    state = _state.get(key)
+    if state is None:
+        state = _state.setdefault(key, {"per_row": {}, "warm": set(), "done": False})
     per_row, warm = state["per_row"], state["warm"]
     start = 0
     for size in candidates(cap):

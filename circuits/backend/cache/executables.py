@@ -1,9 +1,9 @@
 """Per-operation kernels kept compiled across processes, loaded without tracing them.
 
-JAX's persistent cache (``circuits.backend.persistent``) keys a compilation by the module JAX
+JAX's persistent cache (``circuits.backend.cache.persistent``) keys a compilation by the module JAX
 lowers, so a new process still traces and lowers each kernel before it finds the compilation on
 disk: tens of milliseconds a kernel, most of a first call's time (a GPT-2 gradient uses dozens).
-A kernel of ``incremental.cached_kernel`` is described by its own key (operation, shapes, float
+A kernel of ``tiers.kernels.cached_kernel`` is described by its own key (operation, shapes, float
 precision: what the in-process kernel cache already relies on), so its executable is kept beside
 JAX's cache (the folder ``circuits-kernels``, under the same controls: ``CIRCUITS_COMPILATION_CACHE``
 moves it or turns it off) under that key and:
@@ -20,14 +20,14 @@ with this user's key (``cachedir.mac_key``: a 0600 file in the user's data folde
 cache folder), and the trees of arguments and results are stored as plain data.  An entry whose
 digest does not match (a flipped bit, a truncated file, a file someone else wrote) is removed
 before anything is deserialized.  The entry's file and every folder above it are checked as it is
-read (``circuits.backend.cachedir``).  A process marks an entry while it loads it and runs it the
+read (``circuits.backend.cache.cachedir``).  A process marks an entry while it loads it and runs it the
 first time (a file naming the process and when it started): a mark whose process is gone means
 that loading it crashed, and the next process removes the entry instead of crashing the same way
 (a live process's mark is a concurrent load, not a crash).
 
 A new process's first whole program (``evaluation._compile_whole`` and the next process's first
 evaluation, ``persistent.compiled_before``) is kept the same way, under the circuit's hash and
-options (``runtime.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
+options (``cache.compiled.cached_jit``'s ``kept_as``).  A kernel whose key names a function a user registered is not kept (its
 code is the user's, which may change between processes); nor is one called inside a JAX trace,
 under a trace context that is not plain data, or whose executable cannot be serialized.
 
@@ -48,31 +48,23 @@ import collections
 import hmac
 import json
 import os
-import re
-import stat
 import struct
 import threading
-import time
 
 import blake3
 import numpy as np
 
-from ..dtypes import dtype_str
+from ...dtypes import dtype_str
 from . import cachedir
+from .background import in_background
 from .cachedir import Untrusted
-from .persistent import ensure_persistent_cache, open_folder
-from .runtime import counted_jit
+from .compiling import counted_jit
+from .persistent import FOLDER, KEPT_MAGIC, KEPT_NAME, distrust, ensure_persistent_cache, open_folder
 
-__all__ = ["kept", "stable_key", "executable_info", "FOLDER", "is_entry"]
+__all__ = ["kept", "stable_key", "executable_info"]
 
-FOLDER = "circuits-kernels"
 _LOADING = "loading"  # the loading marks, a folder in FOLDER
-_MAGIC = b"circuits-kernel 2\n"
-_OLD_MAGICS = (b"circuits-kernel 1\n",)  # earlier formats: removed by the trim, never loaded
 _DIGEST = 32
-_ENTRY = re.compile(r"[0-9a-f]{64}")
-_TEMPORARY = re.compile(r"\.tmp-[0-9a-f]{16}")
-_TEMPORARY_AGE = 3600.0  # a temporary this old is a killed writer's: the trim may remove it
 _GF = b"GeneralFunction\0"
 _counts = collections.Counter()
 _trace_context: list = []  # [jax's trace_context], imported with the first kept kernel
@@ -129,8 +121,8 @@ def stable_key(key) -> bytes | None:
 def _stable_function_part(part: bytes) -> bytes | None:
     """A GeneralFunction's key part (``program.node_key_part``: name, then its spec's identity)
     without the identity, when that spec is the library's own function of that name."""
-    from ..errors import CircuitError
-    from ..functions.registry import is_library_function, lookup
+    from ...errors import CircuitError
+    from ...functions.registry import is_library_function, lookup
 
     if len(part) < len(_GF) + 9 or part[-9:-8] != b"\0":
         return None
@@ -337,8 +329,6 @@ _worker_lock = threading.Lock()
 
 def _keep_later(job) -> None:
     """Run ``job`` in the one background thread that keeps kernels (started when none runs)."""
-    from .tiers import in_background
-
     _pending.append(job)
     with _worker_lock:
         if not (_worker and _worker[0].is_alive()):
@@ -412,7 +402,7 @@ def _setup() -> bool:
 
 
 # ---------------------------------------------------------------------------- entries
-# An entry: _MAGIC, then the keyed digest of all it holds (_MAGIC included), then the body:
+# An entry: KEPT_MAGIC, then the keyed digest of all it holds (KEPT_MAGIC included), then the body:
 # the key's length and the key (``full``), the trees' length and the trees (JSON), the payload.
 _LEAF = object()
 
@@ -458,8 +448,8 @@ def _tree_of(data):
 
 
 def _digest(key: bytes, body) -> bytes:
-    """The keyed digest of an entry of body ``body`` (its _MAGIC included)."""
-    h = blake3.blake3(_MAGIC, key=key)
+    """The keyed digest of an entry of body ``body`` (its KEPT_MAGIC included)."""
+    h = blake3.blake3(KEPT_MAGIC, key=key)
     h.update(body)
     return h.digest(_DIGEST)
 
@@ -467,17 +457,17 @@ def _digest(key: bytes, body) -> bytes:
 def _pack(key: bytes, full: bytes, trees: str, blob: bytes) -> bytes:
     tree_bytes = trees.encode()
     body = struct.pack("<q", len(full)) + full + struct.pack("<q", len(tree_bytes)) + tree_bytes + blob
-    return _MAGIC + _digest(key, body) + body
+    return KEPT_MAGIC + _digest(key, body) + body
 
 
 def _unpack(data: bytes, full: bytes, key: bytes):
     """``(payload, in_tree, out_tree)`` of an entry for key ``full``, after its digest is checked;
     ValueError when it does not match (nothing is deserialized before that)."""
-    start = len(_MAGIC) + _DIGEST
-    if not data.startswith(_MAGIC) or len(data) < start + 16:
+    start = len(KEPT_MAGIC) + _DIGEST
+    if not data.startswith(KEPT_MAGIC) or len(data) < start + 16:
         raise ValueError("not an entry of this format")
     body = memoryview(data)[start:]
-    if not hmac.compare_digest(_digest(key, body), data[len(_MAGIC):start]):
+    if not hmac.compare_digest(_digest(key, body), data[len(KEPT_MAGIC):start]):
         raise ValueError("its digest does not match")
     (n,) = struct.unpack_from("<q", body, 0)
     if bytes(body[8:8 + n]) != full:
@@ -485,25 +475,6 @@ def _unpack(data: bytes, full: bytes, key: bytes):
     (m,) = struct.unpack_from("<q", body, 8 + n)
     in_tree, out_tree = json.loads(bytes(body[16 + n:16 + n + m]).decode())
     return bytes(body[16 + n + m:]), _tree_of(in_tree), _tree_of(out_tree)
-
-
-def is_entry(fd: int, name: str):
-    """The ``lstat`` of ``name`` in the kept executables' folder ``fd`` when it is an entry (an
-    entry's name, a regular file of this user's with an entry's header, of this format or an
-    earlier one) or a writer's leftover temporary; else None.  What the trim may remove."""
-    if _TEMPORARY.fullmatch(name):
-        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        old = time.time() - info.st_mtime > _TEMPORARY_AGE
-        return info if old and stat.S_ISREG(info.st_mode) and cachedir.is_ours(info) else None
-    if not _ENTRY.fullmatch(name):
-        return None
-    try:
-        head = cachedir.read_file(fd, name, head=len(_MAGIC))
-    except Untrusted:
-        return None
-    if head is None or not head.startswith((_MAGIC, *_OLD_MAGICS)):
-        return None
-    return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
 
 class _Loading:
@@ -542,12 +513,10 @@ def _load(root: str, name: str, full: bytes) -> tuple:
         try:
             marks = cachedir.open_sub(fd, _LOADING, f"{root}/{FOLDER}", create=True)
         except Untrusted as e:
-            from .persistent import distrust
-
             distrust(e, root)
             return None, None
         for entry in cachedir.dead_loads(marks):
-            if _ENTRY.fullmatch(entry) and cachedir.remove(fd, entry):
+            if KEPT_NAME.fullmatch(entry) and cachedir.remove(fd, entry):
                 _counts["quarantined"] += 1
         try:
             data = cachedir.read_file(fd, name)

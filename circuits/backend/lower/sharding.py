@@ -22,7 +22,7 @@ machine: ``tests/backend/test_multihost.py``).
 >>> import numpy as np, jax
 >>> from jax.sharding import PartitionSpec as P
 >>> from circuits import Array, Einsum, Symbol
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2, 4), name='x')
 >>> w = Array(np.eye(4, dtype=np.float32), name='w')
 >>> program = Program([Einsum.from_spec('ab,bc->ac', x, w)], 'float32')
@@ -37,8 +37,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import EvaluationError
-from ..nodes import Array, Symbol
+from ...errors import EvaluationError
+from ...nodes import Array, Symbol
 
 __all__ = ["Placement", "mesh_of", "BATCH_AXIS"]
 
@@ -85,7 +85,7 @@ class Placement:
     def __init__(self, mesh, program, shard: Mapping | None = None, batch_axis: str | None = None):
         from jax.sharding import NamedSharding, PartitionSpec
 
-        from ..select import as_matcher
+        from ...select import as_matcher
 
         self.mesh = mesh
         self.arg_nodes = tuple(program.arg_nodes())

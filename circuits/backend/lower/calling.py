@@ -25,7 +25,7 @@ copied unless its dtype must change; JAX moves it to the device in the call).
 
 >>> import numpy as np
 >>> from circuits import Symbol, Array, Einsum
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2,), name='x')
 >>> program = Program([Einsum.from_spec('a,a->', x, Array(np.ones(2, np.float32), name='w'))], 'float32')
 >>> binder = ArgumentBinder(program, 'float32')
@@ -43,8 +43,9 @@ import weakref
 
 import numpy as np
 
-from ..errors import EvaluationError
-from ..nodes import Symbol
+from ...errors import EvaluationError
+from ...nodes import Symbol
+from ..cache.bounded import WeakCaches
 from .binding import bind_arguments, check_symbol_value, leaf_value, narrows, overflowed, symbol_values
 from .program import Program
 
@@ -56,13 +57,18 @@ _MAX_LAYOUTS = 32
 _MAX_SIGNATURES = 256
 
 _binder_lock = threading.Lock()
+_BINDERS = WeakCaches("binders", "compiled")  # every live binder's tables, in cache_stats and clear_cache
 
 
-def bind_once(program: Program, inputs, fdt: str, batched: bool = False):
-    """``bind_arguments(program, inputs, fdt, batched=batched)``, through the binder kept with
-    ``program`` when the inputs allow it (the same values, the same errors)."""
-    bound = binder_of(program, fdt).bind(inputs, batched)
-    return bound if bound is not None else bind_arguments(program, inputs, fdt, batched=batched)
+def bind_once(program: Program, inputs, fdt: str, batched: bool = False, given=None):
+    """``bind_arguments(program, inputs, fdt, batched=batched, given=given)``, through the binder
+    kept with ``program`` when the inputs allow it (the same values, the same errors): how every
+    path binds a program's arguments."""
+    if given is None:
+        bound = binder_of(program, fdt).bind(inputs, batched)
+        if bound is not None:
+            return bound
+    return bind_arguments(program, inputs, fdt, batched=batched, given=given)
 
 
 def binder_of(program: Program, fdt: str) -> "ArgumentBinder":
@@ -74,6 +80,7 @@ def binder_of(program: Program, fdt: str) -> "ArgumentBinder":
             binder = program.call_state
             if binder is None or binder.fdt != fdt:
                 binder = program.call_state = ArgumentBinder(program, fdt)
+                _BINDERS.add(binder)
     return binder
 
 
@@ -83,7 +90,7 @@ class ArgumentBinder:
     does) or None when the inputs must take the full check (see the module docstring)."""
 
     __slots__ = ("fdt", "_nodes", "_free", "_given", "_index_ranges", "_base", "_symbols", "_ranges", "_layouts",
-                 "_signatures", "_extents")
+                 "_signatures", "_extents", "__weakref__")
 
     def __init__(self, program: Program, fdt: str):
         # what the binder needs of the program, not the program (which may keep it: no cycle)
@@ -98,6 +105,16 @@ class ArgumentBinder:
         self._layouts = {}  # tuple of input keys -> ((position, key), ...) or False (full check)
         self._signatures = {}  # (position, type, shape, dtype, batched?) -> _Signature or False
         self._extents = {}  # id(device array) -> (weak reference, (min, max))
+
+    def info(self) -> dict:
+        """What the binder keeps: ``entries`` (its constants, layouts, signatures and extents)."""
+        held = (self._base is not None) + len(self._layouts) + len(self._signatures) + len(self._extents)
+        return {"entries": held, "bytes": 0}
+
+    def clear(self) -> None:
+        """Forget what was bound once (the constants' device values, the checks' tables)."""
+        self._base = None
+        self._symbols, self._ranges, self._layouts, self._signatures, self._extents = {}, {}, {}, {}, {}
 
     # ------------------------------------------------------------------ once per program
     def _constants(self):

@@ -1,5 +1,5 @@
 """A circuit to the program ``evaluate`` runs: the nodes ``also=`` names (by node or by name)
-as extra outputs, sums of per-head subcircuits batched (``circuits.backend.head_batching``),
+as extra outputs, sums of per-head subcircuits batched (``circuits.backend.lower.head_batching``),
 and the programs of live circuits cached, so a warm ``evaluate`` skips the lowering.
 
 >>> from circuits import Add, Symbol
@@ -16,9 +16,10 @@ import difflib
 import threading
 import weakref
 
-from ..errors import SelectionError
-from ..nodes import Circuit
-from .fusion import lower as batch_heads_lowering  # heads batched, then gathered log_softmax fused
+from ...errors import SelectionError
+from ...nodes import Circuit
+from ..cache.bounded import BoundedCache
+from .fusion import lower as batch_heads_lowering
 from .fusion import worth_lowering as has_head_sums
 from .program import Program
 
@@ -41,13 +42,13 @@ def expand_also(circuit: Circuit, also):
     >>> expand_also(Add(GeneralFunction('exp', x, name='e1'), GeneralFunction('exp', x, name='e2')), Glob('e*'))
     ['e1', 'e2']
     """
-    from ..select import Matcher, as_matcher
-    from ..select.hooks import is_hook_name
+    from ...select import Matcher, as_matcher
+    from ...select.hooks import is_hook_name
 
     items = as_items(also) if not isinstance(also, Matcher) else [also]
     if all(isinstance(i, Circuit) or (isinstance(i, str) and not is_hook_name(i)) for i in items):
         return also
-    from ..traversal import toposort
+    from ...traversal import toposort
 
     order = toposort(circuit)
     counts = collections.Counter(n.name for n in order if n.name is not None)
@@ -62,7 +63,7 @@ def expand_also(circuit: Circuit, also):
             raise SelectionError(f"also: expected nodes, names or matchers, got {item!r}") from None
         hits = m.matches(circuit, order)
         if not hits:
-            from ..select import get
+            from ...select import get
 
             get(circuit, m)  # raises, naming the matcher (and why, for a hook name)
         out += [n.name if n.name is not None and counts[n.name] == 1 else n for n in order if n.hash in hits]
@@ -80,7 +81,7 @@ def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = Fals
     """A program computing ``circuit`` then the nodes ``also`` names; and the items as given.
 
     ``batch_heads=True`` lowers sums of per-head subcircuits to one computation over a head axis
-    (``circuits.backend.head_batching``); nodes named by ``also`` keep their values."""
+    (``circuits.backend.lower.head_batching``); nodes named by ``also`` keep their values."""
     items = as_items(also)
     program = Program([circuit], fdt)
     wanted = resolve_nodes(program, items, "also") if items else []
@@ -98,14 +99,14 @@ def program_with_also(circuit: Circuit, fdt: str, also, batch_heads: bool = Fals
 # walk, key or argument table, so a warm ``evaluate`` costs what a ``Compiled`` call costs.  An
 # entry is keyed by the identity of the root (checked through a weak reference), holds a
 # *detached* program (its leaves, its skeleton; no interior node, so not the root), and goes
-# when the root dies; at most ``_PROGRAMS_SIZE`` roots are kept, the least recently used go first.
+# when the root dies; at most 64 roots are kept, the least recently used go first.
 
-_PROGRAMS_SIZE = 64
 _PROGRAMS_PER_ROOT = 8
-_programs: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()  # id(root) -> (weakref, {key: entry})
-# Reentrant: a root's weak reference callback (``_drop_program``) can run in the thread that holds
-# the lock, when the garbage collector frees a circuit during an update of the table.
-_programs_lock = threading.RLock()
+# id(root) -> (weak reference to the root, {options: program}).  Reentrant: a root's weak
+# reference callback (``_drop_program``) can run in the thread that holds the lock, when the
+# garbage collector frees a circuit during an update of the table.
+_programs = BoundedCache("programs", "compiled", max_entries=64, reentrant=True)
+_per_root_lock = threading.Lock()
 
 
 def items_key_of(also):
@@ -131,12 +132,10 @@ def _items_key(items: list):
 
 
 def _drop_program(key, ref):
-    if _programs is None:  # interpreter shutdown: the module's globals are already gone
+    programs = globals().get("_programs")
+    if programs is None:  # interpreter shutdown: the module's globals are already gone
         return
-    with _programs_lock:
-        found = _programs.get(key)
-        if found is not None and found[0] is ref:
-            del _programs[key]
+    programs.pop_if(key, lambda found: found[0] is ref)
 
 
 def cached_program(circuit: Circuit, fdt: str, also, batch_heads: bool = False) -> tuple[Program, list]:
@@ -158,32 +157,26 @@ def cached_program(circuit: Circuit, fdt: str, also, batch_heads: bool = False) 
     if found is not None and found[0]() is circuit:
         entry = found[1].get(pkey)
         if entry is not None:
-            with _programs_lock:
-                if rkey in _programs:
-                    _programs.move_to_end(rkey)
             return entry, items
     program, items = program_with_also(circuit, fdt, also, batch_heads)
     detached = program.detached()
-    with _programs_lock:
-        found = _programs.get(rkey)
-        if found is None or found[0]() is not circuit:
-            ref = weakref.ref(circuit, lambda r, k=rkey: _drop_program(k, r))
-            found = _programs[rkey] = (ref, {})
+    ref = weakref.ref(circuit, lambda r, k=rkey, drop=_drop_program: drop(k, r))
+    found = _programs.setdefault(rkey, (ref, {}))
+    if found[0]() is not circuit:  # the id of a circuit that died: its entry goes
+        found = (ref, {})
+        _programs.put(rkey, found, 0)
+    with _per_root_lock:
         per_root = found[1]
         per_root[pkey] = detached
         while len(per_root) > _PROGRAMS_PER_ROOT:
             del per_root[next(iter(per_root))]
-        _programs.move_to_end(rkey)
-        while len(_programs) > _PROGRAMS_SIZE:
-            _programs.popitem(last=False)
     return detached, items
 
 
 def program_cache_info() -> dict:
     """How many live circuits have a cached program (``roots``) and how many programs in all."""
-    with _programs_lock:
-        entries = list(_programs.values())
-        return {"roots": len(entries), "programs": sum(len(v[1]) for v in entries)}
+    entries = _programs.values()
+    return {"roots": len(entries), "programs": sum(len(v[1]) for v in entries)}
 
 
 def package_outputs(outs: list, items: list):

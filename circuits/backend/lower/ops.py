@@ -2,7 +2,7 @@
 
 Each builder reads only the node's payload and shapes, plans once what it can (an Index's slices
 and gathers, a Rearrange's reshape and transpose, an Einsum's contraction order in
-``circuits.backend.einsum``) and returns a function of the children's values that holds no node
+``circuits.backend.lower.einsum``) and returns a function of the children's values that holds no node
 and no tensor, so a compiled function closing over it keeps no array alive.  Ops depend only on
 payload and shapes, so equal ones are built once (a bounded memo).
 
@@ -16,13 +16,12 @@ Array([5., 4., 3.], dtype=float32)
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import EvaluationError
-from ..nodes import (
+from ...errors import EvaluationError
+from ...nodes import (
     Add,
     Circuit,
     Concat,
@@ -36,6 +35,7 @@ from ..nodes import (
     SetSymbolicShape,
     Tag,
 )
+from ..cache.bounded import BoundedCache
 from .einsum import common_dtype, einsum_op
 
 __all__ = ["OP_BUILDERS", "build_op", "broadcast_scalar"]
@@ -222,14 +222,13 @@ OP_BUILDERS: dict[type, Callable[[Any, str], Callable]] = {
     Scatter: _build_scatter,
     SetSymbolicShape: _build_tag,  # the child's value, its shape only restated
     DiscreteVar: _build_discrete_var,
-    Module: _build_module,  # lowered by substitution: see circuits.backend.program
+    Module: _build_module,  # lowered by substitution: see circuits.backend.lower.program
 }
 
 
 # Ops depend only on payload and shapes, and a model repeats the same few (every head's
 # einsums, every layer's norm): build each once.  Bounded; ops hold no tensors.
-_OP_MEMO: "collections.OrderedDict[tuple, Callable]" = collections.OrderedDict()
-_OP_MEMO_SIZE = 4096
+_OP_MEMO = BoundedCache("ops", "kernels", max_entries=4096, lru=False)
 _MEMOIZED = (Einsum, Index, Rearrange, Add, Concat)
 
 
@@ -240,17 +239,14 @@ def build_op(node: Circuit, fdt: str) -> Callable:
     if builder is None:
         raise EvaluationError(
             f"no JAX lowering for node type {t.__name__}: {node.line()}; "
-            "add a builder to circuits.backend.ops.OP_BUILDERS"
+            "add a builder to circuits.backend.lower.ops.OP_BUILDERS"
         )
     if t not in _MEMOIZED:
         return builder(node, fdt)
     key = (t, node._payload_bytes(), node.shape, tuple(c.shape for c in node.children), fdt)
     op = _OP_MEMO.get(key)
     if op is None:
-        op = builder(node, fdt)
-        _OP_MEMO[key] = op
-        if len(_OP_MEMO) > _OP_MEMO_SIZE:
-            _OP_MEMO.popitem(last=False)
+        op = _OP_MEMO.setdefault(key, builder(node, fdt))
     return op
 
 

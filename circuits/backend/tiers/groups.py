@@ -14,7 +14,8 @@ first time its structure is met, that run goes on op by op and the group is queu
 thread compiles it at a lower priority in the first pause between evaluations (``IDLE``), and once
 ready it is used.  Nodes computed from weights alone and int-valued nodes are never members (see
 ``plan``).  The tiers agree to float rounding (a fused kernel may round
-differently); ``mode='eager'`` never uses groups.  ``tiers.GROUPS`` switches them off.
+differently); ``mode='ops'`` never uses groups.  ``tiers.configure(groups=False)`` switches them
+off.
 
 >>> import numpy as np
 >>> from circuits import Symbol, GeneralFunction
@@ -33,13 +34,17 @@ import threading
 import time
 from typing import Sequence
 
-from ..dtypes import FLOAT_DTYPES
-from ..nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
-from ..traversal import toposort  # noqa: F401 - the docstring's example
-from .ops import build_op
-from .program import kernel_part
+from ...dtypes import FLOAT_DTYPES
+from ...nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
+from ..cache.background import in_background
+from ..cache.bounded import BoundedCache, current_epoch, working_for
+from ..cache.compiling import counted_jit
+from ..cache.executables import kept
+from ..lower.binding import precision
+from ..lower.ops import build_op
+from ..lower.program import kernel_part
 
-__all__ = ["plan", "group_kernel", "group_info", "clear_groups", "wait_for_groups", "MIN_MEMBERS"]
+__all__ = ["plan", "group_kernel", "group_info", "wait_for_groups", "MIN_MEMBERS"]
 
 # A group of fewer members runs op by op (one call saved is not worth a compilation).
 MIN_MEMBERS = 3
@@ -157,13 +162,25 @@ def _group_op(members: Sequence[Circuit], wiring: Sequence[tuple], fdt: str):
 
 
 # ---------------------------------------------------------------------------- kernels, compiled aside
-_lock = threading.Lock()
-_kernels: collections.OrderedDict = collections.OrderedDict()  # (key, context) -> fn | "pending" | False
-_SIZE = 4096
+_lock = threading.Lock()  # the queue, the worker and the counts
+# (key, context) -> its compiled kernel | "pending" | False (failed); the oldest first out
+_kernels = BoundedCache("fused groups", "kernels", max_entries=4096, lru=False)
 _queue: collections.deque = collections.deque()
 _worker: list = [None]
 _counts = collections.Counter()
 QUEUE_SIZE = 64  # groups waiting to be compiled, at most (each holds its inputs' values)
+
+
+class _Pending:
+    """A group queued for compilation (one marker per queuing: of threads meeting a group at once,
+    the one whose marker is stored queues it)."""
+
+    __slots__ = ()
+
+    def __str__(self):
+        return "pending"
+
+
 _closing = [False, False]  # the process is exiting; the exit handler is registered
 
 
@@ -172,27 +189,25 @@ def group_kernel(key, context, members, fdt, inputs):
     precision) when it is ready, else None; the first time, its compilation is queued with
     ``inputs`` (device values of the group's inputs: they shape it)."""
     k = (key, context)
+    found = _kernels.get(k)
+    if found is not None:
+        if found is False or type(found) is _Pending:  # failed, or queued
+            return None
+        _counts["hits"] += 1
+        return found
+    marker = _Pending()
+    if _kernels.setdefault(k, marker) is not marker:
+        return None  # another thread met it first
     with _lock:
-        found = _kernels.get(k)
-        if found is not None:
-            if found is False or isinstance(found, str):  # failed, or "pending"
-                return None
-            _counts["hits"] += 1
-            return found
-        _kernels[k] = "pending"
-        while len(_kernels) > _SIZE:
-            _kernels.popitem(last=False)
         wiring = [w for _, w in key[0]]
-        _queue.append((k, members, wiring, fdt, context, list(inputs)))
+        _queue.append((k, members, wiring, fdt, context, list(inputs), current_epoch()))
         _counts["queued"] += 1
         while len(_queue) > QUEUE_SIZE:  # never a pause: the oldest waits no longer (met again, it is queued again)
             dropped = _queue.popleft()
-            _kernels.pop(dropped[0], None)
+            _kernels.pop_if(dropped[0], lambda v: type(v) is _Pending)
         if _worker[0] is None or not _worker[0].is_alive():
-            from .tiers import in_background
-
             if not _closing[1]:
-                atexit.register(_close)  # after tiers' own: runs before it waits for the threads
+                atexit.register(_close)  # after background's own: runs before it waits for the threads
                 _closing[1] = True
             _worker[0] = in_background(_work, name="circuits-groups")
     return None
@@ -249,13 +264,11 @@ def _work():
         _compile(*job)
 
 
-def _compile(k, members, wiring, fdt, context, inputs) -> None:
+def _compile(k, members, wiring, fdt, context, inputs, epoch) -> None:
     import jax
 
-    from .binding import precision
-    from .executables import kept
-    from .runtime import counted_jit
-
+    if k not in _kernels:  # forgotten meanwhile (clear_cache)
+        return
     try:
         op = _group_op(members, wiring, fdt)
         fn = kept(("group",) + k[0], op, counted_jit(op, "group_compilations"))
@@ -267,9 +280,8 @@ def _compile(k, members, wiring, fdt, context, inputs) -> None:
     except Exception:  # noqa: BLE001 - a group that does not compile stays op by op, where
         result = False  # the same error (if it is the circuit's) reaches the caller
         _counts["failed"] += 1
-    with _lock:
-        if k in _kernels:
-            _kernels[k] = result
+    with working_for(epoch):  # not put back after a clear_cache since it was queued
+        _kernels.replace(k, result)
 
 
 def wait_for_groups() -> None:
@@ -281,12 +293,6 @@ def wait_for_groups() -> None:
 
 def group_info() -> dict:
     """``groups`` known, ``ready``, ``queued`` and ``compiled`` so far, ``hits``."""
-    with _lock:
-        states = collections.Counter("ready" if callable(v) else str(v) for v in _kernels.values())
-        return {"groups": len(_kernels), "ready": states["ready"], "queued": _counts["queued"],
-                "compiled": _counts["compiled"], "failed": _counts["failed"], "hits": _counts["hits"]}
-
-
-def clear_groups() -> None:
-    with _lock:
-        _kernels.clear()
+    states = collections.Counter("ready" if callable(v) else str(v) for v in _kernels.values())
+    return {"groups": len(_kernels), "ready": states["ready"], "queued": _counts["queued"],
+            "compiled": _counts["compiled"], "failed": _counts["failed"], "hits": _counts["hits"]}

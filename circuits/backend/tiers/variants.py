@@ -39,24 +39,15 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..dtypes import dtype_str, is_float, is_int
-from ..nodes import Circuit, Index, SetSymbolicShape, Tag
-from ..traversal import toposort
-from .incremental import (
-    VALUES,
-    CacheKeys,
-    RunInfo,
-    bind_symbols,
-    cached_kernel,
-    check_leaf_indices,
-    kernel,
-    pick_row,
-    prepared,
-    run_ops,
-)
-from .ops import build_op
-from .program import node_key_part
-from .runtime import raise_problems
+from ...dtypes import dtype_str, is_float, is_int
+from ...nodes import Circuit, Index, SetSymbolicShape, Tag
+from ...traversal import toposort
+from ..lower.binding import raise_problems
+from ..lower.ops import build_op
+from ..lower.program import node_key_part
+from .kernels import cached_kernel, kernel, pick_row
+from .op_by_op import RunInfo, check_leaf_indices, run_ops
+from .values import VALUES, Binding
 
 __all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
 
@@ -130,12 +121,11 @@ def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | N
     """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
     changed nodes computed as rows (see the module docstring).  Every input is checked first."""
     info = info if info is not None else RunInfo()
-    roots, free = prepared([base, *variants])
-    base, variants = roots[0], roots[1:]
+    binding = Binding([base, *variants], inputs, fdt)
+    base, variants = binding.roots[0], binding.roots[1:]
+    raise_problems(binding.problems)
     problems: list[str] = []
-    bound, fps = bind_symbols(free, inputs, fdt, problems)
-    raise_problems(problems)
-    keys = CacheKeys(fdt, fps)
+    bound, keys = binding.values, binding.keys
     out: list = [None] * len(variants)
     todo = []
     for i, v in enumerate(variants):
@@ -195,7 +185,7 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
                 given[h] = node
     if not given:
         return
-    from ..io.values import gather_index_ranges
+    from ...io.values import gather_index_ranges
 
     on_path = gather_index_ranges(order)
     position = {n.hash: i for i, n in enumerate(order)}

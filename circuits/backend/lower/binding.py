@@ -7,7 +7,7 @@ Array, an int that would wrap, a finite float that would become inf, an index ou
 gather reads).
 
 >>> from circuits import Symbol, Add
->>> from circuits.backend.program import Program
+>>> from circuits.backend.lower.program import Program
 >>> x = Symbol((2,), name='x')
 >>> bind_arguments(Program([Add(x, x)], 'float32'), {'x': [1, 2]}, 'float32')
 [array([1., 2.], dtype=float32)]
@@ -18,15 +18,15 @@ from __future__ import annotations
 import collections
 import contextlib
 import struct
-import threading
 import weakref
 from typing import Iterable, Mapping
 
 import numpy as np
 
-from ..dtypes import FLOAT_DTYPES, dtype_str, is_float
-from ..errors import EvaluationError
-from ..nodes import Circuit, Scalar, Symbol
+from ...dtypes import FLOAT_DTYPES, dtype_str, is_float
+from ...errors import EvaluationError
+from ...nodes import Circuit, Scalar, Symbol
+from ..cache.bounded import BoundedCache
 from .program import ARGUMENT_TYPES, Program
 
 __all__ = [
@@ -254,7 +254,7 @@ def leaf_value(node: Circuit, fdt: str, problems: list, targets: dict | None = N
             "circuits.bind(circuit, {name: array}) or circuits.fill_random(circuit, seed)"
         )
         return None
-    entry = _on_device.get(id(host))
+    entry = _on_device.peek(id(host))
     value = None if entry is None else entry.values.get(target)
     if value is not None:
         return value
@@ -307,16 +307,15 @@ def _extent(value):
 # Scalars share a small bounded cache keyed by value.  Fills run outside any lock: two threads
 # may upload the same value at once, and the first stored wins.
 
-_SCALAR_CACHE_SIZE = 4096
 # Small Arrays are also kept by content: the constants interventions make anew each time (a zeroed
 # head, a mean, a patched value) cross to the device once.  Bounded in bytes, oldest first out.
 _SMALL_BYTES = 1 << 18
-_SMALL_CACHE_BYTES = 1 << 26
-_small: dict = {}  # (content hash, shape, dtype, canonical dtype) -> device value, oldest first
-_small_bytes = 0
-_on_device: dict = {}  # id(host value) -> _Entry (its device values by dtype, its extent)
-_scalars_on_device: dict = {}  # (value, canonical dtype) -> device value, oldest first
-_device_lock = threading.Lock()
+# id(host value) -> _Entry (its device values by dtype, its extent): an entry goes with its value
+_on_device = BoundedCache("device arrays", "values", lru=False)
+# (content hash, shape, dtype, canonical dtype) -> device value
+_small = BoundedCache("device small arrays", "values", max_bytes=1 << 26, lru=False)
+# (value, canonical dtype) -> device value
+_scalars_on_device = BoundedCache("device scalars", "values", max_entries=4096, lru=False)
 
 
 _ALIAS_FROM_BYTES = 1 << 20
@@ -359,15 +358,12 @@ def _entry(host) -> _Entry | None:
         ref = weakref.ref(host, lambda r, key=key: _forget(key, r))
     except TypeError:
         return None
-    with _device_lock:
-        return _on_device.setdefault(key, _Entry(ref))
+    return _on_device.setdefault(key, _Entry(ref))
 
 
 def _forget(key, ref):
     # the host value died: its device values go (unless a newer value already holds the id)
-    entry = _on_device.get(key)
-    if entry is not None and entry.ref is ref:
-        _on_device.pop(key, None)
+    _on_device.pop_if(key, lambda entry: entry.ref is ref)
 
 
 def _array_on_device(host, target):
@@ -392,19 +388,10 @@ def _array_extent(host):
 def _small_on_device(node, host, target):
     """The device value of a small Array's ``host`` value, shared by every Array of the same
     contents (``_array_on_device`` when it is not yet known)."""
-    global _small_bytes
     key = (node.content_hash, host.shape, host.dtype.str, target)
     found = _small.get(key)
     if found is None:
-        found = _array_on_device(host, target)
-        with _device_lock:
-            if key not in _small:
-                _small[key] = found
-                _small_bytes += host.nbytes
-                while _small_bytes > _SMALL_CACHE_BYTES and _small:  # the oldest go first
-                    old = next(iter(_small))
-                    _small_bytes -= _small.pop(old).nbytes
-            found = _small[key]
+        found = _small.setdefault(key, _array_on_device(host, target), host.nbytes)
     return found
 
 
@@ -413,11 +400,7 @@ def _scalar_on_device(value: float, target):
     key = (value, target) if value else (struct.pack("<d", value), target)
     found = _scalars_on_device.get(key)
     if found is None:
-        found = _upload(np.asarray(value, dtype=target))
-        with _device_lock:
-            found = _scalars_on_device.setdefault(key, found)
-            while len(_scalars_on_device) > _SCALAR_CACHE_SIZE:  # the oldest go first
-                del _scalars_on_device[next(iter(_scalars_on_device))]
+        found = _scalars_on_device.setdefault(key, _upload(np.asarray(value, dtype=target)))
     return found
 
 
