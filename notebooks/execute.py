@@ -4,7 +4,7 @@ and writes it back with its outputs; ``tests/test_notebooks.py`` runs them again
 
 Outputs are compared as text once timings, memory figures and object addresses are masked
 (``masked``); numbers agree to 1e-5 relative, or within one unit of their last printed digit (a
-rounding flip); images are not compared, only that a cell still shows one. While a notebook
+rounding flip; numbers both under 1e-12 agree); images are not compared, only that a cell still shows one. While a notebook
 runs, every figure drawn is checked for a title, both axis labels and a legend (a colorbar counts
 for an image): ``plot_problems`` lists what is missing.
 """
@@ -72,9 +72,10 @@ def _unit(token: str) -> float:
     return 10.0 ** (-decimals + (int(exponent) if exponent else 0))
 
 
-def same_text(stored: str, fresh: str, rtol: float = 1e-5) -> str | None:
+def same_text(stored: str, fresh: str, rtol: float = 1e-5, atol: float = 1e-12) -> str | None:
     """None if the two texts agree (masked; numbers within ``rtol`` or one unit of their last
-    printed digit), else a description of the first difference."""
+    printed digit; two numbers both under ``atol`` in size, float64 rounding residues such as a
+    reconstruction's 1e-15 error, agree), else a description of the first difference."""
     a, b = masked(stored), masked(fresh)
     pa, pb = _NUMBER.split(a), _NUMBER.split(b)
     na, nb = _NUMBER.findall(a), _NUMBER.findall(b)
@@ -85,7 +86,7 @@ def same_text(stored: str, fresh: str, rtol: float = 1e-5) -> str | None:
         return f"the text differs in length: stored {len(a.splitlines())} lines, now {len(b.splitlines())}"
     for x, y in zip(na, nb):
         fx, fy = float(x), float(y)
-        if abs(fx - fy) > max(rtol * max(abs(fx), abs(fy)), _unit(x) * 1.0001, _unit(y) * 1.0001):
+        if abs(fx - fy) > max(rtol * max(abs(fx), abs(fy)), _unit(x) * 1.0001, _unit(y) * 1.0001, 2 * atol):
             return f"number {x} stored, {y} now"
     return None
 

@@ -54,6 +54,8 @@ def test_output_comparison_masks_timings_and_allows_rounding():
     assert run.same_text("3.2903142e+01", "3.2913142e+01") is not None
     assert run.same_text("b0.a.head2 kept", "b0.a.head3 kept") is not None  # names are not numbers to round
     assert run.same_text("['a', 'b']", "['a', 'c']") is not None
+    assert run.same_text("error 8.9e-16", "error 3.4e-15") is None       # float64 residues, not results
+    assert run.same_text("error 8.9e-10", "error 3.4e-9") is not None
 
 
 def test_there_is_a_notebook():
