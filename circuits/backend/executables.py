@@ -58,7 +58,7 @@ from ..dtypes import dtype_str
 from . import cachedir
 from .background import in_background
 from .cachedir import Untrusted
-from .compiling import counted_jit
+from .compiling import counted_jit, note_loaded
 from .persistent import FOLDER, KEPT_MAGIC, KEPT_NAME, distrust, ensure_persistent_cache, open_folder
 
 __all__ = ["kept", "stable_key", "executable_info"]
@@ -293,6 +293,7 @@ class KeptKernel:
         exe, loaded = _load(root, name, full)
         if exe is not None:
             _counts["loads"] += 1
+            note_loaded()
             return exe, loaded
         # The module's name: the key without the library's source, so that a new version of the
         # library finds in JAX's cache what it lowers the same way.

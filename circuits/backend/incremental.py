@@ -42,20 +42,22 @@ import numpy as np
 from ..dtypes import dtype_str, is_float, is_int
 from ..errors import EvaluationError
 from ..expand import substitute_all_modules
-from ..nodes import Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
+from ..nodes import Add, Array, Circuit, GeneralFunction, Module, Scalar, SetSymbolicShape, Symbol, Tag
+from ..progress import notice_after, shown
 from ..shapes import check_allocation, check_budget, max_alloc_bytes
 from ..traversal import toposort
 from . import groups as _groups
 from .background import WARM, wait_for
 from .binding import check_index_values, check_symbol_value, leaf_value, raise_problems, symbol_values
 from .bounded import BoundedCache
-from .compiling import counted_jit
+from .compiling import counted_jit, note_reused
 from .executables import kept
+from .memory import value_bytes
 from .ops import build_op
 from .program import kernel_part, node_key_part
 
 __all__ = [
-    "run_ops", "Binding", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",
+    "run_ops", "OverBudget", "kernel_over_rows", "sum_over_rows", "broadcast_rows", "Binding", "value_keys", "cached_values", "remember", "has_batch_axis", "kernel", "free_symbols", "VALUES",
     "value_cache_info", "set_value_budget", "kernel_info", "DEFAULT_VALUE_BYTES",
 ]
 
@@ -187,6 +189,7 @@ def cached_kernel(key, make):
     first beyond the cache's bound); of threads racing on a miss, the first stored wins."""
     fn = _kernels.get(key)
     if fn is not None:
+        note_reused()
         return fn
     op = make()
     fn = kept(key, op, counted_jit(op, "kernel_compilations"))  # its executable kept on disk
@@ -203,10 +206,113 @@ def kernel(node: Circuit, fdt: str):
     return cached_kernel((*kernel_part(node), fdt), lambda: build_op(node, fdt))
 
 
+def kernel_over_rows(node: Circuit, fdt: str, axes: tuple, rows: int):
+    """The kernel computing ``node`` for every row of a batch at once: the operation's kernel
+    mapped (``jax.vmap``) over the leading axis of the children whose ``axes`` entry is 0 (the
+    others are the same for every row).  One per (operation, shapes, precision, rows, axes),
+    shared by every circuit, as ``kernel`` is for one row."""
+    t = type(node)
+    if t is Tag or t is SetSymbolicShape:
+        return _identity_op
+
+    def make():
+        import jax
+
+        return jax.vmap(build_op(node, fdt), in_axes=axes)
+
+    return cached_kernel((*kernel_part(node), fdt, "rows", rows, axes), make)
+
+
+def sum_over_rows(node: Circuit, values: list, batched: list, fdt: str, rows: int):
+    """The value of an Add over a batch whose children (``values``) are some batched, some not
+    (``batched``): summed left to right as its own kernel does, two at a time through kernels
+    keyed by the two operands' shapes and which is batched (the batched one first: ``a + b`` is
+    ``b + a`` to the bit), so that every such sum shares a few kernels with the clean run, wherever
+    a constant term sits (a head zero-ablated at any position of a layer's sum)."""
+    out = values[0]
+    for value, (key, swap) in zip(values[1:], _sum_steps(node, batched, fdt, rows)):
+        out = _add_kernel(key)(value, out) if swap else _add_kernel(key)(out, value)
+    return out
+
+
+def _sum_steps(node: Circuit, batched: list, fdt: str, rows: int) -> list:
+    """``sum_over_rows``' steps: ``(kernel key, swap)`` for each child after the first."""
+    shape = node.shape
+    shapes = [c.shape for c in node.children]
+    steps = []
+    out_batched, out_shape = batched[0], shapes[0]
+    for is_batched, value_shape in zip(batched[1:], shapes[1:]):
+        swap = is_batched and not out_batched
+        a_shape, b_shape = (value_shape, out_shape) if swap else (out_shape, value_shape)
+        a_rows, b_rows = (True, False) if swap else (out_batched, is_batched)
+        steps.append((("add2", a_shape, b_shape, shape, fdt, rows if a_rows else None, b_rows), swap))
+        out_batched = out_batched or is_batched
+        out_shape = shape
+    return steps
+
+
+def _add_kernel(key: tuple):
+    """``a + b`` broadcast to the sum's shape, ``a`` (and ``b`` where the key says so) batched:
+    the kernel ``_sum_steps``' ``key`` names."""
+
+    def make():
+        import jax
+        import jax.lax as lax
+
+        _, _, _, shape, _, a_rows, b_rows = key
+        rank = len(shape)
+
+        def add(a, b):
+            if a.shape != shape:
+                a = lax.broadcast_in_dim(a, shape, tuple(range(rank - a.ndim, rank)))
+            if b.shape != shape:
+                b = lax.broadcast_in_dim(b, shape, tuple(range(rank - b.ndim, rank)))
+            return lax.add(a, b)
+
+        if a_rows is None:
+            return add
+        return jax.vmap(add, in_axes=(0, 0 if b_rows else None))
+
+    return cached_kernel(key, make)
+
+
+def _kernel_keys(node: Circuit, fdt: str, keys) -> list:
+    """The keys of the kernels computing ``node`` takes (as ``_run_each`` picks them)."""
+    t = type(node)
+    if t is Tag or t is SetSymbolicShape:
+        return []
+    rows = keys.rows
+    if rows is not None and keys.is_batched(node):
+        flags = [keys.is_batched(c) for c in node.children]
+        if _sums_pairwise(node):
+            return [key for key, _ in _sum_steps(node, flags, fdt, rows)]
+        return [(*kernel_part(node), fdt, "rows", rows, tuple(0 if f else None for f in flags))]
+    return [(*kernel_part(node), fdt)]
+
+
+def new_kernels(nodes, fdt: str, keys) -> int:
+    """How many distinct kernels computing ``nodes`` would make (not made yet)."""
+    return len({k for n in nodes for k in _kernel_keys(n, fdt, keys) if _kernels.peek(k) is None})
+
+
+def _sums_pairwise(node: Circuit) -> bool:
+    """Whether ``node`` is an Add ``sum_over_rows`` computes: two children or more, of one
+    non-bool dtype (its own kernel promotes mixed dtypes over all of them at once)."""
+    kids = node.children
+    return (type(node) is Add and len(kids) >= 2 and node.dtype != "bool"
+            and all(c.dtype == node.dtype for c in kids))
+
+
 def _broadcast_kernel(shape: tuple):
     import jax.lax as lax
 
     return cached_kernel(("broadcast", shape), lambda: lambda v: lax.broadcast(v, shape))
+
+
+def broadcast_rows(value, rows: int):
+    """``value`` repeated ``rows`` times along a new leading axis (a value the same for every row
+    of a batch, given the batch axis), through one cached kernel per shape."""
+    return _broadcast_kernel((rows,))(value)
 
 
 def pick_row(array, r: int):
@@ -242,16 +348,42 @@ class CacheKeys:
     """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
     no Symbol, else with the digest of the values bound to the Symbols below it.  The precision is
     the float dtype and JAX's matmul precision in force (``jax.default_matmul_precision``): a value
-    computed in TF32 is never returned where ``'highest'`` is asked for."""
+    computed in TF32 is never returned where ``'highest'`` is asked for.
 
-    __slots__ = ("fdt", "fps", "combos")
+    Over a batch (``rows``: how many; ``batched``: the hashes of the Symbols bound with a leading
+    batch axis), a node that depends on a batched Symbol has a value with that axis first
+    (``is_batched``); the digest of its bound values holds their shapes, so such a value never
+    answers for one row's."""
 
-    def __init__(self, fdt: str, fps: dict):
+    __slots__ = ("fdt", "fps", "combos", "rows", "batched", "by_free")
+
+    def __init__(self, fdt: str, fps: dict, rows: int | None = None, batched: frozenset = frozenset()):
         import jax
 
         self.fdt = (fdt, jax.config.jax_default_matmul_precision)
         self.fps = fps
         self.combos: dict = {}
+        self.rows, self.batched = rows, batched
+        self.by_free: dict = {}  # id of a free-Symbol tuple -> whether one of them is batched
+
+    def is_batched(self, node: Circuit) -> bool:
+        """Whether ``node``'s value has the batch axis (it depends on a batched Symbol)."""
+        free = node._free
+        if not free or self.rows is None:
+            return False
+        found = self.by_free.get(id(free))
+        if found is None:
+            batched = self.batched
+            found = self.by_free[id(free)] = any(s.hash in batched for s in free)
+        return found
+
+    def by_shape(self, node: Circuit):
+        """The key of ``node``'s value by shapes alone (``shape_key``), None where it has none;
+        over a batch, a batched node's holds the rows."""
+        key = shape_key(node)
+        if key is None:
+            return None
+        return (key, self.fdt, self.rows) if self.is_batched(node) else (key, self.fdt)
 
     def __call__(self, node: Circuit):
         free = node._free
@@ -264,33 +396,58 @@ class CacheKeys:
         return (node.hash, self.fdt, combo[0])
 
 
-def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list) -> tuple[dict, dict]:
-    """The values bound to the Symbols ``free`` (checked, on the device) and their fingerprints,
-    both by Symbol hash; what is wrong goes to ``problems``."""
+def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list,
+                 batched: bool = False) -> tuple[dict, dict, dict]:
+    """The values bound to the Symbols ``free`` (checked, on the device), their fingerprints, and
+    (``batched=True``: a value may carry one leading batch axis more) the rows of those that do,
+    each by Symbol hash; what is wrong goes to ``problems``."""
     raw = symbol_values(free, inputs, problems)
     bound: dict = {}
     fps: dict = {}
+    rows: dict = {}
     for sym in free:
         if sym.hash in raw:
-            value, _ = check_symbol_value(sym, raw[sym.hash], fdt, problems)
+            value, is_batched = check_symbol_value(sym, raw[sym.hash], fdt, problems, None if batched else False)
             if value is not None:
                 bound[sym.hash] = value
                 fps[sym.hash] = fingerprint(value)
-    return bound, fps
+                if is_batched:
+                    rows[sym.hash] = int(value.shape[0])
+    return bound, fps, rows
 
 
 class Binding:
     """``roots`` prepared (their Modules substituted) and the values bound to their Symbols,
     checked and hashed once: for the value cache's keys (``root_keys``) and for a run of the same
-    roots (``run_ops(binding=)``); what is wrong with the inputs is in ``problems``."""
+    roots (``run_ops(binding=)``); what is wrong with the inputs is in ``problems``.
 
-    __slots__ = ("roots", "free", "values", "problems", "keys")
+    ``batched=True``: a Symbol's value may carry one leading batch axis more (every such value
+    the same number of ``rows``, else a problem); the run then computes every row at once, each
+    node that depends on a batched Symbol through its kernel mapped over the rows.
 
-    def __init__(self, roots: Sequence[Circuit], inputs: Mapping | None, fdt: str):
+    >>> from circuits import Add
+    >>> x, w = Symbol((2,), name='x'), Symbol((2,), name='w')
+    >>> b = Binding([Add(x, w)], {'x': np.zeros((3, 2)), 'w': np.ones(2)}, 'float32', batched=True)
+    >>> b.rows, [s.name for s in b.free if s.hash in b.keys.batched]
+    (3, ['x'])
+    """
+
+    __slots__ = ("roots", "free", "values", "problems", "keys", "rows")
+
+    def __init__(self, roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, batched: bool = False):
         self.roots, self.free = prepared(roots)
         self.problems: list[str] = []
-        self.values, fps = bind_symbols(self.free, inputs, fdt, self.problems)
-        self.keys = CacheKeys(fdt, fps)
+        self.values, fps, rows = bind_symbols(self.free, inputs, fdt, self.problems, batched)
+        self.rows = None
+        if rows:
+            sizes = sorted(set(rows.values()))
+            if len(sizes) > 1:
+                by_size = {n: [s.line() for s in self.free if rows.get(s.hash) == n][:3] for n in sizes}
+                self.problems.append("batched inputs disagree on the batch size: " + "; ".join(
+                    f"{n} for {', '.join(names)}" for n, names in by_size.items()))
+            else:
+                self.rows = sizes[0]
+        self.keys = CacheKeys(fdt, fps, self.rows, frozenset(rows) if self.rows is not None else frozenset())
 
     def root_keys(self) -> list | None:
         """The value cache's keys of the roots (None when the inputs do not bind: a miss)."""
@@ -400,6 +557,16 @@ def _shape_entry(node: Circuit, depth: int) -> tuple:
 
 
 # ---------------------------------------------------------------------------- op-by-op evaluation
+class OverBudget(Exception):
+    """Raised by ``run_ops(max_bytes=)`` before anything is computed: the values a run over a
+    batch would make take more than ``max_bytes``; ``row_bytes`` is what one row's take (the
+    caller splits the batch into chunks of rows).  Never reaches a user."""
+
+    def __init__(self, row_bytes: int):
+        super().__init__(row_bytes)
+        self.row_bytes = row_bytes
+
+
 class RunInfo:
     """What one op-by-op evaluation did: ``computed`` nodes, ``reused`` cached values."""
 
@@ -426,9 +593,21 @@ def check_leaf_indices(nodes: Sequence[Circuit], ranges: dict, bound: dict, prob
 
 def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list | None) -> None:
     """Compute ``nodes`` (children before parents) one kernel each into ``env``; each value goes
-    to ``store`` for the value cache (None: not kept)."""
+    to ``store`` for the value cache (None: not kept).  Over a batch (``keys.rows``), a node that
+    depends on a batched Symbol runs its kernel mapped over the rows (``kernel_over_rows``)."""
+    rows = keys.rows
+    batched = keys.is_batched
     for node in nodes:
-        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
+        kids = node.children
+        if rows is not None and batched(node):
+            flags = [batched(c) for c in kids]
+            if _sums_pairwise(node):
+                value = sum_over_rows(node, [env[c.hash] for c in kids], flags, fdt, rows)
+            else:
+                axes = tuple(0 if f else None for f in flags)
+                value = kernel_over_rows(node, fdt, axes, rows)(*[env[c.hash] for c in kids])
+        else:
+            value = kernel(node, fdt)(*[env[c.hash] for c in kids])
         env[node.hash] = value
         if store is not None:
             _keep(node, value, keys, store)
@@ -437,32 +616,37 @@ def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list |
 def _keep(node: Circuit, value, keys, store: list) -> None:
     """Add ``(key, value, bytes)`` of ``node`` to ``store``: under its key, and under its shape
     key when its value depends on shapes alone."""
-    size = math.prod(node.shape) * value.dtype.itemsize
+    size = math.prod(value.shape) * value.dtype.itemsize
     store.append((keys(node), value, size))
-    by_shape = shape_key(node)
+    by_shape = keys.by_shape(node)
     if by_shape is not None:
-        store.append(((by_shape, keys.fdt), value, size))
+        store.append((by_shape, value, size))
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
             info: RunInfo | None = None, keep_all: bool = False, groups: bool = False, warm: bool = False,
-            binding: Binding | None = None):
+            binding: Binding | None = None, batched: bool = False, max_bytes: int | None = None):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them).  ``groups=True`` runs the fused groups that are
     compiled (``circuits.backend.groups``) and queues the others' compilation.  ``warm=True``
     computes the roots again though the cache holds them, and keeps the values the cache had.
-    ``binding``: the ``Binding`` of these roots and inputs, made already (they are not bound again)."""
+    ``binding``: the ``Binding`` of these roots and inputs, made already (they are not bound again).
+    ``batched=True``: inputs may carry a leading batch axis (``Binding``); a root that depends on
+    a batched Symbol then has it first (fused groups are not used over a batch); ``max_bytes``:
+    raise ``OverBudget`` before computing anything when the new values over the batch (the
+    op-by-op tier keeps each until the call ends) would take more."""
     if cache and not warm:
         # the warm-up after a new process's first, whole-program evaluation: wait for it rather
         # than compile the same kernels and compute the same values beside it
         wait_for(WARM)
     with _groups.foreground():
-        return _run_ops(binding or Binding(roots, inputs, fdt), fdt, cache, info, keep_all, groups, warm)
+        return _run_ops(binding or Binding(roots, inputs, fdt, batched), fdt, cache, info, keep_all, groups, warm,
+                        max_bytes)
 
 
-def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
+def _run_ops(binding, fdt, cache, info, keep_all, groups, warm, max_bytes=None):
     roots, bound, keys = binding.roots, binding.values, binding.keys
     again = {r.hash for r in roots} if warm else ()
     problems = list(binding.problems)
@@ -474,10 +658,10 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
                 return False
             value = get(keys(node))
             if value is None:
-                by_shape = shape_key(node)
+                by_shape = keys.by_shape(node)
                 if by_shape is None:
                     return False
-                value = get((by_shape, keys.fdt))
+                value = get(by_shape)
                 if value is None:
                     return False
             env[node.hash] = value
@@ -489,10 +673,12 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
     # Checks before anything runs: allocation budget, index ranges of what is read afresh.
     budget = max_alloc_bytes()
     int_leaves = False
+    rows = keys.rows
     for node in order:
         if node.hash in env:
             continue
-        check_allocation(node.shape, fdt if is_float(node.dtype) else node.dtype, node.line, EvaluationError, budget)
+        shape = (rows, *node.shape) if rows is not None and keys.is_batched(node) else node.shape
+        check_allocation(shape, fdt if is_float(node.dtype) else node.dtype, node.line, EvaluationError, budget)
         if not node.children and is_int(node.dtype):
             int_leaves = True
     if int_leaves:
@@ -525,8 +711,39 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
             todo.append(node)
         elif node.children:
             reused += 1
+    if max_bytes is not None and rows is not None:
+        row = sum(value_bytes(n, fdt) for n in todo if keys.is_batched(n))
+        if row * rows > max_bytes:
+            raise OverBudget(row)
+    # a call that compiles for long says so once (where progress bars are shown)
+    notice = None
+    if todo and shown():
+        count = new_kernels(todo, fdt, keys)
+        if count:
+            notice = notice_after(NOTICE_AFTER, f"circuits: compiling {count} kernel{'s' if count > 1 else ''}…")
+    try:
+        _compute(todo, env, fdt, keys, cache, groups, roots, rows, again)
+    finally:
+        if notice is not None:
+            notice.cancel()
+    computed = len(todo)
+    if info is not None:
+        info.computed += computed
+        info.reused += reused
+    outs = [env[r.hash] for r in roots]
+    if keep_all:
+        return outs, env, order
+    return outs
+
+
+# A call still compiling this many seconds after it began says so (``progress.notice_after``).
+NOTICE_AFTER = 1.0
+
+
+def _compute(todo, env, fdt, keys, cache, groups, roots, rows, again) -> None:
+    """Compute ``todo`` into ``env`` (fused groups where asked), and keep the values."""
     store: list = []  # (key, value, bytes) for the value cache, stored together at the end
-    if groups and cache and len(todo) >= _groups.MIN_MEMBERS:
+    if groups and cache and rows is None and len(todo) >= _groups.MIN_MEMBERS:
         for members, ins, key in _groups.plan(todo, {r.hash for r in roots}):
             fn = None
             if key is not None:
@@ -544,11 +761,3 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
         store = [entry for entry in store if entry[0][0] not in again]
     if store:
         VALUES.put_many(store)
-    computed = len(todo)
-    if info is not None:
-        info.computed += computed
-        info.reused += reused
-    outs = [env[r.hash] for r in roots]
-    if keep_all:
-        return outs, env, order
-    return outs

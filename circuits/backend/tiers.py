@@ -41,11 +41,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import time
 from typing import Callable
 
 from ..errors import EvaluationError
 from .background import in_background
 from .bounded import BoundedCache
+from .compiling import work_here
 from .program import Program
 from .runtime import cached_jit, is_cached
 
@@ -217,10 +219,19 @@ def record(tier: str, computed: int = 0, reused: int = 0) -> None:
 
 
 def last_run() -> dict:
-    """What the latest ``evaluate`` (or gradient) in this thread did: ``tier`` (``'ops'``: op by
-    op through cached kernels, ``'jit'``: the whole compiled program, ``'cache'``: the value was
-    known), ``computed`` (nodes computed op by op) and ``reused`` (cached values read)."""
-    return dict(getattr(_local, "last", {"tier": None, "computed": 0, "reused": 0}))
+    """What the latest ``evaluate`` (or gradient, or ``evaluate_batched``) in this thread did:
+    ``tier`` (``'ops'``: op by op through cached kernels, ``'jit'``: the whole compiled program,
+    ``'cache'``: the value was known), ``computed`` (nodes computed op by op) and ``reused``
+    (cached values read); ``kernels``: how many XLA compilations the call made on its thread
+    (``compiled``: kernels or whole programs), executables it read from a disk cache
+    (``loaded``), kernels it found made already (``reused``); ``seconds``: its ``total`` time, of
+    which ``compiling`` (tracing, lowering and XLA's compilation) and the rest, ``running``.
+    Background compilations are not the call's."""
+    found = getattr(_local, "last", None)
+    if found is None:
+        return {"tier": None, "computed": 0, "reused": 0, "kernels": {"compiled": 0, "loaded": 0, "reused": 0},
+                "seconds": {"compiling": 0.0, "running": 0.0, "total": 0.0}}
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in found.items()}
 
 
 # ---------------------------------------------------------------------------- whole programs, tracked
@@ -328,7 +339,20 @@ class Route:
 
 
 def run(route: Route):
-    """The value ``route`` computes, by the way the policy picks; recorded for ``last_run``."""
+    """The value ``route`` computes, by the way the policy picks; recorded for ``last_run``, with
+    the compilations and the time the call took."""
+    start, before = time.perf_counter(), work_here()
+    value = _run(route)
+    compiled, loaded, reused, seconds = (a - b for a, b in zip(work_here(), before))
+    total = time.perf_counter() - start
+    last = getattr(_local, "last", None)
+    if last is not None:
+        last["kernels"] = {"compiled": compiled, "loaded": loaded, "reused": reused}
+        last["seconds"] = {"compiling": seconds, "running": max(0.0, total - seconds), "total": total}
+    return value
+
+
+def _run(route: Route):
     current = _settings[0]
     auto = route.mode == "auto"
     cold = auto and current.cold_start and _cold[0] and route.cold_start
