@@ -64,7 +64,7 @@ def gpt2_eap(small: bool, runs: int = 5):
     src = {"tokens": corrupt}
     n = len(edges(c))
     from circuits.backend import value_and_grad
-    from circuits.interp.discovery import metric_node
+    from circuits.interp.metric import metric_node
 
     # The baseline: the hand-written jax.jit GPT-2 (weights as arguments), the same metric's value
     # and gradient with respect to the embeddings; and the library's own compiled one.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 import circuits as C
-from circuits.backend.binding import bind_arguments
-from circuits.backend.program import Program
+from circuits.backend.lower.binding import bind_arguments
+from circuits.backend.lower.program import Program
 from circuits.models import attn_only, random_weights
 
 from .common import interleaved_medians, median_time, report
@@ -24,7 +24,8 @@ def main(runs: int = 20):
     toks = np.random.default_rng(0).integers(0, 50259, 302)
     circuit = attn_only(w, toks)
     compiled = C.compile(circuit)
-    np.testing.assert_array_equal(C.evaluate(circuit), compiled())
+    # the first evaluate may run op by op (a new cache): the tiers agree to float rounding
+    np.testing.assert_allclose(C.evaluate(circuit), compiled(), rtol=1e-5)
     seed = interleaved_medians({"evaluate": lambda: C.evaluate(circuit), "compiled": lambda: compiled()}, runs=runs)
 
     small_w = random_weights(0, vocab=50, d_model=16, n_heads=2, head_size=8, max_positions=16)

@@ -13,7 +13,7 @@ Two figures per size, each a ratio to the hand-written model:
 
 Both in process CPU time (all threads: robust to other load on a shared machine, where wall time
 stretches with everyone else's work) and in wall time.  ``circuits.compile`` batches the per-head
-einsums of each layer (``circuits.backend.head_batching``) unless ``batch_heads=False``; the
+einsums of each layer (``circuits.backend.lower.head_batching``) unless ``batch_heads=False``; the
 head-by-head column shows what that costs.  A breakdown line per size splits the first call
 (CPU seconds, measured separately with ``jax.jit(...).lower`` / ``.compile`` after clearing JAX's
 caches): circuit ``build``, ``lower`` (Python: program, head batching, ops), ``bind``, ``trace``,
@@ -34,8 +34,8 @@ import numpy as np
 
 import circuits as C
 from circuits.backend import clear_cache
-from circuits.backend.binding import bind_arguments
-from circuits.backend.lowering import program_with_also
+from circuits.backend.lower.binding import bind_arguments
+from circuits.backend.lower.lowering import program_with_also
 from circuits.models import attn_only, random_weights
 
 from .common import agreement_tolerance, interleaved_times, medians_of, report

@@ -23,8 +23,8 @@ import numpy as np
 
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Rearrange, Scalar, Symbol, toposort
 from circuits.backend import evaluate
-from circuits.backend.binding import bind_arguments, precision
-from circuits.backend.program import Program
+from circuits.backend.lower.binding import bind_arguments, precision
+from circuits.backend.lower.program import Program
 
 from .common import interleaved_medians, report
 

@@ -20,7 +20,7 @@ import numpy as np
 
 import circuits as C
 import circuits.backend as backend
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.background import wait_for_background
 
 from .common import report
 

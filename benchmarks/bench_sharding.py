@@ -1,4 +1,4 @@
-"""Sharding over the devices there are (``circuits.backend.sharding``): the seed model's loss
+"""Sharding over the devices there are (``circuits.backend.lower.sharding``): the seed model's loss
 split over a one-axis mesh, against the same circuit on one device, in the same process.
 
 - **tensor parallel**: ``compile(c, mesh=devices, shard={attention weights: P('model')})`` (the

@@ -10,7 +10,7 @@ doing them one at a time (issue 9).  Run: ``.venv/bin/python -m benchmarks.bench
    the corrupted head outputs computed once), called once per patch; compilation included on
    both sides.  Target: ratio ≤ 0.75.
 
-The path-patch variants are built with the local helper of the tests (``tests.interp.variants``).
+The path-patch variants are built with plain node operations (``benchmarks.variants``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _patch_arguments():
 
 
 def path_patching(w, toks, corrupted, optimize=("auto", False)):
-    from tests.interp.variants import path_patch_variants
+    from .variants import path_patch_variants
 
     wj = {k: jax.device_put(v) for k, v in w.items()}
     tj, cj = (jax.device_put(np.asarray(t, np.int32)) for t in (toks, corrupted))

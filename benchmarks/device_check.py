@@ -44,7 +44,8 @@ def main(argv=None):
 
     import circuits as C
     from circuits.models import attn_only, random_weights, tokens_symbol
-    from tests.models.numpy_attn_only import forward
+
+    from .numpy_attn_only import forward
 
     dev = jax.devices()[0]
     print(f"card: {dev.device_kind} ({dev.platform}; {len(jax.devices())} device(s): {jax.devices()})", flush=True)

@@ -3,7 +3,7 @@ and program key.
 
 A leaf module: it sees bytes, never nodes.  Callers take the fields from a node and pass them in
 (``circuits.nodes.base`` when a node is built, ``circuits.traversal`` for the structure hash,
-``circuits.backend.program`` for the program key), and ``circuits.check`` re-hashes every node
+``circuits.backend.lower.program`` for the program key), and ``circuits.check`` re-hashes every node
 through the very function that made its hash, so the recipes cannot drift apart.
 
 ============================  ========================================  ======================================

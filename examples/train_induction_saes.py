@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from circuits.interp import save_sae, train_sae
-from circuits.interp.sae import INDUCTION_SAE_DIR
+from circuits.interp.sae_files import INDUCTION_SAE_DIR
 from circuits.models import attn_only, induction_tokens, induction_weights
 
 SITES = ("b0", "b1")

@@ -1,11 +1,11 @@
 """``batch_heads``: the rewrite form of the backend's per-head batching lowering
-(``circuits.backend.head_batching``, which ``evaluate``, ``compile`` and ``evaluate_batched``
+(``circuits.backend.lower.head_batching``, which ``evaluate``, ``compile`` and ``evaluate_batched``
 apply by default).  A sum of per-head subcircuits (the same computation on ``Index`` slices of
 one weight, as the seed prints its attention heads) becomes one computation over a head axis and
 one Einsum that sums it; the value is unchanged.  Use it to print, save or analyse (``cost``) the
 batched circuit.
 
-Head batching has three homes, one job each: ``circuits.backend.head_batching`` (the lowering
+Head batching has three homes, one job each: ``circuits.backend.lower.head_batching`` (the lowering
 ``evaluate`` / ``compile`` apply: per-head sums batched over a head axis, the circuit untouched),
 ``rewrites.batch_heads`` (the same transformation as a rewrite, for a circuit to print, save or
 cost) and ``circuits.interp.split_heads`` (the inverse: a fused layer split into named per-head

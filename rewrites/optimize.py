@@ -18,7 +18,7 @@ sets whose rules live in ``rewrites.rules``, run in order:
 
 A large ``logsumexp`` of an Einsum (a language model's normaliser over its vocabulary) is left as
 it is: the backend computes it chunk by chunk itself where nothing else reads the Einsum
-(``circuits.backend.fusion``), with chunks measured for the machine, so the optimized circuit
+(``circuits.backend.lower.fusion``), with chunks measured for the machine, so the optimized circuit
 runs the same code as ``compile`` of the original there (a rewrite's own ``Concat`` of chunks was
 slower: BENCHMARKS.md, issue 24).  ``rewrites.rules.chunking.chunk_logsumexp`` stays in the
 catalogue for a circuit that should print its chunks.

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from circuits.backend import tiers
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.background import wait_for_background
 from tests.deep import build_deep_chain
 
 _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -36,7 +36,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 # A process's first evaluation is special (cold start): no test should depend on being the first
 # in its worker; tests/backend/test_persistent.py tests it in fresh processes.  Fused groups
-# compile in the background (circuits.backend.groups): off, so that no test's counts see another's
+# compile in the background (circuits.backend.tiers.groups): off, so that no test's counts see another's
 # compilation land; tests/backend/test_groups.py turns them on, and the interpretability tests run
 # with the settings a user gets (tests/interp/conftest.py).
 tiers.configure(cold_start=False, groups=False)

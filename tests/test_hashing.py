@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 
 import circuits as C
-from circuits.backend.program import Program
+from circuits.backend.lower.program import Program
 from circuits.check import check
 from circuits.hashing import (
     argument_key_part,

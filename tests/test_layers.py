@@ -9,7 +9,7 @@ import their implementations lazily from ``circuits/nodes/base.py``: they are li
 
 The backend has one door: a module above it imports ``circuits.backend`` (the package, whose
 ``__all__`` is the backend's public surface: ``Lowered`` for a lowered program), never one of its
-submodules (``circuits.backend.runtime``, ``.program``...).
+submodules (``circuits.backend.evaluation``, ``.cache.compiled``...).
 """
 
 import ast
@@ -106,8 +106,9 @@ BACKEND = ROOT / "circuits" / "backend"
 
 
 def backend_submodule(target: str):
-    """The backend submodule ``target`` names (``circuits.backend.runtime``, or a name inside one),
-    None for the package itself and the names it exports."""
+    """The backend submodule or stage ``target`` names (``circuits.backend.evaluation``,
+    ``circuits.backend.cache`` for ``circuits.backend.cache.compiled`` or a name inside one), None
+    for the package itself and the names it exports."""
     parts = target.split(".")
     if parts[:2] != ["circuits", "backend"] or len(parts) < 3:
         return None
@@ -139,8 +140,9 @@ def test_modules_above_the_backend_use_its_one_door():
 
 
 def test_the_door_check_tells_a_submodule_from_an_exported_name():
-    assert backend_submodule("circuits.backend.runtime") == "circuits.backend.runtime"
-    assert backend_submodule("circuits.backend.runtime.bind_arguments") == "circuits.backend.runtime"
+    assert backend_submodule("circuits.backend.evaluation") == "circuits.backend.evaluation"
+    assert backend_submodule("circuits.backend.cache.compiled") == "circuits.backend.cache"
+    assert backend_submodule("circuits.backend.cache.compiled.cached_jit") == "circuits.backend.cache"
     assert backend_submodule("circuits.backend.evaluate") is None  # `from ..backend import evaluate`
     assert backend_submodule("circuits.backend") is None
 
@@ -161,3 +163,47 @@ def test_the_checker_catches_an_upward_import():
         assert any("circuits/nodes/base.py" in v and "circuits.backend" in v for v in violations())
     finally:
         ALLOWED.update(saved)
+
+
+def private_imports(unit: str):
+    """Imports of a private name (``_x``, from ``from m import _x``) by a module of ``unit`` from a
+    module of ``unit`` in another package: modules that share private names are one package."""
+    found = []
+    for path in sorted(ROOT.joinpath(*unit.split(".")).rglob("*.py")):
+        me = module_name(path)
+        package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")
+                target = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith(unit):
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                module = f"{target}.{name}" if ROOT.joinpath(*target.split("."), name + ".py").exists() else target
+                home = module.rsplit(".", 1)[0]
+                if home != package:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {me} imports {name} from {target}")
+    return found
+
+
+def test_interp_modules_share_no_private_names_outside_a_package():
+    # The discovery modules shared six private names: they became the package interp/discovery/.
+    assert private_imports("circuits.interp") == []
+
+
+def test_benchmarks_import_nothing_from_the_tests():
+    # The benchmarks' helpers and oracles (numpy_attn_only, variants) live in benchmarks/: the
+    # tests may read them, never the other way round.
+    found = []
+    for path in sorted(ROOT.joinpath("benchmarks").rglob("*.py")):
+        for line, target in imports_of(path):
+            if target == "tests" or target.startswith("tests."):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {target}")
+    assert found == []

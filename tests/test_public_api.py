@@ -68,7 +68,7 @@ def test_promised_call_shapes():
                        (rewrites.simp, ["circuit"]), (rewrites.optimize, ["circuit"]),
                        (rewrites.batch_heads, ["circuit"])]:
         assert list(inspect.signature(fn).parameters)[: len(params)] == params, fn
-    for fn in (C.compile, C.evaluate_batched):  # sharding (circuits.backend.sharding), per-head batching
+    for fn in (C.compile, C.evaluate_batched):  # sharding (circuits.backend.lower.sharding), per-head batching
         assert {"mesh", "shard", "batch_heads"} <= set(inspect.signature(fn).parameters), fn
     assert "batch_heads" in inspect.signature(C.evaluate).parameters
 

@@ -5,7 +5,7 @@
 
 - **FLOPs by kind** (``mul``, ``add``, ``div``, ``exp``, ``log``, ``sqrt``, ``sin``, ``cos``,
   ``tanh``, ``erf``, ``pow``, ``cmp``).  An Einsum is counted step by step along the plan the
-  backend runs (``circuits.backend.einsum.einsum_steps``: per-operand sums first, then pairwise
+  backend runs (``circuits.backend.lower.einsum.einsum_steps``: per-operand sums first, then pairwise
   ``dot_general`` contractions in opt_einsum's order): a contraction of ``left`` and ``right``
   over axes ``K`` with result ``R`` does ``|R|·|K|`` multiplies and ``|R|·(|K|-1)`` adds; a sum
   of ``n`` entries down to ``m`` does ``n - m`` adds.  Another order would count differently
@@ -19,7 +19,7 @@
   Arrays, Scalars and Symbols are inputs (``input_bytes``) and cost nothing themselves.
 - **Memory**: ``peak_bytes`` is the largest sum of live temporaries when the nodes are computed
   one by one in the backend's order (toposort, as ``evaluate(mode='ops')`` runs them), each
-  freed after its last use (``circuits.backend.memory``); ``memory_order`` is an order that
+  freed after its last use (``circuits.backend.lower.memory``); ``memory_order`` is an order that
   lowers it (each node's children computed biggest-need-first, Sethi-Ullman style, or the
   backend's order if that is no worse), with peak ``memory_order_peak_bytes``.  Compiled code
   (XLA) fuses and plans its own buffers: treat these as the op-by-op upper estimate.

@@ -24,17 +24,19 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .batch_tuning import tail_sizes, tune_chunk
-from .binding import float_dtype, precision
-from .bounded import BoundedCache
-from .calling import bind_once
-from .incremental import Binding, OverBudget, RunInfo, broadcast_rows, cached_values, run_ops
-from .lowered import run_function, run_key, vmap_function
-from .lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
-from .memory import INPUT_TYPES, peak_bytes, value_bytes
-from .program import Program
-from .sharding import BATCH_AXIS, Placement
-from .tiers import Route, check_mode, run, worth_compiling
+from .cache.bounded import BoundedCache
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once
+from .lower.lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
+from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
+from .lower.program import Program
+from .lower.sharding import BATCH_AXIS, Placement
+from .tiers.batch_tuning import tail_sizes, tune_chunk
+from .tiers.kernels import broadcast_rows
+from .tiers.lowered import run_function, run_key, vmap_function
+from .tiers.op_by_op import OverBudget, RunInfo, run_ops
+from .tiers.policy import Route, check_mode, run, worth_compiling
+from .tiers.values import Binding, cached_values
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
 
@@ -49,7 +51,7 @@ DEFAULT_MEMORY_BUDGET = 256 << 20
 
 class BatchPlan(NamedTuple):
     """How ``evaluate_batched`` splits a dataset: ``chunk`` rows at a time, each row estimated
-    at ``row_bytes`` of temporaries (``circuits.backend.memory``: the op-by-op peak of one row
+    at ``row_bytes`` of temporaries (``circuits.backend.lower.memory``: the op-by-op peak of one row
     plus its batched inputs), within ``budget`` bytes; ``reason`` says why in words."""
 
     chunk: int
@@ -274,7 +276,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       rows as fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost
       model (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
       slower than chunks.  With neither given, the size within that bound is measured on the
-      dataset's own rows (``circuits.backend.batch_tuning``; kept per program for later calls).
+      dataset's own rows (``circuits.backend.tiers.batch_tuning``; kept per program for later calls).
       The choice is logged (logger ``circuits.backend.batched``, INFO) and printed with
       ``verbose=True``.  A chunk of one row runs the program itself on the row (no ``vmap``);
       on the CPU, a chunk of rows of large work (``MAP_FROM_BYTES``) runs as a ``lax.map`` over
@@ -284,7 +286,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       shard each chunk over along the batch axis (the chunk is rounded up to a multiple).
     - ``mesh`` (a ``jax.sharding.Mesh``) and ``shard`` (``{matcher: PartitionSpec}``): batched
       inputs are split along the mesh axis named ``'batch'`` (if it has one), the matched Arrays
-      and Symbols as their specs say, the rest replicated (``circuits.backend.sharding``); not
+      and Symbols as their specs say, the rest replicated (``circuits.backend.lower.sharding``); not
       with ``devices``.
     - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate`` (``mode='ops'`` runs op by
       op; with ``devices`` or ``mesh``, the whole program runs, uncompiled in ``'ops'``);

@@ -1,7 +1,7 @@
 """One set of controls for everything evaluation keeps: compiled whole programs, per-operation
 kernels and fused groups, the value cache of op-by-op evaluation, lowered programs, values on
 the device, and every other cache the backend holds in memory (each registers itself where it
-is created: ``circuits.backend.bounded``).
+is created: ``circuits.backend.cache.bounded``).
 
 - ``cache_stats()``: counters (flat, for the compile cache as before; ``'values'``,
   ``'kernels'``, ``'eager'``, ``'tiers'``, ``'groups'`` and ``'disk'`` sub-dicts for the rest, and
@@ -11,7 +11,7 @@ is created: ``circuits.backend.bounded``).
   cache (whole programs), the value cache (bytes on the device) and the compilation cache's
   directory on disk.
 
-Persistent compilation across processes is JAX's own cache (``circuits.backend.persistent``),
+Persistent compilation across processes is JAX's own cache (``circuits.backend.cache.persistent``),
 with the executables this library keeps beside it; ``cache_stats()['disk']`` says where it is,
 its budget and what the last trim found.  ``clear_cache`` never touches it.
 
@@ -26,12 +26,13 @@ its budget and what the last trim found.  ``clear_cache`` never touches it.
 from __future__ import annotations
 
 from ..errors import EvaluationError
-from .bounded import KINDS, registered
-from .groups import group_info
-from .incremental import DEFAULT_VALUE_BYTES, kernel_info, set_value_budget, value_cache_info
-from .persistent import disk_info, set_disk_budget
-from .runtime import compile_cache_stats, set_compile_cache_size
-from .tiers import tier_info
+from .cache.bounded import KINDS, registered
+from .cache.compiled import compile_cache_stats, set_compile_cache_size
+from .cache.persistent import disk_info, set_disk_budget
+from .tiers.groups import group_info
+from .tiers.kernels import kernel_info
+from .tiers.policy import tier_info
+from .tiers.values import DEFAULT_VALUE_BYTES, set_value_budget, value_cache_info
 
 __all__ = ["cache_stats", "clear_cache", "set_cache_size", "DEFAULT_VALUE_BYTES"]
 
@@ -48,7 +49,7 @@ def cache_stats() -> dict:
     ``Eager`` views (``evaluators``; their ``entries`` and ``bytes`` are 0: they read the value
     cache); ``tiers``: circuits tracked for
     whole-program compilation; ``groups``: the op-by-op tier's fused groups
-    (``circuits.backend.groups``); ``disk``: the compilation cache's directory; ``caches``: each
+    (``circuits.backend.tiers.groups``); ``disk``: the compilation cache's directory; ``caches``: each
     registered in-memory cache's ``entries`` and counters, by name.
     """
     caches = registered()
@@ -86,7 +87,7 @@ def set_cache_size(functions: int | None = None, *, values_bytes: int | None = N
                    disk_bytes: int | None = None) -> None:
     """Bound the compile cache to ``functions`` whole programs, the value cache to
     ``values_bytes`` bytes (0 keeps no value) and the compilation cache's directory on disk to
-    ``disk_bytes`` (trimmed at once, and daily: ``circuits.backend.persistent``); least recently
+    ``disk_bytes`` (trimmed at once, and daily: ``circuits.backend.cache.persistent``); least recently
     used entries go first.
 
     >>> set_cache_size(256); cache_stats()['max_size']

@@ -1,7 +1,7 @@
 """``Eager``: a view for exploring intermediate values, over the op-by-op tier.
 
 An ``Eager`` view computes any node op by op through the kernels cached per operation and over
-the process-wide value cache (``circuits.backend.incremental``): exactly what
+the process-wide value cache (``circuits.backend.tiers.op_by_op``): exactly what
 ``evaluate(node, inputs, mode='ops')`` runs, so looking at a node's children, then at theirs,
 reuses everything already computed, by this view, by ``evaluate`` or by another view.  The
 values are kept by that one cache (bounded in bytes: ``set_cache_size(values_bytes=)``), not by
@@ -30,11 +30,12 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .binding import float_dtype, precision
-from .bounded import WeakCaches
-from .incremental import VALUES, RunInfo, run_ops
-from .lowering import resolve_nodes
-from .program import Program
+from .cache.bounded import WeakCaches
+from .lower.binding import float_dtype, precision
+from .lower.lowering import resolve_nodes
+from .lower.program import Program
+from .tiers.op_by_op import RunInfo, run_ops
+from .tiers.values import VALUES
 
 __all__ = ["Eager"]
 

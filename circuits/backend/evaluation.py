@@ -1,6 +1,6 @@
 """Evaluation with JAX.
 
-A circuit is lowered in toposort order to one JAX function (``circuits.backend.program``): each distinct
+A circuit is lowered in toposort order to one JAX function (``circuits.backend.lower.program``): each distinct
 node is computed once, Arrays and Scalars are **arguments** of that function, not baked-in
 constants, and the compile cache is keyed by the name-blind, value-blind structure plus shapes and
 dtypes, so a patched circuit (same structure, other arrays) reuses compiled code.
@@ -27,16 +27,18 @@ import numpy as np
 from ..errors import EvaluationError
 from ..nodes import Circuit
 from ..traversal import toposort
-from .background import WARM, in_background
 from .batched import evaluate_batched
-from .binding import float_dtype, precision
-from .calling import bind_once, binder_of
-from .incremental import Binding, RunInfo, cached_values, has_batch_axis, remember, run_ops
-from .lowered import Lowered, run_function, run_key
-from .lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
-from .persistent import compiled_before, note_compiled
-from .sharding import Placement, mesh_of
-from .tiers import Route, check_mode, run, settings, worth_compiling
+from .cache.background import WARM, in_background
+from .cache.persistent import compiled_before, note_compiled
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once, binder_of
+from .lower.lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
+from .lower.sharding import Placement, mesh_of
+from .tiers.lowered import Lowered, run_function, run_key
+from .tiers.op_by_op import RunInfo, run_ops
+from .tiers.policy import Route, check_mode, run, settings, worth_compiling
+from .tiers.symbols import has_batch_axis
+from .tiers.values import Binding, cached_values, remember
 
 __all__ = ["evaluate", "compile", "Compiled", "make_jaxpr"]
 
@@ -66,7 +68,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
       times, then compiles it whole (in the background) and runs that.  ``last_run()`` says
       which tier ran.
     - ``batch_heads``: in the whole-program tier, compute a sum of per-head subcircuits as one
-      computation over a head axis (``circuits.backend.head_batching``); op by op, a one-head
+      computation over a head axis (``circuits.backend.lower.head_batching``); op by op, a one-head
       change recomputes only that head.
     - ``cache=False``: neither read nor keep values in the value cache (for measuring
       throughput); ``return_jax=True`` leaves the result on the device as a jax array.
@@ -223,7 +225,7 @@ class Compiled(Lowered):
     ``inputs`` (a dict keyed by Symbol or name).
 
     Array and Scalar values are uploaded to the device on first use and kept there, shared with
-    every other evaluation of the same tensors (``circuits.backend.binding``'s device values).
+    every other evaluation of the same tensors (``circuits.backend.lower.binding``'s device values).
 
     >>> from circuits import Symbol, GeneralFunction
     >>> x = Symbol((3,), name='x')
@@ -266,7 +268,7 @@ class Compiled(Lowered):
 
     def __call__(self, inputs: Mapping | None = None, *, return_jax: bool = False):
         """The circuit's value for ``inputs`` (numpy; ``return_jax=True``: a jax array left on
-        the device).  The arguments are bound once (``circuits.backend.calling``): a call with
+        the device).  The arguments are bound once (``circuits.backend.lower.calling``): a call with
         inputs of shapes and dtypes seen before only checks their values' index ranges and
         runs the compiled function once."""
         with precision(self.dtype):
@@ -292,7 +294,7 @@ def compile(circuit: Circuit, *, dtype="float32", also=None, batch_heads: bool =
 
     ``mesh`` (a ``jax.sharding.Mesh`` or a list of devices) and ``shard`` (``{matcher:
     PartitionSpec}``) split the matched Arrays and Symbols over the devices, the rest replicated,
-    and XLA partitions the computation to match (``circuits.backend.sharding``):
+    and XLA partitions the computation to match (``circuits.backend.lower.sharding``):
 
     >>> import jax
     >>> from jax.sharding import PartitionSpec as P

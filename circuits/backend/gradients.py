@@ -23,14 +23,15 @@ import numpy as np
 from ..dtypes import is_float
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from .backward import grads_ops
-from .binding import float_dtype, precision
-from .calling import bind_once
-from .incremental import RunInfo, has_batch_axis
-from .lowered import grad_function, grad_vmap_function
-from .lowering import as_items, resolve_nodes
-from .program import Program
-from .tiers import Route, check_mode, run, worth_compiling
+from .lower.binding import float_dtype, precision
+from .lower.calling import bind_once
+from .lower.lowering import as_items, resolve_nodes
+from .lower.program import Program
+from .tiers.backward import grads_ops
+from .tiers.lowered import grad_function, grad_vmap_function
+from .tiers.op_by_op import RunInfo
+from .tiers.policy import Route, check_mode, run, worth_compiling
+from .tiers.symbols import has_batch_axis
 
 __all__ = ["grad", "value_and_grad"]
 

@@ -18,9 +18,11 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
   ``load_sae`` / ``save_sae`` (SAELens layout), ``train_sae``; ``attribution_graph`` (exact direct
   effects between features, errors, tokens and logits with patterns and norm scales frozen)
 - ``edges(circuit)``, ``patch_edges(circuit, edges, source)``, ``discover(circuit, source, metric,
-  method=)``, ``faithfulness``: circuit discovery over the head-level graph (EAP, EAP-IG, ACDC, exact)
+  method=)``, ``faithfulness``: circuit discovery over the head-level graph (EAP, EAP-IG, ACDC, exact),
+  the package ``circuits.interp.discovery``; ``metric=`` is read by ``circuits.interp.metric`` for
+  ``attribute`` and ``discover`` alike
 - ``residual_terms(circuit, at, depth=1, layer_norm='keep'|'freeze')``, ``expand_residual``: residual-stream
-  path expansion into named per-source terms; ``split_heads`` for fused-head attention
+  path expansion into named per-source terms (``residual_paths``); ``split_heads`` for fused-head attention
 - ``attention_patterns(circuit, tokens)``: every head's attention pattern with the token strings,
   a notebook view (layer × head overview, query × key heatmaps, hover values)
 
@@ -37,16 +39,14 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 from .attention import attention_patterns
 from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
-from .discovery import Discovery, discover
-from .edge_graph import Edges, edges, patch_edges
-from .expansion import expand_residual, layer_norm_parts, residual_terms
-from .faithfulness import Faithfulness, faithfulness
-from .found import FoundCircuit
+from .discovery import Discovery, Edges, Faithfulness, FoundCircuit, discover, edges, faithfulness, patch_edges
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .induction import head_scores, induction_hypothesis
 from .interventions import ablate, patch, path_patch
-from .sae import SAE, induction_saes, load_sae, save_sae
+from .residual_paths import expand_residual, layer_norm_parts, residual_terms
+from .sae import SAE
+from .sae_files import induction_saes, load_sae, save_sae
 from .scrubbing import ScrubResult, scrub
 from .splice import feature_site, splice
 from .sweep import SweepResult, sweep

@@ -9,7 +9,9 @@ clean circuit for every gradient (``circuits.grad``'s machinery, one backward fo
 The metric is the sum of the circuit's output by default (for the seed's loss: the total loss
 over positions); ``metric=`` takes an array of the output's shape (the weighted sum
 ``sum(metric * output)``) or a function ``circuit -> node`` built on the output (its values
-summed), e.g. ``lambda c: Index(c, (-1,))`` for the loss at the last position.
+summed), e.g. ``lambda c: Index(c, (-1,))`` for the loss at the last position, read as
+``discover`` reads it (``circuits.interp.metric``; ``'kl'``, whose gradient at the clean run is
+zero, is refused).
 
 >>> import numpy as np
 >>> from circuits import Symbol, Einsum
@@ -33,6 +35,7 @@ from ..hashing import content_hash
 from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
+from .metric import Metric, read_metric
 from .sites import batched_sources, paired_root, resolve_sites
 
 __all__ = ["attribute"]
@@ -61,14 +64,14 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     """
     from ..backend import evaluate, has_batch_axis, value_and_grad
 
+    spec = read_metric(metric, circuit, "attribute", gradient_at_clean=True)
     given = source
     source, extra = batched_sources(circuit, source)
     if extra:
         inputs = {**(inputs or {}), **extra}
     if extra or has_batch_axis(circuit, inputs):
-        plan = _plan_for(circuit, sites, source, metric, dtype, _plan_key(sites, given, source, metric, dtype))
-        weights = None if metric is None or callable(metric) else np.asarray(metric)
-        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None, weights)
+        plan = _plan_for(circuit, sites, source, spec, dtype, _plan_key(sites, given, source, metric, dtype))
+        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None, spec.weights)
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
@@ -76,7 +79,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     clean = [np.asarray(values[n], np.float64) for n in nodes]
     patched = [np.asarray(values[copies[n.hash]], np.float64) for n in nodes]
 
-    target, cotangent = _metric(circuit, metric)
+    target, cotangent = _target(circuit, spec)
     present = None if target is circuit else {n.hash for n in toposort(target)}  # every site is in circuit
     wrt = [n for n in nodes if present is None or n.hash in present]
     grads = {}
@@ -142,16 +145,16 @@ def _plan_key(sites, given, source, metric, dtype):
     return (tuple(site_key), tuple(source_key), metric_key, str(dtype))
 
 
-def _plan_for(circuit: Circuit, sites, source, metric, dtype, key) -> "_Plan":
+def _plan_for(circuit: Circuit, sites, source, spec: Metric, dtype, key) -> "_Plan":
     if key is None:
-        return _Plan(circuit, sites, source, metric, dtype)
+        return _Plan(circuit, sites, source, spec, dtype)
     full = (id(circuit), key)
     with _plans_lock:
         found = _PLANS.get(full)
         if found is not None and found[0]() is circuit:
             _PLANS.move_to_end(full)
             return found[1]
-    plan = _Plan(circuit, sites, source, metric, dtype)
+    plan = _Plan(circuit, sites, source, spec, dtype)
     with _plans_lock:
         _PLANS[full] = (weakref.ref(circuit, lambda ref, k=full: _drop_plan(k, ref)), plan)
         while len(_PLANS) > _PLANS_SIZE:
@@ -175,12 +178,12 @@ class _Plan:
     (a ``vmap`` over the rows) and sums each site's estimate in it.  Holds the program detached
     (its leaves, no interior node)."""
 
-    def __init__(self, circuit: Circuit, sites, source, metric, dtype):
+    def __init__(self, circuit: Circuit, sites, source, spec: Metric, dtype):
         from ..backend import Lowered, float_dtype
 
         self.fdt = float_dtype(dtype)
         labels, nodes, copies = _sites_and_copies(circuit, sites, source)
-        target, cotangent = _metric(circuit, metric)
+        target, cotangent = _target(circuit, spec)
         self.weighted = cotangent is not None
         present = {n.hash for n in toposort(target)}
         self.labels = labels
@@ -236,23 +239,8 @@ class _Plan:
         return out
 
 
-def _metric(circuit: Circuit, metric) -> tuple[Circuit, np.ndarray | None]:
+def _target(circuit: Circuit, spec: Metric) -> tuple[Circuit, np.ndarray | None]:
     """The node to differentiate and the cotangent weighting its output (None: plain sum)."""
-    if metric is None:
-        return circuit, None
-    if isinstance(metric, Circuit):
-        raise CircuitError("attribute: metric= takes a function circuit -> node or an array of weights, not a node")
-    if callable(metric):
-        target = metric(circuit)
-        if not isinstance(target, Circuit):
-            raise CircuitError(f"attribute: metric(circuit) returned {type(target).__name__}; return a node built on it")
-        return target, None
-    weights = np.asarray(metric)
-    if weights.shape != circuit.shape:
-        raise CircuitError(
-            f"attribute: metric weights have shape {list(weights.shape)}; the output {circuit.line()} has "
-            f"shape {list(circuit.shape)}"
-        )
-    return circuit, weights
-
-
+    if spec.kind == "function":
+        return spec.node, None
+    return circuit, spec.weights

@@ -43,6 +43,7 @@ plots with matplotlib (``plot``, the ``plot`` extra).
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -52,6 +53,7 @@ from ..errors import CircuitError
 from ..nodes import Array, Circuit, Einsum, GeneralFunction, Symbol
 from ..select import Name, get_unique
 from ..traversal import replace, toposort
+from .checks import check_count
 from .sae import SAE
 from .sites import one_root, resolve_site
 from .splice import splice
@@ -360,7 +362,11 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     if len(circuit.shape) != 2:
         raise CircuitError(f"attribution graph: the circuit must compute logits [positions, vocab]; got {circuit.line()}")
     n_pos, vocab = circuit.shape
-    pos = position % n_pos
+    pos, top, freeze = _checked(position, targets, freeze, n_pos, vocab)
+    batch_size = check_count(batch_size, "attribution graph", "batch_size", fix="target rows per backward pass")
+    max_logits = check_count(max_logits, "attribution graph", "max_logits")
+    max_feature_nodes = check_count(max_feature_nodes, "attribution graph", "max_feature_nodes", minimum=0, none=True,
+                                    fix="a count of features")
     emb = resolve_site(circuit, embeddings, "embeddings")
     acts = [get_unique(circuit, Name(f"{s}.sae.acts")) for s in sites]
     errs = [get_unique(circuit, Name(f"{s}.sae.error")) for s in sites]
@@ -389,14 +395,10 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
     row = logits_value[pos]
     probs = np.exp(row - row.max())
     probs /= probs.sum()
-    if targets is None:
+    if top is None:
         top = np.argsort(-probs, kind="stable")[:max_logits]
         cum = np.cumsum(probs[top])
         top = top[: int(np.searchsorted(cum, logit_probability)) + 1]
-    else:
-        top = np.asarray([int(t) for t in targets])
-        if len(top) == 0 or top.min() < 0 or top.max() >= vocab:
-            raise CircuitError(f"attribution graph: targets={list(targets)} must be token ids in 0..{vocab - 1}")
     if tokens is None:
         tokens = _embedding_tokens(emb, n_pos)
     nodes, feature_index = [], []
@@ -419,8 +421,6 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
         nodes.append({"id": f"logit_{int(v)}_{pos}", "kind": "logit", "layer": len(sites), "site": None, "pos": pos,
                       "feature": int(v), "activation": None, "token": int(v), "probability": float(probs[v])})
 
-    if max_feature_nodes is not None and (isinstance(max_feature_nodes, bool) or int(max_feature_nodes) < 0):
-        raise CircuitError(f"attribution graph: max_feature_nodes={max_feature_nodes!r}: give a count of features, or None")
     with precision(fdt):
         adj, kept = _edges(f, leaf_values, frozen_targets, feature_index, top, probs[top], n_sites=len(sites), n_pos=n_pos,
                            vocab=vocab, pos=pos, n_err=len(sites) * n_pos, fdt=fdt, batch_size=batch_size,
@@ -435,6 +435,31 @@ def attribution_graph(circuit: Circuit, saes: Mapping[str, SAE] | None = None, *
               "sites": sites, "position": pos, "target_logits": [int(v) for v in top]}
     meta = {"tokens": list(tokens), "node_threshold": node_threshold, "n_layers": len(sites), "sites": sites}
     return AttributionGraph(nodes, adj, w, node_mask, edge_mask, influence, frozen, meta)
+
+
+def _checked(position, targets, freeze, n_pos: int, vocab: int) -> tuple[int, np.ndarray | None, tuple]:
+    """``(position, target token ids or None, frozen function names)`` checked against the logits'
+    ``[n_pos, vocab]`` before anything runs (a float position or a string target was a raw
+    IndexError or ValueError after the forward pass)."""
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) or not -n_pos <= position < n_pos:
+        raise CircuitError(f"attribution graph: position={position!r:.60}: give an int in {-n_pos}..{n_pos - 1} "
+                           "(a position of the logits; negative counts from the end)")
+    top = None
+    if targets is not None:
+        items = list(targets) if isinstance(targets, (Sequence, np.ndarray)) and not isinstance(targets, str) else None
+        bad = items is None or not items or any(isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                                                   or not 0 <= t < vocab for t in items)
+        if bad:
+            raise CircuitError(f"attribution graph: targets={targets!r:.80}: give a non-empty list of token ids in "
+                               f"0..{vocab - 1}, or None (the most probable tokens)")
+        top = np.asarray([int(t) for t in items])
+    if isinstance(freeze, str):
+        freeze = (freeze,)
+    if freeze is None or not isinstance(freeze, (Sequence, set, frozenset)) or not all(
+            isinstance(f, str) for f in freeze):
+        raise CircuitError(f"attribution graph: freeze={freeze!r:.80}: give the names of the functions held at their "
+                           f"clean values (default {FROZEN_FUNCTIONS}; () for none)")
+    return int(position) % n_pos, top, tuple(freeze)
 
 
 def _edges(f, leaf_values, frozen_targets, feature_index, top, logit_weights, *, n_sites, n_pos, vocab, pos, n_err,

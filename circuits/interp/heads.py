@@ -8,7 +8,7 @@ Einsums, Adds and functions (the ``rewrites`` Index rules, scoped to the new nod
 reaches the weights, so each head is its own subcircuit (``'<name>.head{h}'``) reading
 ``W_q[h]``, ``W_k[h]``, ... as in the unfused seed model.
 
-Head batching has three homes, one job each: ``circuits.backend.head_batching`` (the lowering
+Head batching has three homes, one job each: ``circuits.backend.lower.head_batching`` (the lowering
 ``evaluate`` / ``compile`` apply: per-head sums batched over a head axis, the circuit untouched),
 ``rewrites.batch_heads`` (the same transformation as a rewrite, for a circuit to print, save or
 cost) and ``circuits.interp.split_heads`` (the inverse: a fused layer split into named per-head
@@ -78,7 +78,7 @@ def split_heads(circuit: Circuit, at, *, axis: int | None = None, stop_at=None) 
     n_heads = node.axis_sizes()[head]
     in_axes = tuple(tuple(a for a in axes if a != head) for axes in node.in_axes)
     original = {n.hash for n in toposort(circuit)}
-    push = rewrites.normalize(rewrites.RuleSet(index_rules.RULES))
+    push = rewrites.normalize(index_rules.RULES)
     label = node.name or "attn"
     heads = []
     for h in range(n_heads):

@@ -82,7 +82,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
     else:
         if data is None:
             raise CircuitError(f"ablate: kind={kind!r} needs data=, a mapping from input names to batched values")
-        batched = _values_over_batch(circuit, resolved, data, dtype, batch_size, mode)
+        batched = values_over_batch(circuit, resolved, data, dtype, batch_size, mode)
         if kind == "mean":
             values = [v.mean(axis=0) for v in batched]
         else:
@@ -93,7 +93,7 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
     return replace_within(circuit, table)
 
 
-def _values_over_batch(circuit, resolved, data, dtype, batch_size, mode) -> list[np.ndarray]:
+def values_over_batch(circuit, resolved, data, dtype, batch_size, mode) -> list[np.ndarray]:
     """Each site's value on every row of ``data``: ``[batch, *site.shape]`` arrays."""
     from ..backend import evaluate_batched
 

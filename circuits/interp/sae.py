@@ -32,15 +32,13 @@ that ``splice`` puts into a circuit: named nodes ``<prefix>.pre`` (pre-activatio
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import attrs
 import numpy as np
 
 from ..errors import CircuitError, ShapeError
 from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Scalar
 
-__all__ = ["SAE", "ARCHITECTURES", "load_sae", "save_sae", "sae_nodes", "induction_saes"]
+__all__ = ["SAE", "ARCHITECTURES", "sae_nodes"]
 
 SAE_ARCHITECTURES = ("standard", "topk", "abstopk", "jumprelu", "gated")
 TRANSCODER_ARCHITECTURES = ("transcoder", "skip_transcoder", "jumprelu_transcoder", "jumprelu_skip_transcoder")
@@ -48,7 +46,7 @@ ARCHITECTURES = SAE_ARCHITECTURES + TRANSCODER_ARCHITECTURES
 NORMALIZATIONS = ("none", "constant_norm_rescale", "layer_norm")
 
 
-def _tensors_needed(arch: str) -> tuple[str, ...]:
+def tensors_needed(arch: str) -> tuple[str, ...]:
     if arch == "gated":
         return ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag")
     keys = ("W_enc", "W_dec", "b_enc", "b_dec")
@@ -148,7 +146,7 @@ class SAE:
             value = getattr(self, key)
             if not isinstance(value, (bool, np.bool_)):
                 raise CircuitError(f"SAE {key}={_brief(value)} must be True or False")
-        for key in _tensors_needed(self.architecture):
+        for key in tensors_needed(self.architecture):
             if getattr(self, key) is None:
                 raise CircuitError(f"a {self.architecture} SAE needs the tensor {key!r}")
         for key in _TENSORS:
@@ -178,7 +176,7 @@ class SAE:
 
     def tensors(self) -> dict[str, np.ndarray]:
         """The tensors SAELens saves for this architecture, by their SAELens names."""
-        return {k: getattr(self, k) for k in _tensors_needed(self.architecture)}
+        return {k: getattr(self, k) for k in tensors_needed(self.architecture)}
 
     def cfg(self) -> dict:
         """The SAELens 6 ``cfg.json`` content."""
@@ -241,7 +239,7 @@ class SAE:
              "r_mag": 0.1 * rng.standard_normal(d_sae), "W_skip": 0.1 * rng.standard_normal((d_out, d_in))}
         if architecture in ("topk", "abstopk") and k is None:
             k = max(1, d_sae // 4)
-        kw = {key: t[key].astype(dtype) for key in _tensors_needed(architecture)}
+        kw = {key: t[key].astype(dtype) for key in tensors_needed(architecture)}
         if architecture in TRANSCODER_ARCHITECTURES:
             settings.setdefault("apply_b_dec_to_input", False)
         return SAE(architecture=architecture, k=k, dtype=dtype, **kw, **settings)
@@ -383,22 +381,3 @@ def sae_nodes(x: Circuit, sae: SAE, prefix: str, *, acts: Circuit | None = None,
             recon = recon.rename(f"{p}.recon")
     out["recon"] = recon
     return out
-
-
-# ---------------------------------------------------------------------------- files
-from .sae_files import load_sae, save_sae  # noqa: E402  (they build SAEs: imported once SAE exists)
-
-# ---------------------------------------------------------------------------- shipped SAEs
-INDUCTION_SAE_DIR = Path(__file__).parent / "data"
-
-
-def induction_saes() -> dict[str, SAE]:
-    """The SAEs shipped for ``circuits.models.induction_weights()``: ``{'b0': SAE, 'b1': SAE}``,
-    TopK (256 latents, k = 8) on each layer's residual stream output, trained by
-    ``examples/train_induction_saes.py``.
-
-    >>> saes = induction_saes()
-    >>> sorted(saes), saes['b1'].d_in, saes['b1'].d_sae, saes['b1'].k
-    (['b0', 'b1'], 64, 256, 8)
-    """
-    return {site: load_sae(INDUCTION_SAE_DIR / f"induction_sae_{site}") for site in ("b0", "b1")}

@@ -1,4 +1,5 @@
-"""SAELens SAE folders: ``load_sae`` and ``save_sae`` (``cfg.json`` + ``sae_weights.safetensors``).
+"""SAELens SAE folders: ``load_sae`` and ``save_sae`` (``cfg.json`` + ``sae_weights.safetensors``), and the
+SAEs shipped for the induction model (``induction_saes``).
 
 The two files of a folder are one SAE only when they were written together, so ``save_sae``
 writes them as a pair that cannot be torn and can be checked:
@@ -44,6 +45,7 @@ import numpy as np
 from ..errors import CircuitError, ShapeError, StoreError
 from ..io.localfs import describe_os_error, open_dir, open_file
 from ..io.store import read_safetensors_from, safetensors_writer
+from .sae import ARCHITECTURES, SAE, TRANSCODER_ARCHITECTURES, tensors_needed
 
 CFG_FILE, WEIGHTS_FILE = "cfg.json", "sae_weights.safetensors"
 DIGEST_KEY = "circuits_weights_digest"
@@ -81,8 +83,6 @@ def load_sae(path):
     >>> s.architecture, s.d_sae, s.hook_name
     ('jumprelu', 8, 'b0')
     """
-    from .sae import ARCHITECTURES, SAE, TRANSCODER_ARCHITECTURES, _tensors_needed
-
     folder = _folder(path, "load_sae")
     cfg_path, weights_path = folder / CFG_FILE, folder / WEIGHTS_FILE
     cfg_source, weights_source = _open_pair(folder)
@@ -107,7 +107,7 @@ def load_sae(path):
     dtype = _dtype_name(cfg.get("dtype"), cfg_path)
     if "log_threshold" in tensors and "threshold" not in tensors:
         tensors["threshold"] = np.exp(tensors.pop("log_threshold").astype(np.float64))
-    missing = [k for k in _tensors_needed(arch) if k not in tensors]
+    missing = [k for k in tensors_needed(arch) if k not in tensors]
     if missing:
         raise CircuitError(f"load_sae: {weights_path} lacks {', '.join(map(repr, missing))}, which a {arch} SAE "
                            f"needs (it holds {', '.join(sorted(map(_short, tensors)))})")
@@ -119,7 +119,7 @@ def load_sae(path):
         if value is not None and value != w_enc.shape[axis]:
             raise ShapeError(f"load_sae: {cfg_path} says {key}={value} but W_enc has shape {list(w_enc.shape)}")
     kw = {}
-    for k in _tensors_needed(arch):
+    for k in tensors_needed(arch):
         t = tensors[k]
         if t.dtype.kind not in "fiub" and t.dtype.name != "bfloat16":
             raise CircuitError(f"load_sae: {weights_path}: tensor {k!r} has dtype {t.dtype}, not a number")
@@ -272,8 +272,6 @@ def save_sae(sae, path) -> None:
     >>> sorted(os.listdir(d))
     ['cfg.json', 'sae_weights.safetensors']
     """
-    from .sae import SAE
-
     if not isinstance(sae, SAE):
         raise CircuitError(f"save_sae: expected an SAE, got {type(sae).__name__}")
     folder = _folder(path, "save_sae")
@@ -418,3 +416,19 @@ def _put_in_place(tmp: Path, folder: Path) -> None:
         os.rename(old, folder)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- shipped SAEs
+INDUCTION_SAE_DIR = Path(__file__).parent / "data"
+
+
+def induction_saes() -> dict[str, SAE]:
+    """The SAEs shipped for ``circuits.models.induction_weights()``: ``{'b0': SAE, 'b1': SAE}``,
+    TopK (256 latents, k = 8) on each layer's residual stream output, trained by
+    ``examples/train_induction_saes.py``.
+
+    >>> saes = induction_saes()
+    >>> sorted(saes), saes['b1'].d_in, saes['b1'].d_sae, saes['b1'].k
+    (['b0', 'b1'], 64, 256, 8)
+    """
+    return {site: load_sae(INDUCTION_SAE_DIR / f"induction_sae_{site}") for site in ("b0", "b1")}

@@ -45,6 +45,7 @@ from ..errors import CircuitError
 from ..nodes import Circuit, Concat, Einsum, Scalar, Symbol
 from ..shapes import check_allocation
 from ..traversal import toposort
+from .checks import check_count, check_seed
 from .hypothesis import Claim
 from .treeify import SlotPlan, plan_slots, slot_name, treeify
 
@@ -163,6 +164,8 @@ def scrub(circuit: Circuit, hypothesis: Claim, data: Mapping[str, np.ndarray], *
     if isinstance(samples, bool) or not isinstance(samples, numbers.Integral) or samples < 2:
         raise CircuitError(f"scrub: samples={samples!r:.80}: give an int, at least 2 (standard errors need them)")
     samples = int(samples)
+    seed = check_seed(seed, "scrub")
+    batch_size = check_count(batch_size, "scrub", "batch_size", none=True, fix="rows of one evaluation")
     # the losses of the three runs, before anything is drawn or evaluated (10**12 samples: refused here)
     check_allocation((3, samples, *circuit.shape), "float64", lambda: f"scrub: samples={samples}")
     arrays, rows, symbols = _check_data(circuit, data)

@@ -367,7 +367,7 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
       where the work saved outweighs the rewrite's and the compilation's cost; ``False`` never.  The values are the same up to float rounding.
     - ``mode``: ``'jit'`` runs the groups' compiled programs as above; ``'ops'`` evaluates each
       variant op by op through the kernels cached per operation, over the process's value cache
-      (``circuits.backend.incremental``: the common work is computed once and shared through the
+      (``circuits.backend.tiers.op_by_op``: the common work is computed once and shared through the
       cache, each variant computes only its own part, and nothing is compiled whole);
       ``'auto'`` (default) takes the compiled programs when every group's is compiled already
       (a sweep of a structure swept before) and runs op by op otherwise (a first sweep answers
@@ -472,7 +472,7 @@ def _all_compiled(own: dict, batch_size) -> bool:
 
 def _sweep_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
     """Every variant op by op over the value cache, the variants' changed nodes computed as rows
-    of one kernel per base node (``circuits.backend.variants``): the common work once."""
+    of one kernel per base node (``circuits.backend.tiers.variants``): the common work once."""
     bar = _progress(len(variants), progress)
     try:
         with precision(fdt):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Circuit
-from .interventions import _values_over_batch
+from .interventions import values_over_batch
 from .sae import SAE
 from .sites import resolve_sites
 
@@ -136,7 +136,7 @@ def train_sae(circuit: Circuit, site, data: Mapping, *, d_sae: int, architecture
     vector (default ``d_sae // 16``) or ``l1`` (standard).  Returns an ``SAE`` whose
     ``hook_name`` is the site's name, ready for ``splice`` and ``save_sae``."""
     (label, node), = resolve_sites(circuit, site)
-    values = _values_over_batch(circuit, [(label, node)], data, "float32", eval_batch_size, "auto")[0]
+    values = values_over_batch(circuit, [(label, node)], data, "float32", eval_batch_size, "auto")[0]
     x = np.asarray(values, np.float32).reshape(-1, node.shape[-1])
     return train_sae_on(x, d_sae=d_sae, architecture=architecture, k=k, l1=l1, steps=steps, batch_size=batch_size,
                         lr=lr, seed=seed, progress=progress, hook_name=label)

@@ -85,11 +85,16 @@ def linear(x: Circuit, w: Circuit, b: Circuit | None, name: str, *, w_in_out: bo
     return y if b is None else Add(y, b, name=name)
 
 
-def neg_inf_bias(mask: Circuit) -> Circuit:
-    """``-10000`` where ``mask`` is 0, else 0: the additive bias that hides masked attention scores."""
-    neg_mask = Einsum.from_spec("ab,->ab", mask, Scalar(-1.0, name="neg_one"), name="not_mask.neg_mask")
-    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name="a.not_mask")
-    return Einsum.from_spec("qk,->qk", not_mask, Scalar(NEG_INF, name="a.neg_inf"), name="a.score_neg_inf_bias")
+def neg_inf_bias(mask: Circuit, name: str | None = None) -> Circuit:
+    """``-10000`` where ``mask`` is 0, else 0: the additive bias that hides masked attention scores
+    (``'a.score_neg_inf_bias'``, or ``name + '.neg_inf_bias'`` for a model with several masks).
+    ``exp(-10000 - max)`` is 0 in float32 and float64: a hidden key gets exactly no weight."""
+    p = "a" if name is None else name
+    neg_mask = Einsum.from_spec("ab,->ab", mask, Scalar(-1.0, name="neg_one"),
+                                name="not_mask.neg_mask" if name is None else f"{p}.neg_mask")
+    not_mask = Add(Scalar(1.0, name="one"), neg_mask, name=f"{p}.not_mask")
+    return Einsum.from_spec("qk,->qk", not_mask, Scalar(NEG_INF, name="a.neg_inf"),
+                            name="a.score_neg_inf_bias" if name is None else f"{p}.neg_inf_bias")
 
 
 def attention_head(norm: Circuit, qk_input: Circuit, wq: Circuit, wk: Circuit, wv: Circuit, wo: Circuit,
@@ -173,44 +178,62 @@ def sliding_causal_mask(n_queries: int, n_keys: int, window: int | None = None) 
     return ok.astype(np.float32)
 
 
-def rotary_tables(positions, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+def rotary_tables(positions, head_dim: int, theta: float, dtype: str = "float32",
+                  rotary_dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Rotary cos and sin tables [positions, head_dim] in HuggingFace's half-split layout (the
-    frequencies ``theta ** (-2i / head_dim)`` repeated for both halves), computed in float32 as
-    ``transformers`` computes them.
+    frequencies ``theta ** (-2i / rotary_dim)`` repeated for both halves), computed at ``dtype``:
+    in float32 as ``transformers`` computes them, in float64 throughout (a float64 model's own
+    tables).  With ``rotary_dim < head_dim`` (GPT-NeoX's partial rotary) only the first
+    ``rotary_dim`` dimensions rotate: the rest get cos 1 and sin 0, which leaves them unchanged.
 
     >>> cos, sin = rotary_tables([0, 1], 4, 10000.0)
     >>> cos.shape, float(cos[0, 0]), round(float(sin[1, 0]), 4)
     ((2, 4), 1.0, 0.8415)
+    >>> [round(float(v), 4) for v in rotary_tables([1], 4, 10000.0, rotary_dim=2)[1][0]]
+    [0.8415, 0.8415, 0.0, 0.0]
     """
-    if head_dim % 2:
-        raise CircuitError(f"rotary embeddings need an even head_dim, got {head_dim}")
-    inv_freq = (1.0 / (np.float32(theta) ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32)
-                                              / np.float32(head_dim)))).astype(np.float32)
-    freqs = np.asarray(positions, np.float32)[:, None] * inv_freq[None, :]
+    rotary_dim = head_dim if rotary_dim is None else int(rotary_dim)
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise CircuitError(f"rotary embeddings need an even rotary dimension from 2 to head_dim={head_dim}, "
+                           f"got {rotary_dim}")
+    dt = np.dtype(dtype)
+    inv_freq = (1.0 / (dt.type(theta) ** (np.arange(0, rotary_dim, 2, dtype=np.int64).astype(dt)
+                                           / dt.type(rotary_dim)))).astype(dt)
+    freqs = np.asarray(positions, dt)[:, None] * inv_freq[None, :]
     emb = np.concatenate([freqs, freqs], axis=-1)
-    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+    cos, sin = np.cos(emb).astype(dt), np.sin(emb).astype(dt)
+    if rotary_dim < head_dim:
+        rest = (len(cos), head_dim - rotary_dim)
+        cos = np.concatenate([cos, np.ones(rest, dt)], axis=-1)
+        sin = np.concatenate([sin, np.zeros(rest, dt)], axis=-1)
+    return cos, sin
 
 
-def rotary_sin_signed(sin: np.ndarray) -> np.ndarray:
-    """``sin`` with its first half negated: ``rotate_half(x) * sin == swap_halves(x) * signed``,
-    so rotary embeddings need no matrix product (HuggingFace's ``rotate_half`` is
-    ``concat(-x[half:], x[:half])``).
+def rotary_sin_signed(sin: np.ndarray, rotary_dim: int | None = None) -> np.ndarray:
+    """``sin`` with the first half of its rotary part negated: ``rotate_half(x) * sin ==
+    swap_halves(x) * signed``, so rotary embeddings need no matrix product (HuggingFace's
+    ``rotate_half`` is ``concat(-x[half:], x[:half])``).
 
     >>> rotary_sin_signed(np.array([[1.0, 2.0, 3.0, 4.0]])).tolist()
     [[-1.0, -2.0, 3.0, 4.0]]
     """
-    half = sin.shape[-1] // 2
-    return np.concatenate([-sin[..., :half], sin[..., half:]], axis=-1).astype(sin.dtype)
+    half = (sin.shape[-1] if rotary_dim is None else rotary_dim) // 2
+    out = sin.copy()
+    out[..., :half] = -out[..., :half]
+    return out
 
 
-def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin_signed: Circuit, name: str) -> Circuit:
+def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin_signed: Circuit, name: str,
+                 rotary_dim: int | None = None) -> Circuit:
     """``x * cos + rotate_half(x) * sin`` for ``x`` whose axes are ``axes`` (ending in the position
     ``s`` and the head dimension ``c``, e.g. ``'ngsc'``); ``cos`` is [positions, head_dim] and
     ``sin_signed`` is ``rotary_sin_signed(sin)``.  ``rotate_half`` is a swap of the two halves of
-    the head dimension (an Index, ``name + '.swapped'``) times the signed sine: elementwise work
-    only, no matrix product (so ``cost`` counts rotary as the few multiplies it is)."""
+    the head dimension's rotary part (an Index, ``name + '.swapped'``) times the signed sine:
+    elementwise work only, no matrix product (so ``cost`` counts rotary as the few multiplies it
+    is).  Dimensions past ``rotary_dim`` keep their value (their cos is 1 and their sin 0)."""
     d = x.shape[-1]
-    swap = np.concatenate([np.arange(d // 2, d), np.arange(d // 2)])
+    r = d if rotary_dim is None else rotary_dim
+    swap = np.concatenate([np.arange(r // 2, r), np.arange(r // 2), np.arange(r, d)])
     swapped = Index(x, (ALL,) * (x.ndim - 1) + (swap,), name=f"{name}.swapped")
     a = Einsum.from_spec(f"{axes},sc->{axes}", x, cos, name=f"{name}.cos")
     b = Einsum.from_spec(f"{axes},sc->{axes}", swapped, sin_signed, name=f"{name}.sin")
@@ -219,7 +242,7 @@ def apply_rotary(x: Circuit, axes: str, cos: Circuit, sin_signed: Circuit, name:
 
 def attention(x: Circuit, q: Circuit, k: Circuit, v: Circuit, wo: Circuit, bo: Circuit | None, *,
               mask: Circuit, mask_bias: Circuit, scale: float, name: str, split_heads: bool = False,
-              wo_spec: str = "ngsc,dngc->sd") -> Circuit:
+              wo_spec: str = "ngsc,dngc->sd", softcap: float | None = None) -> Circuit:
     """Multi-head attention given queries ``q`` [kv_heads, group, queries, head_dim], keys and
     values ``k``/``v`` [kv_heads, keys, head_dim] (grouped-query attention when ``group > 1``;
     plain multi-head when ``group == 1``) and the output weight ``wo`` (axes as ``wo_spec`` says,
@@ -227,37 +250,56 @@ def attention(x: Circuit, q: Circuit, k: Circuit, v: Circuit, wo: Circuit, bo: C
     (``neg_inf_bias(mask)``) hides the rest.  Fused (one node per step, ``name + '.probs'`` is
     [kv_heads, group, queries, keys]) or with ``split_heads`` one node per head and step
     (``name + '.head{h}.probs'``, head ``h`` uses KV head ``h // group``), summed into ``name``.
-    ``x`` is unused except to check the positions agree."""
+    ``softcap`` (Gemma-2's ``attn_logit_softcapping``): the scores become ``softcap *
+    tanh(scores / softcap)`` before masking (``'.scores_raw'`` holds ``scores / softcap``,
+    ``'.scores_tanh'`` its tanh).  ``x`` is unused except to check the positions agree."""
     n_kv, group, n_q, head_dim = q.shape
     if x.shape[0] != n_q:
         raise CircuitError(f"{name}: {n_q} query positions but the input has {x.shape[0]}")
-    sc = Scalar(float(scale), name=f"{name}.c.scale")
+    if softcap is not None and not softcap > 0:
+        raise CircuitError(f"{name}: softcap={softcap!r} must be a positive number")
+
+    def scores(q_, k_, q_axes, k_axes, out_axes, p):
+        """Masked scores ``p + '.scores'`` of queries ``q_`` against keys ``k_``."""
+        mask_axes = out_axes[-2:]
+        if softcap is None:
+            sc = Scalar(float(scale), name=f"{name}.c.scale")
+            raw = Einsum.from_spec(f"{q_axes},{k_axes},,{mask_axes}->{out_axes}", q_, k_, sc, mask,
+                                   name=f"{p}.scores_raw")
+        else:
+            sc = Scalar(float(scale) / float(softcap), name=f"{name}.c.scale_over_softcap")
+            over = Einsum.from_spec(f"{q_axes},{k_axes},->{out_axes}", q_, k_, sc, name=f"{p}.scores_raw")
+            capped = GeneralFunction("tanh", over, name=f"{p}.scores_tanh")
+            raw = Einsum.from_spec(f"{out_axes},,{mask_axes}->{out_axes}", capped,
+                                   Scalar(float(softcap), name=f"{name}.c.softcap"), mask, name=f"{p}.scores_capped")
+        return Add(raw, mask_bias, name=f"{p}.scores")
+
     if not split_heads:
-        raw = Einsum.from_spec("ngsc,ntc,,st->ngst", q, k, sc, mask, name=f"{name}.scores_raw")
-        scores = Add(raw, mask_bias, name=f"{name}.scores")
-        probs = GeneralFunction("softmax", scores, name=f"{name}.probs")
+        probs = GeneralFunction("softmax", scores(q, k, "ngsc", "ntc", "ngst", name), name=f"{name}.probs")
         z = Einsum.from_spec("ngst,ntc->ngsc", probs, v, name=f"{name}.z")
         out = Einsum.from_spec(wo_spec, z, wo, name=name if bo is None else f"{name}.out")
         return out if bo is None else Add(out, bo, name=name)
     in_spec, out_spec = wo_spec.split("->")
     zs, ws = in_spec.split(",")
-    head_w_spec = ws.replace("n", "").replace("g", "")
+    # Heads along one leading axis (query head h = (h // group, h % group)), each head's slices
+    # Index [h] of it: the form ``circuits.backend``'s head batching fuses back into one
+    # computation over the head axis when the circuit is compiled.
+    q_heads = Rearrange(q, "n g s c -> (n g) s c", name=f"{name}.q_heads")
+    w_heads = Rearrange(wo, f"{' '.join(ws)} -> (n g) c {out_spec[1]}", name=f"{name}.w_o_heads")
     heads = []
     for h in range(n_kv * group):
         n, g = divmod(h, group)
         p = f"{name}.head{h}"
-        q_h = Index(q, (n, g), name=f"{p}.q")
+        q_h = Index(q_heads, (h,), name=f"{p}.q")
         k_h = Index(k, (n,), name=f"{p}.k" if group == 1 else f"{name}.kv{n}.k")
         v_h = Index(v, (n,), name=f"{p}.v" if group == 1 else f"{name}.kv{n}.v")
-        raw = Einsum.from_spec("sc,tc,,st->st", q_h, k_h, sc, mask, name=f"{p}.scores_raw")
-        probs = GeneralFunction("softmax", Add(raw, mask_bias, name=f"{p}.scores"), name=f"{p}.probs")
+        probs = GeneralFunction("softmax", scores(q_h, k_h, "sc", "tc", "st", p), name=f"{p}.probs")
         z = Einsum.from_spec("st,tc->sc", probs, v_h, name=f"{p}.z")
-        sel = tuple(n if a == "n" else g if a == "g" else ALL for a in ws)
-        w_h = Index(wo, sel, name=f"{p}.w_o")
-        heads.append(Einsum.from_spec(f"sc,{head_w_spec}->{out_spec}", z, w_h, name=p))
-    if bo is not None:
-        heads.append(bo)
-    return Add(*heads, name=name)
+        w_h = Index(w_heads, (h,), name=f"{p}.w_o")
+        heads.append(Einsum.from_spec(f"sc,c{out_spec[1]}->{out_spec}", z, w_h, name=p))
+    if bo is None:
+        return Add(*heads, name=name)
+    return Add(Add(*heads, name=f"{name}.heads"), bo, name=name)
 
 
 def mlp(x: Circuit, w_in, b_in, w_out, b_out, activation: str, name: str, *, w_in_out: bool = False,

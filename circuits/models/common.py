@@ -53,21 +53,78 @@ def config_dict(config) -> dict:
     raise CircuitError(f"config must be a dict (config.json) or a transformers config, got {type(config).__name__}")
 
 
+# Config keys that do not change what a causal LM computes in inference: bookkeeping, training
+# (dropout, initialisation), generation defaults, heads other than the LM head, token ids.  Any
+# other key a builder does not read is refused (``Config.check_understood``): a variant is built
+# exactly or not at all.
+HARMLESS_KEYS = frozenset({
+    "transformers_version", "architectures", "model_type", "_name_or_path", "name_or_path", "dtype", "torch_dtype",
+    "output_hidden_states", "output_attentions", "return_dict", "use_return_dict", "torchscript", "use_cache",
+    "problem_type", "id2label", "label2id", "num_labels", "finetuning_task", "tokenizer_class", "prefix",
+    "task_specific_params", "chunk_size_feed_forward", "is_decoder", "cross_attention_hidden_size",
+    "tie_encoder_decoder", "initializer_range", "initializer_factor", "init_std", "gradient_checkpointing",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "attn_implementation", "_attn_implementation", "_attn_implementation_autoset", "_commit_hash",
+    "attention_dropout", "attn_pdrop", "embd_pdrop", "resid_pdrop", "hidden_dropout", "dropout",
+    "activation_dropout", "classifier_dropout", "layerdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
+    "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "tf_legacy_loss",
+    "use_bfloat16", "pruned_heads", "transformers.js_config",
+})
+
+
 class Config:
     """Read a config by key; a missing required key or a value the builder cannot honour is an
-    error naming the key."""
+    error naming the key.  Every key read is recorded: ``check_understood()`` refuses a config
+    holding a key the builder never read that is not in ``HARMLESS_KEYS`` (a variant the builder
+    does not implement: it is never built approximately).
+
+    >>> cfg = Config({'n_head': 2, 'use_flash_mlp': True}, 'gpt2')
+    >>> cfg.size('n_head')
+    2
+    >>> cfg.check_understood()
+    Traceback (most recent call last):
+    circuits.errors.CircuitError: gpt2: config field 'use_flash_mlp' (True) is not understood by this builder; a variant it does not implement is refused rather than built approximately
+    """
 
     def __init__(self, config, family: str):
         self.d = config_dict(config)
         self.family = family
+        self.read: set = set()
 
     def __call__(self, key, default=REQUIRED):
+        self.read.add(key)
         v = self.d.get(key)
         if v is None:
             if default is REQUIRED:
                 raise CircuitError(f"{self.family}: config has no {key!r}, which this builder needs")
             return default
         return v
+
+    def get(self, key, default=None):
+        """``config[key]`` (or ``default`` when absent or None), recorded as read."""
+        self.read.add(key)
+        v = self.d.get(key)
+        return default if v is None else v
+
+    def understood(self, *keys):
+        """Record ``keys`` as handled (a key whose every value the builder honours, or checks
+        elsewhere)."""
+        self.read.update(keys)
+
+    def check_understood(self):
+        """Refuse a config holding a key that is neither read by the builder nor harmless."""
+        left = sorted(k for k in self.d if k not in self.read and k not in HARMLESS_KEYS)
+        if left:
+            shown = ", ".join(f"{k!r} ({_shown(self.d[k])})" for k in left[:8])
+            raise CircuitError(
+                f"{self.family}: config field{'s' if len(left) > 1 else ''} {shown} "
+                f"{'are' if len(left) > 1 else 'is'} not understood by this builder; a variant it does not "
+                "implement is refused rather than built approximately")
 
     def size(self, key, default=REQUIRED, *, most: int = MAX_SIZE) -> int:
         """An int the config gives (a count, a size): a JSON int, not a string, float or bool,
@@ -89,6 +146,7 @@ class Config:
         return positive_number(self.family, key, self(key, default))
 
     def require(self, key, allowed, default=None, why=""):
+        self.read.add(key)
         v = self.d.get(key, default)
         if v is None:
             v = default
@@ -101,9 +159,61 @@ class Config:
 
     def reject_alibi(self):
         for key in ("alibi", "use_alibi", "position_embedding_type"):
+            self.read.add(key)
             v = self.d.get(key)
             if v is True or (isinstance(v, str) and "alibi" in v.lower()):
                 raise CircuitError(f"{self.family}: config {key}={v!r}: alibi position biases are not supported")
+            if v not in (None, False, "absolute", "rotary") and key == "position_embedding_type":
+                raise CircuitError(f"{self.family}: config {key}={_shown(v)} is not supported")
+
+    def common(self):
+        """Check the keys every decoder-only builder shares: no encoder-decoder, no cross-attention,
+        no pruned heads, no quantization (the weights would not be what they say)."""
+        self.require("is_encoder_decoder", (False,), False)
+        self.require("add_cross_attention", (False,), False)
+        self.read.add("pruned_heads")
+        if self.d.get("pruned_heads"):
+            raise CircuitError(f"{self.family}: config pruned_heads={_shown(self.d['pruned_heads'])}: pruned "
+                               "heads are not supported")
+        if self.d.get("quantization_config") is not None:
+            raise CircuitError(f"{self.family}: config quantization_config: quantized weights are not supported "
+                               "(load a float checkpoint)")
+
+
+def rope_theta(cfg: Config, theta_key: str = "rope_theta", default: float = 10000.0) -> tuple[float, float]:
+    """``(theta, partial_rotary_factor)`` of a config's default rotary embeddings, from
+    ``rope_parameters`` (transformers 5) or ``rope_scaling`` / ``rope_theta`` (earlier); any
+    ``rope_type`` but ``'default'`` (linear, dynamic, yarn, llama3, longrope...) is refused
+    naming it, as is any field of those dicts this reading does not know."""
+    known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+    factor = None
+    for key in ("rope_parameters", "rope_scaling"):
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Mapping):
+            raise CircuitError(f"{cfg.family}: config {key}={_shown(value)} is not supported")
+        kind = value.get("rope_type", value.get("type", "default"))
+        if kind != "default":
+            raise CircuitError(f"{cfg.family}: config {key} has rope_type={kind!r}; only 'default' rotary "
+                               "embeddings are supported")
+        extra = sorted(set(value) - known)
+        if extra:
+            raise CircuitError(f"{cfg.family}: config {key}.{extra[0]}={_shown(value[extra[0]])} is not supported "
+                               "(default rotary embeddings take rope_theta and partial_rotary_factor)")
+        if value.get("partial_rotary_factor") is not None:
+            factor = value["partial_rotary_factor"]
+    params = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and params.get("rope_theta") is not None:
+        theta = positive_number(cfg.family, "rope_parameters.rope_theta", params["rope_theta"])
+    else:
+        theta = cfg.number(theta_key, default)
+    if factor is None:
+        factor = 1.0
+    factor = positive_number(cfg.family, "partial_rotary_factor", factor)
+    if factor > 1:
+        raise CircuitError(f"{cfg.family}: config partial_rotary_factor={factor} must be at most 1")
+    return theta, factor
 
 
 def positive_number(family: str, key: str, v) -> float:
@@ -118,8 +228,8 @@ ACTIVATIONS = {"gelu_new": "gelu_new", "gelu_pytorch_tanh": "gelu_new", "gelu_fa
                "sigmoid": "sigmoid"}
 
 
-def activation(cfg: Config, key: str) -> str:
-    name = cfg(key)
+def activation(cfg: Config, key: str, default=REQUIRED) -> str:
+    name = cfg(key, default)
     fn = ACTIVATIONS.get(name) if isinstance(name, str) else None
     if fn is None:
         supported = ", ".join(repr(k) for k, v in ACTIVATIONS.items() if v)
@@ -163,8 +273,12 @@ class Weights:
     def short_name(key: str) -> str:
         return _LAYER_KEY.sub(lambda m: f"h{m.group(1)}.", key)
 
+    # keys that sit outside the base model's prefix (GPT-NeoX checkpoints before transformers 5
+    # call the unembedding 'embed_out')
+    ROOT_KEYS = ("lm_head.", "embed_out.")
+
     def full_key(self, key: str) -> str:
-        return key if key.startswith("lm_head.") else self.prefix + key
+        return key if key.startswith(self.ROOT_KEYS) else self.prefix + key
 
     def has(self, key: str) -> bool:
         return self.placeholders or self.full_key(key) in self.raw
@@ -260,15 +374,19 @@ def embed(table: Circuit, toks: Circuit, name: str) -> Circuit:
     return GeneralFunction("gen_index_at_0_c", table, toks, name=name)
 
 
-def loss_head(logits: Circuit, toks: Circuit) -> Circuit:
-    """Per-token negative log-likelihood [positions - 1] of each next token: ``'loss'``."""
+def loss_head(logits: Circuit, toks: Circuit, mask: Circuit | None = None) -> Circuit:
+    """Per-token negative log-likelihood [positions - 1] of each next token: ``'loss'``
+    (TransformerLens's convention: n tokens give n - 1 losses); with ``mask`` [positions - 1]
+    each loss times its mask entry (a ragged batch's padding zeroed)."""
     if toks.shape[0] < 2:
         raise CircuitError("the loss needs at least 2 tokens")
     log_probs = GeneralFunction("log_softmax", Index(logits, (slice(None, -1),), name="logits.pred"),
                                 name="log_probs")
     true = Index(toks, (slice(1, None),), name="true_tokens")
     ll = GeneralFunction("gen_index_at_0_batch_x_c", log_probs, true, name="ll")
-    return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")
+    if mask is None:
+        return Einsum.from_spec("a,->a", ll, Scalar(-1.0, name="nll.neg"), name="loss")
+    return Einsum.from_spec("a,,a->a", ll, Scalar(-1.0, name="nll.neg"), mask, name="loss")
 
 
 def stack_layers(resid: Circuit, layer_inputs, layer, *, modules: bool = False) -> Circuit:
@@ -291,3 +409,25 @@ def stack_layers(resid: Circuit, layer_inputs, layer, *, modules: bool = False) 
                               [ModuleArgSpec(resid_sym)] + [ModuleArgSpec(sym) for sym in syms.values()])
         resid = Module(spec, resid, *inputs.values(), name=f"h{l}")
     return resid
+
+
+def layout_for(layout, n: int, past_len: int, family: str, modules: bool = False):
+    """The ``Layout`` a builder computes ``n`` tokens in: the one given, or a fixed one after
+    ``past_len`` cached tokens."""
+    from .sequence import Layout
+
+    if layout is None:
+        if isinstance(past_len, bool) or not isinstance(past_len, (int, np.integer)):
+            raise CircuitError(f"{family}: past_len={past_len!r} must be an int")
+        if past_len < 0:
+            raise CircuitError(f"{family}: past_len={past_len} must be >= 0")
+        return Layout.fixed(n, int(past_len))
+    if not isinstance(layout, Layout):
+        raise CircuitError(f"{family}: layout= must be a circuits.models.sequence.Layout, got {type(layout).__name__}")
+    if past_len:
+        raise CircuitError(f"{family}: give past_len= or layout=, not both")
+    if layout.n != n:
+        raise CircuitError(f"{family}: the layout is for {layout.n} tokens but {n} were given")
+    if modules and layout.dynamic:
+        raise CircuitError(f"{family}: modules=True builds fixed layouts only (a generation step is built plain)")
+    return layout

@@ -22,19 +22,35 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
-from .blocks import ALL, attention, causal_mask, layer_norm, mlp, neg_inf_bias
-from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, loss_head, stack_layers, tokens_node
+from .blocks import ALL, attention, layer_norm, mlp, neg_inf_bias
+from .common import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    Config,
+    Weights,
+    activation,
+    embed,
+    layout_for,
+    loss_head,
+    stack_layers,
+    tokens_node,
+)
+from .sequence import Layout
 
 IGNORED = (r"(^|\.)attn\.bias$", r"(^|\.)attn\.masked_bias$")
+PREFIXES = ("transformer.",)
 
 
 def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = False,
-         modules: bool = False) -> Circuit:
+         modules: bool = False, past_len: int = 0, layout: Layout | None = None, dtype: str = "float32") -> Circuit:
     """GPT-2 logits ``'logits'`` [len(tokens), vocab] (``loss=True``: the per-token next-token
     loss ``'loss'`` [len(tokens) - 1]).  ``tokens``: an int array or a 1-d int Symbol (see
-    ``tokens_symbol``); ``weights=None`` builds with placeholder Arrays.  Unsupported config
-    values (``scale_attn_by_inverse_layer_idx``, cross-attention, an unknown
-    ``activation_function``) and weights the config does not account for are errors.
+    ``tokens_symbol``); ``weights=None`` builds with placeholder Arrays of ``dtype``.  Unsupported
+    config values (``scale_attn_by_inverse_layer_idx``, cross-attention, an unknown
+    ``activation_function``, any field this builder does not read) and weights the config does
+    not account for are errors.  ``past_len=P``: one decode step after ``P`` cached tokens, whose
+    keys and values are the Symbols ``'h{l}.attn.past_k'`` / ``'past_v'`` [heads, P, head_dim];
+    ``layout``: a ``circuits.models.sequence.Layout`` (a generation step) instead.
 
     ``modules=True`` writes the block once, as rust_circuit's module library does: a
     ``ModuleSpec`` over Symbols ``'h.resid'``, ``'h.ln_1.weight'``... whose nodes are named
@@ -44,33 +60,44 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
     ``circuits.substitute_all_modules`` gives the block's nodes, named as in the spec."""
     cfg = Config(config, "gpt2")
     cfg.reject_alibi()
+    cfg.common()
     d, n_heads, n_layers = cfg.size("n_embd"), cfg.size("n_head"), cfg.size("n_layer", most=MAX_LAYERS)
     vocab, n_pos = cfg.size("vocab_size"), cfg.size("n_positions", most=MAX_POSITIONS)
+    cfg.understood("n_ctx")  # the legacy twin of n_positions (the table's size decides)
     inner = cfg.size("n_inner", 4 * d)
     eps = cfg.number("layer_norm_epsilon", 1e-5)
-    act = activation(cfg, "activation_function")
+    act = activation(cfg, "activation_function", "gelu_new")
     cfg.require("scale_attn_by_inverse_layer_idx", (False,), False)
-    cfg.require("add_cross_attention", (False,), False)
+    cfg.require("reorder_and_upcast_attn", (False, True), False)  # float32 scores either way: the same value
     scale_attn = cfg.require("scale_attn_weights", (True, False), True)
     tie = cfg.require("tie_word_embeddings", (True, False), True)
+    cfg.check_understood()
     if d % n_heads:
         raise CircuitError(f"gpt2: config n_embd={d} is not a multiple of n_head={n_heads}")
     c = d // n_heads
-    w = Weights(weights, ("transformer.",), "gpt2", ignored=IGNORED)
+    w = Weights(weights, PREFIXES, "gpt2", ignored=IGNORED, dtype=dtype)
     toks = tokens_node(tokens, vocab)
     n = toks.shape[0]
-    if n > n_pos:
-        raise CircuitError(f"gpt2: {n} tokens but config n_positions={n_pos}")
+    layout = layout_for(layout, n, past_len, "gpt2", modules)
+    layout.check_context("gpt2", n_pos, "n_positions")
     wte = w.take("wte.weight", (vocab, d))
     tok = embed(wte, toks, "tok_embeds")
-    pos = Index(w.take("wpe.weight", (n_pos, d)), (slice(0, n), ALL), name="pos_embeds")
+    pos = layout.learned(w.take("wpe.weight", (n_pos, d)), "pos_embeds")
     resid = Add(tok, pos, name="embeds")
-    mask = Array(causal_mask(n), name="causal_mask")
+    mask = layout.mask()
     bias = neg_inf_bias(mask)
     layer_keys = {"ln_1.weight": (d,), "ln_1.bias": (d,), "attn.c_attn.weight": (d, 3 * d),
                   "attn.c_attn.bias": (3 * d,), "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
                   "ln_2.weight": (d,), "ln_2.bias": (d,), "mlp.c_fc.weight": (d, inner),
                   "mlp.c_fc.bias": (inner,), "mlp.c_proj.weight": (inner, d), "mlp.c_proj.bias": (d,)}
+
+    def inputs(l):
+        out = {key: w.take(f"h.{l}.{key}", shape) for key, shape in layer_keys.items()}
+        for kv in ("k", "v"):
+            past = layout.past_symbol(f"h{l}.attn", kv, (n_heads, layout.past, c), dtype)
+            if past is not None:
+                out[f"attn.past_{kv}"] = past
+        return out
 
     def layer(resid, ws, h):
         """One block over the residual ``resid``; ``ws``: the layer's weights by key; names ``h.*``."""
@@ -79,11 +106,13 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
                           n=n_heads, g=1, name=f"{h}.attn.c_attn.w_heads")
         b_qkv = Rearrange(ws["attn.c_attn.bias"], "(e n g c) -> e n g 1 c", e=3, n=n_heads,
                           g=1, name=f"{h}.attn.c_attn.b_heads")
-        qkv = Add(Einsum.from_spec("sd,dengc->engsc", x, w_qkv, name=f"{h}.attn.qkv.matmul"), b_qkv,
-                  name=f"{h}.attn.qkv")
+        # positions first, then the head layout: with the head axes first XLA transposed the whole
+        # [d, 3d] weight at every call (a decode step of GPT-2 small took 4x its memory floor)
+        rows = Einsum.from_spec("sd,dengc->sengc", x, w_qkv, name=f"{h}.attn.qkv.rows")
+        qkv = Add(Rearrange(rows, "s e n g c -> e n g s c", name=f"{h}.attn.qkv.matmul"), b_qkv, name=f"{h}.attn.qkv")
         q = Index(qkv, (0,), name=f"{h}.attn.q")
-        k = Index(qkv, (1, ALL, 0), name=f"{h}.attn.k")
-        v = Index(qkv, (2, ALL, 0), name=f"{h}.attn.v")
+        k = Layout.with_past(ws.get("attn.past_k"), Index(qkv, (1, ALL, 0), name=f"{h}.attn.k"), f"{h}.attn", "k")
+        v = Layout.with_past(ws.get("attn.past_v"), Index(qkv, (2, ALL, 0), name=f"{h}.attn.v"), f"{h}.attn", "v")
         wo = Rearrange(ws["attn.c_proj.weight"], "(n g c) d -> n g c d", n=n_heads, g=1,
                        name=f"{h}.attn.c_proj.w_heads")
         attn = attention(x, q, k, v, wo, ws["attn.c_proj.bias"], mask=mask, mask_bias=bias,
@@ -95,8 +124,7 @@ def gpt2(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fal
                 act, f"{h}.mlp", w_in_out=True)
         return Add(m, mid, name=h)
 
-    resid = stack_layers(resid, ({key: w.take(f"h.{l}.{key}", shape) for key, shape in layer_keys.items()}
-                                 for l in range(n_layers)), layer, modules=modules)
+    resid = stack_layers(resid, (inputs(l) for l in range(n_layers)), layer, modules=modules)
     final = layer_norm(resid, w.take("ln_f.weight", (d,)), w.take("ln_f.bias", (d,)), "final.ln", eps=eps,
                        prefix="final.ln")
     unembed = tied_unembed(w, wte, tie, (vocab, d))

@@ -1,29 +1,35 @@
 """``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
-OPT, Llama, Mistral) from its config and weights, or from a checkpoint directory on disk
-(``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes them, read with
-``safetensors.numpy``: torch is not imported).  Nothing is downloaded.
+OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a
+checkpoint directory on disk (``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes
+them, read once each by ``circuits.models.checkpoint``: torch is not imported).  Nothing is
+downloaded.  ``circuits.models.load`` gives the same model with its tokenizer, as a ``Model``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 from ..errors import CircuitError
 from ..nodes import Circuit
+from .checkpoint import read_weights, regular_file
 from .common import as_numpy
+from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neox import gpt_neox
 from .llama import llama
 from .opt import opt
+from .qwen2 import qwen2
 
-BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama}
+BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neox": gpt_neox, "gemma2": gemma2,
+            "qwen2": qwen2}
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:
     """``(config, weights)`` from a directory holding ``config.json`` and ``*.safetensors`` (one
-    file or shards), as numpy arrays; torch is not needed.
+    file or shards), as read-only numpy arrays, each read once (``circuits.models.checkpoint``);
+    torch is not needed.
 
     >>> load_checkpoint('/nonexistent')
     Traceback (most recent call last):
@@ -34,37 +40,11 @@ def load_checkpoint(path) -> tuple[dict, dict]:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CircuitError(f"{path}: no config.json there (a checkpoint directory as save_pretrained writes it)")
-    config = read_config(cfg_file)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        found = ", ".join(sorted(p.name for p in path.iterdir())[:20])
-        raise CircuitError(f"{path}: no *.safetensors file (found: {found}); save with safe_serialization=True")
-    from safetensors.numpy import load_file
-
-    weights: dict = {}
-    for f in files:
-        _regular_file(f)  # a FIFO or a device named *.safetensors would block the read for good
-        try:
-            part = load_file(str(f))
-        except Exception as e:  # a bfloat16 file cannot be read as numpy
-            raise CircuitError(f"{f}: cannot read it with safetensors.numpy ({e}); save in float32 or float16") from None
-        dup = set(part) & set(weights)
-        if dup:
-            raise CircuitError(f"{f}: weights {sorted(dup)[:5]} appear in two files")
-        weights.update(part)
-    return config, weights
+    return read_config(cfg_file), read_weights(path)
 
 
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few kB; a bigger one is not a config
-
-
-def _regular_file(path: Path) -> None:
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise CircuitError(f"{path}: cannot read it ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        raise CircuitError(f"{path}: not a regular file (a FIFO, device or directory); a checkpoint holds files")
+_regular_file = regular_file
 
 
 def read_config(path) -> dict:
@@ -107,14 +87,14 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     the model object (its ``config`` and ``state_dict()`` are read) or the path of a checkpoint
     directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
     ``config.model_type`` picks the builder
-    (``gpt2``, ``opt``, ``llama``, ``mistral``); ``loss``, ``split_heads`` and any other option
+    (``gpt2``, ``opt``, ``llama``, ``mistral``, ``gpt_neox``, ``gemma2``, ``qwen2``); ``loss``, ``split_heads`` and any other option
     of that builder (``modules=True`` for ``gpt2``, ``llama``, ``mistral``) are passed on.
     ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
 
     >>> from_huggingface({'model_type': 'bert'}, [1])
     Traceback (most recent call last):
     ...
-    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral')
+    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral', 'gpt_neox', 'gemma2', 'qwen2'); circuits.importers.from_torch(model, example_inputs) may import it through torch.export
     """
     if isinstance(model, (str, os.PathLike)):
         config, weights = load_checkpoint(model)
@@ -130,5 +110,6 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     builder = BUILDERS.get(kind) if isinstance(kind, str) else None
     if builder is None:
         raise CircuitError(f"config model_type={kind!r:.80} has no builder (supported: "
-                           f"{', '.join(map(repr, BUILDERS))})")
+                           f"{', '.join(map(repr, BUILDERS))}); circuits.importers.from_torch(model, example_inputs) "
+                           "may import it through torch.export")
     return builder(config, weights, tokens, loss=loss, split_heads=split_heads, **options)

@@ -21,39 +21,49 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange
-from .blocks import ALL, attention, causal_mask, head_projections, layer_norm, linear, mlp, neg_inf_bias
-from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, loss_head, tokens_node
+from ..nodes import Add, Circuit, Einsum, Rearrange
+from .blocks import attention, head_projections, layer_norm, linear, mlp, neg_inf_bias
+from .common import MAX_LAYERS, MAX_POSITIONS, Config, Weights, activation, embed, layout_for, loss_head, tokens_node
 from .gpt2 import tied_unembed
+from .sequence import Layout
 
 POSITION_OFFSET = 2
+PREFIXES = ("model.decoder.", "decoder.")
 
 
-def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = False) -> Circuit:
+def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = False, past_len: int = 0,
+        layout: Layout | None = None, dtype: str = "float32") -> Circuit:
     """OPT logits ``'logits'`` [len(tokens), vocab] (``loss=True``: ``'loss'``).  Positions are
-    ``arange(len(tokens)) + 2`` (no padding).  ``weights=None`` builds with placeholders."""
+    ``arange(len(tokens)) + 2`` (no padding; after ``past_len`` cached tokens, see ``gpt2``).
+    ``weights=None`` builds with placeholders; ``layout``: a generation step (see
+    ``circuits.models.sequence``)."""
     cfg = Config(config, "opt")
     cfg.reject_alibi()
+    cfg.common()
     d, n_heads = cfg.size("hidden_size"), cfg.size("num_attention_heads")
     n_layers = cfg.size("num_hidden_layers", most=MAX_LAYERS)
     ffn, vocab = cfg.size("ffn_dim"), cfg.size("vocab_size")
     max_pos = cfg.size("max_position_embeddings", most=MAX_POSITIONS)
     proj = cfg.size("word_embed_proj_dim", d)
-    act = activation(cfg, "activation_function")
+    act = activation(cfg, "activation_function", "relu")
     pre_ln = cfg.require("do_layer_norm_before", (True, False), True)
     bias_on = cfg.require("enable_bias", (True, False), True)
     affine = cfg.require("layer_norm_elementwise_affine", (True, False), True)
-    final_ln = pre_ln and not cfg.require("_remove_final_layer_norm", (True, False), False)
+    remove_final = cfg.require("_remove_final_layer_norm", (True, False), False)
+    final_ln = pre_ln and not remove_final
     tie = cfg.require("tie_word_embeddings", (True, False), True)
+    cfg.require("scale_embedding", (False,), False)
+    cfg.understood("num_attention_heads", "init_std")
+    cfg.check_understood()
     if d % n_heads:
         raise CircuitError(f"opt: config hidden_size={d} is not a multiple of num_attention_heads={n_heads}")
     c = d // n_heads
     eps = 1e-5
-    w = Weights(weights, ("model.decoder.", "decoder."), "opt")
+    w = Weights(weights, PREFIXES, "opt", dtype=dtype)
     toks = tokens_node(tokens, vocab)
     n = toks.shape[0]
-    if n > max_pos:
-        raise CircuitError(f"opt: {n} tokens but config max_position_embeddings={max_pos}")
+    layout = layout_for(layout, n, past_len, "opt")
+    layout.check_context("opt", max_pos, "max_position_embeddings")
 
     def b(key, size):
         return w.take(key, (size,)) if bias_on else None
@@ -68,9 +78,9 @@ def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fals
     if proj != d:
         tok = linear(tok, w.take("project_in.weight", (d, proj)), None, "project_in")
     positions = w.take("embed_positions.weight", (max_pos + POSITION_OFFSET, d))
-    pos = Index(positions, (slice(POSITION_OFFSET, POSITION_OFFSET + n), ALL), name="pos_embeds")
+    pos = layout.learned(positions, "pos_embeds", offset=POSITION_OFFSET)
     resid = Add(tok, pos, name="embeds")
-    mask = Array(causal_mask(n), name="causal_mask")
+    mask = layout.mask()
     mbias = neg_inf_bias(mask)
     for l in range(n_layers):
         p = f"layers.{l}."
@@ -81,6 +91,8 @@ def opt(config, weights, tokens, *, loss: bool = False, split_heads: bool = Fals
             w.take(p + "self_attn.k_proj.weight", (d, d)), b(p + "self_attn.k_proj.bias", d),
             w.take(p + "self_attn.v_proj.weight", (d, d)), b(p + "self_attn.v_proj.bias", d),
             n_kv=n_heads, group=1, name=a)
+        k = Layout.with_past(layout.past_symbol(a, "k", (n_heads, layout.past, c), dtype), k, a, "k")
+        v = Layout.with_past(layout.past_symbol(a, "v", (n_heads, layout.past, c), dtype), v, a, "v")
         wo = Rearrange(w.take(p + "self_attn.out_proj.weight", (d, d)), "d (n g c) -> d n g c", n=n_heads, g=1,
                        name=f"{a}.w_o")
         attn = attention(x, q, k, v, wo, b(p + "self_attn.out_proj.bias", d), mask=mask, mask_bias=mbias,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..dtypes import promote
 from ..shapes import broadcast_shapes
-from .base import Circuit, check_children, dtype_of, no_payload, shape_error, shape_of
+from .base import Circuit, check_children, dtype_of, shape_error, shape_of
 from .caching import small_cache
 from .expansion import aligned
 
@@ -27,8 +27,6 @@ class Add(Circuit):
     __slots__ = ()
     rebuilds_by_shape = True
     type_name = "Add"
-    child_count = (0, None)
-    passes_index = False
 
     def _setup(self, *children, name=None):
         children = check_children("Add", name, children)
@@ -41,24 +39,8 @@ class Add(Circuit):
             )
         return self._set_common(children, shape, dtype, name)
 
-    @classmethod
-    def parse_payload(cls, text):
-        return no_payload(cls, text, "nothing after 'Add'")
-
-    @classmethod
-    def from_payload(cls, payload, children, name=None, shape=None, context=None):
-        return cls(*children, name=name)
-
-    def _payload_bytes(self):
-        return b""
-
-    def payload_text(self):
-        return ""
-
     def expanded(self, children, gained, size_map, replacements=None):
         """Over children with gained batch axes: unit axes keep batch and core axes apart."""
         kids, _ = aligned(self, children, gained)
         return Add(*kids, name=self.name)
 
-    def _rebuild(self, children, name):
-        return Add(*children, name=name)

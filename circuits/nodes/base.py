@@ -209,8 +209,8 @@ class Circuit:
         self.hash = h
         self._int_hash = _unpack_int64(h)[0]
         self._blind_hash = None
-        self._free = None  # the Symbols below, filled on demand (circuits.backend.incremental)
-        self._kernel_part = None  # what its op kernel is keyed by (circuits.backend.incremental)
+        self._free = None  # the Symbols below, filled on demand (circuits.backend.tiers.op_by_op)
+        self._kernel_part = None  # what its op kernel is keyed by (circuits.backend.tiers.op_by_op)
         mine = _Ref(self, _forget)
         mine.key = h
         # One atomic insert-if-absent: of threads racing to build this node, one wins.
@@ -243,9 +243,12 @@ class Circuit:
         return True
 
     # ------------------------------------------------------------------ payload (subclasses)
+    # The defaults below are those of a type without payload (Add, DiscreteVar): a class with
+    # payload fields of its own (``__slots__``) defines every one of them itself, as the
+    # node-type test checks, so that no payload is left out of a hash, a line or a rebuild.
     def _payload_bytes(self) -> bytes:
-        """Bytes identifying the payload (hash input), excluding children and name."""
-        raise NotImplementedError
+        """Bytes identifying the payload (hash input), excluding children and name (none by default)."""
+        return b""
 
     def _structure_bytes(self) -> bytes:
         """The payload as the name-blind structure hash sees it: ``_payload_bytes`` except where
@@ -253,14 +256,14 @@ class Circuit:
         return self._payload_bytes()
 
     def payload_text(self) -> str:
-        """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...)."""
-        raise NotImplementedError
+        """The payload as the text format writes it (``qc,kc,,qk->qk``, ``[0,:,:]``, ...; nothing by default)."""
+        return ""
 
     def _rebuild(self, children: tuple["Circuit", ...], name: str | None) -> "Circuit":
         """A node of this type with this payload over ``children`` and named ``name``, built by
         the constructor (so validated).  The one rebuild method: ``with_children`` and ``rename``
-        both call it; a leaf refuses children."""
-        raise NotImplementedError
+        both call it; a leaf refuses children.  By default the constructor over the children."""
+        return type(self)(*children, name=name)
 
     # ------------------------------------------------------------------ text (the parser's side)
     # How many children a line of this type may have: (least, most or None).  The parser checks
@@ -277,16 +280,18 @@ class Circuit:
         """The payload of a printed line (the text after the type word; None when there is
         none) as the value ``from_payload`` takes.  Raises ``ParseError`` with its column counted
         within ``text`` (the parser places it on the line).  Independent of children and store,
-        so the parser reads each distinct payload once."""
-        raise NotImplementedError
+        so the parser reads each distinct payload once.  By default a line carries nothing after
+        the type word."""
+        return no_payload(cls, text, f"nothing after {cls.type_name!r}")
 
     @classmethod
     def from_payload(cls, payload, children, name=None, shape=None, context=None) -> "Circuit":
         """The node a printed line describes: ``payload`` from ``parse_payload``, the children
         (a list), the name and the printed shape (None where not printed; the parser checks it
         against the node's own afterwards), and a ``ParseContext``.  Raises ``ParseError`` for
-        the line (columns within the payload) or the constructor's ``CircuitError``."""
-        raise NotImplementedError
+        the line (columns within the payload) or the constructor's ``CircuitError``.  By default
+        the constructor over the children."""
+        return cls(*children, name=name)
 
     @classmethod
     def index_children(cls, payload, n_children: int, is_index: bool):

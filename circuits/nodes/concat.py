@@ -20,7 +20,6 @@ class Concat(Circuit):
     __slots__ = ("axis",)
     rebuilds_by_shape = True
     type_name = "Concat"
-    child_count = (0, None)
     passes_index = True
 
     axis: int

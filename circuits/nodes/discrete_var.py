@@ -20,7 +20,6 @@ class DiscreteVar(Circuit):
 
     __slots__ = ()
     type_name = "DiscreteVar"
-    passes_index = False
     child_count = (2, 2)
 
     def _setup(self, values, probs, name=None):
@@ -34,19 +33,7 @@ class DiscreteVar(Circuit):
     def parse_payload(cls, text):
         return no_payload(cls, text, "'DiscreteVar' with the values and probs lines under it")
 
-    @classmethod
-    def from_payload(cls, payload, children, name=None, shape=None, context=None):
-        return cls(*children, name=name)
-
-    def _payload_bytes(self):
-        return b""
-
-    def payload_text(self):
-        return ""
-
     def expanded(self, children, gained, size_map, replacements=None):
         """The same variable over the expanded values and probabilities."""
         return DiscreteVar(*children, name=self.name)
 
-    def _rebuild(self, children, name):
-        return DiscreteVar(*children, name=name)

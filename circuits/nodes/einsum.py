@@ -165,8 +165,6 @@ class Einsum(Circuit):
     __slots__ = ("in_axes", "out_axes", "writes_diagonal")
     rebuilds_by_shape = True
     type_name = "Einsum"
-    child_count = (0, None)
-    passes_index = False
 
     in_axes: tuple[tuple[int, ...], ...]
     out_axes: tuple[int, ...]

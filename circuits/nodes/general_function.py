@@ -67,8 +67,6 @@ class GeneralFunction(Circuit):
         """A gather's index values (an Array's) are checked when it is built: not by shape."""
         return self.function.index_arg is None
     type_name = "GeneralFunction"
-    child_count = (0, None)
-    passes_index = False
 
     def _setup(self, function, *children, name=None):
         if isinstance(function, _functions.FunctionSpec):

@@ -167,7 +167,6 @@ class Array(Circuit):
 
     __slots__ = ("value", "content_hash")
     type_name = "Array"
-    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 
@@ -390,7 +389,6 @@ class Scalar(Circuit):
 
     __slots__ = ("value",)
     type_name = "Scalar"
-    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 
@@ -449,7 +447,6 @@ class Symbol(Circuit):
 
     __slots__ = ("uuid",)
     type_name = "Symbol"
-    passes_index = False
     prints_shape = True
     child_count = (0, 0)
 

@@ -305,7 +305,6 @@ class Module(Circuit):
 
     __slots__ = ("spec", "size_map", "batch_shape")
     type_name = "Module"
-    passes_index = False
     child_count = (1, None)
     takes_child_info = True
 

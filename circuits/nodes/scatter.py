@@ -25,7 +25,6 @@ class Scatter(Circuit):
     __slots__ = ("index",)
     rebuilds_by_shape = True
     type_name = "Scatter"
-    passes_index = False
     prints_shape = True
     child_count = (1, 1)
 

@@ -24,7 +24,6 @@ class SetSymbolicShape(Circuit):
     type_name = "SetSymbolicShape"
     prints_shape = True
     child_count = (1, 1)
-    passes_index = False
 
     def _setup(self, child, shape, name=None):
         (child,) = check_children("SetSymbolicShape", name, (child,))
@@ -54,9 +53,6 @@ class SetSymbolicShape(Circuit):
 
     def _payload_bytes(self):
         return _pack_ints(self.shape)
-
-    def payload_text(self):
-        return ""
 
     def expanded(self, children, gained, size_map, replacements=None):
         """The stated sizes mapped through ``size_map`` behind the gained batch axes; dropped

@@ -19,7 +19,7 @@ import math
 
 from circuits.nodes import Add, Circuit, Einsum
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 from ..strategies import apply, bottom_up
 
 
@@ -99,7 +99,7 @@ def canonicalize_einsum(node):
     return Einsum(*[node.children[i] for i in order], in_axes=in_axes, out_axes=out_axes, name=node.name)
 
 
-RULES = [sort_add_terms, canonicalize_einsum]
+RULES = RuleSet(sort_add_terms, canonicalize_einsum, name="canonical")
 
 
 def canonicalize(circuit: Circuit) -> Circuit:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from circuits.nodes import Concat, Einsum, GeneralFunction, Index, Rearrange
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 from ._common import same_type, sole_holder
 
 __all__ = ["chunk_logsumexp", "CHUNK_MIN_ENTRIES", "CHUNK_ENTRIES", "RULES"]
@@ -78,4 +78,4 @@ def chunk_logsumexp(node, *, chunks: int | None = None):
     return same_type(node, out)
 
 
-RULES = [chunk_logsumexp]
+RULES = RuleSet(chunk_logsumexp, name="chunking")

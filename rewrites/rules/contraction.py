@@ -21,7 +21,7 @@ import opt_einsum
 
 from circuits.nodes import Einsum
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 
 
 def contraction_path(node: Einsum) -> list[tuple[int, ...]]:
@@ -70,4 +70,4 @@ def contraction_order(node):
     return result
 
 
-RULES = [contraction_order]
+RULES = RuleSet(contraction_order, name="contraction")

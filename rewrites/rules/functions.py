@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from circuits.nodes import GeneralFunction, Scalar
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 from .scalars import fold_function_of_scalars
 
 __all__ = ["fold_last_dim_size", "fold_function_of_scalars", "RULES"]
@@ -32,4 +32,4 @@ def fold_last_dim_size(node):
     return Scalar(float(node.children[0].shape[-1]), node.shape)
 
 
-RULES = [fold_last_dim_size, fold_function_of_scalars]
+RULES = RuleSet(fold_last_dim_size, fold_function_of_scalars, name="functions")

@@ -23,7 +23,7 @@ from circuits.errors import CircuitError
 from circuits.functions import GenIndex
 from circuits.nodes import Einsum, GeneralFunction
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 from ._common import same_type, sole_holder
 from .index import gen_index_parts
 
@@ -132,4 +132,4 @@ def push_gather_through_einsum(node):
     return same_type(node, out)
 
 
-RULES = [gather_of_log_softmax, push_gather_through_function, push_gather_through_einsum]
+RULES = RuleSet(gather_of_log_softmax, push_gather_through_function, push_gather_through_einsum, name="gather")

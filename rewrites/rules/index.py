@@ -22,7 +22,7 @@ import numpy as np
 
 from circuits.nodes import Add, Concat, Einsum, GeneralFunction, Index, Rearrange, Scalar
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 
 ALL = slice(None)
 
@@ -394,14 +394,15 @@ def push_index_through_gen_index(node):
     return GeneralFunction(gi.moved(new_ax, new_xn, new_q).name, make_index(x, x_entries), make_index(idx, i_entries))
 
 
-PUSH_RULES = [
+PUSH_RULES = RuleSet(
     push_index_through_einsum,
     push_index_through_add,
     push_index_through_function,
     push_index_through_rearrange,
     push_index_through_concat,
     push_index_through_gen_index,
-]
+    name="push_index",
+)
 
 #: The Index rules in the default simplification set.
-RULES = [fuse_index_index, fold_index_of_scalar, *PUSH_RULES]
+RULES = RuleSet(fuse_index_index, fold_index_of_scalar, PUSH_RULES, name="index")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from circuits.errors import CircuitError
 from circuits.nodes import Concat, Index, Module, Scalar, Scatter, SetSymbolicShape
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 from .index import RULES as INDEX_RULES
 from .index import make_index
 
@@ -84,7 +84,7 @@ def drop_set_symbolic_shape(node):
     return node.children[0] if node.shape == node.children[0].shape else None
 
 
-RULES = [inline_module, push_index_through_scatter, scatter_full, drop_set_symbolic_shape]
+RULES = RuleSet(inline_module, push_index_through_scatter, scatter_full, drop_set_symbolic_shape, name="modules")
 
 
 def split_to_concat(circuit, axis: int, sizes) -> Concat:
@@ -107,7 +107,7 @@ def split_to_concat(circuit, axis: int, sizes) -> Concat:
         raise CircuitError(f"split_to_concat: sizes {sizes} must be positive and add up to axis {axis}'s "
                            f"size {circuit.shape[axis]} in {circuit.line()}")
     pieces, start = [], 0
-    push = normalize(INDEX_RULES + [push_index_through_scatter])
+    push = normalize(INDEX_RULES + push_index_through_scatter)
     for s in sizes:
         entries = (slice(None),) * axis + (slice(start, start + s),)
         pieces.append(apply(push, Index(circuit, entries)))

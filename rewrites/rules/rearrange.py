@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from circuits.nodes import Rearrange
 
-from ..engine import rule
+from ..engine import RuleSet, rule
 
 
 def _refine(left, right):
@@ -125,4 +125,4 @@ def remove_identity_rearrange(node):
     return x if left == right else None
 
 
-RULES = [remove_identity_rearrange, fuse_rearrange_rearrange]
+RULES = RuleSet(remove_identity_rearrange, fuse_rearrange_rearrange, name="rearrange")

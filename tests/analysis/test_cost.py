@@ -6,7 +6,7 @@ import pytest
 
 import circuits as C
 from circuits.analysis.cost import KINDS
-from circuits.backend.memory import live_bytes, toposort_order
+from circuits.backend.lower.memory import live_bytes, toposort_order
 from circuits.models import attn_only, random_weights
 
 

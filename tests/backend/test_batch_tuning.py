@@ -1,4 +1,4 @@
-"""evaluate_batched's measured chunk size (``circuits.backend.batch_tuning``): the measuring
+"""evaluate_batched's measured chunk size (``circuits.backend.tiers.batch_tuning``): the measuring
 calls return the same rows as evaluating each row alone, later calls go on where the last one
 stopped, and the memory plan's bound caps the sizes tried.  Measuring is the whole-program
 tier's (``mode='jit'``; ``'auto'`` runs a new circuit op by op first, tests/backend/test_batched_ops.py)."""
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits.backend import batch_tuning, batched
-from circuits.backend.batch_tuning import candidates, forget_tuning, tail_sizes, tuned_chunks
+from circuits.backend import batched
+from circuits.backend.tiers import batch_tuning
+from circuits.backend.tiers.batch_tuning import candidates, forget_tuning, tail_sizes, tuned_chunks
 
 
 @pytest.fixture

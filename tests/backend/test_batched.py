@@ -14,7 +14,7 @@ import pytest
 
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Symbol, evaluate
 from circuits.backend import cache_stats, evaluate_batched
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.background import wait_for_background
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -82,8 +82,8 @@ def test_batched_intermediates_eager_mode_and_jax_output():
 def test_one_row_chunks_run_the_rows_own_program(dtype):
     """A chunk of one row is the program itself on the row (the function evaluate compiles), not
     a vmap of one: same values as the loop, shared input kept, also= and return_jax as before."""
-    from circuits.backend.lowering import program_with_also
-    from circuits.backend.runtime import is_compiled, is_compiled_any
+    from circuits.backend.cache.compiled import is_compiled, is_compiled_any
+    from circuits.backend.lower.lowering import program_with_also
 
     c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="one_row")
     xs = rng.standard_normal((3, 3)).astype(dtype)
@@ -109,8 +109,8 @@ def test_chunks_of_large_rows_run_as_a_map_of_small_vmaps(dtype, mode, monkeypat
     here counts as large; groups of two): the same values as the loop and numpy, a short last
     chunk, an odd chunk (a group and a remainder), also= and return_jax."""
     from circuits.backend import batched
-    from circuits.backend.lowering import program_with_also
-    from circuits.backend.runtime import clear_compile_cache, is_compiled
+    from circuits.backend.cache.compiled import clear_compile_cache, is_compiled
+    from circuits.backend.lower.lowering import program_with_also
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     monkeypatch.setattr(batched, "MAP_GROUP_MAX", 2)
@@ -142,8 +142,8 @@ def test_map_groups_hold_more_rows_when_rows_are_short(tall, monkeypatch):
     4 positions run 16 at a time (matmuls 64 tall), rows of 300 two at a time; a group larger
     than the chunk still gives the loop's values."""
     from circuits.backend import batched
-    from circuits.backend.lowering import program_with_also
-    from circuits.backend.runtime import clear_compile_cache, is_compiled
+    from circuits.backend.cache.compiled import clear_compile_cache, is_compiled
+    from circuits.backend.lower.lowering import program_with_also
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     clear_compile_cache()
@@ -166,8 +166,9 @@ def test_the_map_form_runs_the_memory_cap_in_whole_groups_without_measuring(monk
     """With no batch_size, a chunk of the map form is the memory plan's cap rounded down to
     whole groups: nothing is measured (each size measured would compile a program) and the
     values are the loop's."""
-    from circuits.backend import batch_tuning, batched
-    from circuits.backend.runtime import clear_compile_cache
+    from circuits.backend import batched
+    from circuits.backend.cache.compiled import clear_compile_cache
+    from circuits.backend.tiers import batch_tuning
 
     monkeypatch.setattr(batched, "MAP_FROM_BYTES", 0)
     monkeypatch.setattr(batch_tuning, "TUNE_FROM_BYTES", 0)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Symbol
 from circuits.backend import cache_stats, evaluate, evaluate_batched, last_run, tiers
-from circuits.backend.compiling import compile_counts
+from circuits.backend.cache.compiling import compile_counts
 from circuits.testing import circuits_with_inputs, inputs_for
 
 rng = np.random.default_rng(35)

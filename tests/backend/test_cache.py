@@ -13,10 +13,10 @@ import pytest
 from circuits import Add, Array, Einsum, GeneralFunction, Index, Scalar, Symbol, Tag, compile
 from circuits import evaluate as evaluate_any_tier
 from circuits.backend import cache_stats, clear_cache, set_cache_size
-from circuits.backend.program import Program
+from circuits.backend.lower.program import Program
 
 # The compile cache serves the whole-program tier (``evaluate(mode='auto')`` runs a new circuit op
-# by op first: tests/backend/test_tiers.py).
+# by op first: tests/backend/test_incremental.py).
 evaluate = partial(evaluate_any_tier, mode="jit")
 
 
@@ -122,7 +122,7 @@ def test_cache_is_bounded_and_evicts_least_recently_used():
 
 def test_cached_code_holds_no_tensors():
     from circuits.backend import evaluate_batched, grad
-    from circuits.backend import runtime as eval_runtime
+    from circuits.backend.cache import compiled as eval_runtime
 
     value = np.random.default_rng(10).standard_normal((3, 31)).astype(np.float32)
     node = Array(value, name="big")

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from circuits.backend import cachedir, executables, persistent
-from circuits.backend.background import wait_for_background
-from circuits.backend.cachedir import MARKER, SUBFOLDER, Untrusted, make_root
-from circuits.backend.compiling import counted_jit
-from circuits.backend.executables import KeptKernel, executable_info, stable_key
-from circuits.backend.persistent import FOLDER
+from circuits.backend.cache import cachedir, executables, persistent
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.cachedir import MARKER, SUBFOLDER, Untrusted, make_root
+from circuits.backend.cache.compiling import counted_jit
+from circuits.backend.cache.executables import KeptKernel, executable_info, stable_key
+from circuits.backend.cache.persistent import FOLDER
 
 NOBODY = 65534
 root_only = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
@@ -50,9 +50,9 @@ record = caught.__enter__()
 warnings.simplefilter("always")
 import jax
 import circuits as C
-from circuits.backend.executables import executable_info
-from circuits.backend.persistent import persistent_cache_info
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.backend.cache.persistent import persistent_cache_info
+from circuits.backend.cache.background import wait_for_background
 
 def run(n):
     x = C.Array(np.linspace(0, 1, n, dtype=np.float32), name=f"x{n}")
@@ -295,7 +295,7 @@ import numpy as np
 warnings.simplefilter("always")
 import jax
 import circuits as C
-from circuits.backend.executables import executable_info
+from circuits.backend.cache.executables import executable_info
 x = C.Array(np.ones(3, np.float32), name='x')
 C.evaluate(C.GeneralFunction('exp', x), mode='eager')
 os.chmod(os.environ['CIRCUITS_COMPILATION_CACHE'], 0o777)

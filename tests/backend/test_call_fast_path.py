@@ -1,4 +1,4 @@
-"""The per-call fast path of ``Compiled`` and ``evaluate_batched`` (``circuits.backend.calling``):
+"""The per-call fast path of ``Compiled`` and ``evaluate_batched`` (``circuits.backend.lower.calling``):
 arguments bound once, each input's shape and dtype checked once per signature, values still
 checked at every call, inputs passed on as they are, results left on the device on request.
 The oracle is plain numpy (rows of ``W`` gathered by the tokens, plus ``x``)."""
@@ -11,8 +11,8 @@ import pytest
 
 from circuits import Add, Array, EvaluationError, GeneralFunction, Symbol, compile
 from circuits.backend import evaluate, evaluate_batched
-from circuits.backend.calling import ArgumentBinder, binder_of
-from circuits.backend.lowering import cached_program
+from circuits.backend.lower.calling import ArgumentBinder, binder_of
+from circuits.backend.lower.lowering import cached_program
 
 RNG = np.random.default_rng(0)
 W_VALUE = RNG.standard_normal((3, 4)).astype(np.float32)

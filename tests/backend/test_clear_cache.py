@@ -1,5 +1,5 @@
 """``clear_cache('all')`` reaches every cache the backend keeps in memory (each registers itself
-where it is created: ``circuits.backend.bounded``), leaves the compilation cache on disk alone,
+where it is created: ``circuits.backend.cache.bounded``), leaves the compilation cache on disk alone,
 and sticks: work in flight in the background puts nothing back."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from circuits.backend import (
     evaluate_batched,
     evaluation,
     grad,
-    groups,
     last_run,
     tiers,
 )
-from circuits.backend.background import wait_for_background
-from circuits.backend.bounded import registered
-from circuits.backend.persistent import persistent_cache_info
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.bounded import registered
+from circuits.backend.cache.persistent import persistent_cache_info
+from circuits.backend.tiers import groups
 from circuits.traversal import toposort
 
 rng = np.random.default_rng(41)

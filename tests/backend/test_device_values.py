@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Eager, Einsum, GeneralFunction, Scalar, Symbol
-from circuits.backend import Lowered, binding, compile, evaluate, evaluate_batched, value_and_grad
-from circuits.backend.binding import precision
-from circuits.backend.program import Skeleton
+from circuits.backend import Lowered, compile, evaluate, evaluate_batched, value_and_grad
+from circuits.backend.lower import binding
+from circuits.backend.lower.binding import precision
+from circuits.backend.lower.program import Skeleton
 
 
 def weights(seed: int, shape=(4, 3)):

@@ -1,4 +1,4 @@
-"""The einsum plan (``circuits.backend.einsum``): operand order chosen so that a contraction's
+"""The einsum plan (``circuits.backend.lower.einsum``): operand order chosen so that a contraction's
 result comes out in the output's order, values against ``numpy.einsum`` for any output order."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from circuits import Array, Einsum, evaluate
-from circuits.backend.einsum import einsum_steps
+from circuits.backend.lower.einsum import einsum_steps
 
 Q, D, H, C, K = range(5)
 

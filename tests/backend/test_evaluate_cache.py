@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar, Symbol, evaluate
-from circuits.backend import program as program_module
-from circuits.backend.lowering import cached_program, program_cache_info
+from circuits.backend.lower import program as program_module
+from circuits.backend.lower.lowering import cached_program, program_cache_info
 from circuits.errors import EvaluationError
 
 
@@ -104,7 +104,7 @@ def test_a_circuit_collected_while_the_table_is_locked_does_not_deadlock():
     cache's own lock is held (any allocation may start it): its callback must still get in."""
     import threading
 
-    from circuits.backend import lowering
+    from circuits.backend.lower import lowering
 
     c, _ = small(seed=11)
     evaluate(c, {"x": np.zeros(4)}, mode="jit")

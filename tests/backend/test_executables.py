@@ -1,4 +1,4 @@
-"""Kernels kept compiled across processes (circuits.backend.executables): a new process loads a
+"""Kernels kept compiled across processes (circuits.backend.cache.executables): a new process loads a
 kernel's executable instead of tracing it and gets the same bits; a corrupt entry, or one that
 loads but cannot run, is compiled afresh, never a failed evaluation; a user's function, a traced
 call and other argument types take the jitted kernel."""
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from jax.experimental import serialize_executable
 
-from circuits.backend.background import wait_for_background
-from circuits.backend.cachedir import make_root
-from circuits.backend.compiling import counted_jit
-from circuits.backend.executables import KeptKernel, executable_info, stable_key
-from circuits.backend.persistent import FOLDER
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.cachedir import make_root
+from circuits.backend.cache.compiling import counted_jit
+from circuits.backend.cache.executables import KeptKernel, executable_info, stable_key
+from circuits.backend.cache.persistent import FOLDER
 
 # A forward op by op and a gradient op by op (vector-Jacobian kernels), in a fresh process.
 PROBE = r"""
@@ -28,8 +28,8 @@ import json, sys
 import numpy as np
 import circuits as C
 from circuits.backend import cache_stats, value_and_grad
-from circuits.backend.executables import executable_info
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.backend.cache.background import wait_for_background
 x = C.Symbol((3, 4), name='x')
 w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
 h = C.GeneralFunction('tanh', C.Einsum.from_spec('ab,bc->ac', x, w), name='h')
@@ -140,7 +140,7 @@ def test_an_entry_that_loads_but_cannot_run_is_removed_and_compiled_afresh(tmp_p
 
 def test_a_function_a_user_registers_is_not_kept_a_library_one_is():
     import circuits as C
-    from circuits.backend.program import node_key_part
+    from circuits.backend.lower.program import node_key_part
     from circuits.functions import register_elementwise, unregister_function
 
     x = C.Symbol((3,), name='x')
@@ -165,8 +165,8 @@ import json
 import jax
 import numpy as np
 import circuits as C
-from circuits.backend.executables import executable_info
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.backend.cache.background import wait_for_background
 x = C.Symbol((3, 4), name='x')
 w = C.Array(np.arange(20, dtype=np.float32).reshape(4, 5) / 7, name='w')
 y = C.Add(C.Einsum.from_spec('ab,bc->ac', x, w), C.Add(), name='y')   # Add(): a kernel of no argument

@@ -1,4 +1,4 @@
-"""The fused lowering of a gathered log_softmax (``circuits.backend.fusion``): every fused or
+"""The fused lowering of a gathered log_softmax (``circuits.backend.lower.fusion``): every fused or
 chunked form equals the plain lowering (``batch_heads=False``: the circuit computed as printed,
 log_softmax then gather) within float rounding, in float32 and float64, on the seed, GPT-2,
 Llama, drawn circuits, batches, and with ``also=``."""
@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits.backend import fusion
+from circuits.backend.cache.compiled import clear_compile_cache as clear_cache
 from circuits.backend.evaluation import make_jaxpr
-from circuits.backend.lowering import program_with_also
-from circuits.backend.runtime import clear_compile_cache as clear_cache
+from circuits.backend.lower import fusion
+from circuits.backend.lower.lowering import program_with_also
 from circuits.models import attn_only, gpt2, llama, random_weights, tokens_symbol
 from circuits.models.gpt2 import random_gpt2_weights
 from circuits.models.llama import random_llama_weights

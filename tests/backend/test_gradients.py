@@ -102,7 +102,7 @@ def ops_match_jit(out, wrt, inputs, fdt):
 
 @pytest.mark.parametrize("fdt", ["float32", "float64"])
 def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(fdt):
-    """The reverse sweep's kernel-free cases (``circuits.backend.backward``): int picks of one
+    """The reverse sweep's kernel-free cases (``circuits.backend.tiers.backward``): int picks of one
     child, the same position picked twice, negative and several int axes; Adds broadcasting a
     leading axis, a size-1 axis and a scalar; a Tag; against ``jax.grad`` of the whole program
     (``mode='jit'``) and an analytic numpy gradient."""
@@ -138,7 +138,7 @@ def test_op_by_op_picks_and_broadcasting_adds_match_the_whole_program_and_numpy(
 @pytest.mark.parametrize("fdt", ["float32", "float64"])
 def test_op_by_op_heads_run_as_rows_and_match_the_whole_program(fdt):
     """Per-head nodes of one operation and shapes run as rows of one kernel in the reverse sweep
-    (``circuits.backend.backward``): heads picked from one stacked value (a position picked twice),
+    (``circuits.backend.tiers.backward``): heads picked from one stacked value (a position picked twice),
     a weight shared by every head, per-head weights, a nonlinearity; against ``jax.grad`` of the
     whole program (``mode='jit'``) and numpy."""
     heads = 4

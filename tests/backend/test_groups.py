@@ -1,4 +1,4 @@
-"""Fused groups in the op-by-op tier (``circuits.backend.groups``): a variant recomputes through
+"""Fused groups in the op-by-op tier (``circuits.backend.tiers.groups``): a variant recomputes through
 the groups its clean run made, every member's value is kept, and the values agree with the
 whole program and with op by op."""
 
@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import circuits as C
-from circuits.backend import clear_cache, evaluate, groups, last_run, tiers
-from circuits.backend import incremental as inc
+from circuits.backend import clear_cache, evaluate, last_run, tiers
+from circuits.backend.tiers import groups
+from circuits.backend.tiers.symbols import prepared
 from circuits.testing import circuits_with_inputs
 from circuits.traversal import toposort
 
@@ -33,7 +34,7 @@ def shipped():
 
 
 def _plan(root, known=frozenset()):
-    roots, _ = inc.prepared([root])
+    roots, _ = prepared([root])
     order = toposort(*roots, stop=lambda n: n.hash in known)
     todo = [n for n in order if n.children and n.hash not in known]
     return groups.plan(todo, {r.hash for r in roots}), {n.hash for n in order}
@@ -150,7 +151,8 @@ def test_a_process_exits_without_compiling_what_is_queued(tmp_path):
     script = (
         "import numpy as np\n"
         "from circuits import GeneralFunction, Symbol, evaluate\n"
-        "from circuits.backend import groups, tiers\n"
+        "from circuits.backend import tiers\n"
+        "from circuits.backend.tiers import groups\n"
         "tiers.configure(cold_start=False)\n"
         "groups.IDLE = 1e9  # never a pause: the queued group would wait forever\n"
         "x = Symbol((3,), name='x')\n"

@@ -1,4 +1,4 @@
-"""Per-head batching (``circuits.backend.head_batching``): sums of per-head subcircuits become one
+"""Per-head batching (``circuits.backend.lower.head_batching``): sums of per-head subcircuits become one
 computation over a head axis, with the same value.  Oracles: the plain-numpy evaluator of
 ``tests/nodes/oracle.py`` and the heads evaluated one by one and summed in numpy."""
 
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits.backend.head_batching import batch_heads, has_head_sums
+from circuits.backend.lower.head_batching import batch_heads, has_head_sums
 from circuits.check import check
 from circuits.models import attn_only, random_weights
 from circuits.testing.strategies import CLOSED_TYPES, dags

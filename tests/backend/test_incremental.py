@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Scalar, Symbol
 from circuits.backend import cache_stats, clear_cache, evaluate, last_run, set_cache_size, tiers, value_and_grad
-from circuits.backend.background import wait_for_background
-from circuits.backend.incremental import VALUES, free_symbols
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.tiers.symbols import free_symbols
+from circuits.backend.tiers.values import VALUES
 from circuits.testing import circuits_with_inputs
 
 rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""JAX's persistent compilation cache (circuits.backend.persistent): on in a private directory,
+"""JAX's persistent compilation cache (circuits.backend.cache.persistent): on in a private directory,
 moved or switched off by CIRCUITS_COMPILATION_CACHE, and an unusable directory is one warning
 naming it, never a failed evaluation.  Each case runs in a fresh process (the cache is set up
 once per process)."""
@@ -14,14 +14,14 @@ from pathlib import Path
 import blake3
 import pytest
 
-from circuits.backend.cachedir import make_root
-from circuits.backend.persistent import KEPT_MAGIC
+from circuits.backend.cache.cachedir import make_root
+from circuits.backend.cache.persistent import KEPT_MAGIC
 
 PROBE = r"""
 import json, warnings
 import numpy as np
 import circuits as C
-from circuits.backend.persistent import persistent_cache_info
+from circuits.backend.cache.persistent import persistent_cache_info
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     value = C.evaluate(C.GeneralFunction('exp', C.Array(np.zeros(3, np.float32))), mode='jit')
@@ -88,7 +88,7 @@ c = C.Add(C.GeneralFunction('exp', C.Einsum.from_spec('ab->ba', x)), C.Scalar(1.
 value = C.evaluate(c)
 first = last_run()['tier']
 traced = C.cache_stats()['compilations']  # whole programs traced by this first evaluation
-from circuits.backend.background import wait_for_background
+from circuits.backend.cache.background import wait_for_background
 wait_for_background(120)
 variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
 changed = C.evaluate(variant)
@@ -171,7 +171,7 @@ def root(tmp_path):
 def test_trim_removes_the_entries_used_longest_ago_down_to_80_percent(root):
     """JAX's entries and the kept executables count; the oldest go first until the directory
     holds at most 80% of the budget; marks of programs and the stamp stay."""
-    from circuits.backend.persistent import trim
+    from circuits.backend.cache.persistent import trim
 
     old = _entry(root / jax_name("a"), 400, 1000)
     kept_old = kept_entry(root, "k1", 300, 1001)
@@ -188,7 +188,7 @@ def test_the_directory_is_trimmed_at_most_once_a_day_in_the_background(root, mon
     import threading
     import time
 
-    from circuits.backend import persistent
+    from circuits.backend.cache import persistent
 
     monkeypatch.setattr(persistent, "_budget", [500])
 
@@ -272,7 +272,7 @@ def test_a_new_process_trims_an_old_cache_to_the_budget_the_environment_sets(tmp
 
 def test_set_cache_size_trims_our_directory_and_never_one_the_user_gave_jax(root, monkeypatch):
     import circuits as C
-    from circuits.backend import persistent
+    from circuits.backend.cache import persistent
 
     monkeypatch.setattr(persistent, "_budget", [])
     monkeypatch.setattr(persistent, "_state", {"done": True, "directory": str(root), "reason": "on", "mode": "ours"})

@@ -5,6 +5,7 @@ class, registered where it is created."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import pathlib
 
 import circuits.backend as backend
@@ -101,6 +102,27 @@ def test_the_backend_has_no_import_loop_counting_imports_inside_functions():
     assert _cycle(edges) is None, " -> ".join(_cycle(edges))
 
 
+def _exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package missing
+        return False
+
+
+def test_every_relative_import_names_a_module_that_exists():
+    """A module moved into a stage's folder climbs one level more to leave the backend: an import
+    inside a function that still names ``..io`` fails only when that function runs."""
+    missing = []
+    for module, tree in MODULES.items():
+        package = ["circuits", "backend", *_package_of(module)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package[:len(package) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+                if not _exists(".".join(base)):
+                    missing.append(f"{module or '__init__'} line {node.lineno}: {'.' * node.level}{node.module or ''}")
+    assert missing == []
+
+
 def test_a_loop_is_found():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
@@ -118,12 +140,18 @@ def _defined(tree: ast.Module) -> set:
     return names
 
 
+def _is_package(module: str) -> bool:
+    return (BACKEND.joinpath(*module.split(".")) / "__init__.py").exists() if module else True
+
+
 def test_every_name_has_one_home():
     """A name imported from a backend module is defined there (no module re-exports what it
-    imported; the package's ``__init__``, the door, is the one that does)."""
+    imported; a package's ``__init__``, its face, is the one that does: the door, ``tiers``)."""
     defined = {m: _defined(tree) for m, tree in MODULES.items()}
     wrong = []
     for module, tree in MODULES.items():
+        if _is_package(module):
+            continue
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom):
                 continue
@@ -136,6 +164,22 @@ def test_every_name_has_one_home():
                     if alias.name not in defined[target]:
                         wrong.append(f"{module or '__init__'}: from {target} import {alias.name}")
     assert wrong == []
+
+
+STAGES = ("cache", "lower", "tiers")  # the folders, in pipeline order; then the entry points
+
+
+def _stage(module: str) -> int:
+    top = module.split(".")[0]
+    return STAGES.index(top) if top in STAGES else len(STAGES)
+
+
+def test_the_folders_show_the_pipeline():
+    """``cache/`` imports from no later stage, ``lower/`` only from ``cache/``, ``tiers/`` from both;
+    the entry points (``evaluation``, ``batched``...) from any, and no stage from them."""
+    later = [f"{module} imports {target}" for module, targets in _edges().items() if module
+             for target in targets if target and _stage(target) > _stage(module)]
+    assert later == []
 
 
 def test_every_cache_is_the_one_bounded_class():

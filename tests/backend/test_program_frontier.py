@@ -8,7 +8,7 @@ import pytest
 
 from circuits import Add, Array, Einsum, EvaluationError, GeneralFunction, Symbol, evaluate
 from circuits.backend import Eager, cache_stats, clear_cache
-from circuits.backend.program import Program
+from circuits.backend.lower.program import Program
 
 rng = np.random.default_rng(3)
 XV = rng.standard_normal((2, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Values that depend on shapes alone are found by a variant (``incremental.shape_key``), and
+"""Values that depend on shapes alone are found by a variant (``tiers.values.shape_key``), and
 broadcast Scalars are kept: a layer-0 ablation of the shipped model makes 57 kernel calls, not 63."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 import circuits as C
 from circuits import Add, GeneralFunction, Scalar, Symbol
 from circuits.backend import clear_cache
-from circuits.backend import incremental as inc
+from circuits.backend.tiers import op_by_op
+from circuits.backend.tiers.values import shape_key
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +25,7 @@ class Calls:
 
     def __init__(self, monkeypatch):
         self.n = 0
-        real_kernel, real_broadcast = inc.kernel, inc._broadcast_kernel
+        real_kernel, real_broadcast = op_by_op.kernel, op_by_op.broadcast_kernel
 
         def counting(fn):
             def call(*args):
@@ -33,8 +34,8 @@ class Calls:
 
             return call
 
-        monkeypatch.setattr(inc, "kernel", lambda node, fdt: counting(real_kernel(node, fdt)))
-        monkeypatch.setattr(inc, "_broadcast_kernel", lambda shape: counting(real_broadcast(shape)))
+        monkeypatch.setattr(op_by_op, "kernel", lambda node, fdt: counting(real_kernel(node, fdt)))
+        monkeypatch.setattr(op_by_op, "broadcast_kernel", lambda shape: counting(real_broadcast(shape)))
 
 
 def test_a_norms_divisor_is_found_by_shape_after_a_change_upstream(monkeypatch):
@@ -62,12 +63,12 @@ def test_a_norms_divisor_is_found_by_shape_after_a_change_upstream(monkeypatch):
 
 def test_shape_keys_are_none_where_the_value_reads_values():
     x, y = Symbol((2, 3), name="x"), Symbol((2, 3), name="y")
-    assert inc.shape_key(GeneralFunction("exp", x)) is None
-    assert inc.shape_key(Add(GeneralFunction("last_dim_size", x), GeneralFunction("last_dim_size", GeneralFunction("exp", y)), GeneralFunction("exp", Symbol((2,), name="z")))) is None
-    assert inc.shape_key(Scalar(2.0)) != inc.shape_key(Scalar(3.0))
+    assert shape_key(GeneralFunction("exp", x)) is None
+    assert shape_key(Add(GeneralFunction("last_dim_size", x), GeneralFunction("last_dim_size", GeneralFunction("exp", y)), GeneralFunction("exp", Symbol((2,), name="z")))) is None
+    assert shape_key(Scalar(2.0)) != shape_key(Scalar(3.0))
     a = GeneralFunction("reciprocal", GeneralFunction("last_dim_size", x))
     b = GeneralFunction("reciprocal", GeneralFunction("last_dim_size", y))
-    assert inc.shape_key(a) == inc.shape_key(b) is not None
+    assert shape_key(a) == shape_key(b) is not None
 
 
 def test_shipped_model_ablations_make_fewer_kernel_calls_and_agree_across_tiers(monkeypatch):

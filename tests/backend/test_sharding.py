@@ -1,4 +1,4 @@
-"""Sharding over devices with JAX's own sharding (``circuits.backend.sharding``): data parallel
+"""Sharding over devices with JAX's own sharding (``circuits.backend.lower.sharding``): data parallel
 over a batch axis and tensor parallel over heads and the vocabulary, on 4 CPU host devices, each
 checked against the single-device result and for its placement (``.sharding``).
 

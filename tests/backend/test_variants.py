@@ -1,4 +1,4 @@
-"""Variants op by op with their changed nodes as rows of one kernel (``circuits.backend.variants``,
+"""Variants op by op with their changed nodes as rows of one kernel (``circuits.backend.tiers.variants``,
 the tier a first sweep runs in): each variant's value equals its own whole-program evaluation,
 work the variants share is done once, chunks, padding and groups change nothing."""
 
@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Array
-from circuits.backend import evaluate, variants
-from circuits.backend.incremental import RunInfo
-from circuits.backend.variants import run_variants
+from circuits.backend import evaluate
+from circuits.backend.tiers import variants
+from circuits.backend.tiers.op_by_op import RunInfo, run_ops
+from circuits.backend.tiers.variants import run_variants
 from circuits.testing import circuits_with_inputs
 
 
@@ -63,7 +64,7 @@ def test_ablations_and_path_patches_of_the_shipped_model(shipped):
     info = _check(shipped, vs)
     alone = RunInfo()
     for v in vs:
-        C.backend.incremental.run_ops([v], None, "float32", cache=False, info=alone)
+        run_ops([v], None, "float32", cache=False, info=alone)
     # the clean run, and the corrupted run the path patches share, are computed once
     assert info.computed < alone.computed / 4
 
@@ -173,7 +174,7 @@ def test_index_rows_take_their_ints_as_arguments():
     """Rows of Index nodes of ints and slices (a head picked from a layer's heads) run through one
     kernel per slice pattern, the ints passed in: negative ints, reversed and strided slices, ints
     on several axes; each value equals its own evaluation."""
-    from circuits.backend import incremental
+    from circuits.backend.tiers import kernels
 
     x = C.Symbol((4, 5, 6), name="x_index_rows")
     scale = C.Scalar(2.0)
@@ -183,13 +184,13 @@ def test_index_rows_take_their_ints_as_arguments():
     base = C.Add(*[C.Einsum.from_spec("".join("abc"[:p.ndim]) + "->", p) for p in picks], name="total")
     vs = [C.traversal.replace(base, {scale: C.Scalar(float(k))}) for k in range(3, 8)]
     inputs = {"x_index_rows": np.random.default_rng(5).normal(size=(4, 5, 6)).astype(np.float32)}
-    before = incremental.kernel_info()["kernel_misses"]
+    before = kernels.kernel_info()["kernel_misses"]
     _check(base, vs, inputs)
-    made = incremental.kernel_info()["kernel_misses"] - before
+    made = kernels.kernel_info()["kernel_misses"] - before
     _check(base, vs + [C.traversal.replace(base, {y: C.Array(np.ones((4, 5, 6), np.float32))})], inputs)
     assert made > 0
     # the three [h, ::-2] picks share one row kernel, the two [1:3, h, k] picks another
-    keys = [k for k in incremental._kernels.keys() if k[0] == "rows-index" and k[2] == (4, 5, 6)]
+    keys = [k for k in kernels._kernels.keys() if k[0] == "rows-index" and k[2] == (4, 5, 6)]
     assert {k[1] for k in keys} == {(None, (None, None, -2)), ((1, 3, None), None, None)}
 
 

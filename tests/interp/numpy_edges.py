@@ -14,7 +14,7 @@ overrides the token embeddings (both for EAP-IG).  float64 throughout.
 
 import numpy as np
 
-from tests.models.numpy_attn_only import layer_norm, log_softmax, softmax
+from benchmarks.numpy_attn_only import layer_norm, log_softmax, softmax
 
 
 def edge_names(n_layers: int, n_heads: int) -> list[str]:

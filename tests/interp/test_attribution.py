@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward
 from circuits.interp import attribute, patch
 from circuits.models import attn_only, random_weights
 from circuits.select import Inside
-from tests.models.numpy_attn_only import forward
 
 SMALL = dict(vocab=31, d_model=16, n_heads=3, head_size=8, n_layers=2, max_positions=16)
 CLEAN = np.array([3, 14, 15, 9, 2, 6, 5, 3, 5, 8])

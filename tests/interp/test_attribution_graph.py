@@ -11,7 +11,7 @@ import circuits as C
 from circuits.errors import CircuitError
 from circuits.interp import SAE, attribution_graph
 from circuits.interp.attribution_graph import _influence, _normalised, prune
-from circuits.interp.sae import induction_saes
+from circuits.interp.sae_files import induction_saes
 from circuits.interp.sites import one_root
 from circuits.models import attn_only, induction_tokens, induction_weights, random_weights
 

@@ -1,4 +1,4 @@
-"""EAP-IG-mask's batched steps (edge_scores.uniform_circuit, EdgeScores.integrated) against the
+"""EAP-IG-mask's batched steps (discovery._scores: uniform_circuit, EdgeScores.integrated) against the
 step-by-step computation they replace, independent of them: the gradient of patch_edges' masked
 circuit with respect to its mask, one mask alpha * 1 (and one example row) at a time, through
 the backend's plain value_and_grad; in float64, whatever the chunk of steps run at once."""
@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import circuits as C
-from circuits.interp import discover, edge_scores, edges, patch_edges
-from circuits.interp.discovery import _eap_ig_mask
-from circuits.interp.edge_scores import uniform_circuit
+from circuits.interp import discover, edges, patch_edges
+from circuits.interp.discovery import _scores as edge_scores
+from circuits.interp.discovery._discover import _eap_ig_mask
+from circuits.interp.discovery._scores import uniform_circuit
 from circuits.models import attn_only, random_weights
 
 SMALL = dict(vocab=13, d_model=8, n_heads=2, head_size=4, n_layers=2, max_positions=16)
@@ -124,7 +125,7 @@ def test_op_by_op_tier_equals_the_compiled_program(model, method, batch):
 def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
     """The first EAP call compiles nothing whole; the second starts the program's compilation in
     the background; once it is ready, calls run it; every tier gives the same scores."""
-    from circuits.backend.background import wait_for_background
+    from circuits.backend.cache.background import wait_for_background
     from circuits.backend.tiers import last_run
 
     w, _, _ = model
@@ -147,7 +148,7 @@ def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
     """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
     GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
     from circuits.backend import tiers
-    from circuits.backend.background import wait_for_background
+    from circuits.backend.cache.background import wait_for_background
     from circuits.backend.tiers import last_run
 
     w, _, _ = model

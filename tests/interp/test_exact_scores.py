@@ -1,4 +1,4 @@
-"""``discover(method='exact')``: the row-sparse program (``circuits.interp.exact_scores``) and the
+"""``discover(method='exact')``: the row-sparse program (``circuits.interp.discovery._exact``) and the
 masked parts it falls back to, against the independent numpy model with a hook per edge
 (tests/interp/numpy_edges.py) and against one patched circuit per edge, in float64: two heads a
 layer, every ablation, a batch, MLPs; and the scorer kept on the graph never answers for another
@@ -9,7 +9,7 @@ import pytest
 
 import circuits as C
 from circuits.interp import discover, edges, patch_edges
-from circuits.interp.exact_scores import ExactScores
+from circuits.interp.discovery._exact import ExactScores
 from circuits.models import attn_only, random_weights
 from tests.interp.numpy_edges import edge_names, forward, sources_on
 
@@ -65,7 +65,7 @@ def test_row_sparse_and_parts_are_the_oracle(model, ablation, batch_size):
 def test_rows_over_the_budget_take_the_masked_parts(model, monkeypatch):
     """A circuit whose row-sparse run would hold more than ``ROWS_BYTES`` is scored part by part
     (the same scores)."""
-    from circuits.interp import exact_scores
+    from circuits.interp.discovery import _exact as exact_scores
 
     w, loss, weights = model
     monkeypatch.setattr(exact_scores, "ROWS_BYTES", 1000)
@@ -148,8 +148,8 @@ def test_mlps_and_a_function_metric_match_one_patched_circuit_per_edge(family):
 def test_row_layout_computes_each_node_only_for_the_edges_upstream(model):
     """A head of the last layer is computed for its own q, k, v edges only; the output's residual
     sum for every edge; nothing upstream of the destinations is batched."""
-    from circuits.interp.discovery import metric_node
-    from circuits.interp.edge_scores import split_circuit
+    from circuits.interp.discovery._scores import split_circuit
+    from circuits.interp.metric import metric_node
 
     _, loss, weights = model
     g = edges(loss)

@@ -1,14 +1,13 @@
 """``interp.head_scores`` against attention patterns computed in plain numpy (the test's own model,
-``tests/models/numpy_attn_only``), on the shipped induction model and on random weights."""
+``benchmarks/numpy_attn_only``), on the shipped induction model and on random weights."""
 
 import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward
 from circuits.interp import head_scores
 from circuits.models import attn_only, induction_tokens, induction_weights, random_weights, tokens_symbol
-
-from ..models.numpy_attn_only import forward
 
 
 def attention_patterns(w, row):

@@ -71,7 +71,7 @@ def test_not_a_fused_output_is_a_clear_error():
 
 def test_split_and_batch_heads_are_inverses_and_their_three_homes_name_each_other():
     import rewrites
-    from circuits.backend import head_batching
+    from circuits.backend.lower import head_batching
     from circuits.interp import heads
 
     circuit, _ = _layer(np.float64)
@@ -83,7 +83,7 @@ def test_split_and_batch_heads_are_inverses_and_their_three_homes_name_each_othe
     np.testing.assert_allclose(C.evaluate(fused, dtype="float64", batch_heads=False),
                                C.evaluate(circuit, dtype="float64"), atol=1e-9)
     # one idea, three jobs: each home says where the other two are
-    homes = {"circuits.backend.head_batching": head_batching.__doc__, "rewrites.batch_heads":
+    homes = {"circuits.backend.lower.head_batching": head_batching.__doc__, "rewrites.batch_heads":
              rewrites.heads.__doc__, "circuits.interp.split_heads": heads.__doc__}
     for doc in homes.values():
         assert all(name in doc for name in homes)

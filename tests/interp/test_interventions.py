@@ -1,14 +1,14 @@
 """Ablation, activation patching and exact path patching against the independent numpy model
-(tests/models/numpy_attn_only.py, with hooks), in float32 and float64."""
+(benchmarks/numpy_attn_only.py, with hooks), in float32 and float64."""
 
 import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward
 from circuits.interp import ablate, patch, path_patch
 from circuits.models import attn_only, random_weights, tokens_symbol
 from circuits.select import Inside, Regex
-from tests.models.numpy_attn_only import forward
 
 SMALL = dict(vocab=31, d_model=16, n_heads=3, head_size=8, n_layers=2, max_positions=16)
 CLEAN = np.array([3, 14, 15, 9, 2, 6, 5, 3, 5, 8])

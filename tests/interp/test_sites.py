@@ -150,7 +150,7 @@ def test_source_errors_name_the_input(weights):
 
 
 def test_targets_are_read_from_their_own_array(weights):
-    from tests.models.numpy_attn_only import forward
+    from benchmarks.numpy_attn_only import forward
 
     other = (TOKS * 3 + 1) % 31
     c = attn_only(weights, TOKS, targets=other)

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
+from benchmarks.variants import head, path_patch_variants, zero_ablation_variants
 from circuits.backend import cache_stats
 from circuits.errors import CircuitError, EvaluationError
 from circuits.interp import SweepResult
@@ -19,7 +20,6 @@ from circuits.testing import circuits_with_inputs
 from circuits.traversal import replace
 
 from .numpy_patching import path_patched_losses, zero_ablated_losses
-from .variants import head, path_patch_variants, zero_ablation_variants
 
 N_HEADS, N_LAYERS, LENGTH, VOCAB = 3, 2, 10, 40
 TOL = {"float32": dict(rtol=2e-4, atol=2e-5), "float64": dict(rtol=1e-9, atol=1e-10)}

@@ -4,9 +4,8 @@ import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward
 from circuits.models import attn_only, random_weights, tokens_symbol
-
-from .numpy_attn_only import forward
 
 SMALL = dict(vocab=97, d_model=32, n_heads=4, head_size=8, n_layers=2, max_positions=64)
 

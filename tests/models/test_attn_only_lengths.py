@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward, log_softmax
 from circuits.models import attn_only, induction_weights, random_weights, tokens_symbol
 from circuits.models.attn_only import context_of
 from circuits.models.induction import CONTEXT, VOCAB
-
-from .numpy_attn_only import forward, log_softmax
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ def test_summary_collapses_repeated_layers_and_counts_params():
     text = str(s)
     per_layer = sum(v.size for k, v in w.items() if k.startswith("transformer.h.0."))
     layer_line = next(line for line in text.splitlines() if line.strip().startswith("layer {0..3} ×4"))
-    assert f"each 71 nodes · {per_layer} params" in layer_line
+    assert f"each 75 nodes · {per_layer} params" in layer_line
     assert "h0.attn.head{0..1} ×2" in text  # heads collapsed inside the layer
     arrays = {n for n in C.toposort(c) if isinstance(n, C.Array)}
     assert s.params == sum(a.value.size for a in arrays if a.dtype.startswith("float"))  # not the tokens

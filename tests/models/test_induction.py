@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 import circuits as C
+from benchmarks.numpy_attn_only import forward, layer_norm, softmax
 from circuits.models import attn_only, induction_tokens, induction_weights, random_weights, tokens_symbol
 from circuits.models.induction import FIRST_HALF, REPEATED_HALF, SEQ_LEN
-
-from .numpy_attn_only import forward, layer_norm, softmax
 
 N_SEQ = 48
 

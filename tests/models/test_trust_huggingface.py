@@ -67,7 +67,7 @@ def test_mistral_sliding_window_must_be_a_positive_int(window):
 
 def test_mistral_window_of_one_attends_to_itself_only():
     w = C.fill_random(from_huggingface(dict(MISTRAL, sliding_window=1), C.models.tokens_symbol(3)), seed=0)
-    mask = w.get_unique("causal_mask").value
+    mask = w.get_unique("sliding_mask").value  # the windowed layers' mask (full attention's is 'causal_mask')
     np.testing.assert_array_equal(mask, np.eye(3, dtype=np.float32))  # q - 1 < k <= q
 
 

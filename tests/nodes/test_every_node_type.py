@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import circuits as C
 import circuits.nodes
-from circuits.backend.ops import OP_BUILDERS
-from circuits.backend.program import ARGUMENT_TYPES
+from circuits.backend.lower.ops import OP_BUILDERS
+from circuits.backend.lower.program import ARGUMENT_TYPES
 from circuits.backend.symbolic import SYMBOLIC_RULES, symbolic_evaluate
 from circuits.check import check
 from circuits.expand import expand
@@ -66,7 +66,7 @@ def test_it_evaluates(node_type, data):
 @TYPES
 def test_its_class_reads_its_payload(node_type):
     for hook in ("parse_payload", "from_payload"):
-        assert hook in vars(node_type), f"{node_type.__name__} does not define {hook}"
+        assert callable(getattr(node_type, hook)), f"{node_type.__name__} has no {hook}"
     assert isinstance(node_type.child_count, tuple) and len(node_type.child_count) == 2
 
 
@@ -107,24 +107,50 @@ def test_every_node_type_is_covered():
     assert set(OP_BUILDERS) | set(ARGUMENT_TYPES) == set(NODE_TYPES)
 
 
-# The hooks every node class defines itself (the checklist's items 1-4), read from the checklist.
+# The hooks every node class defines itself, and those a class with payload fields of its own
+# defines (the checklist's items 1-4: the others inherit Circuit's defaults), read from the checklist.
 CHECKLIST = circuits.nodes.__doc__.split("Adding a node type", 1)[1]
 OWN_HOOKS = re.findall(r"``([a-z_]+)``\s*\(own\)", CHECKLIST)
+PAYLOAD_HOOKS = re.findall(r"``([a-z_]+)``\s*\(payload\)", CHECKLIST)
 
 
 def test_the_checklist_names_the_hooks():
-    assert set(OWN_HOOKS) >= {"type_name", "_setup", "_rebuild", "_payload_bytes", "payload_text", "parse_payload",
-                              "from_payload", "child_count", "passes_index", "expanded"}
-    for hook in OWN_HOOKS:
+    assert set(OWN_HOOKS) >= {"type_name", "_setup", "expanded"}
+    assert set(PAYLOAD_HOOKS) >= {"_rebuild", "_payload_bytes", "payload_text", "parse_payload", "from_payload"}
+    for hook in OWN_HOOKS + PAYLOAD_HOOKS:
         assert hasattr(Circuit, hook) or hook == "type_name", hook
     for words in ("NODE_TYPES", "OP_BUILDERS", "ARGUMENT_TYPES", "SYMBOLIC_RULES", "dags"):
         assert words in CHECKLIST
 
 
+def own_fields(node_type) -> tuple:
+    slots = vars(node_type).get("__slots__", ())
+    return (slots,) if isinstance(slots, str) else tuple(slots)
+
+
 @TYPES
 def test_its_class_defines_its_own_hooks(node_type):
-    missing = [hook for hook in OWN_HOOKS if hook not in vars(node_type)]
+    needed = OWN_HOOKS + (PAYLOAD_HOOKS if own_fields(node_type) else [])
+    missing = [hook for hook in needed if hook not in vars(node_type)]
     assert not missing, f"{node_type.__name__} does not define {missing} (the checklist in circuits.nodes)"
+
+
+def test_the_payload_hooks_are_required_of_a_class_with_payload_fields():
+    # The check must be able to fail: a new type with a field of its own that keeps the
+    # payload-less defaults would hash and print without its field.
+    class Scaled(Circuit):
+        __slots__ = ("factor",)
+        type_name = "Scaled"
+
+        def _setup(self, child, factor, name=None):
+            raise NotImplementedError
+
+        def expanded(self, children, gained, size_map, replacements=None):
+            raise NotImplementedError
+
+    with pytest.raises(AssertionError, match=r"Scaled does not define \['_rebuild', '_payload_bytes'"):
+        test_its_class_defines_its_own_hooks(Scaled)
+    assert not own_fields(C.Add) and not own_fields(C.DiscreteVar)  # these inherit the defaults
 
 
 @TYPES

@@ -105,6 +105,22 @@ def test_every_rule_has_a_docstring_and_an_example():
         assert r.example, f"rule {r.name} has no before/after example"
 
 
+def test_every_rule_module_exports_a_named_rule_set():
+    """Each family of rewrites.rules exports RULES, a RuleSet named after its module (they compose
+    with +, print their name and look a rule up by name), not a plain list."""
+    import importlib
+    import pkgutil
+
+    import rewrites.rules
+
+    families = [info.name for info in pkgutil.iter_modules(rewrites.rules.__path__) if not info.name.startswith("_")]
+    assert len(families) >= 12
+    for family in families:
+        rules = importlib.import_module(f"rewrites.rules.{family}").RULES
+        assert isinstance(rules, RuleSet) and rules.name == family, (family, rules)
+        assert all(isinstance(r, Rule) for r in rules) and len(rules)
+
+
 def test_the_optimize_rules_are_in_the_catalogue():
     """optimize's rules live in rewrites.rules, so the example test below covers them."""
     names = {r.name for r in all_rules()}

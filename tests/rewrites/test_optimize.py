@@ -213,7 +213,7 @@ def test_chunk_logsumexp_must_not_fire():
 
 
 def _lowered_lines(circuit):
-    from circuits.backend.lowering import program_with_also
+    from circuits.backend.lower.lowering import program_with_also
 
     program, _ = program_with_also(circuit, "float32", None, True)
     return [n.line() for n in program.nodes]
@@ -296,8 +296,8 @@ def test_push_gather_through_einsum_must_not_fire():
 def test_optimize_pushes_a_small_gather_into_shared_logits_then_the_backend_fuses(monkeypatch):
     """The seed's shape in small: log_softmax's gather becomes one dot product per position,
     and the logsumexp then reads the logits alone, so the backend fuses (and chunks) it."""
-    from circuits.backend import fusion
-    from circuits.backend.runtime import clear_compile_cache
+    from circuits.backend.cache.compiled import clear_compile_cache
+    from circuits.backend.lower import fusion
 
     monkeypatch.setattr(fusion, "CHUNK_FROM_ENTRIES", 1)
     monkeypatch.setattr(fusion, "CHUNK_ENTRIES", 64)

@@ -1,0 +1,435 @@
+"""Many variants of one circuit, op by op, their changed nodes computed as rows of one kernel.
+
+A sweep's variants (ablations, patches, path patches of one circuit) are the circuit with some
+nodes rebuilt: the same operations over other values.  ``run_variants`` lines each variant up with
+the base circuit, from the roots down:
+
+- a variant node equal to its base partner is *unchanged*: its value is the base's (from the
+  value cache);
+- a variant node computing the same operation as its partner (same type, payload and shapes) over
+  other children is a *row* of that partner;
+- any other variant node (a patched-in value, an ablation constant, other tokens) is *given*: it is
+  evaluated op by op on its own (``run_ops``, through the value cache, so what several variants
+  share is computed once).
+
+The rows of one base node (one per distinct variant node: variants that share a rebuilt node share
+its row) are computed together, by the base node's kernel ``vmap``-ed over a leading row axis, in
+chunks of at most ``ROWS`` rows whose size is a power of two, so a few kernels serve every layer of
+a model; a child that is unchanged in every row of a chunk is passed once, unbatched (a weight is
+never copied).  The twelve head patches of one GPT-2 layer then run the layers above it as twelve
+rows of each matmul, not as twelve forwards, and layer 0 is computed once for all of them.
+
+Values are freed after their last reader; variants are run in groups whose rows fit
+``GROUP_BYTES``.  Each variant's value is offered to the value cache, and a variant whose value
+is cached is not computed again.
+
+>>> import numpy as np, circuits as C
+>>> x = C.Symbol((3,), name='x')
+>>> y = C.GeneralFunction('exp', C.Einsum.from_spec('a,->a', x, C.Scalar(2.0)), name='y')
+>>> twice = [C.traversal.replace(y, {C.Scalar(2.0): C.Scalar(float(k))}) for k in range(3)]
+>>> base, values = run_variants(y, twice, {'x': np.ones(3)}, 'float32')
+>>> np.allclose(np.stack(values), np.exp(np.arange(3.0))[:, None]), np.allclose(base, np.exp(2.0))
+(True, True)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ...dtypes import dtype_str, is_float, is_int
+from ...nodes import Circuit, Index, SetSymbolicShape, Tag
+from ...traversal import toposort
+from ..lower.binding import raise_problems
+from ..lower.ops import build_op
+from ..lower.program import node_key_part
+from .kernels import cached_kernel, kernel, pick_row
+from .op_by_op import RunInfo, check_leaf_indices, run_ops
+from .values import VALUES, Binding
+
+__all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
+
+# Rows computed by one kernel call at most (a power of two); fewer when the node is big.
+ROWS = 16
+# Bytes the rows of one chunk may take (node size x rows).
+CHUNK_BYTES = 64 << 20
+# Bytes the rows of the biggest node may take for one group of variants (about three such
+# values are alive at once: a node's rows, its parent's, and what is being assembled).
+GROUP_BYTES = 1 << 30
+
+_IDENTITY = (Tag, SetSymbolicShape)
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+_SLOTS: dict = {}
+
+
+def _payload_slots(t: type):
+    """The payload fields of node type ``t`` (its own slots and those of its bases below
+    ``Circuit``), None when some of them live in a ``__dict__``."""
+    found = _SLOTS.get(t, False)
+    if found is False:
+        names: list = []
+        for k in t.__mro__:
+            if k is Circuit:
+                break
+            if "__slots__" not in k.__dict__:
+                names = None
+                break
+            names.extend(a for a in k.__dict__["__slots__"] if a != "__weakref__")
+        found = _SLOTS[t] = None if names is None else tuple(names)
+    return found
+
+
+class _Partners:
+    """``node_key_part`` of base nodes, computed once each (a variant node is compared with it)."""
+
+    def __init__(self):
+        self.keys: dict = {}
+
+    def compatible(self, n: Circuit, m: Circuit) -> bool:
+        """Whether ``m`` computes ``n``'s operation (over other children): a row of ``n``."""
+        if type(m) is not type(n) or not n.children or len(m.children) != len(n.children) \
+                or m.shape != n.shape or m.dtype != n.dtype:
+            return False
+        for a, b in zip(n.children, m.children):
+            if a.shape != b.shape:
+                return False
+        slots = _payload_slots(type(n))
+        if slots is not None:
+            for a in slots:
+                if getattr(m, a) is not getattr(n, a):
+                    break
+            else:  # the very payload (a rebuilt node copies its partner's): the same operation
+                return True
+        k = self.keys.get(n.hash)
+        if k is None:
+            k = self.keys[n.hash] = node_key_part(n)
+        return node_key_part(m) == k
+
+
+def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | None, fdt: str, *,
+                 cache: bool = True, info: RunInfo | None = None) -> tuple:
+    """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
+    changed nodes computed as rows (see the module docstring).  Every input is checked first."""
+    info = info if info is not None else RunInfo()
+    binding = Binding([base, *variants], inputs, fdt)
+    base, variants = binding.roots[0], binding.roots[1:]
+    raise_problems(binding.problems)
+    problems: list[str] = []
+    bound, keys = binding.values, binding.keys
+    out: list = [None] * len(variants)
+    todo = []
+    for i, v in enumerate(variants):
+        if v.hash == base.hash:
+            continue
+        found = VALUES.get(keys(v)) if cache else None
+        if found is not None:
+            out[i] = found
+            info.reused += 1
+        else:
+            todo.append(i)
+    groups = []
+    if todo:
+        order = toposort(base)
+        partners = _Partners()
+        size = max((_bytes(n, fdt) for n in order if n.children), default=1)
+        group = max(ROWS, (GROUP_BYTES // (3 * max(size, 1))) // ROWS * ROWS)
+        for start in range(0, len(todo), group):
+            picked = todo[start:start + group]
+            groups.append((picked, _Group(base, order, partners, fdt, [variants[i] for i in picked])))
+        _check_indices(order, [g for _, g in groups], bound, problems)
+        raise_problems(problems)
+    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
+    for i, v in enumerate(variants):
+        if v.hash == base.hash:
+            out[i] = base_value
+    # Rows that several groups share (the corrupted run every patch reads) are computed once.
+    keep = frozenset()
+    if len(groups) > 1:
+        seen = collections.Counter(k for _, g in groups for k in g.rows)
+        keep = frozenset(k for k, count in seen.items() if count > 1)
+    shared: dict = {}
+    for picked, g in groups:
+        values = g.run(inputs, cache, info, keep, shared)
+        for i, value in zip(picked, values):
+            out[i] = value
+            if cache:
+                VALUES.put(keys(variants[i]), value)
+    return base_value, out
+
+
+def _check_indices(order: list, groups: list, bound: dict, problems: list) -> None:
+    """Range-check the int leaves the variants bring (other tokens) that reach a gather through
+    rows: a row runs the base's kernel, which does not check indices, so an index outside the
+    gathered axis must be reported here, as ``evaluate`` reports it, not give NaN.  Given nodes
+    are otherwise checked by ``run_ops`` against the gathers inside them.
+
+    Only the rows on an index path matter: rows of a gather, and rows of the base's nodes that
+    pass an index on to one (``gather_index_ranges`` of the base).  They are put in the base's
+    order (children first) after the given int nodes' own subtrees, and their ranges are found
+    by the same walk ``evaluate``'s binding makes; each distinct leaf is then checked once, from
+    its host copy's cached extent (an Array) or its bound value (a Symbol)."""
+    given = {}
+    for g in groups:
+        for h, node in g.given.items():
+            if is_int(node.dtype):
+                given[h] = node
+    if not given:
+        return
+    from ...io.values import gather_index_ranges
+
+    on_path = gather_index_ranges(order)
+    position = {n.hash: i for i, n in enumerate(order)}
+    rows = {}
+    for g in groups:
+        for (mh, nh), m in g.rows.items():
+            spec = getattr(m, "function", None)
+            if nh in on_path or (spec is not None and spec.index_arg is not None):
+                rows[mh] = (position[nh], m)
+    below = toposort(*given.values())
+    ranges = gather_index_ranges([*below, *(m for _, m in sorted(rows.values(), key=lambda pm: pm[0]))])
+    check_leaf_indices(below, ranges, bound, problems)
+
+
+def _bytes(node: Circuit, fdt: str) -> int:
+    itemsize = np.dtype(fdt if is_float(node.dtype) else node.dtype).itemsize
+    return int(np.prod(node.shape, dtype=np.int64)) * itemsize
+
+
+class _Group:
+    """One group of variants: aligned with the base, then computed partner by partner."""
+
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list):
+        self.base = base
+        self.order = order
+        self.partners = partners
+        self.fdt = fdt
+        self.rows: dict = {}  # (variant node hash, partner hash) -> variant node
+        self.by_partner: dict = {}  # partner hash -> [row key], in the order the variants came
+        self.given: dict = {}  # variant node hash -> node, evaluated on its own
+        self.clean: dict = {}  # base node hash -> node, read unchanged by some row
+        self.reads = [self._align(v) for v in variants]
+
+    def _align(self, v: Circuit):
+        """The rows and given nodes of variant ``v``; what its value will be read from."""
+        if not self.partners.compatible(self.base, v):
+            self.given[v.hash] = v
+            return ("given", v.hash)
+        stack = [(self.base, v)]
+        rows, by_partner, given, clean = self.rows, self.by_partner, self.given, self.clean
+        compatible = self.partners.compatible
+        while stack:
+            n, m = stack.pop()
+            key = (m.hash, n.hash)
+            if key in rows:
+                continue
+            rows[key] = m
+            by_partner.setdefault(n.hash, []).append(key)
+            for cn, cm in zip(n.children, m.children):
+                if cm.hash == cn.hash:
+                    clean[cn.hash] = cn
+                elif (cm.hash, cn.hash) in rows:
+                    continue
+                elif compatible(cn, cm):
+                    stack.append((cn, cm))
+                else:
+                    given[cm.hash] = cm
+        return ("row", (v.hash, self.base.hash))
+
+    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None) -> list:
+        """The variants' values.  A single row whose key is in ``keep`` (read by a later group
+        too) is kept in ``shared``, and one found there is not computed again."""
+        shared = shared if shared is not None else {}
+        fdt, reads = self.fdt, self.reads
+        leaves = [*self.clean.values(), *self.given.values()]
+        known: dict = {}
+        if leaves:
+            values = run_ops(leaves, inputs, fdt, cache=cache, info=info)
+            known = {n.hash: (v, None) for n, v in zip(leaves, values)}
+        # Where each row's value is: (array, None) for a plain value, (array, r) for row r of a
+        # chunk.  A partner's rows are dropped after the last partner that reads them.
+        loc: dict = {}
+        steps = [n for n in self.order if n.hash in self.by_partner]
+        last: dict = {}
+        for j, n in enumerate(steps):
+            for c in n.children:
+                last[c.hash] = j
+        drop: dict = {}
+        for h, j in last.items():
+            if h in self.by_partner and h != self.base.hash:
+                drop.setdefault(j, []).append(h)
+        computed = 0
+        for j, n in enumerate(steps):
+            row_keys = self.by_partner[n.hash]
+            if type(n) in _IDENTITY:
+                for key in row_keys:
+                    loc[key] = self._source(key, 0, n, loc, known)
+                continue
+            if len(row_keys) == 1:
+                key = row_keys[0]
+                found = shared.get(key)
+                if found is not None:  # computed by an earlier group (e.g. the corrupted run)
+                    loc[key] = (found, None)
+                    continue
+                args = []
+                for i in range(len(n.children)):
+                    array, r = self._source(key, i, n, loc, known)
+                    args.append(array if r is None else pick_row(array, r))
+                loc[key] = (kernel(n, fdt)(*args), None)
+                if key in keep:
+                    shared[key] = loc[key][0]
+                computed += 1
+                continue
+            chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))
+            chunk = 1 << (chunk.bit_length() - 1)  # a power of two
+            # A node with more rows than one chunk pads its last chunk to a full one: one kernel
+            # (one compilation) serves all its chunks, and its chunks line up with its parents'.
+            full = len(row_keys) > chunk
+            for start in range(0, len(row_keys), chunk):
+                part = row_keys[start:start + chunk]
+                size = chunk if full else min(chunk, _pow2_at_least(len(part)))
+                args, axes = [], []
+                for i in range(len(n.children)):
+                    arg, axis = self._assemble(part, size, i, n, loc, known)
+                    args.append(arg)
+                    axes.append(axis)
+                computed += 1
+                if all(a is None for a in axes):  # rows that differ only in name: one value
+                    value = kernel(n, fdt)(*args)
+                    for key in part:
+                        loc[key] = (value, None)
+                    continue
+                at = _int_entries(n)
+                if at is not None:  # an Index picking a head: the head is an argument, not code
+                    value = _rows_index_kernel(n, fdt, tuple(axes), size)(args[0], at)
+                else:
+                    value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
+                for r, key in enumerate(part):
+                    loc[key] = (value, r)
+            for h in drop.get(j, ()):
+                for key in self.by_partner[h]:
+                    loc.pop(key, None)
+        info.computed += computed
+        out = []
+        for kind, ref in reads:
+            array, r = known[ref] if kind == "given" else loc[ref]
+            out.append(array if r is None else pick_row(array, r))
+        return out
+
+    def _source(self, key, i: int, n: Circuit, loc: dict, known: dict):
+        """Where child ``i`` of row ``key`` (a row of ``n``) is: ``(array, row or None)``."""
+        cm = self.rows[key].children[i]
+        cn = n.children[i]
+        if cm.hash == cn.hash:
+            return known[cn.hash]
+        found = loc.get((cm.hash, cn.hash))
+        if found is not None:
+            return found
+        return known[cm.hash]
+
+    def _assemble(self, part: list, size: int, i: int, n: Circuit, loc: dict, known: dict):
+        """Child ``i`` of the rows ``part`` of ``n`` (padded to ``size`` rows): ``(value, None)``
+        when every row reads the same plain value, else ``(stacked rows, 0)``."""
+        sources = [self._source(key, i, n, loc, known) for key in part]
+        first = sources[0]
+        if first[1] is None and all(s[0] is first[0] and s[1] is None for s in sources):
+            return first[0], None
+        if first[1] == 0 and first[0].shape[0] == size and \
+                all(s[0] is first[0] and s[1] == r for r, s in enumerate(sources)):
+            return first[0], 0  # the rows of one chunk, in order (padding rows read its padding)
+        arrays: list = []
+        offsets: dict = {}
+        index = []
+        for array, r in sources:
+            at = offsets.get(id(array))
+            if at is None:
+                at = offsets[id(array)] = (len(arrays), sum(_row_count(a) for a in arrays))
+                arrays.append((array, r is not None))
+            index.append(at[1] + (r or 0))
+        index += [index[-1]] * (size - len(index))
+        batched = tuple(b for _, b in arrays)
+        fn = _merge_kernel(tuple((a.shape, dtype_str(a.dtype)) for a, _ in arrays), batched, size)
+        return fn(np.asarray(index, np.int32), *[a for a, _ in arrays]), 0
+
+
+def _row_count(entry) -> int:
+    array, batched = entry
+    return array.shape[0] if batched else 1
+
+
+def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+    """``node``'s kernel over ``size`` rows: ``vmap`` with the children's row axes ``axes``."""
+    key = ("rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, axes, size)
+
+    def make():
+        import jax
+
+        return jax.vmap(build_op(node, fdt), in_axes=axes)
+
+    return cached_kernel(key, make)
+
+
+def _int_entries(node: Circuit):
+    """An Index of ints and slices, with at least one int: its ints (made non-negative) as an
+    int32 array; None for any other node."""
+    if type(node) is not Index:
+        return None
+    shape = node.children[0].shape
+    ints = []
+    for axis, e in enumerate(node.index):
+        if type(e) is int:
+            ints.append(e % shape[axis])
+        elif type(e) is not slice:
+            return None
+    return np.asarray(ints, np.int32) if ints else None
+
+
+def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+    """``node``'s Index over ``size`` rows with its int entries given as an argument: the Index
+    ``[h]`` of every head ``h`` of a layer is one kernel, not one each (slices stay static)."""
+    entries = node.index
+    pattern = tuple(None if type(e) is int else (e.start, e.stop, e.step) for e in entries)
+    key = ("rows-index", pattern, node.children[0].shape, str(node.dtype), fdt, axes, size)
+
+    def make():
+        import jax
+        import jax.lax as lax
+
+        static = tuple(slice(None) if type(e) is int else e for e in entries)
+        int_axes = tuple(a for a, e in enumerate(entries) if type(e) is int)
+
+        def index(x, at):
+            x = x[static]  # the slices (int axes kept whole, so no axis moves)
+            for k in reversed(range(len(int_axes))):
+                x = lax.dynamic_index_in_dim(x, at[k], int_axes[k], keepdims=False)
+            return x
+
+        return jax.vmap(index, in_axes=(axes[0], None))
+
+    return cached_kernel(key, make)
+
+
+def _merge_kernel(shapes: tuple, batched: tuple, size: int):
+    """``(index, *sources) -> concatenate(sources as rows)[index]``: rows picked from chunks and
+    plain values (one row each)."""
+    key = ("merge", shapes, batched, size)
+
+    def make():
+        import jax.numpy as jnp
+
+        def merge(index, *sources):
+            rows = [s if b else s[None] for s, b in zip(sources, batched)]
+            return jnp.concatenate(rows, axis=0)[index] if len(rows) > 1 else rows[0][index]
+
+        return merge
+
+    return cached_kernel(key, make)
