@@ -315,6 +315,27 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
                             batch_heads and mode != "ops", mesh, shard, bool(cache)))
 
 
+# The chunk of rows the op-by-op tier split a dataset into, by (fingerprint of a batched input,
+# rows): a later circuit over the same dataset (a patch after the clean run) takes the same
+# chunks, so that the values the clean run kept are found under their keys.
+_CHUNKS = BoundedCache("dataset chunks", "values", max_entries=1024)
+
+
+def _dataset_keys(binding) -> list:
+    return [(fp, binding.rows) for h, fp in binding.keys.fps.items() if h in binding.keys.batched]
+
+
+def _known_chunk(binding) -> int | None:
+    """The smallest chunk a batched input of ``binding`` ran in before (None: none known)."""
+    found = [c for c in (_CHUNKS.get(k) for k in _dataset_keys(binding)) if c is not None]
+    return min(found) if found else None
+
+
+def _remember_chunk(binding, chunk: int) -> None:
+    for key in _dataset_keys(binding):
+        _CHUNKS.put(key, chunk, 0)
+
+
 class _Batched(Route):
     """``evaluate_batched``'s ways (see ``tiers.run`` for which): the value cache, op by op over
     the rows (``by_ops``: each node through its kernel mapped over the batch, computing only what
@@ -396,8 +417,11 @@ class _Batched(Route):
         info = RunInfo()
         total = binding.rows
         parts = None
+        known = _known_chunk(binding)
         if self.batch_size is not None and int(self.batch_size) < total:
             parts = self.chunks(binding, int(self.batch_size))
+        elif self.batch_size is None and known is not None and known < total:
+            parts = self.chunks(binding, known)  # the chunks this dataset ran in before: their values are kept
         else:
             budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else int(self.memory_budget)
             if budget <= 0:
@@ -406,9 +430,11 @@ class _Batched(Route):
                 values = run_ops(binding.roots, None, self.fdt, cache=self.cache, info=info, binding=binding,
                                  max_bytes=budget)
             except OverBudget as over:
-                chunk = max(1, min(total, budget // max(1, over.row_bytes)))
+                fit = max(1, min(total, budget // max(1, over.row_bytes)))
+                chunk = 1 << (fit.bit_length() - 1)  # a power of two
                 self._say(f"op by op: {chunk} rows a chunk of {total} (about {over.row_bytes} bytes of new values "
                           f"a row, memory budget {budget} bytes)")
+                _remember_chunk(binding, chunk)
                 parts = self.chunks(binding, chunk)
             else:
                 return (self._outputs([(binding, 0, total)], items, [values]), "ops" if info.computed else "cache",

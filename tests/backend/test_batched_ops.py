@@ -180,13 +180,18 @@ def test_chunks_by_the_memory_budget(capsys):
     x = Symbol((2, 3), name="x_batched_chunks")
     out = layered(x)
     data = rng.standard_normal((10, 2, 3)).astype(np.float32)
-    # new values a row: pre, act, out: 3 x [2, 4] float32 = 96 bytes; 300 bytes hold 3 rows
+    # new values a row: pre, act, out: 3 x [2, 4] float32 = 96 bytes; 300 bytes hold 3 rows, and
+    # chunks are a power of two: 2 rows
     got = evaluate_batched(out, {x: data}, memory_budget=300, verbose=True, mode="ops")
-    assert "op by op: 3 rows a chunk of 10" in capsys.readouterr().out
-    assert last_run()["computed"] == 4 * 3  # 4 chunks (the last padded), 3 nodes each
+    assert "op by op: 2 rows a chunk of 10" in capsys.readouterr().out
+    assert last_run()["computed"] == 5 * 3  # 5 chunks, 3 nodes each
     np.testing.assert_allclose(got, np.tanh(data @ W.value) + data @ W.value, rtol=1e-5, atol=1e-6)
     evaluate_batched(out, {x: data}, memory_budget=300, mode="ops")
     assert last_run()["tier"] == "cache"
+    # a variant with fewer new values a row (3 rows fit) still takes the clean run's chunks
+    variant = Add(out, GeneralFunction("tanh", out.children[0]))
+    evaluate_batched(variant, {x: data}, memory_budget=300, mode="ops")
+    assert last_run()["reused"] > 0 and last_run()["computed"] == 5 * 2
 
 
 def test_inputs_are_checked_as_by_the_whole_program():
@@ -197,3 +202,54 @@ def test_inputs_are_checked_as_by_the_whole_program():
         evaluate_batched(Add(x, y), {x: np.ones(3), y: np.ones(3)})
     with pytest.raises(EvaluationError, match="memory_budget=0"):
         evaluate_batched(Add(x, y), {x: np.ones((4, 3)), y: np.ones(3)}, memory_budget=0)
+
+
+# ------------------------------------------------------------------ saying what is happening
+class _Said:
+    def __init__(self):
+        self.messages = []
+
+    def __call__(self, seconds, message, enabled=None):
+        self.messages.append(message)
+        return self
+
+    def cancel(self):
+        pass
+
+
+def test_a_compiling_call_says_so_once_and_last_run_counts_its_kernels(monkeypatch):
+    from circuits.backend.cache import compiling
+    from circuits.backend.tiers import op_by_op
+
+    said = _Said()
+    monkeypatch.setattr(op_by_op, "notice_after", said)
+    monkeypatch.setattr(op_by_op, "shown", lambda: True)
+    x = Symbol((3, 11), name="x_batched_notice")  # shapes no other test uses: its kernels are new
+    out = Add(GeneralFunction("sin", x), GeneralFunction("cos", x))
+    data = rng.standard_normal((6, 3, 11)).astype(np.float32)
+    evaluate_batched(out, {x: data})
+    run = last_run()
+    assert said.messages == ["circuits: compiling 3 kernels…"]  # sin, cos, the sum over rows
+    assert run["kernels"]["compiled"] + run["kernels"]["loaded"] >= 3  # loaded: kept by an earlier process
+    assert set(run["seconds"]) == {"compiling", "running", "total"}
+    assert run["seconds"]["total"] >= run["seconds"]["compiling"] >= 0
+    evaluate_batched(out, {x: data + 1})  # the same kernels: nothing to say, nothing compiled
+    assert said.messages == ["circuits: compiling 3 kernels…"]
+    assert last_run()["kernels"]["compiled"] == 0 and last_run()["kernels"]["reused"] >= 3
+    # a whole program compiled in the call says so too (once)
+    monkeypatch.setattr(compiling, "NOTICE_AFTER", 0.0)
+    import circuits.progress as progress
+
+    whole = _Said()
+    monkeypatch.setattr(progress, "notice_after", whole)
+    evaluate_batched(Add(out, out), {x: data}, mode="jit")
+    assert whole.messages == ["circuits: compiling the whole program…"]
+
+
+def test_progress_environment_variable_silences_or_forces(monkeypatch):
+    from circuits.progress import shown
+
+    monkeypatch.setenv("CIRCUITS_PROGRESS", "0")
+    assert not shown()
+    monkeypatch.setenv("CIRCUITS_PROGRESS", "1")
+    assert shown()

@@ -24,7 +24,7 @@ from typing import Callable
 
 from .persistent import ensure_persistent_cache
 
-__all__ = ["counted_jit", "compile_counts", "work_here", "note_loaded", "note_reused", "Work"]
+__all__ = ["counted_jit", "compile_counts", "work_here", "note_loaded", "note_reused", "Work", "calling"]
 
 _lock = threading.Lock()
 _counts = collections.Counter()  # traces, by counter name
@@ -34,11 +34,12 @@ class Work:
     """What one thread had JAX do so far: ``compiled`` (XLA compilations), ``loaded`` (executables
     read from disk), ``reused`` (kernels found made), ``seconds`` (tracing, lowering, compiling)."""
 
-    __slots__ = ("compiled", "loaded", "reused", "seconds")
+    __slots__ = ("compiled", "loaded", "reused", "seconds", "call")
 
     def __init__(self):
         self.compiled = self.loaded = self.reused = 0
         self.seconds = 0.0
+        self.call = None  # the notices of the call running in this thread (``calling``)
 
     def snapshot(self) -> tuple:
         return self.compiled, self.loaded, self.reused, self.seconds
@@ -84,6 +85,36 @@ def _listen() -> None:
                 _listening.append(True)
 
 
+# A call (``tiers.run``) in this thread that compiles a whole program for long says so once.
+NOTICE_AFTER = 1.0
+
+
+class calling:
+    """Marks a call running in this thread (``tiers.run``): a whole program it compiles says so
+    after ``NOTICE_AFTER`` seconds (``progress.notice_after``, where progress bars are shown),
+    once per call; the notice is cancelled when the call ends."""
+
+    def __enter__(self):
+        work = _work()
+        self.outer, work.call = work.call, []
+        return self
+
+    def __exit__(self, *exc):
+        work = _work()
+        for notice in work.call:
+            notice.cancel()
+        work.call = self.outer
+
+
+def _announce(message: str) -> None:
+    work = _work()
+    call = getattr(work, "call", None)
+    if call is not None and not call:
+        from ...progress import notice_after
+
+        call.append(notice_after(NOTICE_AFTER, message))
+
+
 def work_here() -> tuple:
     """``(compiled, loaded, reused, seconds)`` of the calling thread so far (see ``Work``).
 
@@ -117,6 +148,8 @@ def counted_jit(fn: Callable, counter: str, name: str | None = None) -> Callable
     def traced(*args):
         with _lock:
             _counts[counter] += 1
+        if counter == "compilations":
+            _announce("circuits: compiling the whole program…")
         return fn(*args)
 
     if name is not None:

@@ -48,7 +48,7 @@ from ...errors import EvaluationError
 from ..cache.background import in_background
 from ..cache.bounded import BoundedCache
 from ..cache.compiled import cached_jit, is_cached
-from ..cache.compiling import work_here
+from ..cache.compiling import calling, work_here
 from ..lower.program import Program
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
@@ -342,7 +342,8 @@ def run(route: Route):
     """The value ``route`` computes, by the way the policy picks; recorded for ``last_run``, with
     the compilations and the time the call took."""
     start, before = time.perf_counter(), work_here()
-    value = _run(route)
+    with calling():
+        value = _run(route)
     compiled, loaded, reused, seconds = (a - b for a, b in zip(work_here(), before))
     total = time.perf_counter() - start
     last = getattr(_local, "last", None)
