@@ -5,10 +5,12 @@ reports having done (``last_run``).
 - **op by op** (``mode='ops'``, and ``'auto'`` for a structure seen for the first time): through
   kernels cached per (operation, shapes, precision) and over the values already known
   (``circuits.backend.tiers.op_by_op``): a new variant of a known model compiles nothing in the call
-  and computes only what its intervention reaches.  In ``'auto'`` the nodes that one other node
+  and computes only what its intervention reaches -- over a batch too (``evaluate_batched``,
+  ``evaluate`` with batched inputs: each kernel mapped over the rows, chunks of rows by the
+  memory budget).  In ``'auto'`` the nodes that one other node
   alone reads run with it as one fused kernel per structure, compiled in the background in a pause
   the first time it is met (``circuits.backend.tiers.groups``; ``settings().groups``).
-- **whole program** (``mode='jit'``, ``compile``, ``evaluate_batched``, ``sweep``; and ``'auto'``
+- **whole program** (``mode='jit'``, ``compile``, ``sweep``; and ``'auto'``
   for a circuit evaluated op by op ``jit_after`` times already): one XLA program (heads batched,
   everything fused), compiled in a background thread (``settings().background``) while the calls
   go on op by op, and taken as soon as it is ready.  It does not export intermediates to the
@@ -24,7 +26,10 @@ object, changed through ``configure`` (the test suite uses it too).  The jit pol
 run whole is here as well (``maybe_jit``: compile it, or run its skeleton uncompiled).
 
 The tiers agree to float rounding, not bit for bit: pin one with ``mode=`` for bitwise
-reproducibility.  ``last_run()`` says what the latest evaluation in this thread did.
+reproducibility.  ``last_run()`` says what the latest evaluation in this thread did (its tier,
+the kernels it compiled, loaded and reused, the seconds it spent compiling); a call that compiles
+for more than a second says so once (``circuits: compiling 14 kernels…``, shown where progress
+bars are: ``CIRCUITS_PROGRESS``).
 
 >>> import numpy as np
 >>> from circuits import Symbol, GeneralFunction
