@@ -310,6 +310,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     devs = _devices(devices)
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
+    if shard and devs is None and mesh is None:
+        raise EvaluationError("evaluate_batched: shard= needs mesh= (a jax.sharding.Mesh)")
     with precision(fdt):
         return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
                             batch_heads and mode != "ops", mesh, shard, bool(cache)))
