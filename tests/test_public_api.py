@@ -62,6 +62,8 @@ def test_promised_call_shapes():
                        (C.models.gpt2, ["config", "weights", "tokens"]),
                        (C.models.opt, ["config", "weights", "tokens"]),
                        (C.models.llama, ["config", "weights", "tokens"]),
+                       *((getattr(C.models, f), ["config", "weights", "tokens"]) for f in (
+                           "gptj", "gpt_neo", "gemma", "qwen3", "phi3", "mixtral", "stablelm", "falcon", "bloom")),
                        (C.summary, ["circuit"]),
                        (C.importers.from_torch, ["module", "example_inputs"]),
                        (C.interp.sweep, ["circuit", "variants", "inputs"]),

@@ -19,20 +19,30 @@ layers as one line).  ``induction_weights()`` is the shipped trained induction m
 
 from .attn_only import attn_only, random_weights, tokens_symbol
 from .blocks import attention_head, causal_mask, layer_norm, rms_norm
+from .bloom import bloom
+from .falcon import falcon
+from .gemma import gemma
 from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neo import gpt_neo
 from .gpt_neox import gpt_neox
+from .gptj import gptj
 from .huggingface import from_huggingface, load_checkpoint
 from .induction import induction_tokens, induction_weights
 from .llama import llama
+from .mixtral import mixtral
 from .model import Model, load
 from .opt import opt
+from .phi3 import phi3
 from .qwen2 import qwen2
+from .qwen3 import qwen3
 from .sequence import position_mask
+from .stablelm import stablelm
 from .tokenizer import Tokenizer
 
 mistral = llama
 
-__all__ = ["attn_only", "attention_head", "causal_mask", "from_huggingface", "gemma2", "gpt2", "gpt_neox",
-           "induction_tokens", "induction_weights", "layer_norm", "llama", "load", "load_checkpoint", "mistral",
-           "Model", "opt", "position_mask", "qwen2", "random_weights", "rms_norm", "tokens_symbol", "Tokenizer"]
+__all__ = ["attn_only", "attention_head", "bloom", "causal_mask", "falcon", "from_huggingface", "gemma", "gemma2",
+           "gpt2", "gpt_neo", "gpt_neox", "gptj", "induction_tokens", "induction_weights", "layer_norm", "llama",
+           "load", "load_checkpoint", "mistral", "mixtral", "Model", "opt", "phi3", "position_mask", "qwen2", "qwen3",
+           "random_weights", "rms_norm", "stablelm", "tokens_symbol", "Tokenizer"]

@@ -184,7 +184,9 @@ def rope_theta(cfg: Config, theta_key: str = "rope_theta", default: float = 1000
     """``(theta, partial_rotary_factor)`` of a config's default rotary embeddings, from
     ``rope_parameters`` (transformers 5) or ``rope_scaling`` / ``rope_theta`` (earlier); any
     ``rope_type`` but ``'default'`` (linear, dynamic, yarn, llama3, longrope...) is refused
-    naming it, as is any field of those dicts this reading does not know."""
+    naming it, as is any field of those dicts this reading does not know.  The fraction may also
+    sit at the config's top level (``partial_rotary_factor``, as configs saved before
+    ``transformers`` 5 keep it)."""
     known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
     factor = None
     for key in ("rope_parameters", "rope_scaling"):
@@ -208,8 +210,8 @@ def rope_theta(cfg: Config, theta_key: str = "rope_theta", default: float = 1000
         theta = positive_number(cfg.family, "rope_parameters.rope_theta", params["rope_theta"])
     else:
         theta = cfg.number(theta_key, default)
-    if factor is None:
-        factor = 1.0
+    if factor is None:  # a config.json from before transformers 5 keeps it at the top level
+        factor = cfg.get("partial_rotary_factor", 1.0)
     factor = positive_number(cfg.family, "partial_rotary_factor", factor)
     if factor > 1:
         raise CircuitError(f"{cfg.family}: config partial_rotary_factor={factor} must be at most 1")

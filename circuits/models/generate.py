@@ -51,7 +51,7 @@ import numpy as np
 from ..backend import Lowered, batch_heads, precision
 from ..errors import CircuitError
 from ..nodes import Array, Circuit, Index, Symbol
-from .sequence import MASK, POSITIONS, new_keys_values
+from .sequence import KEY_POSITIONS, MASK, POSITIONS, new_keys_values
 
 MIN_PREFILL = 8
 MIN_CACHE = 16
@@ -120,7 +120,7 @@ class StepProgram:
         self.n, self.capacity, self.layers, self.greedy = n, capacity, len(layers), greedy
         self.window = model.step_window(n, capacity, split_heads=edit is not None)
         slots = {}
-        allowed = {"tokens", POSITIONS, MASK, f"{MASK}.sliding"} | {
+        allowed = {"tokens", POSITIONS, KEY_POSITIONS, MASK, f"{MASK}.sliding"} | {
             f"{a}.past_{kv}" for a in layers for kv in ("k", "v")}
         for i, node in enumerate(self.lowered.args):
             if isinstance(node, Symbol):
@@ -146,9 +146,10 @@ class StepProgram:
         slots, n_layers, window, greedy = dict(self.slots), self.layers, self.window, self.greedy
         fdt = jnp.float64 if self.lowered.dtype == "float64" else jnp.float32
 
-        def row(args, tokens, positions, mask, sliding, past_k, past_v):
+        def row(args, tokens, positions, key_positions, mask, sliding, past_k, past_v):
             args = list(args)
-            for name, value in (("tokens", tokens), (POSITIONS, positions), (MASK, mask), (f"{MASK}.sliding", sliding)):
+            for name, value in (("tokens", tokens), (POSITIONS, positions), (KEY_POSITIONS, key_positions), (MASK, mask),
+                                (f"{MASK}.sliding", sliding)):
                 if name in slots:
                     args[slots[name]] = value.astype(args[slots[name]].dtype)
             for l in range(n_layers):
@@ -167,8 +168,9 @@ class StepProgram:
             seen = (kpos[:, None, :] >= 0) & (kpos[:, None, :] <= qpos)
             mask = seen.astype(fdt)
             sliding = (seen & (qpos - kpos[:, None, :] < window)).astype(fdt) if window else mask
-            outs = jax.vmap(row, in_axes=(None, 0, 0, 0, 0, 0, 0))(
-                args, tokens, positions, mask, sliding, list(cache_k), list(cache_v))
+            # ALiBi reads each key's position: an empty slot's -1 read as 0 (its key is masked)
+            outs = jax.vmap(row, in_axes=(None, 0, 0, 0, 0, 0, 0, 0))(
+                args, tokens, positions, jnp.maximum(kpos, 0), mask, sliding, list(cache_k), list(cache_v))
             logits = outs[0]
             new_k, new_v = outs[1:1 + n_layers], outs[1 + n_layers:]
             cache_k = [jax.lax.dynamic_update_slice(c, k.astype(c.dtype), (0, 0, slot, 0)) for c, k in zip(cache_k, new_k)]

@@ -1,5 +1,5 @@
-"""``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (GPT-2,
-OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) from its config and weights, or from a
+"""``from_huggingface(model, tokens)``: the logits circuit of a ``transformers`` causal LM (every
+family ``circuits.models.load`` builds: ``model.FAMILIES``) from its config and weights, or from a
 checkpoint directory on disk (``config.json`` + ``*.safetensors`` as ``save_pretrained`` writes
 them, read once each by ``circuits.models.checkpoint``: torch is not imported).  Nothing is
 downloaded.  ``circuits.models.load`` gives the same model with its tokenizer, as a ``Model``.
@@ -15,15 +15,9 @@ from ..errors import CircuitError
 from ..nodes import Circuit
 from .checkpoint import read_weights, regular_file
 from .common import as_numpy
-from .gemma2 import gemma2
-from .gpt2 import gpt2
-from .gpt_neox import gpt_neox
-from .llama import llama
-from .opt import opt
-from .qwen2 import qwen2
+from .model import FAMILIES
 
-BUILDERS = {"gpt2": gpt2, "opt": opt, "llama": llama, "mistral": llama, "gpt_neox": gpt_neox, "gemma2": gemma2,
-            "qwen2": qwen2}
+BUILDERS = {kind: family.builder for kind, family in FAMILIES.items()}  # one home: model.FAMILIES
 
 
 def load_checkpoint(path) -> tuple[dict, dict]:
@@ -87,14 +81,15 @@ def from_huggingface(model, tokens, *, loss: bool = False, split_heads: bool = F
     the model object (its ``config`` and ``state_dict()`` are read) or the path of a checkpoint
     directory (``config.json`` + ``*.safetensors``), or a config dict alone (placeholder weights).
     ``config.model_type`` picks the builder
-    (``gpt2``, ``opt``, ``llama``, ``mistral``, ``gpt_neox``, ``gemma2``, ``qwen2``); ``loss``, ``split_heads`` and any other option
+    (``gpt2``, ``opt``, ``llama``, ``mistral``, ``qwen2``, ``gemma2``, ``gpt_neox``, ``gemma``, ``qwen3``,
+    ``phi3``, ``mixtral``, ``stablelm``, ``gptj``, ``gpt_neo``, ``falcon``, ``bloom``); ``loss``, ``split_heads`` and any other option
     of that builder (``modules=True`` for ``gpt2``, ``llama``, ``mistral``) are passed on.
     ``tokens`` may be a 1-d int Symbol (``circuits.models.tokens_symbol(n)``).
 
-    >>> from_huggingface({'model_type': 'bert'}, [1])
+    >>> from_huggingface({'model_type': 'bert'}, [1])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', 'llama', 'mistral', 'gpt_neox', 'gemma2', 'qwen2'); circuits.importers.from_torch(model, example_inputs) may import it through torch.export
+    circuits.errors.CircuitError: config model_type='bert' has no builder (supported: 'gpt2', 'opt', ..., 'bloom'); circuits.importers.from_torch(model, example_inputs) may import it through torch.export
     """
     if isinstance(model, (str, os.PathLike)):
         config, weights = load_checkpoint(model)

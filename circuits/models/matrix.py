@@ -1,6 +1,7 @@
 """The verification matrix: every architecture the library builds, checked against ``transformers``.
 
-For each family (GPT-2, OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2) a random-weight
+For each family (GPT-2, OPT, Llama, Mistral, GPT-NeoX/Pythia, Gemma-2, Qwen2, Gemma, Qwen3, Phi-3,
+Mixtral, StableLM, GPT-J, GPT-Neo, Falcon in three layouts, BLOOM) a random-weight
 model is made from a ``transformers`` config that exercises what sets the family apart
 (grouped-query heads, sliding windows shorter than the prompt, Gemma-2's soft-capping and
 alternating windows, partial rotary, q/k/v biases), and in float32 and float64 four cells are
@@ -12,7 +13,7 @@ checked:
   ``interp.ablate`` does) against the torch model with a hook zeroing that head's slice of the
   attention output projection's input;
 - **head sum**: the per-head nodes ``h{l}.attn.head{h}`` (plus the output bias) summed, against
-  the torch attention module's output;
+  the output of the torch attention module's output projection;
 - **generation**: ``Model.generate`` (greedy, KV cache) against ``transformers``' ``generate``:
   token for token in float64; in float32 up to the first step where ``transformers``' top-2
   logit gap is below 1e-4 (random weights have near-ties that rounding flips).
@@ -25,14 +26,16 @@ One command writes the table (torch and transformers needed)::
 
     python -m circuits.models.matrix --out docs/models.md
 
->>> sorted(FAMILIES)[:3]
-['gemma2', 'gpt2', 'gpt_neox']
+>>> sorted(FAMILIES)[:4]
+['bloom', 'falcon', 'falcon-7b', 'falcon-rw']
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -55,7 +58,7 @@ class FamilySpec:
     config: str
     kwargs: dict
     layers: str  # attribute path from the model to its list of layers
-    attn: str  # attribute of a layer: the attention module
+    attn: str  # attribute path from a layer to its attention module
     out_proj: str  # attribute of the attention module: the output projection
     what: str = ""  # what the config exercises
 
@@ -90,6 +93,61 @@ FAMILIES = {
                         dict(_SMALL, num_hidden_layers=3, num_key_value_heads=2, use_sliding_window=True,
                              sliding_window=5, max_window_layers=1),
                         "model.layers", "self_attn", "o_proj", "q/k/v biases, windows of 5 from layer 1 on"),
+    "gemma": FamilySpec("GemmaForCausalLM", "GemmaConfig", dict(_SMALL, num_key_value_heads=1, head_dim=12),
+                        "model.layers", "self_attn", "o_proj",
+                        "norms scaled by 1 + weight, embeddings by sqrt(d), GELU-gated MLP, head_dim 12 != d / heads, "
+                        "multi-query"),
+    "qwen3": FamilySpec("Qwen3ForCausalLM", "Qwen3Config",
+                        dict(_SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=6, attention_bias=True,
+                             use_sliding_window=True, sliding_window=5, max_window_layers=2),
+                        "model.layers", "self_attn", "o_proj",
+                        "RMSNorm of each head's queries and keys, biases on q/k/v/o, window of 5 on layer 2"),
+    "phi3": FamilySpec("Phi3ForCausalLM", "Phi3Config",
+                       dict(_SMALL, num_key_value_heads=2, sliding_window=6,
+                            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+                       "model.layers", "self_attn", "o_proj",
+                       "fused qkv_proj and gate_up_proj, rotary on half of each head, a window of 6"),
+    "mixtral": FamilySpec("MixtralForCausalLM", "MixtralConfig",
+                          dict(_SMALL, num_key_value_heads=2, num_local_experts=5, num_experts_per_tok=2,
+                               experts_implementation="eager"),
+                          "model.layers", "self_attn", "o_proj",
+                          "5 experts, the top 2 routed per token (router and experts as nodes)"),
+    "stablelm": FamilySpec("StableLmForCausalLM", "StableLmConfig",
+                           dict(_SMALL, num_key_value_heads=2, use_qkv_bias=True, qk_layernorm=True,
+                                use_parallel_residual=True),
+                           "model.layers", "self_attn", "o_proj",
+                           "LayerNorms, per-head LayerNorm of queries and keys, q/k/v biases, parallel residual, "
+                           "rotary on a quarter of each head"),
+    "gptj": FamilySpec("GPTJForCausalLM", "GPTJConfig", dict(n_embd=32, n_head=4, n_layer=2, n_positions=64,
+                                                             n_inner=48, rotary_dim=4),
+                       "transformer.h", "attn", "out_proj",
+                       "interleaved rotary on 4 of each head's 8 dimensions, one LayerNorm for a parallel block, "
+                       "lm_head bias"),
+    "gpt_neo": FamilySpec("GPTNeoForCausalLM", "GPTNeoConfig",
+                          dict(hidden_size=32, num_heads=4, num_layers=2, max_position_embeddings=64,
+                               intermediate_size=48, window_size=5, attention_types=[[["local", "global"], 1]]),
+                          "transformer.h", "attn.attention", "out_proj",
+                          "local attention (window 5) on layer 0, unscaled scores, learned positions"),
+    "falcon": FamilySpec("FalconForCausalLM", "FalconConfig",
+                         dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, num_kv_heads=2,
+                              new_decoder_architecture=True, max_position_embeddings=64, ffn_hidden_size=48, bias=True),
+                         "transformer.h", "self_attention", "dense",
+                         "new_decoder_architecture: grouped qkv (2 KV heads), a norm each for attention and MLP, "
+                         "biases"),
+    "falcon-7b": FamilySpec("FalconForCausalLM", "FalconConfig",
+                            dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, multi_query=True,
+                                 max_position_embeddings=64),
+                            "transformer.h", "self_attention", "dense",
+                            "multi-query attention (one KV head), one LayerNorm for a parallel block"),
+    "falcon-rw": FamilySpec("FalconForCausalLM", "FalconConfig",
+                            dict(hidden_size=32, num_attention_heads=16, num_hidden_layers=2, multi_query=False,
+                                 parallel_attn=False, alibi=True, bias=True, max_position_embeddings=64),
+                            "transformer.h", "self_attention", "dense",
+                            "ALiBi (16 heads: slopes 2^(-k/2), rounded to bfloat16 as transformers does), "
+                            "head-interleaved qkv, sequential blocks"),
+    "bloom": FamilySpec("BloomForCausalLM", "BloomConfig", dict(hidden_size=32, n_head=16, n_layer=2),
+                        "transformer.h", "self_attention", "dense",
+                        "ALiBi (16 heads: slopes 2^(-k/2)), embedding LayerNorm, head-interleaved qkv, BLOOM's GELU"),
 }
 
 
@@ -112,8 +170,10 @@ def randomize(model, seed: int):
                 p.copy_(offset + 0.2 * torch.randn(p.shape, generator=g))
             elif p.ndim == 1:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            else:
+            elif p.ndim == 2:
                 p.copy_(torch.randn(p.shape, generator=g) * min(p.shape) ** -0.5)
+            else:  # stacked experts [experts, out, in]: each a Linear of fan-in `in`
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
     return model.eval()
 
 
@@ -137,11 +197,14 @@ def float64_oracle(model):
     transformers upcasts some steps to float32 for half-precision models: the attention softmax
     (``softmax(..., dtype=torch.float32)``), RMS norms (``.to(torch.float32)``, Gemma's
     ``x.float()``) and the rotary frequencies (computed in float32 at init, read with
-    ``.float()``).  On a ``.double()`` model those upcasts are downcasts that cap its precision at
-    float32's (about 1e-7): a float64 comparison at 1e-9 would measure transformers' rounding,
-    not ours.  Here the model is made float64 and, while the context lasts, a request to turn a
-    float64 tensor into float32 keeps it float64, and the default rotary frequencies are
-    recomputed in float64 from the config; nothing else of the model changes.
+    ``.float()``), GPT-J's sinusoid table (made in float32 at init) and BLOOM's ALiBi slopes
+    (``_get_alibi_slopes``, float32).  On a ``.double()`` model those upcasts are downcasts that
+    cap its precision at float32's (about 1e-7): a float64 comparison at 1e-9 would measure
+    transformers' rounding, not ours.  Here the model is made float64 and, while the context
+    lasts, a request to turn a float64 tensor into float32 keeps it float64, the default rotary
+    frequencies and GPT-J's table are recomputed in float64 from the config, and BLOOM's slopes
+    are made in float64; nothing else of the model changes (Falcon's ALiBi, rounded to bfloat16 by
+    design, stays as it is).
     """
     import torch
 
@@ -154,7 +217,24 @@ def float64_oracle(model):
             module.inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
             if hasattr(module, "original_inv_freq"):
                 module.original_inv_freq = module.inv_freq.clone()
+        if isinstance(getattr(module, "embed_positions", None), torch.Tensor) and hasattr(module, "pos_embd_dim"):
+            dim, n = module.pos_embd_dim, module.embed_positions.shape[0]  # GPT-J's [sin | cos] table
+            inv = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+            angles = torch.arange(n, dtype=torch.float64)[:, None] * inv
+            module.embed_positions = torch.cat((torch.sin(angles), torch.cos(angles)), dim=1)
     to, flt, softmax = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax
+    bloom = sys.modules.get("transformers.models.bloom.modeling_bloom")
+    slopes = getattr(bloom, "_get_alibi_slopes", None)
+
+    def slopes64(num_heads, device):  # BLOOM's ALiBi slopes, made in float32 by transformers
+        p = 2 ** math.floor(math.log2(num_heads))
+        base = torch.tensor(2 ** (-(2 ** -(math.log2(p) - 3))), dtype=torch.float64)
+        out = torch.pow(base, torch.arange(1, 1 + p, dtype=torch.float64))
+        if p != num_heads:
+            extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * p) - 3))), dtype=torch.float64)
+            out = torch.cat([out, torch.pow(extra, torch.arange(1, 1 + 2 * min(p, num_heads - p), 2,
+                                                                dtype=torch.float64))])
+        return out
 
     def keep_to(self, *args, **kwargs):
         if self.dtype == torch.float64:
@@ -172,10 +252,14 @@ def float64_oracle(model):
         return softmax(x, *args, **kwargs)
 
     torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = keep_to, keep_float, keep_softmax
+    if slopes is not None:
+        bloom._get_alibi_slopes = slopes64
     try:
         yield model
     finally:
         torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax = to, flt, softmax
+        if slopes is not None:
+            bloom._get_alibi_slopes = slopes
 
 
 # ---------------------------------------------------------------------------- cells
@@ -233,7 +317,7 @@ class Oracle:
                 yield
 
     def attention(self, layer: int):
-        return getattr(_attr(self.model, self.spec.layers)[layer], self.spec.attn)
+        return _attr(_attr(self.model, self.spec.layers)[layer], self.spec.attn)
 
     def logits(self, tokens, zero_head=None) -> np.ndarray:
         import torch
@@ -262,9 +346,10 @@ class Oracle:
         seen = {}
 
         def keep(module, args, out):  # returns None: the output is left as it is
-            seen["out"] = out[0]
+            seen["out"] = out
 
-        h = self.attention(layer).register_forward_hook(keep)
+        # the output projection's output: BLOOM's attention module adds the residual stream itself
+        h = getattr(self.attention(layer), self.spec.out_proj).register_forward_hook(keep)
         try:
             with self.precision():
                 self.model(torch.tensor(np.asarray(tokens)[None]))

@@ -43,15 +43,24 @@ import numpy as np
 
 from ..errors import CircuitError
 from ..nodes import Array, Circuit, Symbol
+from .bloom import bloom
 from .common import Weights, config_dict, loss_head
+from .falcon import falcon
+from .gemma import gemma
 from .gemma2 import gemma2
 from .gpt2 import gpt2
+from .gpt_neo import gpt_neo
 from .gpt_neox import PREFIXES as NEOX_PREFIXES
 from .gpt_neox import gpt_neox
+from .gptj import gptj
 from .llama import llama
+from .mixtral import mixtral
 from .opt import opt
+from .phi3 import phi3
 from .qwen2 import qwen2
+from .qwen3 import qwen3
 from .sequence import Layout
+from .stablelm import stablelm
 from .tokenizer import Tokenizer
 
 OUTPUTS = ("logits", "loss", "step")
@@ -59,21 +68,32 @@ OUTPUTS = ("logits", "loss", "step")
 
 class Family:
     """How one ``model_type`` is built: its builder, the state-dict prefixes it strips, the
-    config field giving its context length (and that field's default)."""
+    config field giving its context length (and that field's default; ``context_key=None``: no
+    limit, as for ALiBi's BLOOM), the field giving its number of layers."""
 
-    def __init__(self, builder, prefixes, context_key, context_default=None):
+    def __init__(self, builder, prefixes, context_key, context_default=None, layers_key="num_hidden_layers"):
         self.builder, self.prefixes = builder, prefixes
         self.context_key, self.context_default = context_key, context_default
+        self.layers_key = layers_key
 
 
 FAMILIES = {
-    "gpt2": Family(gpt2, ("transformer.",), "n_positions", 1024),
+    "gpt2": Family(gpt2, ("transformer.",), "n_positions", 1024, "n_layer"),
     "opt": Family(opt, ("model.decoder.", "decoder."), "max_position_embeddings", 2048),
     "llama": Family(llama, ("model.",), "max_position_embeddings", 2048),
     "mistral": Family(llama, ("model.",), "max_position_embeddings", 131072),
     "qwen2": Family(qwen2, ("model.",), "max_position_embeddings", 32768),
     "gemma2": Family(gemma2, ("model.",), "max_position_embeddings", 8192),
     "gpt_neox": Family(gpt_neox, NEOX_PREFIXES, "max_position_embeddings", 2048),
+    "gemma": Family(gemma, ("model.",), "max_position_embeddings", 8192),
+    "qwen3": Family(qwen3, ("model.",), "max_position_embeddings", 32768),
+    "phi3": Family(phi3, ("model.",), "max_position_embeddings", 4096),
+    "mixtral": Family(mixtral, ("model.",), "max_position_embeddings", 131072),
+    "stablelm": Family(stablelm, ("model.",), "max_position_embeddings", 4096),
+    "gptj": Family(gptj, ("transformer.",), "n_positions", 2048, "n_layer"),
+    "gpt_neo": Family(gpt_neo, ("transformer.",), "max_position_embeddings", 2048, "num_layers"),
+    "falcon": Family(falcon, ("transformer.",), "max_position_embeddings", 2048),
+    "bloom": Family(bloom, ("transformer.",), None, None, "n_layer"),
 }
 
 
@@ -114,7 +134,7 @@ class Model:
         self.family, self._family, self.dtype, self.path = kind, family, dtype, path
         self.weights = named_arrays(weights, family.prefixes, kind, owned=_owned)
         self.tokenizer = tokenizer
-        context = self.config.get(family.context_key, family.context_default)
+        context = self.config.get(family.context_key, family.context_default) if family.context_key else None
         self.context = int(context) if isinstance(context, int) and not isinstance(context, bool) else None
         self._build(Symbol((1,), name="tokens", dtype="int64"))  # every config field and weight checked now
         self.vocab_size = int(self.config["vocab_size"])
@@ -123,7 +143,7 @@ class Model:
         self._steps: dict = {}  # (new tokens, cache slots) -> the step circuit (see ``step_circuit``)
 
     def __repr__(self):
-        layers = self.config.get("num_hidden_layers", self.config.get("n_layer"))
+        layers = self.config.get(self._family.layers_key)
         return (f"<Model {self.family} {layers} layers, vocab {self.config.get('vocab_size')}, context {self.context}, "
                 f"{self.dtype}{', ' + str(self.path) if self.path else ''}>")
 
@@ -239,7 +259,7 @@ class Model:
 
     @property
     def attention_layers(self) -> list[str]:
-        n = self.config.get("num_hidden_layers", self.config.get("n_layer"))
+        n = self.config.get(self._family.layers_key)
         return [f"h{l}.attn" for l in range(int(n))]
 
     # ------------------------------------------------------------------ tokens and text

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .common import MAX_LAYERS, MAX_POSITIONS, Config, activation, rope_theta
-from .decoder import DecoderSpec, random_decoder_weights, read_windows, rotary_decoder, sliding_window
+from .decoder import DecoderSpec, qwen_windows, random_decoder_weights, rotary_decoder
 from .sequence import Layout
 
 
@@ -24,15 +24,7 @@ def qwen2_spec(config) -> DecoderSpec:
     cfg.common()
     d, n_heads = cfg.size("hidden_size"), cfg.size("num_attention_heads")
     n_layers = cfg.size("num_hidden_layers", most=MAX_LAYERS)
-    window = sliding_window(cfg) if cfg.require("use_sliding_window", (True, False), False) else None
-    cfg.understood("sliding_window")
-    if cfg.get("layer_types") is None and window is not None:
-        first = cfg.size("max_window_layers", n_layers, most=MAX_LAYERS) if cfg.get("max_window_layers") else 0
-        types = ["sliding_attention" if l >= first else "full_attention" for l in range(n_layers)]
-        windows = read_windows(Config(dict(cfg.d, layer_types=types), "qwen2"), n_layers, window)
-    else:
-        cfg.understood("max_window_layers")
-        windows = read_windows(cfg, n_layers, window)
+    windows = qwen_windows(cfg, n_layers)
     theta, fraction = rope_theta(cfg)
     spec = DecoderSpec(
         family="qwen2", d=d, n_heads=n_heads, n_kv=cfg.size("num_key_value_heads", n_heads),

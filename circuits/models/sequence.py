@@ -16,7 +16,8 @@ Two kinds of layout:
 - ``Layout.step(n, capacity)``: one step of generation, where the same program serves every
   step: the position ids are the Symbol ``'positions'`` [n] (int), the masks Symbols
   ``'attention_mask'`` (and ``'attention_mask.sliding'`` for windowed layers) [n, capacity + n],
-  the cache ``capacity`` slots of Symbols, of which the mask says which hold earlier tokens.
+  the cache ``capacity`` slots of Symbols, of which the mask says which hold earlier tokens (an
+  ALiBi model reads the keys' positions too: ``'key_positions'`` [capacity + n]).
   ``circuits.models.generate`` binds them at every step.
 
 The cache always comes first along the key axis: ``'h{l}.attn.k_all'`` is ``Concat(past_k,
@@ -35,10 +36,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Array, Circuit, Concat, GeneralFunction, Index, Symbol
+from ..nodes import Array, Circuit, Concat, GeneralFunction, Index, Rearrange, Symbol
 from .blocks import ALL, sliding_causal_mask
 
 POSITIONS = "positions"
+KEY_POSITIONS = "key_positions"
 MASK = "attention_mask"
 
 
@@ -55,6 +57,7 @@ class Layout:
         self._masks: dict = {}
         self._windows: set = set()
         self._positions = Symbol((self.n,), name=POSITIONS, dtype="int64") if dynamic else None
+        self._key_positions: Circuit | None = None
 
     @classmethod
     def fixed(cls, n: int, past: int = 0) -> "Layout":
@@ -124,22 +127,50 @@ class Layout:
         return GeneralFunction("gen_index_at_0_c", table, self._positions, name=name)
 
     def rotary(self, dim: int, theta: float, dtype: str, name: str = "rotary", *,
-               rotary_dim: int | None = None) -> tuple[Circuit, Circuit]:
+               rotary_dim: int | None = None, interleaved: bool = False) -> tuple[Circuit, Circuit]:
         """Rotary cos and signed sin [n, dim] (``blocks.rotary_tables`` for the tokens' positions
-        at ``dtype``; ``rotary_dim`` for a partial rotary): Arrays for a fixed layout; for a step,
-        rows of tables over the ``past + n`` positions a step can reach, gathered by
-        ``'positions'``."""
+        at ``dtype``; ``rotary_dim`` for a partial rotary, ``interleaved`` for GPT-J's pairs):
+        Arrays for a fixed layout; for a step, rows of tables over the ``past + n`` positions a
+        step can reach, gathered by ``'positions'``."""
         from .blocks import rotary_sin_signed, rotary_tables
 
         if not self.dynamic:
-            cos, sin = rotary_tables(self.position_ids(), dim, theta, dtype, rotary_dim)
+            cos, sin = rotary_tables(self.position_ids(), dim, theta, dtype, rotary_dim, interleaved=interleaved)
             return (Array(cos, name=f"{name}.cos"),
-                    Array(rotary_sin_signed(sin, rotary_dim), name=f"{name}.sin_signed"))
-        cos, sin = rotary_tables(np.arange(self.keys), dim, theta, dtype, rotary_dim)
+                    Array(rotary_sin_signed(sin, rotary_dim, interleaved=interleaved), name=f"{name}.sin_signed"))
+        cos, sin = rotary_tables(np.arange(self.keys), dim, theta, dtype, rotary_dim, interleaved=interleaved)
         cos_t = Array(cos, name=f"{name}.cos_table")
-        sin_t = Array(rotary_sin_signed(sin, rotary_dim), name=f"{name}.sin_signed_table")
+        sin_t = Array(rotary_sin_signed(sin, rotary_dim, interleaved=interleaved), name=f"{name}.sin_signed_table")
         return (GeneralFunction("gen_index_at_0_c", cos_t, self._positions, name=f"{name}.cos"),
                 GeneralFunction("gen_index_at_0_c", sin_t, self._positions, name=f"{name}.sin_signed"))
+
+    def key_positions(self) -> Circuit:
+        """The position of every key a query may see [past + n] (int64): ``arange(past + n)`` for
+        a fixed layout; for a step the Symbol ``'key_positions'`` (each cache slot's token position,
+        then the new tokens'; ``circuits.models.generate`` binds it, empty slots as 0: the mask
+        hides them)."""
+        if self._key_positions is None:
+            self._key_positions = (Symbol((self.keys,), name=KEY_POSITIONS, dtype="int64") if self.dynamic
+                                   else Array(np.arange(self.keys, dtype=np.int64), name=KEY_POSITIONS))
+        return self._key_positions
+
+    def alibi(self, table: np.ndarray, n_kv: int, group: int, name: str = "alibi") -> Circuit:
+        """ALiBi's bias [n_kv, group, past + n] of the keys' positions from ``table`` [positions,
+        heads] (``blocks.alibi_table``, already in the precision the model wants): a slice of it
+        for a fixed layout, rows gathered by ``key_positions`` for a step.  Heads are laid out as
+        ``attention`` expects them (query head ``h`` is ``(h // group, h % group)``)."""
+        table = np.asarray(table)
+        if table.ndim != 2 or table.shape[1] != n_kv * group:
+            raise CircuitError(f"layout.alibi: a table [positions, {n_kv * group}] is needed, got {list(table.shape)}")
+        if table.shape[0] < self.keys:
+            raise CircuitError(f"layout.alibi: {self.keys} key positions but the table has {table.shape[0]} rows")
+        if not self.dynamic:
+            rows = Array(np.ascontiguousarray(table[:self.keys]), name=f"{name}.rows")
+        else:
+            rows = GeneralFunction("gen_index_at_0_c", Array(np.ascontiguousarray(table[:self.keys]),
+                                                             name=f"{name}.table"),
+                                   self.key_positions(), name=f"{name}.rows")
+        return Rearrange(rows, "t (n g) -> n g t", n=n_kv, g=group, name=name)
 
     # ------------------------------------------------------------------ KV cache
     def past_symbol(self, layer_name: str, which: str, shape, dtype: str = "float32") -> Symbol | None:

@@ -206,8 +206,8 @@ def test_config_variants_are_refused_naming_the_field(family, field, value, matc
 
 def test_an_unknown_architecture_names_the_route(gpt2_folder, tmp_path):
     cfg = _config(gpt2_folder[0])
-    with pytest.raises(C.CircuitError, match=r"model_type='bloom' has no builder.*from_torch"):
-        Model(dict(cfg, model_type="bloom"), {})
+    with pytest.raises(C.CircuitError, match=r"model_type='mamba' has no builder.*from_torch"):
+        Model(dict(cfg, model_type="mamba"), {})
 
 
 def test_the_step_circuit_and_the_attention_view_with_token_strings(gpt2_folder):
