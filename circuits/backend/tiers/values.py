@@ -143,7 +143,7 @@ class Binding:
     the same number of ``rows``, else a problem); the run then computes every row at once, each
     node that depends on a batched Symbol through its kernel mapped over the rows.
 
-    >>> from circuits import Add
+    >>> from circuits import Add, Symbol
     >>> x, w = Symbol((2,), name='x'), Symbol((2,), name='w')
     >>> b = Binding([Add(x, w)], {'x': np.zeros((3, 2)), 'w': np.ones(2)}, 'float32', batched=True)
     >>> b.rows, [s.name for s in b.free if s.hash in b.keys.batched]
@@ -184,7 +184,8 @@ def cached_values(keys: list | None) -> list | None:
     """The values under ``keys`` (``value_keys``) when the value cache holds every one, else
     None; nothing is computed.
 
-    >>> from circuits import Add
+    >>> from circuits import Add, Symbol
+    >>> from circuits.backend.tiers.op_by_op import run_ops
     >>> x = Symbol((2,), name='x')
     >>> y = Add(x, x)
     >>> cached_values(value_keys([y], {'x': np.ones(2)}, 'float32')) is None
@@ -228,7 +229,7 @@ def shape_key(node: Circuit, depth: int = _SHAPE_DEPTH):
     alone (a ``SHAPE_ONLY`` function, Scalars, and up to ``_SHAPE_DEPTH`` operations over those),
     else None.
 
-    >>> from circuits import GeneralFunction
+    >>> from circuits import GeneralFunction, Symbol
     >>> a, b = Symbol((2, 3), name='a'), Symbol((2, 3), name='b')
     >>> n = lambda x: GeneralFunction('reciprocal', GeneralFunction('last_dim_size', x))
     >>> shape_key(n(a)) == shape_key(n(b)) is not None, shape_key(GeneralFunction('exp', a))
