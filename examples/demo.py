@@ -42,16 +42,16 @@ def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
     out: dict = {"timings": {}}
     t = time.perf_counter()
     w = induction_weights()
-    toks = induction_tokens(n, seed=seed)
-    circuit = attn_only(w, tokens_symbol(toks.shape[1]), unique_names=True)
+    toks = induction_tokens(n, seed=seed)[:, :33]  # [BOS, A, A]: 33 tokens, 32 losses (TransformerLens's reading)
+    circuit = attn_only(w, tokens_symbol(toks.shape[1]), unique_names=True, layout="next_token")
     data = {"toks_int_var": toks}
     rep = lambda loss: float(np.asarray(loss)[:, REPEATED_HALF].mean())  # noqa: E731
     loss = C.evaluate_batched(circuit, data)
     out["first_half"], out["repeated_half"] = float(loss[:, FIRST_HALF].mean()), rep(loss)
     prev, ind = interp.head_scores(circuit, toks)
-    out["prev_head"] = prev_head = int(np.argmax(prev))
-    out["prev_scores"], out["induction_scores"] = prev, ind
-    out["induction_heads"] = heads = [h for h in range(4) if ind[h] > 0.4]
+    out["prev_head"] = prev_head = int(np.argmax(prev[0]))  # [layer, head] scores: layer 0's previous-token head
+    out["prev_scores"], out["induction_scores"] = prev[0].tolist(), ind[1].tolist()
+    out["induction_heads"] = heads = [h for h in range(4) if ind[1, h] > 0.4]
     out["timings"]["load, evaluate, attention scores"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -61,7 +61,7 @@ def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
 
     t = time.perf_counter()
     corrupt = C.Symbol(circuit.get_unique("toks_int_var").shape, name="corrupt_toks", dtype="int64")
-    feed = {**data, "corrupt_toks": induction_tokens(n, seed=seed + 1000)}
+    feed = {**data, "corrupt_toks": induction_tokens(n, seed=seed + 1000)[:, :33]}
     sender = f"b0.a.head{prev_head}"
     out["path_patch"] = {
         role: rep(C.evaluate_batched(interp.path_patch(
@@ -73,7 +73,7 @@ def induction_analysis(n: int = 200, seed: int = 1, samples: int = 500) -> dict:
     out["timings"]["path-patch the previous-token head (q, k, v, direct)"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    seed_names = attn_only(w, tokens_symbol(toks.shape[1]))  # the hypothesis is written in the seed's names
+    seed_names = attn_only(w, tokens_symbol(toks.shape[1]), layout="next_token")  # the hypothesis is written in the seed's names
     out["scrub"] = interp.scrub(seed_names, induction_hypothesis(prev_head, heads), data, samples=samples,
                                 labels="true_toks_int", score=lambda v: np.asarray(v)[:, REPEATED_HALF].mean(axis=1),
                                 seed=0)

@@ -87,11 +87,23 @@ def test_interp_names():
         "split_heads", "SAE", "load_sae", "save_sae", "splice", "feature_site", "train_sae", "attribution_graph",
         "AttributionGraph", "induction_saes", "induction_hypothesis", "head_scores", "attention_patterns",
         "edges", "Edges", "patch_edges", "discover", "Discovery", "FoundCircuit", "faithfulness", "Faithfulness",
+        # everyday analysis (DESIGN §13)
+        "run_with_cache", "ActivationCache", "logit_lens", "logit_attribution", "steer", "steering_vector",
+        "patch_grid", "residual_patch_grid", "head_patch_grid",
     }
     for name in C.interp.__all__:
         fn = getattr(C.interp, name)
         assert fn.__doc__ and ">>>" in (fn.__doc__ + (__import__(fn.__module__, fromlist=["x"]).__doc__ or ""))
     assert list(inspect.signature(C.interp.ablate).parameters)[:3] == ["circuit", "sites", "kind"]
+    # DESIGN §13: positions= by keyword after the promised positional parameters
+    for fn, first in ((C.interp.patch, ["circuit", "sites", "source"]), (C.interp.ablate, ["circuit", "sites", "kind"]),
+                      (C.interp.steer, ["circuit", "site", "vector"]), (C.interp.run_with_cache, ["circuit", "inputs", "names"]),
+                      (C.interp.logit_lens, ["circuit", "inputs"]), (C.interp.logit_attribution, ["circuit", "direction", "inputs"])):
+        params = inspect.signature(fn).parameters
+        assert list(params)[:len(first)] == first, fn
+        assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in list(params)[len(first):]), fn
+    assert "positions" in inspect.signature(C.interp.patch).parameters
+    assert inspect.signature(C.interp.logit_lens).parameters["layer_norm"].default == "freeze"
     assert list(inspect.signature(C.interp.path_patch).parameters)[:4] == ["circuit", "sender", "receivers", "source"]
     assert "unique_names" in inspect.signature(C.models.attn_only).parameters
     assert list(inspect.signature(C.interp.splice).parameters)[:3] == ["circuit", "site", "sae"]

@@ -27,7 +27,15 @@ from ..nodes import Circuit
 from .cache.bounded import BoundedCache
 from .lower.binding import float_dtype, precision
 from .lower.calling import bind_once
-from .lower.lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
+from .lower.lowering import (
+    as_items,
+    cached_program,
+    expand_also,
+    items_key_of,
+    package_outputs,
+    program_with_also,
+    resolve_also,
+)
 from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
 from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
@@ -312,6 +320,7 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
     if shard and devs is None and mesh is None:
         raise EvaluationError("evaluate_batched: shard= needs mesh= (a jax.sharding.Mesh)")
+    also = expand_also(circuit, also)
     with precision(fdt):
         return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
                             batch_heads and mode != "ops", mesh, shard, bool(cache)))

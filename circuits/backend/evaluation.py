@@ -32,7 +32,15 @@ from .cache.background import WARM, in_background
 from .cache.persistent import compiled_before, note_compiled
 from .lower.binding import float_dtype, precision
 from .lower.calling import bind_once, binder_of
-from .lower.lowering import as_items, cached_program, items_key_of, package_outputs, program_with_also, resolve_also
+from .lower.lowering import (
+    as_items,
+    cached_program,
+    expand_also,
+    items_key_of,
+    package_outputs,
+    program_with_also,
+    resolve_also,
+)
 from .lower.sharding import Placement, mesh_of
 from .tiers.lowered import Lowered, run_function, run_key
 from .tiers.op_by_op import RunInfo, run_ops
@@ -60,7 +68,9 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
       (``evaluate_batched``) and the result has the batch axis first.
     - ``dtype``: float values are computed in float32 by default; ``'float64'`` on request.
     - ``also``: nodes (or names of nodes) of the circuit whose values come back from the same
-      pass: the result is then ``(value, {item: value})`` keyed by the items as given.
+      pass: the result is then ``(value, {item: value})`` keyed by the items as given; a matcher
+      (``circuits.select``: ``Glob('*.attn_probs')``, ``Regex``, ``Type``, a TransformerLens hook
+      name) gives every node it matches, keyed by name (by node where names repeat).
     - ``mode`` pins a tier (``circuits.backend.tiers``): ``'ops'`` runs op by op through kernels
       cached per operation, over the values already computed in this process (nothing new
       compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
@@ -85,6 +95,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     """
     fdt = float_dtype(dtype)
     mode = check_mode(mode)
+    also = expand_also(circuit, also)
     if has_batch_axis(circuit, inputs):
         return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
                                 return_jax=return_jax, cache=cache)
@@ -238,7 +249,7 @@ class Compiled(Lowered):
                  shard=None):
         self.circuit = circuit
         self.dtype = float_dtype(dtype)
-        self.program, self._items = program_with_also(circuit, self.dtype, also, batch_heads)
+        self.program, self._items = program_with_also(circuit, self.dtype, expand_also(circuit, also), batch_heads)
         self.placement = None
         self._placed = None  # the arguments placed on the mesh once, when there is no Symbol to bind
         self._binder = binder_of(self.program, self.dtype)  # the per-call fast path

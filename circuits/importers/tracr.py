@@ -186,10 +186,24 @@ def _unembedding(model, d_model: int) -> tuple[np.ndarray, bool]:
 
 def tracr_tokens(model, inputs) -> np.ndarray:
     """``inputs`` as tracr takes them (``["BOS", 1, 2, 3]``) encoded into the model's token ids
-    (int64), as ``model.apply`` encodes them; a bad input is a ``CircuitError``."""
+    (int64), as ``model.apply`` encodes them; a batch of such inputs (a list of lists, each
+    starting with BOS, all of one length) gives ``[batch, positions]``, to bind to a tokens
+    Symbol.  A bad input is a ``CircuitError`` (naming the row of a batch)."""
     if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__len__"):
         raise CircuitError(f"tracr inputs must be a list like ['BOS', 1, 2, 3], got {inputs!r}")
     inputs = list(inputs)
+    if inputs and all(hasattr(row, "__len__") and not isinstance(row, (str, bytes)) for row in inputs):
+        rows = []
+        for i, row in enumerate(inputs):
+            try:
+                rows.append(tracr_tokens(model, row))
+            except CircuitError as e:
+                raise CircuitError(f"tracr inputs, row {i} of the batch: {e}") from None
+        lengths = sorted({len(r) for r in rows})
+        if len(lengths) > 1:
+            raise CircuitError(f"tracr inputs: the rows of a batch must have one length (one circuit's positions), "
+                               f"got lengths {lengths}; pad them or group them by length")
+        return np.stack(rows)
     if not inputs:
         raise CircuitError("tracr inputs are empty: give at least the BOS token, e.g. ['BOS', 1, 2]")
     encoder = model.input_encoder
@@ -217,6 +231,10 @@ def _tokens_node(model, inputs, vocab: int, max_len: int) -> Circuit:
         toks = inputs
     else:
         ids = tracr_tokens(model, inputs)
+        if ids.ndim != 1:
+            raise CircuitError(f"from_tracr: {len(ids)} inputs given: a circuit is built for one input; for a batch build it "
+                               "over a tokens Symbol (Symbol((n,), name='tokens', dtype='int64')) and bind "
+                               "tracr_tokens(model, batch) to it")
         if ids.min() < 0 or ids.max() >= vocab:
             raise CircuitError(f"from_tracr: token ids must lie in [0, {vocab}), got {ids.tolist()}")
         toks = Array(ids, name="tokens")

@@ -25,6 +25,11 @@ node named ``inner`` inside ``site``'s own computation) or nodes.
   path expansion into named per-source terms (``residual_paths``); ``split_heads`` for fused-head attention
 - ``attention_patterns(circuit, tokens)``: every head's attention pattern with the token strings,
   a notebook view (layer × head overview, query × key heatmaps, hover values)
+- everyday analysis in TransformerLens's words (``docs/transformerlens.md``): ``positions=`` /
+  ``rows=`` in ``patch``, ``ablate``, ``path_patch``, ``attribute`` (``positions``);
+  ``steer(circuit, site, vector, scale=, positions=)``, ``steering_vector``;
+  ``run_with_cache(circuit, inputs, names)`` answering to hook names (``circuits.select.hooks``);
+  ``logit_lens``, ``logit_attribution``; ``patch_grid``, ``residual_patch_grid``, ``head_patch_grid``
 
 This package sits above the backend and may use ``rewrites``; the core never imports it.
 
@@ -39,22 +44,27 @@ This package sits above the backend and may use ``rewrites``; the core never imp
 from .attention import attention_patterns
 from .attribution import attribute
 from .attribution_graph import AttributionGraph, attribution_graph
+from .cache import ActivationCache, run_with_cache
 from .discovery import Discovery, Edges, Faithfulness, FoundCircuit, discover, edges, faithfulness, patch_edges
+from .grids import head_patch_grid, patch_grid, residual_patch_grid
 from .heads import split_heads
 from .hypothesis import EXACT, RANDOM, Claim, Feature
 from .induction import head_scores, induction_hypothesis
 from .interventions import ablate, patch, path_patch
+from .readout import logit_attribution, logit_lens
 from .residual_paths import expand_residual, layer_norm_parts, residual_terms
 from .sae import SAE
 from .sae_files import induction_saes, load_sae, save_sae
 from .scrubbing import ScrubResult, scrub
 from .splice import feature_site, splice
+from .steering import steer, steering_vector
 from .sweep import SweepResult, sweep
 from .train_sae import train_sae  # binds the function over the submodule of the same name
 
 __all__ = [
     "ablate", "attribute", "expand_residual", "layer_norm_parts", "patch", "path_patch", "residual_terms",
-    "split_heads", "attention_patterns",
+    "split_heads", "attention_patterns", "steer", "steering_vector", "run_with_cache", "ActivationCache",
+    "logit_lens", "logit_attribution", "patch_grid", "residual_patch_grid", "head_patch_grid",
     "sweep", "SweepResult",
     # feature circuits
     "SAE", "load_sae", "save_sae", "splice", "feature_site", "attribution_graph", "AttributionGraph",

@@ -36,13 +36,15 @@ from ..nodes import Circuit
 from ..traversal import toposort
 from .interventions import source_copies
 from .metric import Metric, read_metric
+from .positions import position_mask, row_numbers
 from .sites import batched_sources, paired_root, resolve_sites
 
 __all__ = ["attribute"]
 
 
 def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: Mapping | None = None,
-              dtype="float32", mode: str = "auto") -> dict[str, float]:
+              positions=None, rows=None, axis: int | None = None, dtype="float32", mode: str = "auto"
+              ) -> dict[str, float]:
     """``{site label: estimate}``: the attribution-patching estimate
     ``sum((a_source - a_clean) * d metric / d a)`` of each site's patching effect on the metric
     (see the module docstring).  Labels are the sites' names as given (a node or matcher site is
@@ -55,6 +57,11 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     (``.mean(0)`` the usual reduction), from one program for the values and one for the
     gradients.
 
+    ``positions`` (an int, a list of ints or a slice of each site's position axis; ``axis=``
+    another) estimates patching only those entries: the sum runs over them alone; ``rows`` (a
+    dataset) gives the rows not chosen an estimate of 0, as a patch of the chosen rows would
+    leave them (``circuits.interp.positions``).
+
     >>> from circuits import Symbol, Add, GeneralFunction
     >>> x = Symbol((1,), name='x')
     >>> c = Add(GeneralFunction('exp', x, name='e'), x)
@@ -65,13 +72,24 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     from ..backend import evaluate, has_batch_axis, value_and_grad
 
     spec = read_metric(metric, circuit, "attribute", gradient_at_clean=True)
+    if rows is not None:
+        chosen_rows = row_numbers(rows)
     given = source
     source, extra = batched_sources(circuit, source)
     if extra:
         inputs = {**(inputs or {}), **extra}
     if extra or has_batch_axis(circuit, inputs):
         plan = _plan_for(circuit, sites, source, spec, dtype, _plan_key(sites, given, source, metric, dtype))
-        return plan(inputs, next(iter(extra.values())).shape[0] if extra else None, spec.weights)
+        out = plan(inputs, next(iter(extra.values())).shape[0] if extra else None, spec.weights,
+                   plan.masks(positions, axis))
+        if rows is not None:
+            for label, value in out.items():
+                keep = np.zeros(len(value), bool)
+                keep[chosen_rows[chosen_rows < len(value)]] = True
+                out[label] = np.where(keep, value, 0.0)
+        return out
+    if rows is not None and any(r != 0 for r in chosen_rows):
+        raise CircuitError(f"attribute: rows={rows!r} but the inputs are one row (row 0), not a batch")
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     # One program computes the clean and the source values of every site.
     bundle = nodes + [copies[n.hash] for n in nodes]
@@ -89,8 +107,22 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     out = {}
     for label, node, a, a2 in zip(labels, nodes, clean, patched):
         grad = grads.get(node.hash)
-        out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad))
+        where = _mask(node, label, positions, axis)
+        out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad * where))
     return out
+
+
+def _mask(node: Circuit, label: str, positions, axis) -> np.ndarray | float:
+    """1 at the entries ``positions`` selects on ``node``'s position axis (broadcastable to it),
+    0 elsewhere; 1.0 for the whole site."""
+    if positions is None:
+        if axis is not None:
+            raise CircuitError("attribute: axis= says which axis positions= index: give positions= too")
+        return 1.0
+    mask, ax = position_mask(node, positions, label, axis)
+    shape = [1] * len(node.shape)
+    shape[ax] = node.shape[ax]
+    return np.asarray(mask.value, np.float64).reshape(shape)
 
 
 # ---------------------------------------------------------------------------- a dataset: one program
@@ -187,6 +219,7 @@ class _Plan:
         self.weighted = cotangent is not None
         present = {n.hash for n in toposort(target)}
         self.labels = labels
+        self.nodes = nodes
         # Sites the metric does not read have no gradient: their estimates are zeros.
         self.live = [i for i, n in enumerate(nodes) if n.hash in present]
         live = [nodes[i] for i in self.live]
@@ -206,7 +239,7 @@ class _Plan:
         k = len(slots)
         weighted = self.weighted
 
-        def one(args, cotangent):
+        def one(args, cotangent, masks):
             def metric(deltas):
                 outs = skeleton.run(args, deltas=dict(zip(slots, deltas)))
                 total = jnp.sum(outs[0] * cotangent) if weighted else jnp.sum(outs[0])
@@ -215,11 +248,15 @@ class _Plan:
             zeros = [jnp.zeros(shape, fdt) for shape in shapes]
             grads, values = jax.grad(metric, has_aux=True)(zeros)
             clean, patched = values[:k], values[k:]
-            return jnp.stack([jnp.sum((p - c) * g) for c, p, g in zip(clean, patched, grads)])
+            return jnp.stack([jnp.sum((p - c) * g * m) for c, p, g, m in zip(clean, patched, grads, masks)])
 
-        return jax.vmap(one, in_axes=(list(axes), None))
+        return jax.vmap(one, in_axes=(list(axes), None, None))
 
-    def __call__(self, inputs, rows: int | None, weights: np.ndarray | None) -> dict:
+    def masks(self, positions, axis) -> list:
+        """Per live site, the mask ``positions`` makes (a scalar 1 for the whole site)."""
+        return [np.asarray(_mask(self.nodes[i], self.labels[i], positions, axis), self.fdt) for i in self.live]
+
+    def __call__(self, inputs, rows: int | None, weights: np.ndarray | None, masks: list) -> dict:
         """The estimates for ``inputs`` (``rows``: the batch size when only the sources carry it)
         and the metric's ``weights`` (None: the plain sum)."""
         from ..backend import precision
@@ -233,7 +270,7 @@ class _Plan:
         with precision(self.fdt):
             fn = self.lowered.cached(("attribution", self.slots, self.weighted, axes), lambda: self._make(axes))
             cotangent = None if weights is None else np.asarray(weights, self.fdt)
-            estimates = np.asarray(fn(args, cotangent), np.float64)
+            estimates = np.asarray(fn(args, cotangent, masks), np.float64)
         for j, i in enumerate(self.live):
             out[self.labels[i]] = estimates[:, j]
         return out

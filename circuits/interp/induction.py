@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import CircuitError
-from ..select import Depth, Name, Regex
+from ..select import Name
 from .hypothesis import Claim, Feature
 
 __all__ = ["induction_hypothesis", "head_scores"]
@@ -47,44 +47,51 @@ def _previous_occurrence(row: np.ndarray, ignore) -> np.ndarray:
     return out
 
 
-def head_scores(circuit, tokens, *, input: str = "toks_int_var", ignore=(0,)) -> tuple[list, list]:
-    """``(previous_token, induction)``: for each head of layer 0, its mean attention to the
-    previous position; for each head of layer 1, its induction score — the mean attention, over
-    positions whose token occurred before, to the position just after that token's latest earlier
-    occurrence (tokens in ``ignore``, by default the BOS token 0, are not counted as repeats).
+def head_scores(circuit, tokens, *, input: str | None = None, ignore=(0,)) -> tuple[np.ndarray, np.ndarray]:
+    """``(previous_token, induction)``, each ``[layers, heads]``: for every head, its mean attention
+    to the previous position, and its induction score — the mean attention, over positions whose
+    token occurred before, to the position just after that token's latest earlier occurrence
+    (tokens in ``ignore``, by default the BOS token 0, are not counted as repeats).
 
-    ``circuit`` is a two-layer ``attn_only`` circuit (seed names or ``unique_names=True``) whose
-    token input is the Symbol ``input``; ``tokens`` is an int array ``[rows, tokens]`` bound to it.
-    The model's positions are the first ``n`` tokens of a row, ``n`` the attention pattern's size.
+    ``circuit``: any builder's circuit (``attn_only`` with its own names or ``unique_names=True``,
+    ``gpt2``/``opt``/``llama``/... fused or split heads, ``from_tracr``), of any number of layers,
+    whose patterns TransformerLens's ``blocks.{l}.attn.hook_pattern`` finds
+    (``circuits.select.hooks``); its token input is the Symbol ``input`` (default: its one int
+    Symbol), bound to ``tokens``, an int array ``[rows, tokens]``.  The model's positions are the
+    first ``n`` tokens of a row, ``n`` the attention pattern's size.
 
     >>> from circuits.models import attn_only, induction_weights, induction_tokens, tokens_symbol
     >>> toks = induction_tokens(16, seed=0)
     >>> prev, ind = head_scores(attn_only(induction_weights(), tokens_symbol(toks.shape[1])), toks)
-    >>> int(np.argmax(prev)), [h for h in range(4) if ind[h] > 0.4]
-    (2, [0, 1, 2, 3])
+    >>> prev.shape, int(np.argmax(prev[0])), [h for h in range(4) if ind[1, h] > 0.4]
+    ((2, 4), 2, [0, 1, 2, 3])
     """
-    from ..backend import evaluate_batched
+    from ..select.hooks import hook_source
+    from ..traversal import toposort
+    from .cache import run_with_cache
 
     tokens = np.asarray(tokens)
     if tokens.ndim != 2:
         raise CircuitError(f"head_scores: tokens must be [rows, tokens], got shape {list(tokens.shape)}")
-    probs = {}
-    for layer in (0, 1):
-        h = 0
-        while True:
-            found = circuit.get(f"b{layer}.a.head{h}", require=False)
-            if not found:
-                break
-            head = next(iter(found))
-            probs[(layer, h)] = head.get_unique(Regex(r"(^|\.)a\.attn_probs$") & Depth(2))
-            h += 1
-        if h == 0:
-            raise CircuitError(f"head_scores: the circuit has no head b{layer}.a.head0; give a two-layer "
-                               "attn_only circuit")
-    _, extra = evaluate_batched(circuit, {input: tokens}, also=list(probs.values()))
-    n = next(iter(probs.values())).shape[-1]
+    if input is None:
+        ints = [n for n in toposort(circuit) if n.type_name == "Symbol" and str(n.dtype).startswith("int")]
+        if len(ints) != 1:
+            found = ", ".join(repr(n.name) for n in ints) or "none"
+            raise CircuitError(f"head_scores: the circuit's token input is its int Symbol; it has {found}: build it over "
+                               "a tokens Symbol (models.tokens_symbol) or say which with input=")
+        input = ints[0].name
+    hooks, layer = [], 0
+    while hook_source(circuit, f"blocks.{layer}.attn.hook_pattern") is not None:
+        hooks.append(f"blocks.{layer}.attn.hook_pattern")
+        layer += 1
+    if not hooks:
+        raise CircuitError(f"head_scores: found no attention pattern (TransformerLens's 'blocks.0.attn.hook_pattern') in "
+                           f"{circuit.line()}: give a builder's circuit (attn_only, gpt2, ...)")
+    cache = run_with_cache(circuit, {input: tokens}, names=hooks)
+    probs = [cache[h] for h in hooks]  # each [rows, heads, q, k]
+    n = probs[0].shape[-1]
     i = np.arange(1, n)
-    prev = [float(extra[p][:, i, i - 1].mean()) for (layer, _), p in probs.items() if layer == 0]
+    prev = np.stack([p[:, :, i, i - 1].mean(axis=(0, 2)) for p in probs])
     rows, qs, ks = [], [], []
     for r, row in enumerate(tokens[:, :n]):
         before = _previous_occurrence(row, set(ignore))
@@ -95,7 +102,7 @@ def head_scores(circuit, tokens, *, input: str = "toks_int_var", ignore=(0,)) ->
     if not qs:
         raise CircuitError("head_scores: no token repeats within the model's positions; give sequences "
                            "with repeated tokens (e.g. models.induction_tokens)")
-    ind = [float(extra[p][rows, qs, ks].mean()) for (layer, _), p in probs.items() if layer == 1]
+    ind = np.stack([p[rows, :, qs, ks].mean(axis=0) for p in probs])
     return prev, ind
 
 

@@ -39,7 +39,8 @@ from ..errors import CircuitError
 from ..nodes import Array, Circuit, Symbol
 from ..select import as_matcher
 from ..traversal import toposort
-from .sites import copy_with, one_root, replace_within, resolve_inputs, resolve_site, resolve_sites
+from .positions import mix
+from .sites import copy_with, one_root, replace_within, resolve_inputs, resolve_site, resolve_sites, site_label
 
 __all__ = ["ablate", "patch", "path_patch", "source_copies"]
 
@@ -47,8 +48,9 @@ KINDS = ("zero", "mean", "resample")
 SUFFIX = {"zero": ".zero_ablated", "mean": ".mean_ablated", "resample": ".resampled"}
 
 
-def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None = None, seed: int = 0,
-           dtype=None, batch_size: int | None = None, mode: str = "auto") -> Circuit:
+def ablate(circuit: Circuit, sites, kind: str = "zero", *, positions=None, data: Mapping | None = None,
+           seed: int = 0, rows=None, axis: int | None = None, dtype=None, batch_size: int | None = None,
+           mode: str = "auto") -> Circuit:
     """Replace each site's value by a constant Array named ``'<site>.<kind>_ablated'``
     (``'<site>.resampled'`` for resampling).
 
@@ -61,8 +63,20 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
       order given.
 
     The values are computed in the sites' float dtype (``dtype=`` to override) with
-    ``evaluate_batched`` (``batch_size`` rows at a time, ``mode`` as for ``evaluate``).  Sites are names, matchers or nodes,
-    each naming exactly one node.
+    ``evaluate_batched`` (``batch_size`` rows at a time, ``mode`` as for ``evaluate``).  Sites are
+    names, matchers or nodes, each naming exactly one node, or TransformerLens hook names (every
+    head's node of a layer for ``'blocks.1.attn.hook_z'``).
+
+    ``positions`` (an int, a list of ints or a slice of each site's position axis, negative from
+    the end; ``circuits.interp.positions``) ablates only those entries: the site becomes
+    ``'<site>.mixed'``, the ablated value there and the site's own elsewhere; ``rows`` does the
+    same for rows of a batch (the circuit then reads the Symbol ``'row'``).
+
+    >>> import numpy as np
+    >>> from circuits import Symbol, Scalar, Einsum, evaluate
+    >>> d = Einsum.from_spec('ab,->ab', Symbol((3, 2), name='x'), Scalar(2.0), name='d')
+    >>> evaluate(ablate(d, 'd', positions=-1), {'x': np.ones((3, 2))})[:, 0].tolist()
+    [2.0, 2.0, 0.0]
 
     >>> import numpy as np
     >>> from circuits import Symbol, Einsum, evaluate
@@ -86,11 +100,20 @@ def ablate(circuit: Circuit, sites, kind: str = "zero", *, data: Mapping | None 
         if kind == "mean":
             values = [v.mean(axis=0) for v in batched]
         else:
-            rows = np.random.default_rng(seed).integers(0, batched[0].shape[0], len(resolved))
-            values = [v[r] for v, r in zip(batched, rows)]
-    table = {node: Array(np.asarray(v).astype(np.dtype(node.dtype)), name=label + SUFFIX[kind])
-             for (label, node), v in zip(resolved, values)}
+            draws = np.random.default_rng(seed).integers(0, batched[0].shape[0], len(resolved))
+            values = [v[r] for v, r in zip(batched, draws)]
+    table = {}
+    for (label, node), v in zip(resolved, values):
+        value = Array(np.asarray(v).astype(np.dtype(node.dtype)), name=label + SUFFIX[kind])
+        table[node] = value if positions is None and rows is None else _mixing(label, value, positions, rows, axis)
     return replace_within(circuit, table)
+
+
+def _mixing(label: str, other: Circuit, positions, rows, axis):
+    """The site as rebuilt, with ``other`` at ``positions`` / ``rows`` (see ``positions.mix``)."""
+    def fn(site: Circuit) -> Circuit:
+        return mix(site, other, label, positions, rows, axis)
+    return fn
 
 
 def values_over_batch(circuit, resolved, data, dtype, batch_size, mode) -> list[np.ndarray]:
@@ -143,7 +166,7 @@ def source_copies(circuit: Circuit, nodes: list[tuple[str, Circuit]], source: Ma
     return copies
 
 
-def patch(circuit: Circuit, sites, source: Mapping) -> Circuit:
+def patch(circuit: Circuit, sites, source: Mapping, *, positions=None, rows=None, axis: int | None = None) -> Circuit:
     """Activation patching: each site is recomputed from ``source`` (a mapping from input
     names, Arrays or Symbols of the circuit, to replacement values), everything else from the
     circuit's own inputs.
@@ -153,6 +176,12 @@ def patch(circuit: Circuit, sites, source: Mapping) -> Circuit:
     ``'<site>.source'``); nodes that do not depend on the source are shared with the original.
     A source value may be a node instead (e.g. ``Symbol(shape, name='corrupt_toks')``): the copy
     reads it, and ``evaluate_batched`` then runs the patch over a whole batch of sources.
+
+    ``positions`` patches only those entries of each site's position axis (an int, a list of
+    ints or a slice, negative from the end; ``axis=`` another axis): the site becomes
+    ``'<site>.mixed'``, the source's value there and its own elsewhere; ``rows`` only those rows
+    of a batch (see ``circuits.interp.positions``).  Other positions change only the mask's
+    value (an Array ``'<site>.position_mask'``): such variants share one compiled program.
 
     >>> import numpy as np
     >>> from circuits import Symbol, Add, Einsum, evaluate
@@ -170,10 +199,14 @@ def patch(circuit: Circuit, sites, source: Mapping) -> Circuit:
     """
     resolved = resolve_sites(circuit, sites)
     copies = source_copies(circuit, [(f"site {label!r}", n) for label, n in resolved], source, "patch")
-    return replace_within(circuit, {node: copies[node.hash] for _, node in resolved})
+    if positions is None and rows is None:
+        return replace_within(circuit, {node: copies[node.hash] for _, node in resolved})
+    return replace_within(circuit, {node: _mixing(label, copies[node.hash], positions, rows, axis)
+                                    for label, node in resolved})
 
 
-def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=None) -> Circuit:
+def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=None, positions=None, rows=None,
+               axis: int | None = None) -> Circuit:
     """Exact path patching: the sender's value computed from ``source`` is seen only by the
     receivers, through every path from the sender to them; every other node sees the clean
     sender.
@@ -191,6 +224,10 @@ def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=N
     receiver is replaced by its copy.  A receiver that does not depend on the sender (other than
     through frozen nodes) is an error naming it.
 
+    ``positions`` / ``rows`` patch the sender only at those positions of its position axis and
+    rows of a batch (``'<sender>.mixed'``: the source's value there, the clean one elsewhere),
+    as ``patch`` does.
+
     >>> import numpy as np
     >>> from circuits import Symbol, Add, Einsum, evaluate
     >>> x = Symbol((1,), name='x')
@@ -204,6 +241,8 @@ def path_patch(circuit: Circuit, sender, receivers, source: Mapping, *, freeze=N
     send = resolve_site(circuit, sender, "sender")
     resolved = resolve_sites(circuit, receivers, "receiver")
     sender_source = source_copies(circuit, [(f"sender {sender!r}" if isinstance(sender, str) else "the sender", send)], source, "path_patch")[send.hash]
+    if positions is not None or rows is not None:
+        sender_source = mix(send, sender_source, site_label(send, sender), positions, rows, axis)
     frozen: set[bytes] = set()
     if freeze is not None:
         m = as_matcher(freeze)

@@ -56,8 +56,9 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import CircuitError
-from ..nodes import Add, Array, Circuit, Einsum, GeneralFunction, Index, Rearrange, Tag
+from ..nodes import Add, Array, Circuit, Einsum, Index, Rearrange, Tag
 from ..select import Pred, as_matcher, get_unique
+from ..select.norms import layer_norm_parts
 from ..traversal import replace, toposort
 
 __all__ = ["residual_terms", "expand_residual", "layer_norm_parts"]
@@ -65,48 +66,11 @@ __all__ = ["residual_terms", "expand_residual", "layer_norm_parts"]
 LAYER_NORM_MODES = ("keep", "freeze")
 
 
-# ---------------------------------------------------------------------------- LayerNorm by structure
-def layer_norm_parts(node: Circuit) -> dict | None:
-    """The parts of a LayerNorm output built like ``circuits.models.blocks.layer_norm``, or None.
-
-    ``{'x': input, 'bias', 'y_scaled', 'y', 'mean_subbed', 'rsqrt', 'scale'}``; recognised by
-    structure (node types and how they connect), not by name.
-
-    >>> import numpy as np
-    >>> from circuits import Array
-    >>> from circuits.models.blocks import layer_norm
-    >>> x = Array(np.ones((2, 3), np.float32), name='x')
-    >>> ln = layer_norm(x, Array(np.ones(3, np.float32), name='w'), Array(np.zeros(3, np.float32), name='b'), 'n')
-    >>> layer_norm_parts(ln)['x'] is x, layer_norm_parts(x)
-    (True, None)
-    """
-    if not isinstance(node, Add) or len(node.children) != 2:
-        return None
-    for i in (1, 0):
-        y_scaled, bias = node.children[i], node.children[1 - i]
-        if not (isinstance(y_scaled, Einsum) and len(y_scaled.children) == 2):
-            continue
-        y, scale = y_scaled.children
-        if not (isinstance(y, Einsum) and len(y.children) == 2):
-            continue
-        mean_subbed, rsqrt = y.children
-        if not (isinstance(rsqrt, GeneralFunction) and rsqrt.function.name == "rsqrt"):
-            continue
-        if not (isinstance(mean_subbed, Add) and len(mean_subbed.children) == 2):
-            continue
-        x, neg_mean = mean_subbed.children
-        if not (isinstance(neg_mean, Einsum) and neg_mean.children and neg_mean.children[0] is x):
-            continue
-        return {"x": x, "bias": bias, "y_scaled": y_scaled, "y": y, "mean_subbed": mean_subbed,
-                "rsqrt": rsqrt, "scale": scale, "neg_mean": neg_mean}
-    return None
-
-
 # ---------------------------------------------------------------------------- linearity
 _PASS_THROUGH = (Index, Rearrange, Tag)
 
 
-def _linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
+def linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
     """Hashes of the nodes of ``top`` that are linear in ``leaf`` when every input that is not
     substituted is held at its value: ``leaf`` itself; an Einsum with exactly one operand linear
     in ``leaf`` (the others, whatever they depend on, held); an Add whose every child is linear
@@ -128,7 +92,7 @@ def _linear_nodes(top: Circuit, leaf: Circuit) -> set[bytes]:
     return lin
 
 
-def _substitute(top: Circuit, leaf: Circuit, new: Circuit, lin: set[bytes]) -> Circuit:
+def substitute_linear(top: Circuit, leaf: Circuit, new: Circuit, lin: set[bytes]) -> Circuit:
     """``top`` with ``leaf`` replaced by ``new`` along its linear occurrences only (``lin``);
     other occurrences (inside held inputs such as an attention pattern) keep the original."""
     if leaf.shape != new.shape:
@@ -176,7 +140,8 @@ class _Expander:
             from ..backend import evaluate
 
             # Every LayerNorm scale of the circuit in one pass (one compile), frozen on first need.
-            scales = [p["rsqrt"] for n in toposort(self.root) if (p := layer_norm_parts(n)) is not None]
+            scales = list({p["rsqrt"].hash: p["rsqrt"] for n in toposort(self.root)
+                           if (p := layer_norm_parts(n)) is not None}.values())
             if rsqrt.hash not in {r.hash for r in scales}:
                 scales.append(rsqrt)
             _, values = evaluate(Add(*scales), self.inputs, dtype="float64", also=scales)
@@ -191,12 +156,12 @@ class _Expander:
         frozen linear part applied to each summand of its input."""
         linear = replace(parts["y_scaled"], {parts["rsqrt"]: self.frozen_scale(parts["rsqrt"])})
         x = parts["x"]
-        lin = _linear_nodes(linear, x)
+        lin = linear_nodes(linear, x)
         if linear.hash not in lin:  # pragma: no cover - the structure check makes this linear
             raise CircuitError(f"the LayerNorm {ln.line()} is not linear in its input once its scale is frozen")
-        out = [(_label(parts["bias"], "bias"), parts["bias"], parts["bias"])]
+        out = [] if parts["bias"] is None else [(_label(parts["bias"], "bias"), parts["bias"], parts["bias"])]
         for i, s in enumerate(_summands(x, self.stop)):
-            out.append((_label(s, f"term{i}"), _substitute(linear, x, s, lin), s))
+            out.append((_label(s, f"term{i}"), substitute_linear(linear, x, s, lin), s))
         return out
 
     def reads(self, source: Circuit) -> tuple[Circuit, dict, set] | None:
@@ -206,7 +171,7 @@ class _Expander:
         for node in toposort(source, stop=lambda n: layer_norm_parts(n) is not None and n is not source):
             parts = layer_norm_parts(node) if node is not source else None
             if parts is not None:
-                lin = _linear_nodes(source, node)
+                lin = linear_nodes(source, node)
                 if source.hash in lin:
                     found.append((node, parts, lin))
         return found[0] if len(found) == 1 else None
@@ -227,12 +192,15 @@ class _Expander:
                     nxt.append((name, term, source))
                     continue
                 ln, ln_parts, lin_src = read
-                lin_term = _linear_nodes(term, source)
+                lin_term = linear_nodes(term, source)
                 for sub_name, sub_term, sub_source in self.ln_terms(ln, ln_parts):
-                    inner = _substitute(source, ln, sub_term, lin_src)
-                    nxt.append((f"{name}<-{sub_name}", _substitute(term, source, inner, lin_term), sub_source))
+                    inner = substitute_linear(source, ln, sub_term, lin_src)
+                    nxt.append((f"{name}<-{sub_name}", substitute_linear(term, source, inner, lin_term), sub_source))
             level = nxt
-        return [(n, t if t.name == n else t.rename(n)) for n, t in _unique_names([(n, t) for n, t, _ in level])]
+        # Every term has the value's full shape (a bias [d] broadcast over the positions), so the
+        # terms stack and index alike.
+        full = [(n, t if t.shape == at.shape else Add(t, _zeros_like(at))) for n, t, _ in level]
+        return [(n, t if t.name == n else t.rename(n)) for n, t in _unique_names(full)]
 
 
 def _label(node: Circuit, fallback: str) -> str:

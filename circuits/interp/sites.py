@@ -39,7 +39,8 @@ from ..dtypes import is_float, is_int
 from ..errors import CircuitError, SelectionError, ShapeError
 from ..nodes import Add, Array, Circuit, Einsum, Symbol
 from ..nodes.base import bulk_build
-from ..select import Matcher, Name, as_matcher, get_unique
+from ..select import Hook, Matcher, Name, as_matcher, get_unique
+from ..select.hooks import hook_source, is_hook_name
 from ..traversal import replace, toposort
 
 __all__ = ["resolve_site", "resolve_sites", "resolve_inputs", "copy_with", "site_label", "one_root", "paired_root",
@@ -65,7 +66,7 @@ def resolve_site(circuit: Circuit, site, what: str = "site") -> Circuit:
         hits = walk(circuit).named(circuit, site)
         if len(hits) == 1:
             return hits[0]
-    matcher = Name(site) if isinstance(site, str) else as_matcher(site)
+    matcher = (Hook(site) if is_hook_name(site) else Name(site)) if isinstance(site, str) else as_matcher(site)
     try:
         return get_unique(circuit, matcher)
     except SelectionError as e:
@@ -78,12 +79,29 @@ def resolve_site(circuit: Circuit, site, what: str = "site") -> Circuit:
 
 
 def resolve_sites(circuit: Circuit, sites, what: str = "site") -> list[tuple[str, Circuit]]:
-    """``[(label, node)]`` for one site or a list of them (see ``resolve_site``)."""
+    """``[(label, node)]`` for one site or a list of them (see ``resolve_site``).  A
+    TransformerLens hook name that stands for several nodes (``'blocks.1.attn.hook_z'``: every
+    head's) gives each of them, labelled by its own name.
+
+    >>> import numpy as np
+    >>> from circuits.models import attn_only, random_weights
+    >>> w = random_weights(vocab=11, d_model=8, n_heads=2, head_size=4, n_layers=1, max_positions=16)
+    >>> [label for label, _ in resolve_sites(attn_only(w, np.arange(6), unique_names=True), 'blocks.0.attn.hook_z')]
+    ['b0.a.head0.a.comb_v', 'b0.a.head1.a.comb_v']
+    """
     items = list(sites) if isinstance(sites, (list, tuple)) else [sites]
     if not items:
         raise SelectionError(f"no {what} given: pass a name, a matcher, a node, or a list of them")
     out = []
     for s in items:
+        if isinstance(s, str) and is_hook_name(s) and not walk(circuit).named(circuit, s):
+            src = hook_source(circuit, s)
+            nodes = src.nodes if src is not None and src.selectable else []
+            if len(nodes) > 1:  # labelled by their own names where those are unique, else by head
+                w = walk(circuit)
+                out += [(n.name if n.name is not None and len(w.names.get(n.name, ())) == 1 else f"{s}.head{i}", n)
+                        for i, n in enumerate(nodes)]
+                continue
         found = resolve_site(circuit, s, what)
         out.append((site_label(found, s), found))
     return out
@@ -160,10 +178,13 @@ def walk(circuit: Circuit) -> Walk:
     return found
 
 
-def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circuit:
+def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit | Callable[[Circuit], Circuit]]) -> Circuit:
     """``circuits.traversal.replace(circuit, mapping)`` over the circuit's kept ``walk``: only
     the nodes after the first replaced one in its order are looked at, and only those over a
     changed child are rebuilt (a patch of a late layer's head rebuilds the few nodes above it).
+    A value may be a function of the node as rebuilt over the replacements below it (an
+    intervention at some positions of a site keeps the rest of the site as the circuit computes
+    it, other interventions included).
 
     >>> import numpy as np
     >>> from circuits import Array, Add
@@ -178,13 +199,20 @@ def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circ
     w = walk(circuit)
     position = w.position
     if any(h not in position for h in table):
+        if any(callable(v) and not isinstance(v, Circuit) for v in table.values()):
+            raise CircuitError("replace_within: a node to replace is not in the circuit")
         return replace(circuit, mapping)
     readers = w.readers(circuit)
     below = w.below
-    changed: dict[bytes, Circuit] = dict(table)
+    changed: dict[bytes, Circuit] = {}
+    late = {h: fn for h, fn in table.items() if not isinstance(fn, Circuit)}
+    for h, v in table.items():
+        if h not in late:
+            changed[h] = v
     # The ancestors of the replaced nodes, in order (children first): from each rebuilt node up
-    # to its readers, so that only those are looked at.
-    heap = sorted({r for h in table for r in readers[position[h]]})
+    # to its readers, so that only those are looked at.  A node replaced by a function is
+    # visited itself (its children may change first).
+    heap = sorted({r for h in table if h not in late for r in readers[position[h]]} | {position[h] for h in late})
     seen = set(heap)
     get = changed.get
     with bulk_build():  # hundreds of nodes built and kept: the collector's passes would double the time
@@ -194,6 +222,8 @@ def replace_within(circuit: Circuit, mapping: Mapping[Circuit, Circuit]) -> Circ
             h = node.hash
             if h not in table:
                 changed[h] = node.with_children(tuple([get(k.hash, k) for k in node.children]))
+            elif h in late:
+                changed[h] = late[h](node.with_children(tuple([get(k.hash, k) for k in node.children])))
             for r in readers[i]:
                 if r not in seen:
                     seen.add(r)

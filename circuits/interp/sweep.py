@@ -352,7 +352,10 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
 
     - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``;
       values with a leading batch axis (a dataset) give every variant's value on every row,
-      batch axis first, each variant from one program.
+      batch axis first; variants of one structure (a site patched at each position, ``patch(...,
+      positions=p)``) run as one compiled program vmapped over them and over the rows
+      (``info['groups']``), so a (site x position) grid is one call (``patch_grid`` builds it
+      for you, one program for every site).
     - ``dtype``: ``'float32'`` (default) or ``'float64'``, as for ``evaluate``.
     - ``batch_size``: how many variants of one group run in one vmapped call (default: as many as
       fit ``SWEEP_MEMORY`` bytes of their own values; one, called without vmap, when a variant's
@@ -438,24 +441,73 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
 
 
 def _sweep_batched(circuit, variants, inputs, fdt, progress) -> SweepResult:
-    """Every variant over a dataset (inputs with a leading batch axis): each evaluated on all rows
-    by one program (``evaluate_batched``), values batch axis first."""
+    """Every variant over a dataset (inputs with a leading batch axis), values batch axis first.
+    Variants of one structure (the same program but for the values of some Arrays: a site patched
+    at other positions, an ablation with other constants) are one group: one compiled program,
+    ``vmap``-ed over the variants (the Arrays that differ, stacked) and over the rows, so what does
+    not depend on those Arrays (the clean run below the site, the source) is computed once; a
+    group of one runs as ``evaluate_batched`` does."""
+    import jax
+
     from ..backend import evaluate_batched
 
     bar = _progress(len(variants), progress)
     results = {}
+    groups: dict[bytes, list] = {}
+    for name, v in variants.items():
+        lowered = Lowered(v, fdt)
+        groups.setdefault(lowered.key, []).append((name, lowered))
+    compiled = 0
     try:
         base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt))
-        for name, v in variants.items():
-            results[name] = np.asarray(evaluate_batched(v, inputs, dtype=fdt))
+        for members in groups.values():
+            if len(members) == 1:
+                name, _ = members[0]
+                results[name] = np.asarray(evaluate_batched(variants[name], inputs, dtype=fdt))
+                compiled += 1
+            else:
+                first = members[0][1]
+                vary = [j for j, node in enumerate(first.args) if any(m.args[j] != node for _, m in members[1:])]
+                with precision(fdt):
+                    args, axes = first.bind_batched(inputs)
+                    stacks = {j: np.stack([np.asarray(m.bind_batched(inputs)[0][j]) for _, m in members]) for j in vary}
+                    if any(axes[j] is not None for j in vary):  # pragma: no cover - Arrays carry no batch axis
+                        raise CircuitError("sweep: a varying argument carries the batch axis")
+                    skeleton = first.program.skeleton()
+                    rows = jax.vmap(lambda a: skeleton.run(a)[0], in_axes=(list(axes),))
+
+                    def make(rows=rows, vary=tuple(vary)):
+                        def one(values, args):
+                            args = list(args)
+                            for j, v in zip(vary, values):
+                                args[j] = v
+                            return rows(args)
+                        return jax.vmap(one, in_axes=(0, None))
+
+                    fn = first.cached(("sweep_batched", tuple(axes), tuple(vary)), make)
+                    chunk = _chunk_size(_variant_bytes(first, fdt, args, axes), len(members), None)
+                    for start in range(0, len(members), chunk):
+                        part = list(range(start, min(start + chunk, len(members))))
+                        padded = part + [part[-1]] * (chunk - len(part))
+                        out = np.asarray(fn([stacks[j][padded] for j in vary], args))
+                        for k, i in enumerate(part):
+                            results[members[i][0]] = out[k]
+                compiled += 1
             if bar is not None:
-                bar.update(1)
+                bar.update(len(members))
     finally:
         if bar is not None:
             bar.close()
-    info = {"variants": len(variants), "programs": len(variants) + 1, "common_nodes": 0, "chunks": 0,
-            "optimized": 0, "tier": "jit", "batched": True}
-    return SweepResult(results, base, info)
+    info = {"variants": len(variants), "programs": compiled + 1, "common_nodes": 0, "chunks": 0,
+            "optimized": 0, "tier": "jit", "batched": True, "groups": len(groups)}
+    return SweepResult({name: results[name] for name in variants}, base, info)
+
+
+def _variant_bytes(lowered: Lowered, fdt, args, axes) -> int:
+    """Bytes of one variant's values over the whole batch (the chunk bound of a batched group)."""
+    rows = next((np.shape(a)[0] for a, ax in zip(args, axes) if ax is not None), 1)
+    item = np.dtype(fdt).itemsize
+    return sum(node.numel * item for node in lowered.program.nodes) * rows
 
 
 # Sweeps (base, variants, precision, batch size) run through compiled programs in this process:

@@ -146,15 +146,17 @@ def attn_only_residual(weights: Mapping, tokens, *, unique_names: bool = False,
         _layout(layout)
     inputs, _, extra = LAYOUTS[layout]
     n_pos = toks.shape[0] - extra
+    hint = (" (layout='seed', the seed's: positions + 2 tokens, the last one read by nothing; "
+            "layout='next_token' is TransformerLens's: n tokens give n - 1 losses)") if layout == "seed" else ""
     if n_pos < 1:
         what = {"seed": "positions + 2", "next_token": "n tokens give n - 1 losses"}.get(layout, "positions")
-        raise CircuitError(f"tokens must have length >= {extra + 1} ({what}), got {toks.shape[0]}")
+        raise CircuitError(f"tokens must have length >= {extra + 1} ({what}), got {toks.shape[0]}{hint}")
     context = context_of(w)
     if n_pos > context:
         raise CircuitError(
             f"attn_only: {toks.shape[0]} tokens are {n_pos} positions in the {layout!r} layout, but the "
             f"model's context is {context} positions ('t.w.pos_embeds' rows, 't.a.c.causal_mask'): "
-            f"give at most {context + extra} tokens"
+            f"give at most {context + extra} tokens{hint}"
         )
     mask = _mask(w, n_pos)
     input_toks = Index(toks, (inputs,), name="input_toks_int")

@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 from ..errors import SelectionError, ShapeError
 from ..nodes import NODE_TYPE_BY_NAME, Circuit
 from ..traversal import parents_map, toposort
+from .hooks import hook_nodes, hook_source, is_hook_name
 
 
 class Matcher:
@@ -72,12 +73,15 @@ class Matcher:
 
 
 def as_matcher(m) -> Matcher:
-    """Coerce: a Matcher; a str (exact name); a node type or its name ('Einsum'); a node (that
+    """Coerce: a Matcher; a str (exact name; a TransformerLens hook name such as
+    ``'blocks.0.attn.hook_z'`` is a ``Hook``); a node type or its name ('Einsum'); a node (that
     node); a callable (predicate); a set/list (any of them)."""
     if isinstance(m, Matcher):
         return m
     if isinstance(m, str):
-        return Type(m) if m in NODE_TYPE_BY_NAME else Name(m)
+        if m in NODE_TYPE_BY_NAME:
+            return Type(m)
+        return Hook(m) if is_hook_name(m) else Name(m)
     if isinstance(m, type) and issubclass(m, Circuit):
         return Type(m)
     if isinstance(m, Circuit):
@@ -104,6 +108,31 @@ class Name(Matcher):
 
     def describe(self):
         return "Name(" + ", ".join(map(repr, sorted(self.names))) + ")"
+
+
+class Hook(Matcher):
+    """The nodes a TransformerLens hook name stands for (``circuits.select.hooks``): a node named
+    exactly so wins (a circuit imported from a HookedTransformer), else the nodes the hook table
+    gives for the circuit's naming convention (every head's node of the layer for a per-head
+    hook such as ``'blocks.1.attn.hook_z'``).  ``as_matcher`` makes one of any string spelled like
+    a hook name, so ``c.get('blocks.0.hook_resid_post')`` and ``c.update('blocks.1.attn.hook_z', fn)``
+    work on every builder's circuit."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def matches(self, root, order=None):
+        order = toposort(root) if order is None else order
+        exact = {n.hash for n in order if n.name == self.name}
+        if exact:
+            return exact
+        src = hook_source(root, self.name)
+        if src is None or not src.selectable:
+            return set()
+        return {n.hash for n in src.nodes}
+
+    def describe(self):
+        return f"Hook({self.name!r})"
 
 
 class Regex(Matcher):
@@ -464,6 +493,11 @@ def paths(root: Circuit, matcher, *, require: bool = True, limit: int = 1000) ->
 
 
 def _matched_nothing(what: str, m: Matcher, root: Circuit) -> SelectionError:
+    if isinstance(m, Hook):  # say why: no such hook here, or a value computed from nodes
+        try:
+            hook_nodes(root, m.name)
+        except SelectionError as e:
+            return SelectionError(f"{what}: {e} (pass require=False to allow an empty selection)")
     return SelectionError(
         f"{what}: {m.describe()} matched nothing in the circuit rooted at {root.line()} "
         "(pass require=False to allow an empty selection)"

@@ -123,6 +123,33 @@ def test_tokens_symbol_evaluates_many_inputs(hist):
         np.testing.assert_allclose(o, circuits.evaluate(from_tracr(hist, x)), atol=1e-5)
 
 
+def test_tracr_tokens_of_a_batch(hist):
+    batch = [["BOS", "a", "b", "b"], ["BOS", "b", "b", "a"]]
+    np.testing.assert_array_equal(tracr_tokens(hist, batch), np.stack([tracr_tokens(hist, x) for x in batch]))
+    with pytest.raises(CircuitError, match=r"one length .*lengths \[3, 4\]"):
+        tracr_tokens(hist, [["BOS", "a", "b", "b"], ["BOS", "a", "b"]])
+    with pytest.raises(CircuitError, match="row 1 of the batch.*do not encode.*'c'"):
+        tracr_tokens(hist, [["BOS", "a"], ["BOS", "c"]])
+    with pytest.raises(CircuitError, match="for a batch build it over a tokens Symbol"):
+        from_tracr(hist, batch)
+
+
+def test_hook_names_and_the_cache_on_a_tracr_circuit(hist):
+    from circuits.interp import run_with_cache
+    from circuits.select.hooks import hook_names
+
+    c = from_tracr(hist, ["BOS", "a", "b", "b"])
+    names = hook_names(c)
+    assert {"hook_embed", "blocks.0.hook_resid_pre", "blocks.0.attn.hook_pattern", "blocks.0.hook_resid_mid",
+            "blocks.0.mlp.hook_post", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post"} <= set(names)
+    cache = run_with_cache(c)
+    heads = hist.model_config.num_heads
+    assert cache["blocks.0.attn.hook_pattern"].shape == (heads, 4, 4)
+    np.testing.assert_array_equal(cache["blocks.0.hook_resid_mid"], cache["b0.mid"])
+    np.testing.assert_allclose(cache["blocks.0.hook_resid_post"],
+                               cache["blocks.0.hook_resid_mid"] + cache["blocks.0.hook_mlp_out"], atol=1e-6)
+
+
 def test_bad_inputs_are_clear_errors(hist):
     with pytest.raises(CircuitError, match="BOS"):
         from_tracr(hist, ["a", "b"])

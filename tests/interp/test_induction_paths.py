@@ -19,7 +19,7 @@ def model():
     toks = induction_tokens(64, seed=3)
     c = attn_only(w, tokens_symbol(toks.shape[1]), unique_names=True)
     loss = C.evaluate_batched(c, {"toks_int_var": toks})
-    prev_head = int(np.argmax(interp.head_scores(c, toks)[0]))
+    prev_head = int(np.argmax(interp.head_scores(c, toks)[0][0]))
     return c, toks, prev_head, float(loss[:, REPEATED_HALF].mean())
 
 

@@ -90,7 +90,11 @@ def test_frozen_final_layer_norm_terms(dtype):
     assert list(got) == ["final.ln.w.bias", "b1.a.head0", "b1.a.head1", "b0.a.head0", "b0.a.head1",
                          "idxed_embeds"]
     tol = 1e-9 if dtype == np.float64 else 5e-5
-    np.testing.assert_allclose(got["final.ln.w.bias"], w["final.ln.w.bias"], atol=tol)
+    # every term has the value's full shape: the bias [d] broadcast over the positions (it was [d]
+    # alone, and a direct-logit-attribution loop over the terms indexed positions and crashed)
+    assert {v.shape for v in got.values()} == {(len(TOKENS) - 2, w["final.ln.w.bias"].shape[0])}
+    np.testing.assert_allclose(got["final.ln.w.bias"], np.broadcast_to(w["final.ln.w.bias"], got["b1.a.head0"].shape),
+                               atol=tol)
     for name, source in [("b1.a.head0", ref["b1.a.head0"]), ("b0.a.head1", ref["b0.a.head1"]),
                          ("idxed_embeds", ref["embeds"])]:
         want = ref["center"](source) * ref["sF"] * w["final.ln.w.scale"]

@@ -41,9 +41,9 @@ def model():
     w = _weights()
     c = attn_only(w, tokens_symbol(SEQ))
     prev, ind = head_scores(c, repeated_tokens(100, seed=1))
-    prev_head = int(np.argmax(prev))
-    assert prev[prev_head] > 0.5
-    heads = [h for h in range(4) if ind[h] > 0.4]
+    prev_head = int(np.argmax(prev[0]))
+    assert prev[0, prev_head] > 0.5
+    heads = [h for h in range(4) if ind[1, h] > 0.4]
     assert heads
     return c, prev_head, heads, {"toks_int_var": repeated_tokens(1000)}
 

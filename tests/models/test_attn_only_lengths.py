@@ -92,6 +92,13 @@ def test_longer_than_the_context_is_refused_with_the_limit(shipped, layout, n, m
         attn_only(shipped, _tokens(CONTEXT + 1), layout="next_token", logits=True)
 
 
+def test_the_seed_layout_errors_name_transformerlens_layout(shipped):
+    with pytest.raises(C.CircuitError, match="layout='next_token' is TransformerLens's: n tokens give n - 1 losses"):
+        attn_only(shipped, _tokens(CONTEXT + 3))
+    with pytest.raises(C.CircuitError, match="layout='next_token'"):
+        attn_only(shipped, _tokens(2))
+
+
 def test_too_short_and_unknown_layouts_are_refused(shipped):
     with pytest.raises(C.CircuitError, match="length >= 3"):
         attn_only(shipped, _tokens(2))

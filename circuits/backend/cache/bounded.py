@@ -155,7 +155,13 @@ class BoundedCache:
         entries go beyond the bounds."""
         if size is None:
             size = int(getattr(value, "nbytes", 0))
-        self.put_many(((key, value, size),))
+        with self._lock:  # ``put_many`` of one entry, spelled out: a store per node computed op by op
+            if _stale(self.cleared_at):
+                return
+            self._store(key, value, size)
+            if ((self.max_entries is not None and len(self._data) > self.max_entries)
+                    or (self.max_bytes is not None and self._bytes > self.max_bytes)):
+                self._shrink()
 
     def put_many(self, entries) -> None:
         """Keep each ``(key, value, size)`` of ``entries``, in order, under one lock."""

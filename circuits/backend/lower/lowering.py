@@ -11,6 +11,7 @@ and the programs of live circuits cached, so a warm ``evaluate`` skips the lower
 
 from __future__ import annotations
 
+import collections
 import difflib
 import threading
 import weakref
@@ -30,6 +31,46 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- nodes by name
+def expand_also(circuit: Circuit, also):
+    """``also=`` with every matcher (``circuits.select``: Glob, Regex, Type, ``Inside``... and
+    TransformerLens hook names no node has, ``'blocks.0.attn.hook_z'``) replaced by the nodes it
+    matches: each by its name where no other node of the circuit has it, else the node itself
+    (the keys the values come back under).  Nodes and plain names pass as given.
+
+    >>> from circuits import Symbol, GeneralFunction, Add
+    >>> from circuits.select import Glob
+    >>> x = Symbol((2,), name='x')
+    >>> expand_also(Add(GeneralFunction('exp', x, name='e1'), GeneralFunction('exp', x, name='e2')), Glob('e*'))
+    ['e1', 'e2']
+    """
+    from ...select import Matcher, as_matcher
+    from ...select.hooks import is_hook_name
+
+    items = as_items(also) if not isinstance(also, Matcher) else [also]
+    if all(isinstance(i, Circuit) or (isinstance(i, str) and not is_hook_name(i)) for i in items):
+        return also
+    from ...traversal import toposort
+
+    order = toposort(circuit)
+    counts = collections.Counter(n.name for n in order if n.name is not None)
+    out: list = []
+    for item in items:
+        if isinstance(item, Circuit) or (isinstance(item, str) and (not is_hook_name(item) or counts[item])):
+            out.append(item)
+            continue
+        try:
+            m = as_matcher(item)
+        except TypeError:
+            raise SelectionError(f"also: expected nodes, names or matchers, got {item!r}") from None
+        hits = m.matches(circuit, order)
+        if not hits:
+            from ...select import get
+
+            get(circuit, m)  # raises, naming the matcher (and why, for a hook name)
+        out += [n.name if n.name is not None and counts[n.name] == 1 else n for n in order if n.hash in hits]
+    return out
+
+
 def as_items(also) -> list:
     """The ``also=`` (or ``wrt=``) option as a list: one node or name, or a sequence of them."""
     if also is None:
