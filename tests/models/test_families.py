@@ -93,3 +93,32 @@ def test_blooms_slow_but_exact_path_is_refused():
     Model(cfg, state(hf))
     with pytest.raises(C.CircuitError, match=r"slow_but_exact=True with pretraining_tp=2 is not supported"):
         Model(dict(cfg, slow_but_exact=True), state(hf))
+
+
+def test_gemma2_blocks_behind_sandwich_norms_are_edge_sources():
+    """Gemma-2 normalises each attention and MLP output before the residual stream adds it, so no
+    head is a residual-stream term: each block's normalised output is one source ('h0.attn'),
+    the heads stay destinations.  One edge patched is checked against the same change made by
+    hand: the final residual with that block's output from the other prompt, read by the rest
+    of the circuit."""
+    hf = matrix.hf_model("gemma2", 0)
+    m = Model(hf.config.to_dict(), state(hf), dtype="float64")
+    a, b = np.arange(1, 7), np.arange(11, 17)
+    c = m.circuit(a)
+    g = interp.edges(c)
+    n_layers = len(m.attention_layers)
+    assert g.sources == ["embeds"] + [f"h{l}.{part}" for l in range(n_layers) for part in ("attn", "mlp")]
+    assert "h1.attn.head3.q" in g.destinations and "h0.attn -> h1.attn.head3.q" in g
+    everything = interp.patch_edges(c, list(g), {"tokens": b})
+    np.testing.assert_allclose(C.evaluate(everything, dtype="float64"), C.evaluate(m.circuit(b), dtype="float64"),
+                               rtol=0, atol=1e-9)
+    # 'h0.attn -> output' by hand: swap that term of the final residual stream
+    last = f"h{n_layers - 1}"
+    block = c.get_unique("h0.attn.post_ln")
+    _, va = C.evaluate(c, dtype="float64", also=[c.get_unique(last), block])
+    _, vb = C.evaluate(m.circuit(b), dtype="float64", also=[m.circuit(b).get_unique("h0.attn.post_ln")])
+    resid = va[c.get_unique(last)] - va[block] + vb[m.circuit(b).get_unique("h0.attn.post_ln")]
+    by_hand = c.update(last, lambda n: C.Array(resid, name="resid.by_hand"))
+    got = C.evaluate(interp.patch_edges(c, ["h0.attn -> output"], {"tokens": b}), dtype="float64")
+    np.testing.assert_allclose(got, C.evaluate(by_hand, dtype="float64"), rtol=1e-10, atol=1e-10)
+    assert not np.allclose(got, C.evaluate(c, dtype="float64"))

@@ -15,7 +15,11 @@ MLP's input, the output) reads that sum, so its input is exactly a sum of one te
 
 Heads are found by name (``…head<h>``, as ``attn_only(unique_names=True)`` and the builders'
 ``split_heads=True`` name them), MLPs by name (``….mlp``); the residual sum each destination
-reads is found by structure (the input of the LayerNorm it reads, or the Add it reads).
+reads is found by structure (the input of the LayerNorm it reads, or the Add it reads).  A block
+whose output is normalised before it joins the residual stream (Gemma-2's sandwich norms:
+``'h{l}.attn.post_ln'``, ``'h{l}.mlp.post_ln'``) adds no sum of heads to it, so its normalised
+output is one source named after the block (``'h{l}.attn'``, ``'h{l}.mlp'``); its heads stay
+destinations (their query, key and value inputs).
 
 ``patch_edges(circuit, edges, source)`` rebuilds each destination that has a patched edge over
 its own copy of the residual sum, ``'<destination>.resid'``, in which the patched edges' terms
@@ -60,6 +64,7 @@ EMBEDS = "embeds"
 OUTPUT = "output"
 _HEAD = re.compile(r"(^|\.)head\d+$")
 _MLP = re.compile(r"(^|\.)mlp$")
+_POST = ".post_ln"  # a block's output normalised before the residual stream adds it (Gemma-2)
 _ROLES = ("q", "k", "v")
 
 
@@ -162,9 +167,11 @@ def _summands(x: Circuit, stop) -> list[Circuit]:
     return out
 
 
-def _find_resid(dest: Circuit, is_source, label: str) -> Circuit:
+def _find_resid(dest: Circuit, is_source, label: str, shape: tuple | None = None) -> Circuit:
     """The one residual sum ``dest`` reads: the input of a LayerNorm, or an Add with sources
-    among its summands, or a source read directly; the first met on every path down."""
+    among its summands, or a source read directly; the first met on every path down.  With
+    ``shape`` (the residual stream's), a LayerNorm of anything else (StableLM's norm of each
+    head's queries) is walked through."""
     found: dict[bytes, Circuit] = {}
     stack, seen = list(dest.children) if dest is not None else [], set()
     while stack:
@@ -175,7 +182,7 @@ def _find_resid(dest: Circuit, is_source, label: str) -> Circuit:
         parts = layer_norm_parts(n)
         if is_source(n):
             found[n.hash] = n
-        elif parts is not None:
+        elif parts is not None and (shape is None or parts["x"].shape == shape):
             found[parts["x"].hash] = parts["x"]
         elif isinstance(n, Add) and any(is_source(s) for s in _summands(n, is_source)):
             found[n.hash] = n
@@ -196,18 +203,32 @@ def _analyse(circuit: Circuit) -> Edges:
                 and not isinstance(n, (Array, Index, Rearrange, Symbol, Scalar))]
 
     heads, mlps = named(_HEAD), named(_MLP)
-    block = {n.hash: n for n in heads + mlps}
     if not heads and not mlps:
         raise CircuitError(
             f"edges: {circuit.line()} has no heads (nodes named '...head<h>') and no MLPs ('....mlp'); build "
             "the model with per-head names: attn_only(..., unique_names=True), gpt2/opt/llama(..., split_heads=True)")
-    # The final residual stream: what the output reads; its summands that are not heads, MLPs or
+    # Each source: (label, node).  A head is its own source unless its block is normalised before
+    # the residual stream adds it (then the block's normalised output is the source).
+    post = {n.name[: -len(_POST)]: n for n in order if n.name and n.name.endswith(_POST) and n.children}
+    sources: list[tuple[str, Circuit]] = []
+    for h in heads:
+        block_name = h.name.rsplit(".", 1)[0] if "." in h.name else None
+        if block_name in post:
+            if (block_name, post[block_name]) not in sources:
+                sources.append((block_name, post[block_name]))
+        else:
+            sources.append((h.name, h))
+    sources += [(m.name, post.get(m.name, m)) for m in mlps]
+    block = {node.hash: node for _, node in sources}
+    # The final residual stream: what the output reads; its summands that are not sources or
     # broadcast constants are the embeddings.
     out_resid = _find_resid(circuit, lambda n: n.hash in block, OUTPUT)
     terms = _summands(out_resid, lambda n: n.hash in block)
     term_set = {t.hash for t in terms}
-    heads = [n for n in heads if n.hash in term_set]
-    mlps = [n for n in mlps if n.hash in term_set]
+    sources = [(label, node) for label, node in sources if node.hash in term_set]
+    kept = {label for label, _ in sources}
+    heads = [h for h in heads if h.name in kept or (h.name.rsplit(".", 1)[0] in post and h.name.rsplit(".", 1)[0] in kept)]
+    mlps = [m for m in mlps if m.name in kept]
     embeds = []
     for t in terms:
         if t.hash in block or t.ndim < out_resid.ndim:
@@ -220,8 +241,8 @@ def _analyse(circuit: Circuit) -> Edges:
                 f"edges: the residual stream term {t.line()} is computed from other terms ({inner[0].line()}) but is "
                 "neither a head ('...head<h>') nor an MLP ('....mlp'): split fused attention into heads "
                 "(split_heads=True) or name the block")
-    _check_unique([n.name for n in heads + mlps] + [EMBEDS], "sources", "{} -> output")
-    source_of: dict[bytes, str] = {n.hash: n.name for n in heads + mlps}
+    _check_unique([label for label, _ in sources] + [EMBEDS], "sources", "{} -> output")
+    source_of: dict[bytes, str] = {node.hash: label for label, node in sources}
     for t in embeds:
         source_of[t.hash] = EMBEDS
     members: dict[str, list[Circuit]] = {}
@@ -245,7 +266,7 @@ def _analyse(circuit: Circuit) -> Edges:
     _check_unique([label for label, _ in dests] + [OUTPUT], "destinations", "embeds -> {}")
     out: list[_Dest] = []
     for label, node in dests + [(OUTPUT, circuit)]:
-        resid = out_resid if label == OUTPUT else _find_resid(node, is_source, label)
+        resid = out_resid if label == OUTPUT else _find_resid(node, is_source, label, out_resid.shape)
         summands = _summands(resid, is_source)
         srcs, consts = [], []
         for s in summands:
