@@ -26,15 +26,17 @@ variants):
   (clean forward+backward, corrupted forward, ``hook_z`` caches) against ``attribute`` (first
   call).
 
-torch runs on one thread by default (``--threads``): on the shared 2-core machine a pool of two
-spin-waits (a forward of the shipped model went from 8 ms to 250 ms at load 9).  The shipped
-model's rows run TransformerLens on whichever of one thread and ``--threads`` is faster for it,
-measured first and printed (``common.fastest_torch_threads``).
+Every TransformerLens baseline runs at its best measured torch thread count (the faster of one
+thread and all cores, ``common.fastest_torch_threads``, printed per row: on a shared 2-core
+machine a pool of two spin-waits, a forward of the shipped model went from 8 ms to 250 ms at
+load 9), and is timed as the median of several runs (printed: how many); ours too where a call
+can be repeated (the warm attribution), while a first call is timed once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import numpy as np
@@ -99,10 +101,8 @@ def shipped(rows):
         tl_ablate(0, 0)
         tl_path_patch(2, 0, "k")
     # TransformerLens at its best here: this small model with as many torch threads as is fastest
-    threads = torch.get_num_threads()
-    best, medians = fastest_torch_threads(lambda: (tl_ablate(0, 0), tl_path_patch(2, 0, "k")), (1, threads))
+    best, medians = fastest_torch_threads(lambda: (tl_ablate(0, 0), tl_path_patch(2, 0, "k")), THREADS)
     abl_c, abl_t, pp_c, pp_t = shipped_variants(c, corrupt, tl_ablate, lambda h, role: tl_path_patch(2, h, role))
-    torch.set_num_threads(threads)
     a_c, a_t = statistics.median(abl_c), statistics.median(abl_t)
     p_c, p_t = statistics.median(pp_c), statistics.median(pp_t)
     rows += [
@@ -116,6 +116,28 @@ def shipped(rows):
         ("  ratio ours / TL (target <= 1)", f"{p_c / p_t:.2f}"),
     ]
     return w
+
+
+# The torch thread counts every baseline is measured at (its best is taken): one, and all cores.
+THREADS = (1, os.cpu_count() or 1)
+# Runs a timed row's median is taken over (the shipped model's rows: over the variants).
+RUNS = 5
+
+
+def median_of(fn, runs: int = RUNS):
+    """``(median seconds, the last value)`` of ``runs`` calls of ``fn``."""
+    times, out = [], None
+    for _ in range(runs):
+        dt, out = _time(fn)
+        times.append(dt)
+    return statistics.median(times), out
+
+
+def best_threads(fn, runs: int) -> str:
+    """Set torch to the thread count of ``THREADS`` under which ``fn`` is fastest (``runs`` each,
+    interleaved); the choice and the medians, in words."""
+    best, medians = fastest_torch_threads(fn, THREADS, runs=runs)
+    return f"{best} thread{'s' if best > 1 else ''} ({', '.join(f'{n}: {t * 1e3:.1f} ms' for n, t in medians.items())})"
 
 
 def attribution_batch(rows, w):
@@ -138,18 +160,20 @@ def attribution_batch(rows, w):
         return attribute(circuit, sites, {sym: corrupt}, inputs={sym: clean})
 
     ours()  # warm
-    dt_c, est = _time(ours)
+    dt_c, est = median_of(ours)
     cinp, tinp = torch.as_tensor(corrupt[:, :-2]), torch.as_tensor(clean[:, :-2])
     targets = torch.as_tensor(clean[:, 1:-1])
     theirs = tl_attribution(tl, tinp, targets, cinp, 2, 4)
     theirs()
-    dt_t, ref = _time(theirs)
+    threads = best_threads(theirs, runs=RUNS)
+    dt_t, ref = median_of(theirs)
     for l in range(2):
         for h in range(4):
             np.testing.assert_allclose(np.sum(est[f"b{l}.a.head{h}"]), ref[l][h], rtol=2e-3, atol=2e-3)
     rows += [
-        ("shipped: attribution over 64 prompts, ours (8 heads, warm)", f"{dt_c * 1e3:.1f} ms"),
-        ("shipped: attribution over 64 prompts, TransformerLens (batched)", f"{dt_t * 1e3:.1f} ms"),
+        ("shipped: attribution over 64 prompts, ours (8 heads, warm)", f"{dt_c * 1e3:.1f} ms (median of {RUNS})"),
+        ("shipped: attribution over 64 prompts, TransformerLens (batched)",
+         f"{dt_t * 1e3:.1f} ms (median of {RUNS}; torch at {threads})"),
         ("  ratio ours / TL (target <= 1)", f"{dt_c / dt_t:.2f}"),
     ]
 
@@ -231,26 +255,30 @@ def gpt2_small(rows, n_tokens=32):
 
     with torch.no_grad():
         tl(inp)  # warm
-    dt_t, ref = _time(hook_loop)
+    threads = best_threads(hook_loop, runs=2)
+    dt_t, ref = median_of(hook_loop, 3)
     dt_c, result = _time(lambda: sweep(c, {s: patch(c, s, {"tokens": corrupt}) for s in sites}, progress=False))
     for s in sites[::13]:
         np.testing.assert_allclose(result[s], ref[s], rtol=2e-3, atol=2e-3)
     rows += [
         ("GPT-2 small: activation patching of 144 heads, ours (sweep, first call)", f"{dt_c:.2f} s"),
-        ("GPT-2 small: activation patching of 144 heads, TransformerLens hook loop", f"{dt_t:.2f} s"),
+        ("GPT-2 small: activation patching of 144 heads, TransformerLens hook loop",
+         f"{dt_t:.2f} s (median of 3; torch at {threads})"),
         ("  ratio ours / TL (target <= 0.5)", f"{dt_c / dt_t:.2f}"),
     ]
 
     theirs = tl_attribution(tl, inp, targets, cinp, 12, 12, last=False)
     theirs()  # warm
-    dt_t, ref = _time(theirs)
+    threads = best_threads(theirs, runs=3)
+    dt_t, ref = median_of(theirs)
     dt_c, est = _time(lambda: attribute(c, sites, {"tokens": corrupt}))
     for l in range(12):
         for h in range(12):
             np.testing.assert_allclose(est[f"h{l}.attn.head{h}"], ref[l][h], rtol=5e-3, atol=5e-3)
     rows += [
         ("GPT-2 small: attribution patching of 144 heads, ours (first call)", f"{dt_c:.2f} s"),
-        ("GPT-2 small: attribution patching of 144 heads, TransformerLens", f"{dt_t:.2f} s"),
+        ("GPT-2 small: attribution patching of 144 heads, TransformerLens",
+         f"{dt_t:.2f} s (median of {RUNS}; torch at {threads})"),
         ("  ratio ours / TL (target <= 1)", f"{dt_c / dt_t:.2f}"),
     ]
 
@@ -261,7 +289,8 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the shipped model only")
-    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch's intra-op threads to start with (each baseline then takes its best)")
     parser.add_argument("--no-groups", action="store_true",
                         help="op by op without fused groups (tiers.configure(groups=False)), to compare")
     args = parser.parse_args(argv)

@@ -5,7 +5,13 @@ widget in Jupyter, a text bar in a terminal) and returns a bar object with ``upd
 ``set_postfix(**values)`` and ``close()``; it is also a context manager.  When ``enabled`` is
 false, or tqdm is not installed, it returns a silent bar with the same methods, so callers
 never branch on whether a bar is shown.  ``enabled=None`` (the default) shows a bar only when
-stderr is a terminal or the code runs in a notebook, so test logs and pipes stay clean.
+stderr is a terminal or the code runs in a notebook, so test logs and pipes stay clean; the
+environment variable ``CIRCUITS_PROGRESS`` changes that default for every bar and notice
+(``0``: never shown, ``1``: always).
+
+``notice_after(seconds, message)`` says ``message`` once on stderr if the work it announces is
+still going on ``seconds`` later (cancel it when the work ends): a long compilation says
+``circuits: compiling 14 kernels…`` this way, shown and silenced as the bars are.
 
 >>> from circuits.progress import progress
 >>> with progress(range(3), desc="steps", enabled=False) as bar:
@@ -22,10 +28,12 @@ stderr is a terminal or the code runs in a notebook, so test logs and pipes stay
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from typing import Iterable
 
-__all__ = ["progress", "SilentBar"]
+__all__ = ["progress", "SilentBar", "notice_after", "shown"]
 
 
 class SilentBar:
@@ -82,8 +90,55 @@ def _in_notebook() -> bool:
 
 
 def _default_enabled() -> bool:
+    choice = os.environ.get("CIRCUITS_PROGRESS", "").strip().lower()
+    if choice in ("0", "false", "no", "off"):
+        return False
+    if choice in ("1", "true", "yes", "on"):
+        return True
     stream = sys.stderr
     return _in_notebook() or bool(getattr(stream, "isatty", lambda: False)())
+
+
+def shown() -> bool:
+    """Whether bars and notices are shown by default here (``CIRCUITS_PROGRESS``, else a terminal
+    or a notebook)."""
+    return _default_enabled()
+
+
+class _Notice:
+    """A message said once after a delay unless cancelled first (``notice_after``)."""
+
+    def __init__(self, seconds: float, message: str):
+        self.message = message
+        self._timer = threading.Timer(seconds, self._say)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _say(self) -> None:
+        tqdm = _tqdm_class()
+        if tqdm is not None:
+            tqdm.write(self.message, file=sys.stderr)
+        else:
+            print(self.message, file=sys.stderr, flush=True)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+class _Silent:
+    def cancel(self) -> None:
+        pass
+
+
+def notice_after(seconds: float, message: str, enabled: bool | None = None):
+    """Say ``message`` on stderr once, ``seconds`` from now, unless ``.cancel()`` is called
+    first; ``enabled`` as for ``progress`` (None: shown where bars are).
+
+    >>> notice_after(1.0, 'compiling 3 kernels…', enabled=False).cancel()
+    """
+    if enabled is None:
+        enabled = _default_enabled()
+    return _Notice(seconds, message) if enabled else _Silent()
 
 
 def _tqdm_class():

@@ -27,13 +27,24 @@ from ..nodes import Circuit
 from .cache.bounded import BoundedCache
 from .lower.binding import float_dtype, precision
 from .lower.calling import bind_once
-from .lower.lowering import cached_program, expand_also, package_outputs, program_with_also
+from .lower.lowering import (
+    as_items,
+    cached_program,
+    expand_also,
+    items_key_of,
+    package_outputs,
+    program_with_also,
+    resolve_also,
+)
 from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
 from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
 from .tiers.batch_tuning import tail_sizes, tune_chunk
-from .tiers.lowered import run_function, vmap_function
-from .tiers.policy import Route, check_mode, run
+from .tiers.kernels import broadcast_rows
+from .tiers.lowered import run_function, run_key, vmap_function
+from .tiers.op_by_op import OverBudget, RunInfo, run_ops
+from .tiers.policy import Route, check_mode, run, worth_compiling
+from .tiers.values import Binding, cached_values
 
 __all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
 
@@ -254,8 +265,17 @@ def _batch_size_of(program: Program, args, axes) -> int:
 def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | None = None, dtype="float32",
                      also=None, devices=None, mode: str = "auto", return_jax: bool = False,
                      memory_budget: int | None = None, verbose: bool = False, batch_heads: bool = True,
-                     mesh=None, shard=None):
+                     mesh=None, shard=None, cache: bool = True):
     """Evaluate ``circuit`` on every row of a dataset; the result has a leading batch axis.
+
+    Which way it runs is the tier policy's (``circuits.backend.tiers``), as for one row: a value
+    known already is returned; a circuit met for the first time runs op by op over the rows,
+    every node through its kernel mapped over the batch (shared by every circuit of the same
+    shapes) and only the nodes the value cache does not hold computed, so that once the clean run
+    over a batch is known, a patch or an ablation over the same batch computes what it changes and
+    compiles nothing; a circuit run so ``jit_after`` times gets its whole program compiled in the
+    background, and that runs from then on.  ``cache=False``: op by op, neither read nor keep
+    values in the value cache.
 
     - A Symbol input of shape ``[batch, *symbol.shape]`` is batched; one of the Symbol's own
       shape is shared by every row.  All batched inputs must agree on ``batch``.
@@ -276,9 +296,11 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       inputs are split along the mesh axis named ``'batch'`` (if it has one), the matched Arrays
       and Symbols as their specs say, the rest replicated (``circuits.backend.lower.sharding``); not
       with ``devices``.
-    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate`` (over a batch, ``mode='ops'``
-      runs the program uncompiled, each operation dispatched by JAX); ``return_jax=True`` leaves
-      results on the device(s) as jax arrays instead of copying them to numpy.
+    - ``also``, ``dtype``, ``mode``, ``batch_heads`` as for ``evaluate`` (``mode='ops'`` runs op by
+      op; with ``devices`` or ``mesh``, the whole program runs, uncompiled in ``'ops'``);
+      ``return_jax=True`` leaves results on the device(s) as jax arrays instead of copying them to
+      numpy.  The chunks of the op-by-op tier hold ``batch_size`` rows, else as many as fit
+      ``memory_budget`` by the cost model (not measured).
 
     Equals stacking ``evaluate(circuit, row_inputs)`` over rows:
 
@@ -296,34 +318,164 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
     devs = _devices(devices)
     if devs is not None and mesh is not None:
         raise EvaluationError("evaluate_batched: give devices= or mesh=, not both")
+    if shard and devs is None and mesh is None:
+        raise EvaluationError("evaluate_batched: shard= needs mesh= (a jax.sharding.Mesh)")
     also = expand_also(circuit, also)
     with precision(fdt):
         return run(_Batched(circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
-                            batch_heads and mode != "ops", mesh, shard))
+                            batch_heads and mode != "ops", mesh, shard, bool(cache)))
+
+
+# The chunk of rows the op-by-op tier split a dataset into, by (fingerprint of a batched input,
+# rows): a later circuit over the same dataset (a patch after the clean run) takes the same
+# chunks, so that the values the clean run kept are found under their keys.
+_CHUNKS = BoundedCache("dataset chunks", "values", max_entries=1024)
+
+
+def _dataset_keys(binding) -> list:
+    return [(fp, binding.rows) for h, fp in binding.keys.fps.items() if h in binding.keys.batched]
+
+
+def _known_chunk(binding) -> int | None:
+    """The smallest chunk a batched input of ``binding`` ran in before (None: none known)."""
+    found = [c for c in (_CHUNKS.get(k) for k in _dataset_keys(binding)) if c is not None]
+    return min(found) if found else None
+
+
+def _remember_chunk(binding, chunk: int) -> None:
+    for key in _dataset_keys(binding):
+        _CHUNKS.put(key, chunk, 0)
 
 
 class _Batched(Route):
-    """``evaluate_batched``'s way: the whole program over chunks of rows (``plan`` the chunks,
-    ``whole`` runs them)."""
-
-    by_ops = None  # no op-by-op way over a batch (yet)
+    """``evaluate_batched``'s ways (see ``tiers.run`` for which): the value cache, op by op over
+    the rows (``by_ops``: each node through its kernel mapped over the batch, computing only what
+    the value cache does not hold; chunks of rows by the cost model), and the whole program over
+    chunks of rows (``plan`` the chunks, ``whole`` runs them)."""
 
     def __init__(self, circuit, inputs, fdt, also, mode, batch_size, devs, return_jax, memory_budget, verbose,
-                 heads, mesh, shard):
+                 heads, mesh, shard, cache=True):
         self.circuit, self.inputs, self.fdt, self.also, self.mode = circuit, inputs, fdt, also, mode
         self.batch_size, self.devs, self.return_jax, self.memory_budget = batch_size, devs, return_jax, memory_budget
-        self.verbose, self.heads, self.mesh, self.shard = verbose, heads, mesh, shard
+        self.verbose, self.heads, self.mesh, self.shard, self.cache = verbose, heads, mesh, shard, cache
+        self.whole_tier = "ops" if mode == "ops" else "jit"  # 'ops' over devices: the program uncompiled
+        items_key = items_key_of(also)
+        placed = devs is not None or mesh is not None
+        # a whole program over a batch is tracked (it takes over for repeated work) like one row's
+        self.key = None if items_key is None or placed else ("batched", circuit.hash, fdt, items_key, heads)
+        self._parts = None
 
-    def whole(self, kept: bool = False):
-        chunks = self.plan()
+    def parts(self):
+        """The op-by-op tier's binding of every row and the ``also=`` items; None where this
+        batch goes whole (devices or a mesh; inputs the whole program reports on, or no rows)."""
+        if self._parts is None:
+            self._parts = [self._make_parts()]
+        return self._parts[0]
+
+    def _make_parts(self):
+        if self.devs is not None or self.mesh is not None:
+            return None
+        items = as_items(self.also)
+        roots = [self.circuit, *(resolve_also(self.circuit, items, self.fdt) if items else ())]
+        binding = Binding(roots, self.inputs, self.fdt, batched=True)
+        if binding.problems or not binding.rows:  # the whole program's binding says what is wrong (or: no rows)
+            return None
+        return binding, items
+
+    def chunks(self, binding: Binding, chunk: int) -> list:
+        """``[(binding, start, rows)]`` of chunks of ``chunk`` rows, the last padded with its last
+        row (every chunk has one shape: one set of kernels)."""
+        total, batched = binding.rows, binding.keys.batched
+        out = []
+        for start in range(0, total, chunk):
+            part = {s: _rows(binding.values[s.hash], start, chunk) if s.hash in batched else binding.values[s.hash]
+                    for s in binding.free}
+            out.append((Binding(binding.roots, part, self.fdt, batched=True), start, min(chunk, total - start)))
+        return out
+
+    def _outputs(self, parts: list, items: list, per_part: list):
+        """The roots' values over every row (batch axis first) from each chunk's values."""
+        pieces = []
+        for (binding, _, real), outs in zip(parts, per_part):
+            rows = binding.rows
+            keys = binding.keys
+            row_outs = []
+            for root, value in zip(binding.roots, outs):
+                if not keys.is_batched(root):  # the same for every row
+                    value = broadcast_rows(value, rows)
+                value = value if self.return_jax else np.asarray(value)
+                row_outs.append(value[:real] if real < rows else value)
+            pieces.append(row_outs)
+        return package_outputs([_concat([p[k] for p in pieces], self.return_jax) for k in range(len(pieces[0]))],
+                               items)
+
+    def cached(self):
+        found = self.parts() if self.cache else None
+        if found is None:
+            return None
+        binding, items = found
+        values = cached_values(binding.root_keys())
+        return None if values is None else self._outputs([(binding, 0, binding.rows)], items, [values])
+
+    def by_ops(self, groups: bool):
+        """Op by op over the rows: all at once when the new values fit the memory budget
+        (``memory_budget``, default ``DEFAULT_MEMORY_BUDGET``; checked before anything runs), else
+        in chunks of as many rows as fit; ``batch_size`` rows a chunk when given."""
+        found = self.parts()
+        if found is None:
+            return None
+        binding, items = found
+        info = RunInfo()
+        total = binding.rows
+        parts = None
+        known = _known_chunk(binding)
+        if self.batch_size is not None and int(self.batch_size) < total:
+            parts = self.chunks(binding, int(self.batch_size))
+        elif self.batch_size is None and known is not None and known < total:
+            parts = self.chunks(binding, known)  # the chunks this dataset ran in before: their values are kept
+        else:
+            budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else int(self.memory_budget)
+            if budget <= 0:
+                raise EvaluationError(f"memory_budget={self.memory_budget}: give a positive number of bytes")
+            try:
+                values = run_ops(binding.roots, None, self.fdt, cache=self.cache, info=info, binding=binding,
+                                 max_bytes=budget)
+            except OverBudget as over:
+                fit = max(1, min(total, budget // max(1, over.row_bytes)))
+                chunk = 1 << (fit.bit_length() - 1)  # a power of two
+                self._say(f"op by op: {chunk} rows a chunk of {total} (about {over.row_bytes} bytes of new values "
+                          f"a row, memory budget {budget} bytes)")
+                _remember_chunk(binding, chunk)
+                parts = self.chunks(binding, chunk)
+            else:
+                return (self._outputs([(binding, 0, total)], items, [values]), "ops" if info.computed else "cache",
+                        info.computed, info.reused)
+        per_part = [run_ops(b.roots, None, self.fdt, cache=self.cache, info=info, binding=b) for b, _, _ in parts]
+        return self._outputs(parts, items, per_part), "ops" if info.computed else "cache", info.computed, info.reused
+
+    def compile_whole(self, keep: bool = False):
+        """Compile (and run once, quietly) the whole program over this batch's chunks: what
+        ``'auto'`` takes for a circuit run op by op over batches ``jit_after`` times."""
+        with precision(self.fdt):
+            program, _ = cached_program(self.circuit, self.fdt, self.also, self.heads)
+            if not worth_compiling(program, run_key(program)):
+                return None
+            self.verbose = False
+            self.whole(quiet=True)
+        return True
+
+    def whole(self, kept: bool = False, quiet: bool = False):
+        chunks = self.plan(quiet)
         if chunks.total == 0:
             return _empty_outputs(chunks.function, chunks.args, chunks.axes, chunks.items, self.return_jax)
         if self.batch_size is None and self.memory_budget is None and chunks.placement is None \
                 and self.mode != "ops":
-            self._say(chunks.tune())
+            why = chunks.tune()
+            if not quiet:
+                self._say(why)
         return package_outputs(chunks.run(), chunks.items)
 
-    def plan(self) -> "_Chunks":
+    def plan(self, quiet: bool = False) -> "_Chunks":
         """The program, its arguments bound, and how many rows each chunk holds."""
         circuit, fdt, also, heads, devs, mesh = self.circuit, self.fdt, self.also, self.heads, self.devs, self.mesh
         if devs is None and mesh is None:
@@ -344,7 +496,8 @@ class _Batched(Route):
         plan = plan_batch(program, total, fdt, self.batch_size, self.memory_budget, row_bytes=row)
         group = (map_group(tall) if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
                  and _on_cpu() else None)
-        self._say(plan.reason)
+        if not quiet:
+            self._say(plan.reason)
         chunks = _Chunks(program, items, args, axes, total, plan, group, self.mode, self.return_jax)
         if devs is not None or mesh is not None:
             if devs is not None:

@@ -24,7 +24,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import EvaluationError, SelectionError
+from ..errors import EvaluationError
 from ..nodes import Circuit
 from ..traversal import toposort
 from .batched import evaluate_batched
@@ -39,9 +39,8 @@ from .lower.lowering import (
     items_key_of,
     package_outputs,
     program_with_also,
-    resolve_nodes,
+    resolve_also,
 )
-from .lower.program import Program
 from .lower.sharding import Placement, mesh_of
 from .tiers.lowered import Lowered, run_function, run_key
 from .tiers.op_by_op import RunInfo, run_ops
@@ -99,7 +98,7 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     also = expand_also(circuit, also)
     if has_batch_axis(circuit, inputs):
         return evaluate_batched(circuit, inputs, dtype=fdt, also=also, mode=mode, batch_heads=batch_heads,
-                                return_jax=return_jax)
+                                return_jax=return_jax, cache=cache)
     with precision(fdt):
         return run(_Evaluation(circuit, inputs, fdt, also, mode, bool(batch_heads), cache, return_jax))
 
@@ -161,7 +160,7 @@ class _Evaluation(Route):
 
     def by_ops(self, groups: bool):
         items = as_items(self.also)
-        roots = [self.circuit, *(_resolve_also(self.circuit, items, self.fdt) if items else ())]
+        roots = [self.circuit, *(resolve_also(self.circuit, items, self.fdt) if items else ())]
         info = RunInfo()
         binding = None if items else self.binding()
         values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding)
@@ -230,17 +229,6 @@ def _kept_as(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes | None:
         if type(node) is GeneralFunction and not is_library_function(node.function):
             return None
     return _mark(circuit, fdt, batch_heads)
-
-
-def _resolve_also(circuit: Circuit, items: list, fdt: str) -> list:
-    """The nodes ``also=`` names (by node, or by a name one distinct node has)."""
-    if all(isinstance(i, Circuit) for i in items):
-        present = {n.hash for n in toposort(circuit)}
-        for item in items:
-            if item.hash not in present:
-                raise SelectionError(f"also: {item.line()} is not a node of this circuit")
-        return items
-    return resolve_nodes(Program([circuit], fdt), items, "also")
 
 
 class Compiled(Lowered):

@@ -1,6 +1,7 @@
 """evaluate_batched's measured chunk size (``circuits.backend.tiers.batch_tuning``): the measuring
 calls return the same rows as evaluating each row alone, later calls go on where the last one
-stopped, and the memory plan's bound caps the sizes tried."""
+stopped, and the memory plan's bound caps the sizes tried.  Measuring is the whole-program
+tier's (``mode='jit'``; ``'auto'`` runs a new circuit op by op first, tests/backend/test_batched_ops.py)."""
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ def test_measured_chunks_give_the_rows_values(always_tune, total):
     data = np.random.default_rng(total).standard_normal((total, 16))
     want = np.stack([C.evaluate(c, {"x": row}, dtype="float64") for row in data])
     for _ in range(3):  # the first calls measure (and compile), later ones use what was measured
-        got = C.evaluate_batched(c, {"x": data}, dtype="float64")
+        got = C.evaluate_batched(c, {"x": data}, dtype="float64", mode="jit")
         np.testing.assert_allclose(got, want, rtol=1e-12)
     found = tuned_chunks()
     if total > 1:
@@ -43,7 +44,7 @@ def test_measured_chunks_give_the_rows_values(always_tune, total):
 
 def test_verbose_says_what_was_measured(always_tune, capsys):
     c, _ = _circuit()
-    C.evaluate_batched(c, {"x": np.ones((8, 16))}, verbose=True)
+    C.evaluate_batched(c, {"x": np.ones((8, 16))}, verbose=True, mode="jit")
     out = capsys.readouterr().out
     assert "rows a chunk" in out and "measured per row" in out
 
@@ -54,7 +55,7 @@ def test_memory_plan_caps_the_sizes(always_tune, monkeypatch):
     row = batched.plan_batch(prog, 1, "float32", batched_args=[prog.arg_nodes()[0]]).row_bytes
     monkeypatch.setattr(batched, "DEFAULT_MEMORY_BUDGET", 2 * row)
     for _ in range(3):
-        C.evaluate_batched(c, {"x": np.ones((16, 16))})
+        C.evaluate_batched(c, {"x": np.ones((16, 16))}, mode="jit")
     (sizes,) = tuned_chunks().values()
     assert max(sizes) <= 2
 

@@ -44,13 +44,13 @@ def test_batched_equals_loop_with_a_shared_input_and_one_compilation():
     y = rng.standard_normal(3).astype(np.float32)
     expected = loop(OUT, [{"x": x, "y": y} for x in xs])
     before = cache_stats()["compilations"]
-    got = evaluate_batched(OUT, {"x": xs, "y": y}, batch_size=3)  # chunks 3, 3, 1 (padded to 3)
+    got = evaluate_batched(OUT, {"x": xs, "y": y}, batch_size=3, mode="jit")  # chunks 3, 3, 1 (padded to 3)
     assert cache_stats()["compilations"] - before <= 1
     assert got.shape == (7, 5) and got.dtype == np.float32
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
     # a second dataset of another length, same chunk size: no new compilation
     before = cache_stats()["compilations"]
-    evaluate_batched(OUT, {"x": xs[:5], "y": y}, batch_size=3)
+    evaluate_batched(OUT, {"x": xs[:5], "y": y}, batch_size=3, mode="jit")
     assert cache_stats()["compilations"] == before
 
 
@@ -88,7 +88,8 @@ def test_one_row_chunks_run_the_rows_own_program(dtype):
     c = GeneralFunction("log_softmax", Einsum.from_spec("a,ab->b", Add(X, Y), W), name="one_row")
     xs = rng.standard_normal((3, 3)).astype(dtype)
     y = rng.standard_normal(3).astype(dtype)
-    value, extra = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, also=[c.children[0]])
+    value, extra = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, also=[c.children[0]],
+                                    mode="jit")
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(value, loop(c, [{"x": x, "y": y} for x in xs], dtype=dtype), **tol)
     logits = (xs.astype(np.float64) + y) @ W.numpy().astype(np.float64)  # numpy oracle
@@ -96,7 +97,7 @@ def test_one_row_chunks_run_the_rows_own_program(dtype):
     assert value.shape == (3, 5) and value.dtype == np.dtype(dtype)
     program, _ = program_with_also(c, dtype, [c.children[0]], True)
     assert is_compiled((program.key, "run")) and not is_compiled_any((program.key, "vmap"))
-    as_jax = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, return_jax=True)
+    as_jax = evaluate_batched(c, {"x": xs, "y": y}, dtype=dtype, batch_size=1, return_jax=True, mode="jit")
     assert hasattr(as_jax, "sharding") and as_jax.shape == (3, 5)
     np.testing.assert_allclose(np.asarray(as_jax), value, **tol)
 

@@ -1,4 +1,5 @@
-"""evaluate_batched without batch_size: the chunk comes from the cost model and a memory budget."""
+"""evaluate_batched without batch_size: the chunk comes from the cost model and a memory budget
+(the whole-program tier's, ``mode='jit'``; the op-by-op tier's chunks: tests/backend/test_batched_ops.py)."""
 
 import logging
 
@@ -24,7 +25,7 @@ def test_chunk_is_what_fits_the_budget_and_results_agree(capsys, caplog):
     plan = plan_batch(Program([e], "float32"), 10, "float32", memory_budget=3 * row, batched_args=[x])
     assert (plan.chunk, plan.row_bytes, plan.budget) == (3, row, 3 * row)
     with caplog.at_level(logging.INFO, logger="circuits.backend.batched"):
-        got = C.evaluate_batched(e, {"x": data}, memory_budget=3 * row, verbose=True)
+        got = C.evaluate_batched(e, {"x": data}, memory_budget=3 * row, verbose=True, mode="jit")
     assert "evaluate_batched: 3 of 10 rows" in capsys.readouterr().out
     assert any("3 of 10 rows" in r.getMessage() for r in caplog.records)
     np.testing.assert_allclose(got, np.exp(data @ w.value), rtol=1e-4)
@@ -64,11 +65,11 @@ def test_a_circuit_evaluated_on_batch_after_batch_is_lowered_once(monkeypatch):
     real = batched.program_with_also
     monkeypatch.setattr(batched, "program_with_also", lambda *a, **k: calls.append(1) or real(*a, **k))
     for k in range(3):
-        out = batched.evaluate_batched(c, {x: np.full((4, 3), float(k), np.float32)})
+        out = batched.evaluate_batched(c, {x: np.full((4, 3), float(k), np.float32)}, mode="jit")
         np.testing.assert_allclose(out, np.exp(3.0 * np.full((4, 3), float(k))), rtol=1e-6)
     assert len(calls) == 1
-    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)}, also=[c.children[0]])
+    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)}, also=[c.children[0]], mode="jit")
     assert len(calls) == 2  # another output set is another program
     clear_cache("compiled")
-    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)})
+    batched.evaluate_batched(c, {x: np.zeros((2, 3), np.float32)}, mode="jit")
     assert len(calls) == 3

@@ -133,7 +133,7 @@ def test_cached_code_holds_no_tensors():
     f(inputs)
     evaluate(circuit, inputs)
     grad(circuit, node, inputs, mode="jit")
-    evaluate_batched(circuit, {"x_no_tensors": np.ones((2, 31))})
+    evaluate_batched(circuit, {"x_no_tensors": np.ones((2, 31))}, mode="jit")  # the whole program's vmap
     key = Program([circuit], "float32").key
     probe = weakref.ref(node)
     del node, circuit, f

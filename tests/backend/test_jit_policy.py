@@ -12,7 +12,7 @@ import pytest
 
 import circuits.backend
 from circuits import Add, Array, Einsum, GeneralFunction, Scalar, Symbol, evaluate
-from circuits.backend import cache_stats, evaluate_batched, grad, tiers, value_and_grad
+from circuits.backend import cache_stats, evaluate_batched, grad, value_and_grad
 
 BACKEND = pathlib.Path(circuits.backend.__file__).parent
 
@@ -67,29 +67,8 @@ def run_grad(circuit, w, mode):
 PATHS = pytest.mark.parametrize("run", [run_evaluate, run_batched, run_grad], ids=["evaluate", "batched", "grad"])
 
 
-# evaluate and grad tier by repetition instead (a new structure runs op by op whatever its size):
-# tests/backend/test_incremental.py
-@pytest.fixture
-def every_program_large():
-    with tiers.configure(jit_max_ops=2):
-        yield
-
-
-@pytest.mark.parametrize("run", [run_batched], ids=["batched"])
-def test_auto_above_the_limit_runs_eagerly_but_reuses_cached_code(run, every_program_large):
-    circuit, w = patched(20, rows=7)  # a structure no other test compiles
-    before = compilations()
-    eager = run(circuit, w, "auto")
-    assert compilations() == before  # not cached yet: op by op, nothing compiled
-    run(circuit, w, "jit")
-    assert compilations() == before + 1
-    # now cached: 'auto' takes the compiled function, for a patched circuit too
-    hits = cache_stats()["hits"]
-    other, w2 = patched(21, rows=7)
-    np.testing.assert_allclose(run(circuit, w, "auto"), eager, rtol=1e-5, atol=1e-6)
-    run(other, w2, "auto")
-    assert compilations() == before + 1
-    assert cache_stats()["hits"] == hits + 2
+# evaluate, evaluate_batched and grad tier by repetition (a new structure runs op by op whatever
+# its size): tests/backend/test_incremental.py, tests/backend/test_batched_ops.py
 
 
 @PATHS

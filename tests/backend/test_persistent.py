@@ -92,7 +92,8 @@ from circuits.backend.cache.background import wait_for_background
 wait_for_background(120)
 variant = C.Add(c.children[0], C.Scalar(2.0), name='out')
 changed = C.evaluate(variant)
-print(json.dumps({"value": np.asarray(value).tolist(), "tier": first, "variant": last_run(),
+print(json.dumps({"value": np.asarray(value).tolist(), "tier": first,
+                  "variant": {k: last_run()[k] for k in ("tier", "computed", "reused")},
                   "changed": np.asarray(changed).tolist(), "traced": traced}))
 """
 

@@ -56,9 +56,9 @@ import numpy as np
 
 from ...dtypes import dtype_str
 from . import cachedir
-from .background import in_background
+from .background import exiting, in_background
 from .cachedir import Untrusted
-from .compiling import counted_jit
+from .compiling import counted_jit, note_loaded
 from .persistent import FOLDER, KEPT_MAGIC, KEPT_NAME, distrust, ensure_persistent_cache, open_folder
 
 __all__ = ["kept", "stable_key", "executable_info"]
@@ -293,6 +293,7 @@ class KeptKernel:
         exe, loaded = _load(root, name, full)
         if exe is not None:
             _counts["loads"] += 1
+            note_loaded()
             return exe, loaded
         # The module's name: the key without the library's source, so that a new version of the
         # library finds in JAX's cache what it lowers the same way.
@@ -329,6 +330,8 @@ _worker_lock = threading.Lock()
 
 def _keep_later(job) -> None:
     """Run ``job`` in the one background thread that keeps kernels (started when none runs)."""
+    if exiting():
+        return
     _pending.append(job)
     with _worker_lock:
         if not (_worker and _worker[0].is_alive()):
@@ -336,7 +339,7 @@ def _keep_later(job) -> None:
 
 
 def _drain() -> None:
-    while True:
+    while not exiting():  # at exit, the kernels not kept yet are compiled again by a later process
         try:
             job = _pending.popleft()
         except IndexError:

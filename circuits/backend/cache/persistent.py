@@ -343,7 +343,7 @@ def trim(directory: str, max_bytes: int) -> dict:
     when the folder cannot be trimmed).
 
     >>> import tempfile, os
-    >>> from circuits.backend import cachedir
+    >>> from circuits.backend.cache import cachedir
     >>> d = cachedir.make_root(os.path.join(tempfile.mkdtemp(), 'cache'))
     >>> for i, name in enumerate(['jit_f-' + '0' * 64 + '-cache', 'jit_g-' + '1' * 64 + '-cache', 'notes.txt']):
     ...     with open(os.path.join(d, name), 'wb') as f: _ = f.write(b'x' * 100)

@@ -18,6 +18,7 @@ import weakref
 
 from ...errors import SelectionError
 from ...nodes import Circuit
+from ...traversal import toposort
 from ..cache.bounded import BoundedCache
 from .fusion import lower as batch_heads_lowering
 from .fusion import worth_lowering as has_head_sums
@@ -25,7 +26,7 @@ from .program import Program
 
 __all__ = [
     "resolve_nodes", "as_items", "program_with_also", "cached_program", "program_cache_info", "package_outputs",
-    "items_key_of",
+    "items_key_of", "resolve_also",
 ]
 
 
@@ -217,3 +218,15 @@ def resolve_nodes(program: Program, items, what: str) -> list[Circuit]:
             )
         out.append(found[0])
     return out
+
+
+def resolve_also(circuit: Circuit, items: list, fdt: str) -> list[Circuit]:
+    """The nodes ``also=`` names (by node, or by a name one distinct node has) in ``circuit``, for
+    the op-by-op tier (which runs the circuit itself, not its program)."""
+    if all(isinstance(i, Circuit) for i in items):
+        present = {n.hash for n in toposort(circuit)}
+        for item in items:
+            if item.hash not in present:
+                raise SelectionError(f"also: {item.line()} is not a node of this circuit")
+        return items
+    return resolve_nodes(Program([circuit], fdt), items, "also")

@@ -19,6 +19,7 @@ off.
 
 >>> import numpy as np
 >>> from circuits import Symbol, GeneralFunction
+>>> from circuits.traversal import toposort
 >>> x = Symbol((3,), name='x')
 >>> y = GeneralFunction('exp', GeneralFunction('sin', GeneralFunction('tanh', x)))
 >>> [len(members) for members, _, _ in plan(toposort(y)[1:], {y.hash})]

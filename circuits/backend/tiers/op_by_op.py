@@ -40,18 +40,30 @@ from typing import Mapping, Sequence
 from ...dtypes import is_float, is_int
 from ...errors import EvaluationError
 from ...nodes import Array, Circuit, Scalar, Symbol
+from ...progress import notice_after, shown
 from ...shapes import check_allocation, max_alloc_bytes
 from ...traversal import toposort
 from ..cache.background import WARM, wait_for
 from ..lower.binding import check_index_values, leaf_value, raise_problems
+from ..lower.memory import value_bytes
 from . import groups as _groups
-from .kernels import broadcast_kernel, kernel
+from .kernels import broadcast_kernel, kernel, kernel_over_rows, new_kernels, sum_over_rows, sums_pairwise
 from .values import VALUES, Binding, shape_key, value_cache_info  # noqa: F401 - value_cache_info: the docstring's example
 
-__all__ = ["RunInfo", "run_ops", "check_leaf_indices"]
+__all__ = ["RunInfo", "run_ops", "check_leaf_indices", "OverBudget"]
 
 
 # ---------------------------------------------------------------------------- op-by-op evaluation
+class OverBudget(Exception):
+    """Raised by ``run_ops(max_bytes=)`` before anything is computed: the values a run over a
+    batch would make take more than ``max_bytes``; ``row_bytes`` is what one row's take (the
+    caller splits the batch into chunks of rows).  Never reaches a user."""
+
+    def __init__(self, row_bytes: int):
+        super().__init__(row_bytes)
+        self.row_bytes = row_bytes
+
+
 class RunInfo:
     """What one op-by-op evaluation did: ``computed`` nodes, ``reused`` cached values."""
 
@@ -78,9 +90,21 @@ def check_leaf_indices(nodes: Sequence[Circuit], ranges: dict, bound: dict, prob
 
 def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list | None) -> None:
     """Compute ``nodes`` (children before parents) one kernel each into ``env``; each value goes
-    to ``store`` for the value cache (None: not kept)."""
+    to ``store`` for the value cache (None: not kept).  Over a batch (``keys.rows``), a node that
+    depends on a batched Symbol runs its kernel mapped over the rows (``kernel_over_rows``)."""
+    rows = keys.rows
+    batched = keys.is_batched
     for node in nodes:
-        value = kernel(node, fdt)(*[env[c.hash] for c in node.children])
+        kids = node.children
+        if rows is not None and batched(node):
+            flags = [batched(c) for c in kids]
+            if sums_pairwise(node):
+                value = sum_over_rows(node, [env[c.hash] for c in kids], flags, fdt, rows)
+            else:
+                axes = tuple(0 if f else None for f in flags)
+                value = kernel_over_rows(node, fdt, axes, rows)(*[env[c.hash] for c in kids])
+        else:
+            value = kernel(node, fdt)(*[env[c.hash] for c in kids])
         env[node.hash] = value
         if store is not None:
             _keep(node, value, keys, store)
@@ -89,32 +113,37 @@ def _run_each(nodes: Sequence[Circuit], env: dict, fdt: str, keys, store: list |
 def _keep(node: Circuit, value, keys, store: list) -> None:
     """Add ``(key, value, bytes)`` of ``node`` to ``store``: under its key, and under its shape
     key when its value depends on shapes alone."""
-    size = math.prod(node.shape) * value.dtype.itemsize
+    size = math.prod(value.shape) * value.dtype.itemsize
     store.append((keys(node), value, size))
-    by_shape = shape_key(node)
+    by_shape = keys.by_shape(node)
     if by_shape is not None:
-        store.append(((by_shape, keys.fdt), value, size))
+        store.append((by_shape, value, size))
 
 
 def run_ops(roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, *, cache: bool = True,
             info: RunInfo | None = None, keep_all: bool = False, groups: bool = False, warm: bool = False,
-            binding: Binding | None = None):
+            binding: Binding | None = None, batched: bool = False, max_bytes: int | None = None):
     """Device values of ``roots``, computed op by op through cached kernels over the values the
     cache already holds (``cache=False``: neither read nor written).  Every input is checked
     before anything runs.  ``keep_all=True`` also returns ``{node hash: value}`` of every node
     the walk reached (the gradients read them).  ``groups=True`` runs the fused groups that are
-    compiled (``circuits.backend.tiers.groups``) and queues the others' compilation.  ``warm=True``
+    compiled (``circuits.backend.groups``) and queues the others' compilation.  ``warm=True``
     computes the roots again though the cache holds them, and keeps the values the cache had.
-    ``binding``: the ``Binding`` of these roots and inputs, made already (they are not bound again)."""
+    ``binding``: the ``Binding`` of these roots and inputs, made already (they are not bound again).
+    ``batched=True``: inputs may carry a leading batch axis (``Binding``); a root that depends on
+    a batched Symbol then has it first (fused groups are not used over a batch); ``max_bytes``:
+    raise ``OverBudget`` before computing anything when the new values over the batch (the
+    op-by-op tier keeps each until the call ends) would take more."""
     if cache and not warm:
         # the warm-up after a new process's first, whole-program evaluation: wait for it rather
         # than compile the same kernels and compute the same values beside it
         wait_for(WARM)
     with _groups.foreground():
-        return _run_ops(binding or Binding(roots, inputs, fdt), fdt, cache, info, keep_all, groups, warm)
+        return _run_ops(binding or Binding(roots, inputs, fdt, batched), fdt, cache, info, keep_all, groups, warm,
+                        max_bytes)
 
 
-def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
+def _run_ops(binding, fdt, cache, info, keep_all, groups, warm, max_bytes=None):
     roots, bound, keys = binding.roots, binding.values, binding.keys
     again = {r.hash for r in roots} if warm else ()
     problems = list(binding.problems)
@@ -126,10 +155,10 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
                 return False
             value = get(keys(node))
             if value is None:
-                by_shape = shape_key(node)
+                by_shape = keys.by_shape(node)
                 if by_shape is None:
                     return False
-                value = get((by_shape, keys.fdt))
+                value = get(by_shape)
                 if value is None:
                     return False
             env[node.hash] = value
@@ -141,10 +170,12 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
     # Checks before anything runs: allocation budget, index ranges of what is read afresh.
     budget = max_alloc_bytes()
     int_leaves = False
+    rows = keys.rows
     for node in order:
         if node.hash in env:
             continue
-        check_allocation(node.shape, fdt if is_float(node.dtype) else node.dtype, node.line, EvaluationError, budget)
+        shape = (rows, *node.shape) if rows is not None and keys.is_batched(node) else node.shape
+        check_allocation(shape, fdt if is_float(node.dtype) else node.dtype, node.line, EvaluationError, budget)
         if not node.children and is_int(node.dtype):
             int_leaves = True
     if int_leaves:
@@ -177,8 +208,39 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
             todo.append(node)
         elif node.children:
             reused += 1
+    if max_bytes is not None and rows is not None:
+        row = sum(value_bytes(n, fdt) for n in todo if keys.is_batched(n))
+        if row * rows > max_bytes:
+            raise OverBudget(row)
+    # a call that compiles for long says so once (where progress bars are shown)
+    notice = None
+    if todo and shown():
+        count = new_kernels(todo, fdt, keys)
+        if count:
+            notice = notice_after(NOTICE_AFTER, f"circuits: compiling {count} kernel{'s' if count > 1 else ''}…")
+    try:
+        _compute(todo, env, fdt, keys, cache, groups, roots, rows, again)
+    finally:
+        if notice is not None:
+            notice.cancel()
+    computed = len(todo)
+    if info is not None:
+        info.computed += computed
+        info.reused += reused
+    outs = [env[r.hash] for r in roots]
+    if keep_all:
+        return outs, env, order
+    return outs
+
+
+# A call still compiling this many seconds after it began says so (``progress.notice_after``).
+NOTICE_AFTER = 1.0
+
+
+def _compute(todo, env, fdt, keys, cache, groups, roots, rows, again) -> None:
+    """Compute ``todo`` into ``env`` (fused groups where asked), and keep the values."""
     store: list = []  # (key, value, bytes) for the value cache, stored together at the end
-    if groups and cache and len(todo) >= _groups.MIN_MEMBERS:
+    if groups and cache and rows is None and len(todo) >= _groups.MIN_MEMBERS:
         for members, ins, key in _groups.plan(todo, {r.hash for r in roots}):
             fn = None
             if key is not None:
@@ -196,11 +258,3 @@ def _run_ops(binding, fdt, cache, info, keep_all, groups, warm):
         store = [entry for entry in store if entry[0][0] not in again]
     if store:
         VALUES.put_many(store)
-    computed = len(todo)
-    if info is not None:
-        info.computed += computed
-        info.reused += reused
-    outs = [env[r.hash] for r in roots]
-    if keep_all:
-        return outs, env, order
-    return outs

@@ -5,10 +5,12 @@ reports having done (``last_run``).
 - **op by op** (``mode='ops'``, and ``'auto'`` for a structure seen for the first time): through
   kernels cached per (operation, shapes, precision) and over the values already known
   (``circuits.backend.tiers.op_by_op``): a new variant of a known model compiles nothing in the call
-  and computes only what its intervention reaches.  In ``'auto'`` the nodes that one other node
+  and computes only what its intervention reaches -- over a batch too (``evaluate_batched``,
+  ``evaluate`` with batched inputs: each kernel mapped over the rows, chunks of rows by the
+  memory budget).  In ``'auto'`` the nodes that one other node
   alone reads run with it as one fused kernel per structure, compiled in the background in a pause
   the first time it is met (``circuits.backend.tiers.groups``; ``settings().groups``).
-- **whole program** (``mode='jit'``, ``compile``, ``evaluate_batched``, ``sweep``; and ``'auto'``
+- **whole program** (``mode='jit'``, ``compile``, ``sweep``; and ``'auto'``
   for a circuit evaluated op by op ``jit_after`` times already): one XLA program (heads batched,
   everything fused), compiled in a background thread (``settings().background``) while the calls
   go on op by op, and taken as soon as it is ready.  It does not export intermediates to the
@@ -24,7 +26,10 @@ object, changed through ``configure`` (the test suite uses it too).  The jit pol
 run whole is here as well (``maybe_jit``: compile it, or run its skeleton uncompiled).
 
 The tiers agree to float rounding, not bit for bit: pin one with ``mode=`` for bitwise
-reproducibility.  ``last_run()`` says what the latest evaluation in this thread did.
+reproducibility.  ``last_run()`` says what the latest evaluation in this thread did (its tier,
+the kernels it compiled, loaded and reused, the seconds it spent compiling); a call that compiles
+for more than a second says so once (``circuits: compiling 14 kernels…``, shown where progress
+bars are: ``CIRCUITS_PROGRESS``).
 
 >>> import numpy as np
 >>> from circuits import Symbol, GeneralFunction
@@ -41,12 +46,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import time
 from typing import Callable
 
 from ...errors import EvaluationError
 from ..cache.background import in_background
 from ..cache.bounded import BoundedCache
 from ..cache.compiled import cached_jit, is_cached
+from ..cache.compiling import calling, work_here
 from ..lower.program import Program
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
@@ -217,10 +224,19 @@ def record(tier: str, computed: int = 0, reused: int = 0) -> None:
 
 
 def last_run() -> dict:
-    """What the latest ``evaluate`` (or gradient) in this thread did: ``tier`` (``'ops'``: op by
-    op through cached kernels, ``'jit'``: the whole compiled program, ``'cache'``: the value was
-    known), ``computed`` (nodes computed op by op) and ``reused`` (cached values read)."""
-    return dict(getattr(_local, "last", {"tier": None, "computed": 0, "reused": 0}))
+    """What the latest ``evaluate`` (or gradient, or ``evaluate_batched``) in this thread did:
+    ``tier`` (``'ops'``: op by op through cached kernels, ``'jit'``: the whole compiled program,
+    ``'cache'``: the value was known), ``computed`` (nodes computed op by op) and ``reused``
+    (cached values read); ``kernels``: how many XLA compilations the call made on its thread
+    (``compiled``: kernels or whole programs), executables it read from a disk cache
+    (``loaded``), kernels it found made already (``reused``); ``seconds``: its ``total`` time, of
+    which ``compiling`` (tracing, lowering and XLA's compilation) and the rest, ``running``.
+    Background compilations are not the call's."""
+    found = getattr(_local, "last", None)
+    if found is None:
+        return {"tier": None, "computed": 0, "reused": 0, "kernels": {"compiled": 0, "loaded": 0, "reused": 0},
+                "seconds": {"compiling": 0.0, "running": 0.0, "total": 0.0}}
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in found.items()}
 
 
 # ---------------------------------------------------------------------------- whole programs, tracked
@@ -328,7 +344,21 @@ class Route:
 
 
 def run(route: Route):
-    """The value ``route`` computes, by the way the policy picks; recorded for ``last_run``."""
+    """The value ``route`` computes, by the way the policy picks; recorded for ``last_run``, with
+    the compilations and the time the call took."""
+    start, before = time.perf_counter(), work_here()
+    with calling():
+        value = _run(route)
+    compiled, loaded, reused, seconds = (a - b for a, b in zip(work_here(), before))
+    total = time.perf_counter() - start
+    last = getattr(_local, "last", None)
+    if last is not None:
+        last["kernels"] = {"compiled": compiled, "loaded": loaded, "reused": reused}
+        last["seconds"] = {"compiling": seconds, "running": max(0.0, total - seconds), "total": total}
+    return value
+
+
+def _run(route: Route):
     current = _settings[0]
     auto = route.mode == "auto"
     cold = auto and current.cold_start and _cold[0] and route.cold_start

@@ -94,6 +94,7 @@ def has_batch_axis(circuit: Circuit, inputs) -> bool:
     """Whether some input carries one leading axis more than the Symbol it binds (a batch);
     False for no inputs (or inputs that are no mapping: binding reports those).
 
+    >>> import numpy as np
     >>> x = Symbol((2,), name='x')
     >>> has_batch_axis(x, {'x': np.zeros(2)}), has_batch_axis(x, {'x': np.zeros((5, 2))})
     (False, True)

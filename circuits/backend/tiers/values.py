@@ -66,16 +66,42 @@ class CacheKeys:
     """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
     no Symbol, else with the digest of the values bound to the Symbols below it.  The precision is
     the float dtype and JAX's matmul precision in force (``jax.default_matmul_precision``): a value
-    computed in TF32 is never returned where ``'highest'`` is asked for."""
+    computed in TF32 is never returned where ``'highest'`` is asked for.
 
-    __slots__ = ("fdt", "fps", "combos")
+    Over a batch (``rows``: how many; ``batched``: the hashes of the Symbols bound with a leading
+    batch axis), a node that depends on a batched Symbol has a value with that axis first
+    (``is_batched``); the digest of its bound values holds their shapes, so such a value never
+    answers for one row's."""
 
-    def __init__(self, fdt: str, fps: dict):
+    __slots__ = ("fdt", "fps", "combos", "rows", "batched", "by_free")
+
+    def __init__(self, fdt: str, fps: dict, rows: int | None = None, batched: frozenset = frozenset()):
         import jax
 
         self.fdt = (fdt, jax.config.jax_default_matmul_precision)
         self.fps = fps
         self.combos: dict = {}
+        self.rows, self.batched = rows, batched
+        self.by_free: dict = {}  # id of a free-Symbol tuple -> whether one of them is batched
+
+    def is_batched(self, node: Circuit) -> bool:
+        """Whether ``node``'s value has the batch axis (it depends on a batched Symbol)."""
+        free = node._free
+        if not free or self.rows is None:
+            return False
+        found = self.by_free.get(id(free))
+        if found is None:
+            batched = self.batched
+            found = self.by_free[id(free)] = any(s.hash in batched for s in free)
+        return found
+
+    def by_shape(self, node: Circuit):
+        """The key of ``node``'s value by shapes alone (``shape_key``), None where it has none;
+        over a batch, a batched node's holds the rows."""
+        key = shape_key(node)
+        if key is None:
+            return None
+        return (key, self.fdt, self.rows) if self.is_batched(node) else (key, self.fdt)
 
     def __call__(self, node: Circuit):
         free = node._free
@@ -88,33 +114,58 @@ class CacheKeys:
         return (node.hash, self.fdt, combo[0])
 
 
-def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list) -> tuple[dict, dict]:
-    """The values bound to the Symbols ``free`` (checked, on the device) and their fingerprints,
-    both by Symbol hash; what is wrong goes to ``problems``."""
+def bind_symbols(free: tuple, inputs: Mapping | None, fdt: str, problems: list,
+                 batched: bool = False) -> tuple[dict, dict, dict]:
+    """The values bound to the Symbols ``free`` (checked, on the device), their fingerprints, and
+    (``batched=True``: a value may carry one leading batch axis more) the rows of those that do,
+    each by Symbol hash; what is wrong goes to ``problems``."""
     raw = symbol_values(free, inputs, problems)
     bound: dict = {}
     fps: dict = {}
+    rows: dict = {}
     for sym in free:
         if sym.hash in raw:
-            value, _ = check_symbol_value(sym, raw[sym.hash], fdt, problems)
+            value, is_batched = check_symbol_value(sym, raw[sym.hash], fdt, problems, None if batched else False)
             if value is not None:
                 bound[sym.hash] = value
                 fps[sym.hash] = fingerprint(value)
-    return bound, fps
+                if is_batched:
+                    rows[sym.hash] = int(value.shape[0])
+    return bound, fps, rows
 
 
 class Binding:
     """``roots`` prepared (their Modules substituted) and the values bound to their Symbols,
     checked and hashed once: for the value cache's keys (``root_keys``) and for a run of the same
-    roots (``run_ops(binding=)``); what is wrong with the inputs is in ``problems``."""
+    roots (``run_ops(binding=)``); what is wrong with the inputs is in ``problems``.
 
-    __slots__ = ("roots", "free", "values", "problems", "keys")
+    ``batched=True``: a Symbol's value may carry one leading batch axis more (every such value
+    the same number of ``rows``, else a problem); the run then computes every row at once, each
+    node that depends on a batched Symbol through its kernel mapped over the rows.
 
-    def __init__(self, roots: Sequence[Circuit], inputs: Mapping | None, fdt: str):
+    >>> from circuits import Add, Symbol
+    >>> x, w = Symbol((2,), name='x'), Symbol((2,), name='w')
+    >>> b = Binding([Add(x, w)], {'x': np.zeros((3, 2)), 'w': np.ones(2)}, 'float32', batched=True)
+    >>> b.rows, [s.name for s in b.free if s.hash in b.keys.batched]
+    (3, ['x'])
+    """
+
+    __slots__ = ("roots", "free", "values", "problems", "keys", "rows")
+
+    def __init__(self, roots: Sequence[Circuit], inputs: Mapping | None, fdt: str, batched: bool = False):
         self.roots, self.free = prepared(roots)
         self.problems: list[str] = []
-        self.values, fps = bind_symbols(self.free, inputs, fdt, self.problems)
-        self.keys = CacheKeys(fdt, fps)
+        self.values, fps, rows = bind_symbols(self.free, inputs, fdt, self.problems, batched)
+        self.rows = None
+        if rows:
+            sizes = sorted(set(rows.values()))
+            if len(sizes) > 1:
+                by_size = {n: [s.line() for s in self.free if rows.get(s.hash) == n][:3] for n in sizes}
+                self.problems.append("batched inputs disagree on the batch size: " + "; ".join(
+                    f"{n} for {', '.join(names)}" for n, names in by_size.items()))
+            else:
+                self.rows = sizes[0]
+        self.keys = CacheKeys(fdt, fps, self.rows, frozenset(rows) if self.rows is not None else frozenset())
 
     def root_keys(self) -> list | None:
         """The value cache's keys of the roots (None when the inputs do not bind: a miss)."""
@@ -133,7 +184,8 @@ def cached_values(keys: list | None) -> list | None:
     """The values under ``keys`` (``value_keys``) when the value cache holds every one, else
     None; nothing is computed.
 
-    >>> from circuits import Add
+    >>> from circuits import Add, Symbol
+    >>> from circuits.backend.tiers.op_by_op import run_ops
     >>> x = Symbol((2,), name='x')
     >>> y = Add(x, x)
     >>> cached_values(value_keys([y], {'x': np.ones(2)}, 'float32')) is None
@@ -177,7 +229,7 @@ def shape_key(node: Circuit, depth: int = _SHAPE_DEPTH):
     alone (a ``SHAPE_ONLY`` function, Scalars, and up to ``_SHAPE_DEPTH`` operations over those),
     else None.
 
-    >>> from circuits import GeneralFunction
+    >>> from circuits import GeneralFunction, Symbol
     >>> a, b = Symbol((2, 3), name='a'), Symbol((2, 3), name='b')
     >>> n = lambda x: GeneralFunction('reciprocal', GeneralFunction('last_dim_size', x))
     >>> shape_key(n(a)) == shape_key(n(b)) is not None, shape_key(GeneralFunction('exp', a))
