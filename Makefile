@@ -3,13 +3,19 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.core
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint
+.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs notebooks
 
-$(STAMP): setup.cfg pyproject.toml
+# The core dependencies alone (what `make demo` needs: jax, numpy, ...); the test extras on top.
+$(CORE): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
@@ -27,15 +33,15 @@ system-deps:
 	  fi; \
 	fi
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(PY) examples/demo.py
 
 test: $(STAMP) system-deps
-	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples docs notebooks/execute.py
 	$(PY) -m pytest -n $(JOBS) -rs -m "not slow" --doctest-modules circuits rewrites tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples
+	$(VENV)/bin/ruff check circuits rewrites tests benchmarks examples docs notebooks/execute.py
 
 test-slow: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs -m slow tests
@@ -47,8 +53,17 @@ test-tiers: $(STAMP)
 test-all: $(STAMP) system-deps
 	$(PY) -m pytest -n $(JOBS) -rs --doctest-modules circuits rewrites tests
 
+# Run every notebook headless and keep its outputs (tests/test_notebooks.py compares against them).
+notebooks: $(STAMP)
+	$(PY) notebooks/execute.py
+
+# The documentation site, into site/ (strict: a broken link fails; the build fetches nothing).
+docs: $(CORE)
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info

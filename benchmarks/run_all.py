@@ -1,18 +1,18 @@
 """Run every benchmark, one fresh process each (so one benchmark's caches and garbage do not
-colour the next), and write what each printed into BENCHMARKS.md.
+colour the next), and write what each printed into docs/benchmarks.md.
 
 ``make bench`` or ``python -m benchmarks.run_all [name ...]`` (``--no-write`` only prints).
 
 Regression guard: before a section is rewritten, every ratio its benchmark printed (a line whose
 label says ``ratio`` and that ends in a number: ``  ratio circuit / hand  0.97``) is compared
-with the same line as last recorded in BENCHMARKS.md; the ratios that grew by more than
+with the same line as last recorded in docs/benchmarks.md; the ratios that grew by more than
 ``--tolerance`` (default 10%: the machine is shared) are listed at the end as got worse (every
 ratio here is a time against a baseline: lower is better).  ``--strict`` makes that an error.
 
 Registering a benchmark: add a module ``benchmarks/bench_<name>.py`` whose ``main()`` prints its
 figures (ratios against a hand-written baseline run in the same process) and which runs as
 ``python -m benchmarks.bench_<name>``; that is all: every ``bench_*.py`` is found.  Its output goes
-into BENCHMARKS.md between the markers ``<!-- bench:bench_<name> -->`` and
+into docs/benchmarks.md between the markers ``<!-- bench:bench_<name> -->`` and
 ``<!-- /bench:bench_<name> -->`` (added at the end of the file the first time), with the command,
 machine and date; the text outside the markers is left as it is.  A benchmark that needs another
 environment (the TransformerLens / auto-circuit side by side: ``bench_autocircuit``,
@@ -32,7 +32,7 @@ from pathlib import Path
 from .tl_models import SKIPPED  # the exit status of a benchmark that cannot run in this environment
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS_MD = HERE.parent / "BENCHMARKS.md"
+BENCHMARKS_MD = HERE.parent / "docs" / "benchmarks.md"  # the history (BENCHMARKS.md: its summary)
 
 
 def discover() -> list[str]:
@@ -83,7 +83,7 @@ def ratios(text: str) -> dict[str, float]:
 
 
 def recorded(text: str, name: str) -> str:
-    """The last recorded output of ``name`` in BENCHMARKS.md's text ('' if none)."""
+    """The last recorded output of ``name`` in docs/benchmarks.md's text ('' if none)."""
     m = re.search(rf"<!-- bench:{re.escape(name)} -->(.*?)<!-- /bench:{re.escape(name)} -->", text, re.S)
     return m.group(1) if m else ""
 
@@ -130,7 +130,7 @@ def main(argv=None):
         worse += [(name, *w) for w in got_worse(old, new, tolerance)]
         if write:
             BENCHMARKS_MD.write_text(write_section(text, name, section(name, proc.stdout, when, where)))
-    print(f"\nregression guard: {compared} ratios compared with BENCHMARKS.md's last record "
+    print(f"\nregression guard: {compared} ratios compared with docs/benchmarks.md's last record "
           f"(tolerance {tolerance:.0%})")
     for name, label, before, now in worse:
         print(f"  got worse: {name}: {label}: {before:g} -> {now:g}")

@@ -235,44 +235,81 @@ class AttributionGraph:
         return {"feature": lambda: f"f{n['feature']}", "error": lambda: "err", "token": lambda: f"t{n['token']}",
                 "logit": lambda: f"→{n['token']}"}[n["kind"]]()
 
-    def plot(self, ax=None, *, max_edges: int = 200, labels: bool = True):
-        """Draw the kept graph with matplotlib (x: position, y: layer; tokens at the bottom, logits
-        on top; edge width by |weight|, blue positive, red negative), each kept node labelled
+    def layout(self) -> dict[int, tuple[float, float]]:
+        """Where ``plot`` draws each kept node: ``{node index: (x, y)}``.  x is the column of the
+        node's position among the positions that hold a kept node (empty positions take no room);
+        y is its row (tokens 0, layer ``l`` at ``l + 1``, logits at the top), the nodes that share a
+        (position, row) cell stacked within the row, so that no two sit on each other."""
+        n_layers = self.metadata["n_layers"]
+        kept = [int(i) for i in np.nonzero(self.node_mask)[0]]
+        columns = {p: c for c, p in enumerate(sorted({self.nodes[i]["pos"] for i in kept}))}
+        cells: dict[tuple[int, int], list[int]] = {}
+        for i in kept:
+            n = self.nodes[i]
+            row = {"token": 0, "logit": n_layers + 1}.get(n["kind"], n["layer"] + 1)
+            cells.setdefault((columns[n["pos"]], row), []).append(i)
+        order = {"token": 0, "feature": 1, "error": 2, "logit": 3}
+        at = {}
+        for (col, row), members in cells.items():
+            members.sort(key=lambda i: (order[self.nodes[i]["kind"]], self.nodes[i]["feature"] or 0,
+                                        self.nodes[i]["token"] or 0))
+            step = min(0.8 / len(members), 0.25)
+            for j, i in enumerate(members):
+                at[i] = (float(col), row + (j - (len(members) - 1) / 2) * step)
+        return at
+
+    def plot(self, ax=None, *, max_edges: int = 200, labels: bool = True, title: str | None = None):
+        """Draw the kept graph with matplotlib: x the positions that hold kept nodes, y the layer
+        (tokens at the bottom, logits on top), the nodes of one position and layer stacked
+        (``layout``); edge width by |weight|, blue positive, red negative; each kept node labelled
         (``node_label``: ``f17`` a feature, ``err``, ``t5`` a token, ``→5`` a logit; ``labels=False``
-        leaves them out) and the layers named on the y axis.  Returns the axes."""
+        leaves them out), a legend of node kinds and edge signs, and a title.  Without ``ax`` the
+        figure is sized so that labels do not overlap.  Returns the axes."""
         try:
             import matplotlib.pyplot as plt
+            from matplotlib.lines import Line2D
         except ImportError:  # pragma: no cover - depends on the environment
             raise CircuitError("AttributionGraph.plot needs matplotlib: pip install 'circuits[plot]'") from None
-        if ax is None:
-            _, ax = plt.subplots(figsize=(10, 5))
         n_layers = self.metadata["n_layers"]
-
-        def where(i):
-            n = self.nodes[i]
-            y = {"token": -1, "logit": n_layers + 0.5}.get(n["kind"], n["layer"])
-            jitter = (hash(n["id"]) % 7 - 3) * 0.04 if n["kind"] in ("feature", "error") else 0.0
-            return n["pos"] + jitter, y + (0.25 if n["kind"] == "error" else 0.0)
-
+        at = self.layout()
+        columns = sorted({self.nodes[i]["pos"] for i in at})
+        if ax is None:
+            tallest = max((sum(1 for j in at if at[j][0] == x and round(at[j][1]) == round(y)) for x, y in at.values()),
+                          default=1)
+            width = 2.5 + 0.5 * max(len(columns), 8)
+            height = 1.2 + (n_layers + 2) * max(0.8, 0.17 * tallest)
+            _, ax = plt.subplots(figsize=(width, height))
         t, s = np.nonzero(self.edge_mask)
         w = self.adjacency[t, s]
         order = np.argsort(-np.abs(w))[:max_edges]
         top = np.abs(w[order]).max() if len(order) else 1.0
         for k in order:
-            (x0, y0), (x1, y1) = where(s[k]), where(t[k])
+            if s[k] not in at or t[k] not in at:
+                continue
+            (x0, y0), (x1, y1) = at[s[k]], at[t[k]]
             ax.plot([x0, x1], [y0, y1], color="tab:blue" if w[k] > 0 else "tab:red",
-                    linewidth=0.3 + 2.5 * abs(w[k]) / top, alpha=0.6)
+                    linewidth=0.3 + 2.5 * abs(w[k]) / top, alpha=0.5, zorder=1)
         colours = {"feature": "tab:green", "error": "tab:gray", "token": "black", "logit": "tab:purple"}
-        for i in np.nonzero(self.node_mask)[0]:
-            x, y = where(i)
-            ax.scatter([x], [y], s=18, color=colours[self.nodes[i]["kind"]], zorder=3)
+        for i, (x, y) in at.items():
+            kind = self.nodes[i]["kind"]
+            ax.scatter([x], [y], s=14, color=colours[kind], zorder=3)
             if labels:
-                ax.annotate(self.node_label(i), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=7,
-                            color=colours[self.nodes[i]["kind"]], zorder=4)
-        ax.set_yticks([-1, *range(n_layers), n_layers + 0.5],
-                      ["tokens", *(f"layer {l}" for l in range(n_layers)), "logits"])
-        ax.set_xlabel("position")
+                ax.annotate(self.node_label(i), (x, y), xytext=(4, 0), textcoords="offset points", fontsize=7,
+                            va="center", color=colours[kind], zorder=4)
+        ax.set_xticks(range(len(columns)), [str(p) for p in columns])
+        ax.set_xlim(-0.5, len(columns) - 0.3)
+        ax.set_yticks(range(n_layers + 2), ["tokens", *(f"layer {l}" for l in range(n_layers)), "logits"])
+        ax.set_ylim(-0.6, n_layers + 1.6)
+        ax.set_xlabel("position (positions without a kept node left out)")
         ax.set_ylabel("layer")
+        kinds = [k for k in colours if any(self.nodes[i]["kind"] == k for i in at)]
+        handles = [Line2D([], [], marker="o", ls="", color=colours[k], label=k) for k in kinds]
+        handles += [Line2D([], [], color="tab:blue", label="positive edge"),
+                    Line2D([], [], color="tab:red", label="negative edge")]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.set_title(title or f"attribution graph: {len(at)} nodes, {int(self.edge_mask.sum())} edges kept")
+        if ax.figure is not None:
+            ax.figure.tight_layout()
         return ax
 
 

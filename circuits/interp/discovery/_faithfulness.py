@@ -58,8 +58,10 @@ class Faithfulness:
                 return s
         return None
 
-    def plot(self, ax=None, **kwargs):
-        """The curve with matplotlib (x: edges kept, y: normalised metric).  Returns the axes."""
+    def plot(self, ax=None, *, title: str | None = None, **kwargs):
+        """The curve with matplotlib (x: edges kept, y: normalised metric), labelled in the legend
+        by its method and area; several curves share one axes when ``ax`` is given back.  Returns
+        the axes."""
         try:
             import matplotlib.pyplot as plt
         except ImportError:  # pragma: no cover - depends on the environment
@@ -72,6 +74,8 @@ class Faithfulness:
         ax.axhline(1.0, color="0.7", lw=0.8)
         ax.axhline(0.0, color="0.7", lw=0.8)
         ax.legend(fontsize=8)
+        if title is not None or not ax.get_title():
+            ax.set_title(title or "faithfulness: the circuit of the top k edges")
         return ax
 
     def __repr__(self):

@@ -152,14 +152,18 @@ class FoundCircuit:
 
     def plot(self, ax=None, *, title: str | None = None):
         """Draw the kept graph with matplotlib (queries blue, keys green, values red, the rest
-        grey).  Returns the axes."""
+        grey; y: depth in the graph, the embeddings at 0), with a title, axis labels and a legend
+        of the edge roles and node boxes.  Returns the axes."""
         try:
             import matplotlib.pyplot as plt
+            from matplotlib.lines import Line2D
+            from matplotlib.patches import Patch
         except ImportError:  # pragma: no cover - depends on the environment
             raise CircuitError("FoundCircuit.plot needs matplotlib: pip install 'circuits[plot]'") from None
         pos, kept = self.layout()
+        depth = max(y for _, y in pos.values())
         if ax is None:
-            _, ax = plt.subplots(figsize=(9, 1.2 + 1.1 * (1 + max(y for _, y in pos.values()))))
+            _, ax = plt.subplots(figsize=(10, 1.4 + 1.1 * (1 + depth)))
         used = {s for s, _, _ in kept} | {d for _, d, _ in kept}
         for s, d, role in kept:
             (x0, y0), (x1, y1) = pos[s], pos[d]
@@ -170,8 +174,20 @@ class FoundCircuit:
                     bbox=dict(boxstyle="round", fc="white" if name in used else "0.93",
                               ec="black" if name in used else "0.7"))
         ax.set_xlim(0, 1)
-        ax.set_ylim(-0.5, max(y for _, y in pos.values()) + 0.5)
-        ax.axis("off")
+        ax.set_ylim(-0.5, depth + 0.9)
+        ax.set_xticks([])
+        ax.set_yticks(range(depth + 1))
+        for side in ("top", "right", "bottom"):
+            ax.spines[side].set_visible(False)
+        ax.set_xlabel("the nodes of one depth, side by side")
+        ax.set_ylabel("depth (embeddings: 0)")
+        roles = {role for _, _, role in kept}
+        handles = [Line2D([], [], color=_COLOURS[r], label={"q": "to a query", "k": "to a key", "v": "to a value"}[r])
+                   for r in ("q", "k", "v") if r in roles]
+        if roles - set(_COLOURS):
+            handles.append(Line2D([], [], color="0.4", label="to an MLP or the output"))
+        handles += [Patch(fc="white", ec="black", label="in the circuit"), Patch(fc="0.93", ec="0.7", label="left out")]
+        ax.legend(handles=handles, fontsize=7, loc="upper left", framealpha=0.9)
         ax.set_title(title or f"{len(self.edges)} of {len(self.graph)} edges")
         return ax
 
