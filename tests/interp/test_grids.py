@@ -162,3 +162,48 @@ def test_sweep_over_a_batch_runs_position_variants_as_one_program():
         np.testing.assert_allclose(value.sum(-1), grid[:, 1, p, h], atol=1e-9)
         if p == 3:
             np.testing.assert_allclose(value, C.evaluate(variants[h, p], feed, dtype="float64"), atol=1e-9)
+
+
+GRID_PROBE = r"""
+import json
+import numpy as np
+import circuits as C
+from circuits.backend import cache_stats
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.interp import head_patch_grid
+from circuits.models import attn_only, random_weights, tokens_symbol
+w = random_weights(11, vocab=23, d_model=16, n_heads=3, head_size=4, n_layers=2, max_positions=16)
+rng = np.random.default_rng(8)
+clean = rng.integers(0, 23, (3, 9))
+corrupt = clean.copy()
+corrupt[:, 2:5] = rng.integers(0, 23, (3, 3))
+circ = attn_only(w, tokens_symbol(9), unique_names=True)
+before = cache_stats()['compilations']
+grid = head_patch_grid(circ, {'toks_int_var': corrupt}, inputs={'toks_int_var': clean})
+wait_for_background()
+print(json.dumps({"grid": np.asarray(grid).tobytes().hex(), "traced": cache_stats()['compilations'] - before,
+                  **executable_info()}))
+"""
+
+
+def test_a_new_process_loads_the_grids_programs_without_tracing_and_gets_the_same_bits(tmp_path):
+    """The grid's vmapped programs are kept on disk under the target circuit's content hash: a
+    second process reads them (no trace, no lowering) and computes the same grid, bit for bit."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path / "cache"))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", GRID_PROBE], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["traced"] > 0 and first["stores"] > 0 and first["loads"] == 0
+    second = run()
+    assert second["traced"] == 0 and second["loads"] == first["stores"] and second["rejected"] == 0
+    assert second["grid"] == first["grid"]

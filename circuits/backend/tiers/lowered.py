@@ -209,10 +209,12 @@ class Lowered:
         with precision(self.dtype):
             return bind_once(self.program, inputs, self.dtype, batched=True)
 
-    def cached(self, tag: tuple, make: Callable[[], Callable]) -> Callable:
+    def cached(self, tag: tuple, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
         """``jax.jit`` of ``make()``, a caller's own function of this program (a gradient, a vmap
-        with a reduction), in the one compile cache under this program's key and ``tag``."""
-        return cached_jit((self.program.key, *tag), make)
+        with a reduction), in the one compile cache under this program's key and ``tag``;
+        ``kept_as``: bytes naming that function the same way in every process, to keep its
+        executable on disk (``cache.compiled.cached_jit``)."""
+        return cached_jit((self.program.key, *tag), make, kept_as)
 
     def function(self, mode: str = "auto") -> Callable[[list], list]:
         """``args -> outputs``: compiled (from the compile cache) or not, as the jit policy decides
