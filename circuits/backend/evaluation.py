@@ -26,9 +26,9 @@ import numpy as np
 
 from ..errors import EvaluationError
 from ..nodes import Circuit
-from ..traversal import toposort
 from .batched import evaluate_batched
 from .cache.background import WARM, in_background
+from .cache.compiled import stable_name
 from .cache.persistent import compiled_before, note_compiled
 from .lower.binding import float_dtype, precision
 from .lower.calling import bind_once, binder_of
@@ -215,20 +215,18 @@ def _compile_whole(circuit: Circuit, fdt: str, also, batch_heads: bool, inputs, 
 def _mark(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes:
     """What marks ``circuit``'s whole program as compiled across processes (its content hash and
     the options: a program's own key holds ids, which differ between processes)."""
-    return circuit.hash + fdt.encode() + (b"+heads" if batch_heads else b"")
+    return circuit.hash + _options(fdt, batch_heads)
+
+
+def _options(fdt: str, batch_heads: bool) -> bytes:
+    return fdt.encode() + (b"+heads" if batch_heads else b"")
 
 
 def _kept_as(circuit: Circuit, fdt: str, batch_heads: bool) -> bytes | None:
     """What a new process's first program is kept on disk under (``_mark``), or None where the
     circuit computes a function a user registered: its code may differ in the next process,
     under the same name and so the same hash."""
-    from ..functions.registry import is_library_function
-    from ..nodes import GeneralFunction
-
-    for node in toposort(circuit):
-        if type(node) is GeneralFunction and not is_library_function(node.function):
-            return None
-    return _mark(circuit, fdt, batch_heads)
+    return stable_name(circuit, _options(fdt, batch_heads))
 
 
 class Compiled(Lowered):

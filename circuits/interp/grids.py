@@ -149,7 +149,7 @@ def patch_grid(circuit: Circuit, sites, source: Mapping, *, positions=None, metr
                     cells[k * len(picked) + j, k, p] = 1
             chunk = _chunk(circuit, len(cells), rows or 1, fdt)
             tag = ("patch_grid", slot, tuple(in_axes))
-            fn = lowered.cached(tag, lambda slot=slot: _make(lowered, slot, in_axes), _kept_as(target, fdt, tag))
+            fn = lowered.cached(tag, lambda slot=slot: _make(lowered, slot, in_axes), keep=target)
             out = []
             for start in range(0, len(cells), chunk):
                 part = cells[start:start + chunk]
@@ -161,20 +161,6 @@ def patch_grid(circuit: Circuit, sites, source: Mapping, *, positions=None, metr
     if whole:
         values = values[:, 0]
     return np.moveaxis(values, -1, 0) if rows is not None else values
-
-
-def _kept_as(target: Circuit, fdt: str, tag: tuple) -> bytes | None:
-    """What the grid's program is kept on disk under, so that a new process loads it without
-    tracing or lowering: the target's content hash (stable across processes), the precision and
-    the tag; None when the circuit computes a function a user registered (its code may differ in
-    the next process under the same name)."""
-    from ..functions.registry import is_library_function
-    from ..nodes import GeneralFunction
-    from ..traversal import toposort
-
-    if any(type(n) is GeneralFunction and not is_library_function(n.function) for n in toposort(target)):
-        return None
-    return target.hash + b"|" + repr((fdt,) + tag).encode()
 
 
 def _depths(circuit: Circuit, sites: list[Circuit]) -> dict[bytes, int]:

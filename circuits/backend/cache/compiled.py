@@ -29,7 +29,7 @@ from .bounded import BoundedCache
 from .compiling import compile_counts, counted_jit
 from .executables import kept
 
-__all__ = ["cached_jit", "is_cached", "is_compiled", "is_compiled_any", "compile_cache_stats",
+__all__ = ["cached_jit", "stable_name", "is_cached", "is_compiled", "is_compiled_any", "compile_cache_stats",
            "clear_compile_cache", "set_compile_cache_size"]
 
 
@@ -51,6 +51,27 @@ def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) 
     if kept_as is not None:
         fn = kept(("program", kept_as), made, fn, counter="compilations")
     return _functions.setdefault(key, fn)
+
+
+def stable_name(circuit, suffix: bytes) -> bytes | None:
+    """Bytes naming a compiled function of ``circuit`` the same way in every process (its content
+    hash, then ``suffix``: the options), for ``cached_jit``'s ``kept_as``; None where the circuit
+    computes a function a user registered: its code may differ in the next process, under the
+    same name and so the same hash.
+
+    >>> from circuits import GeneralFunction, Symbol
+    >>> x = Symbol((2,), name='x')
+    >>> stable_name(GeneralFunction('exp', x), b'float32') == stable_name(GeneralFunction('exp', x), b'float32')
+    True
+    """
+    from ...functions.registry import is_library_function
+    from ...nodes import GeneralFunction
+    from ...traversal import toposort
+
+    for node in toposort(circuit):
+        if type(node) is GeneralFunction and not is_library_function(node.function):
+            return None
+    return circuit.hash + suffix
 
 
 def is_cached(key) -> bool:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import Callable, Collection, Mapping, Sequence
 
 from ...nodes import Circuit
-from ..cache.compiled import cached_jit, is_compiled, is_compiled_any
+from ..cache.compiled import cached_jit, is_compiled, is_compiled_any, stable_name
 from ..lower.binding import float_dtype, precision
 from ..lower.calling import bind_once
 from ..lower.program import ARGUMENT_TYPES, Program
@@ -209,11 +209,13 @@ class Lowered:
         with precision(self.dtype):
             return bind_once(self.program, inputs, self.dtype, batched=True)
 
-    def cached(self, tag: tuple, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
+    def cached(self, tag: tuple, make: Callable[[], Callable], keep: Circuit | None = None) -> Callable:
         """``jax.jit`` of ``make()``, a caller's own function of this program (a gradient, a vmap
         with a reduction), in the one compile cache under this program's key and ``tag``;
-        ``kept_as``: bytes naming that function the same way in every process, to keep its
-        executable on disk (``cache.compiled.cached_jit``)."""
+        ``keep``: the circuit this program was lowered from (its only root, no ``given``), to keep
+        the executable on disk under its content hash, the dtype and ``tag`` so that a new process
+        loads it without tracing (``cache.compiled.stable_name``)."""
+        kept_as = None if keep is None else stable_name(keep, repr((self.dtype, *tag)).encode())
         return cached_jit((self.program.key, *tag), make, kept_as)
 
     def function(self, mode: str = "auto") -> Callable[[list], list]:
