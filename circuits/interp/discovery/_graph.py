@@ -210,15 +210,19 @@ def _analyse(circuit: Circuit) -> Edges:
     # Each source: (label, node).  A head is its own source unless its block is normalised before
     # the residual stream adds it (then the block's normalised output is the source).
     post = {n.name[: -len(_POST)]: n for n in order if n.name and n.name.endswith(_POST) and n.children}
-    sources: list[tuple[str, Circuit]] = []
+
+    def label(head):  # the block's name when the block is normalised, else the head's own
+        block_name = head.name.rsplit(".", 1)[0]
+        return block_name if block_name in post else head.name
+
+    label_of = {h.hash: label(h) for h in heads}
+    # by node: a normalised block's heads give one source; distinct heads sharing a name stay two
+    # (refused below by name)
+    by_node = {}
     for h in heads:
-        block_name = h.name.rsplit(".", 1)[0] if "." in h.name else None
-        if block_name in post:
-            if (block_name, post[block_name]) not in sources:
-                sources.append((block_name, post[block_name]))
-        else:
-            sources.append((h.name, h))
-    sources += [(m.name, post.get(m.name, m)) for m in mlps]
+        node = h if label_of[h.hash] == h.name else post[label_of[h.hash]]
+        by_node.setdefault(node.hash, (label_of[h.hash], node))
+    sources = list(by_node.values()) + [(m.name, post.get(m.name, m)) for m in mlps]
     block = {node.hash: node for _, node in sources}
     # The final residual stream: what the output reads; its summands that are not sources or
     # broadcast constants are the embeddings.
@@ -227,7 +231,7 @@ def _analyse(circuit: Circuit) -> Edges:
     term_set = {t.hash for t in terms}
     sources = [(label, node) for label, node in sources if node.hash in term_set]
     kept = {label for label, _ in sources}
-    heads = [h for h in heads if h.name in kept or (h.name.rsplit(".", 1)[0] in post and h.name.rsplit(".", 1)[0] in kept)]
+    heads = [h for h in heads if label_of[h.hash] in kept]
     mlps = [m for m in mlps if m.name in kept]
     embeds = []
     for t in terms:
