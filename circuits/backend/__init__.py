@@ -37,6 +37,7 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 """
 
 from .batched import evaluate_batched
+from .cache.compiling import compile_seconds
 from .cache.persistent import ensure_persistent_cache
 from .caches import cache_stats, clear_cache, set_cache_size
 from .eager import Eager
@@ -63,5 +64,5 @@ __all__ = [
     # the door for the layers above (see the module docstring)
     "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
     "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
-    "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache",
+    "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache", "compile_seconds",
 ]

@@ -54,9 +54,20 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from ..backend import Lowered, RunInfo, check_mode, float_dtype, has_batch_axis, precision, run_variants
+from ..backend import (
+    Lowered,
+    RunInfo,
+    check_mode,
+    compile_seconds,
+    float_dtype,
+    has_batch_axis,
+    precision,
+    run_variants,
+)
 from ..errors import CircuitError, printable
 from ..nodes import Add, Array, Circuit, Scalar, Symbol
+from ..progress import SilentBar
+from ..progress import progress as progress_bar
 from ..text.html import escape
 from ..traversal import replace, toposort
 
@@ -274,16 +285,21 @@ def _chunk_size(per_variant: int, n: int, batch_size) -> int:
     return -(-n // chunks)  # as even as possible: little padding in the last chunk
 
 
-def _progress(total: int, progress):
+def _progress(total: int, progress, total_cost: float | None = None):
+    """The sweep's bar (``circuits.progress``: shown where bars are, ``CIRCUITS_PROGRESS``), or
+    None; its time left comes from the work done, compilation left out (``compile_seconds``), the
+    variants weighing ``total_cost`` together where given (``bar.update(n, cost=)``)."""
     if progress is False or (progress is None and total < PROGRESS_FROM):
         return None
     try:
-        from tqdm.auto import tqdm
+        import tqdm.auto  # noqa: F401
     except ImportError:
         if progress:
             raise CircuitError("sweep(progress=True) needs tqdm: pip install tqdm (or 'circuits[notebook]')") from None
         return None
-    return tqdm(total=total, desc="sweep", unit="variant")
+    bar = progress_bar(total=total, desc="sweep", unit="variant", enabled=True if progress else None,
+                       total_cost=total_cost, one_off=compile_seconds)
+    return None if isinstance(bar, SilentBar) else bar
 
 
 def _optimized(first: _Own, axes: tuple, fdt: str):
@@ -302,9 +318,10 @@ def _optimized(first: _Own, axes: tuple, fdt: str):
     return lowered, [j_of.get(n.hash) for n in lowered.args]
 
 
-def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) -> dict:
+def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool, cost: float = 1.0) -> dict:
     """Values of one group's variants (same program key): one function vmapped over the
-    arguments that differ (a lone variant runs without vmap)."""
+    arguments that differ (a lone variant runs without vmap); ``cost``: one variant's weight on
+    the bar."""
     import jax.numpy as jnp
 
     first = members[0]
@@ -329,7 +346,7 @@ def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) 
         for m, args in zip(members, bound):
             out[m.name] = np.asarray(run(arguments(args.__getitem__))[0])
             if bar is not None:
-                bar.update(1)
+                bar.update(1, cost=cost)
         return out
     fn = lowered.vmap([None if j is None else axes[j] for j in where])
     for start in range(0, len(members), chunk):
@@ -340,7 +357,7 @@ def _run_group(members: list, values: _Values, chunk: int, bar, optimize: bool) 
         for k, i in enumerate(part):
             out[members[i].name] = result[k]
         if bar is not None:
-            bar.update(len(part))
+            bar.update(len(part), cost=cost * len(part))
     return out
 
 
@@ -361,7 +378,10 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
       fit ``SWEEP_MEMORY`` bytes of their own values; one, called without vmap, when a variant's
       own values take ``LOOP_FROM_BYTES`` or more).
     - ``progress``: a tqdm progress bar (``tqdm.auto``: the notebook widget in Jupyter); by
-      default shown from ``PROGRESS_FROM`` variants on when tqdm is installed.
+      default shown from ``PROGRESS_FROM`` variants on where progress bars are shown (a terminal
+      or a notebook; ``CIRCUITS_PROGRESS=0/1`` silences or forces them, see ``circuits.progress``)
+      when tqdm is installed.  Its time left comes from the variants done, their programs'
+      compilation left out: a first compiled chunk is not extrapolated over the rest.
     - ``optimize``: ``True`` rewrites each group's program with ``rewrites.optimize`` before
       compiling it (once per group): e.g. a loss's gathered ``log_softmax`` becomes a gathered
       logit minus a chunked ``logsumexp``, which saves about a third of each path-patching
@@ -421,16 +441,17 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         values = _Values(circuit, list(needed.values()), inputs, fdt)
         for name, v in direct.items():
             results[name] = np.asarray(values.of(v))
-        bar = _progress(len(own), progress)
+        per_variants = {key: _own_bytes(members[0], fdt) for key, members in groups.items()}
+        bar = _progress(len(own), progress, sum(per_variants[k] * len(m) for k, m in groups.items()))
         try:
-            for members in groups.values():
-                per_variant = _own_bytes(members[0], fdt)
+            for key, members in groups.items():
+                per_variant = per_variants[key]
                 chunk = _chunk_size(per_variant, len(members), batch_size)
                 chunks += -(-len(members) // chunk)
                 opt = optimize is True or (optimize == "auto" and len(members) >= OPTIMIZE_FROM
                                            and per_variant >= LOOP_FROM_BYTES)
                 optimized += opt
-                results.update(_run_group(members, values, chunk, bar, opt))
+                results.update(_run_group(members, values, chunk, bar, opt, per_variant))
         finally:
             if bar is not None:
                 bar.close()
