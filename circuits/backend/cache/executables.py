@@ -56,7 +56,7 @@ import numpy as np
 
 from ...dtypes import dtype_str
 from . import cachedir
-from .background import exiting, in_background
+from .background import AGAIN, exiting, in_background
 from .cachedir import Untrusted
 from .compiling import counted_jit, note_loaded
 from .persistent import FOLDER, KEPT_MAGIC, KEPT_NAME, distrust, ensure_persistent_cache, open_folder
@@ -329,7 +329,7 @@ _worker_lock = threading.Lock()
 
 
 def _keep_later(job) -> None:
-    """Run ``job`` in the one background thread that keeps kernels (started when none runs)."""
+    """Run ``job`` in the background thread, after the kernels queued to be kept before it."""
     if exiting():
         return
     _pending.append(job)
@@ -338,16 +338,18 @@ def _keep_later(job) -> None:
             _worker[:] = [in_background(_drain, name="circuits-keep")]
 
 
-def _drain() -> None:
-    while not exiting():  # at exit, the kernels not kept yet are compiled again by a later process
-        try:
-            job = _pending.popleft()
-        except IndexError:
-            return
-        try:
-            job()
-        except Exception:  # noqa: BLE001 - a kernel not kept is compiled again by a later
-            pass  # process; the next job still runs
+def _drain():
+    """Keep one queued kernel; ``AGAIN`` while more wait (the background thread takes its other
+    jobs in between).  At exit, the kernels not kept yet are compiled again by a later process."""
+    try:
+        job = _pending.popleft()
+    except IndexError:
+        return None
+    try:
+        job()
+    except Exception:  # noqa: BLE001 - a kernel not kept is compiled again by a later
+        pass  # process; the next job still runs
+    return AGAIN if _pending else None
 
 
 def _keep_fresh(op, shapes, root: str, name: str, full: bytes, plain: bytes, settings: tuple) -> None:

@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import atexit
 import collections
-import os
 import threading
 import time
 from typing import Sequence
 
 from ...dtypes import FLOAT_DTYPES
 from ...nodes import Array, Circuit, Scalar, SetSymbolicShape, Tag
-from ..cache.background import in_background
+from ..cache.background import AGAIN, in_background
 from ..cache.bounded import BoundedCache, current_epoch, working_for
 from ..cache.compiling import counted_jit
 from ..cache.executables import kept
@@ -246,23 +245,20 @@ class foreground:
 
 
 def _work():
-    """Compile the queued groups one after another in pauses between evaluations, at a lower
-    priority than the caller's thread where the system allows it."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-    except (AttributeError, OSError):
-        pass
-    while True:
-        with _lock:
-            if not _queue or _closing[0]:
-                _worker[0] = None
-                return
-            busy = _active[0] > 0 or time.monotonic() - _active[1] < IDLE
-            job = None if busy else _queue.popleft()
-        if job is None:
-            time.sleep(min(IDLE / 5, 0.05))
-            continue
+    """Compile one queued group in a pause between evaluations (the background thread, below
+    the caller's priority); ``AGAIN`` while more are queued, so the thread takes its other jobs
+    in between."""
+    with _lock:
+        if not _queue or _closing[0]:
+            _worker[0] = None
+            return None
+        busy = _active[0] > 0 or time.monotonic() - _active[1] < IDLE
+        job = None if busy else _queue.popleft()
+    if job is None:
+        time.sleep(min(IDLE / 5, 0.05))
+    else:
         _compile(*job)
+    return AGAIN
 
 
 def _compile(k, members, wiring, fdt, context, inputs, epoch) -> None:
