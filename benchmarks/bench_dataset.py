@@ -2,8 +2,9 @@
 clean run over the same batch, against a bare torch batched forward making the same change by a
 hook, in one process.
 
-    python -m benchmarks.bench_dataset            # an empty, then a warm compilation cache
-    python -m benchmarks.bench_dataset --here     # this process only (the cache in force)
+    python -m benchmarks.bench_dataset               # an empty, then a warm compilation cache
+    python -m benchmarks.bench_dataset --here        # this process only (the cache in force)
+    python -m benchmarks.bench_dataset --under-load  # also the ablation row while the tests run beside it
 
 Shipped induction model, 50 prompts of 34 tokens (the circuit over a tokens Symbol, unique names).
 Rows, each the median over the variants, every variant new to the process (its first call):
@@ -15,6 +16,11 @@ Rows, each the median over the variants, every variant new to the process (its f
 with the XLA compilations (traces and compilations on the calling thread, from
 ``jax.monitoring``) each kind made, and the clean run's first call.  Torch runs at the faster of
 one thread and all cores (measured); every value is checked against torch's.
+
+``--under-load`` then records the zero-ablation row again (an empty, then a warm cache) while a
+second process this benchmark starts runs the test suite (``pytest -n 2 -m "not slow" tests``,
+its own compilation cache; stopped after): on a loaded 2-core machine each small kernel call
+waits behind other work (issue 35 item 5).  The load average is printed with the row.
 """
 
 from __future__ import annotations
@@ -143,7 +149,8 @@ def _time(fn):
     return time.perf_counter() - t, out
 
 
-def run_here() -> list[tuple[str, str]]:
+def run_here(only: str | None = None) -> list[tuple[str, str]]:
+    """The rows (``only='ablation'``: the clean run and the zero-ablation row alone)."""
     import torch
 
     import circuits as C
@@ -204,6 +211,12 @@ def run_here() -> list[tuple[str, str]]:
         return hook
 
     heads = [(l, h) for l in range(2) for h in range(4)]
+    if only == "ablation":
+        row("new zero-ablation over the batch",
+            [lambda l=l, h=h: ablate(circuit, f"b{l}.a.head{h}") for l, h in heads],
+            [lambda l=l, h=h: model.forward(clean, head_hook(l, h, lambda out: 0.0)) for l, h in heads])
+        rows.append(("load average (1 min) after the row", f"{os.getloadavg()[0]:.1f}"))
+        return rows
     row("new head patch over the batch",
         [lambda l=l, h=h: patch(circuit, f"b{l}.a.head{h}", {"toks_int_var": corrupt_sym}) for l, h in heads],
         [lambda l=l, h=h: model.forward(clean, head_hook(l, h, lambda out, l=l, h=h: corrupt_heads[l][:, h]))
@@ -223,15 +236,67 @@ def run_here() -> list[tuple[str, str]]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--here", action="store_true", help="run in this process only")
+    parser.add_argument("--only", choices=["ablation"], help="with --here: the zero-ablation row alone")
+    parser.add_argument("--under-load", action="store_true",
+                        help="also the zero-ablation row while a second process runs the test suite")
+    parser.add_argument("--quiet-rows", action=argparse.BooleanOptionalAction, default=True,
+                        help="the rows without load first (--no-quiet-rows: only those under load)")
     args = parser.parse_args(argv)
     if args.here:
-        report(f"dataset ({ROWS} prompts of {TOKENS} tokens, shipped induction model)", run_here())
+        report(f"dataset ({ROWS} prompts of {TOKENS} tokens, shipped induction model)", run_here(args.only))
         return
-    with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=cache)
-        for label in ("empty compilation cache", "warm compilation cache (the same folder again)"):
-            print(f"== {label}", flush=True)
-            subprocess.run([sys.executable, "-m", "benchmarks.bench_dataset", "--here"], env=env, check=True)
+    labels = ("empty compilation cache", "warm compilation cache (the same folder again)")
+    if args.quiet_rows:
+        with tempfile.TemporaryDirectory() as cache:
+            env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=cache)
+            for label in labels:
+                print(f"== {label}", flush=True)
+                subprocess.run([sys.executable, "-m", "benchmarks.bench_dataset", "--here"], env=env, check=True)
+    if args.under_load:
+        with tempfile.TemporaryDirectory() as cache, running_tests():
+            env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=cache)
+            for label in labels:
+                print(f"== under load (the test suite running beside it), {label}", flush=True)
+                subprocess.run([sys.executable, "-m", "benchmarks.bench_dataset", "--here", "--only", "ablation"],
+                               env=env, check=True)
+
+
+# Seconds the test suite runs before the rows under load start (past its start-up: collecting).
+LOAD_SETTLE = 30.0
+
+
+class running_tests:
+    """A second process running the test suite (``pytest -n 2 -m "not slow" tests``, with a
+    compilation cache of its own, its output dropped) for the length of a ``with`` block; it is
+    stopped (its process group: pytest and its workers) at the end."""
+
+    def __enter__(self):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.cache = tempfile.TemporaryDirectory()
+        env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=self.cache.name, CIRCUITS_PROGRESS="0",
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        self.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-n", "2", "-m", "not slow",
+                                      "-p", "no:cacheprovider", "tests"], cwd=root, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        print(f"(the test suite runs beside it: process {self.proc.pid}; rows start in {LOAD_SETTLE:.0f} s)",
+              flush=True)
+        time.sleep(LOAD_SETTLE)
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # its own session: pytest and its workers
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        else:
+            print(f"(the test suite ended before the rows did: exit {self.proc.returncode})", flush=True)
+        self.cache.cleanup()
+        return False
 
 
 if __name__ == "__main__":
