@@ -8,6 +8,10 @@ Runs only in the side-by-side environment (see ``benchmarks/tl_models.py`` for t
 
 (``--prompts 1``: our side takes the one example as the circuit's own tokens, no batch axis.)
 
+``--new-data`` runs only EAP's first five calls in the process, each on new prompts (seeds 1-5),
+each side's call by call (issue 35 item 5: each <= 2x auto-circuit's), the scores of each call
+checked against auto-circuit's.
+
 - check: TransformerLens' logits equal ``attn_only(w, tokens, logits=True)``'s (max |diff|);
 - EAP: auto-circuit's ``mask_gradient_prune_scores`` (``grad_function='logprob'``,
   ``answer_function='avg_val'``, ``mask_val=0``: the gradient of ``-m`` for ``m`` the mean
@@ -119,6 +123,8 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1,
                         help="torch's intra-op threads (1: on the shared 2-core machine torch's pool of 2 spin-waits, "
                              "a forward 17 ms -> 1.6 s)")
+    parser.add_argument("--new-data", action="store_true",
+                        help="only EAP's first five calls in the process, each on new prompts")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch threads {torch.get_num_threads()}; prompts {args.prompts}; ACDC tau {args.tau}")
@@ -174,6 +180,12 @@ def main(argv=None):
 
     def our_acdc():
         return sorted(discover(logits, src, "kl", method="acdc", tau=args.tau, **feed).found.edges)
+
+    if args.new_data:
+        if len(clean) == 1:  # one example: a circuit over its own tokens, no new data for the same circuit
+            raise SystemExit("--new-data needs --prompts > 1 (the circuit over a tokens Symbol)")
+        new_data_eap(args.prompts, pm, loss, mean_logprob, g)
+        return
 
     # ---- EAP
     theirs, t_first, t_early, t_warm = _phases(ac_eap)
@@ -237,6 +249,38 @@ def main(argv=None):
     print("auto-circuit and TransformerLens side by side (shipped induction model)")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
+
+
+def new_data_eap(n: int, pm, loss, mean_logprob, g, calls: int = 5) -> None:
+    """EAP's first ``calls`` calls in this process on both sides, call ``k`` on the prompts of seed
+    ``k`` (new data each time), timed one by one; every call's scores checked (opposite signs)."""
+    import torch
+    from auto_circuit.data import PromptDataLoader, PromptDataset
+    from auto_circuit.prune_algos.mask_gradient import mask_gradient_prune_scores
+    from auto_circuit.types import AblationType
+
+    from circuits.interp import discover
+
+    ours_t, theirs_t = [], []
+    for k in range(1, calls + 1):
+        clean, corrupt = prompts(n, seed=k)
+        answers = torch.as_tensor(clean[:, 1:-1, None])
+        ds = PromptDataset(torch.as_tensor(clean[:, :-2]), torch.as_tensor(corrupt[:, :-2]), answers, answers)
+        loader = PromptDataLoader(ds, seq_len=None, diverge_idx=0, batch_size=len(clean), shuffle=False)
+        t = time.perf_counter()
+        ps = mask_gradient_prune_scores(pm, loader, None, grad_function="logprob", answer_function="avg_val",
+                                        mask_val=0.0, ablation_type=AblationType.RESAMPLE, clean_corrupt="corrupt")
+        theirs_t.append(time.perf_counter() - t)
+        theirs = {ac_name(e.name): float(e.prune_score(ps)) for e in pm.edges}
+        t = time.perf_counter()
+        ours = discover(loss, {"toks_int_var": corrupt}, mean_logprob, method="eap", inputs={"toks_int_var": clean})
+        ours_t.append(time.perf_counter() - t)
+        a = np.array([ours[e] for e in g])
+        b = np.array([theirs[e] for e in g])
+        assert np.abs(a + b).max() <= 1e-4 * np.abs(a).max(), np.abs(a + b).max()
+    print(f"EAP's first {calls} calls in the process, each on new prompts ({n} prompts; ours / auto-circuit)")
+    for k, (o, t) in enumerate(zip(ours_t, theirs_t), 1):
+        print(f"  call {k}: ours {o * 1e3:8.1f} ms, auto-circuit {t * 1e3:8.1f} ms, ratio {o / t:6.2f} (target <= 2)")
 
 
 if __name__ == "__main__":
