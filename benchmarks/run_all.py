@@ -16,7 +16,7 @@ into docs/benchmarks.md between the markers ``<!-- bench:bench_<name> -->`` and
 ``<!-- /bench:bench_<name> -->`` (added at the end of the file the first time), with the command,
 machine and date; the text outside the markers is left as it is.  A benchmark that needs another
 environment (the TransformerLens / auto-circuit side by side: ``bench_autocircuit``,
-``bench_latency_tl``) exits with status 77 where its packages are missing, and is skipped.
+``bench_latency_tl``, ``bench_gpt2_first``) exits with status 77 where its packages are missing, and is skipped.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_run_all_skips_a_benchmark_that_needs_another_environment(tmp_path, monk
 @pytest.mark.skipif(importlib.util.find_spec("transformer_lens") is not None,
                     reason="TransformerLens is installed here: the benchmarks would run")
 def test_the_benchmarks_exit_skipped_in_the_project_environment():
-    for name in ("bench_autocircuit", "bench_latency_tl"):
+    for name in ("bench_autocircuit", "bench_latency_tl", "bench_gpt2_first"):
         proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}"], capture_output=True, text=True)
         assert proc.returncode == 77, proc.stderr
         assert f"-m benchmarks.{name}" in proc.stderr
