@@ -108,7 +108,8 @@ def run_row(row: str, runs: int) -> dict:
     sym = tokens_symbol(TOKENS)
     corrupt_sym = Symbol((TOKENS,), name="corrupt_tokens", dtype="int64")
     c = gpt2(config.to_dict(), state, sym, loss=True, split_heads=True)
-    feed = {sym: clean, corrupt_sym: corrupt}
+    tokens = "toks_int_var"  # the builder's name for its tokens input
+    feed = {tokens: clean, corrupt_sym: corrupt}
     inp, cinp = torch.as_tensor(clean), torch.as_tensor(corrupt)
     sites = [f"h{l}.attn.head{h}" for l in range(LAYERS) for h in range(HEADS)]
     out = {"row": row, "load": os.getloadavg()[0]}
@@ -138,7 +139,7 @@ def run_row(row: str, runs: int) -> dict:
         return value
 
     if row == "forward":
-        value = ours(lambda: C.evaluate(c, {sym: clean}))
+        value = ours(lambda: C.evaluate(c, {tokens: clean}))
         with torch.no_grad():
             ref = theirs(lambda: _loss(tl(inp), inp))
         np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-4)
@@ -146,12 +147,12 @@ def run_row(row: str, runs: int) -> dict:
         out["ratio_against"] = "TransformerLens' first forward"
         return out
 
-    C.evaluate(c, {sym: clean})  # the clean run of the same prompts
+    C.evaluate(c, {tokens: clean})  # the clean run of the same prompts
     wait_for_background()
     if row == "patching":
         import transformer_lens.patching as patching
 
-        result = ours(lambda: sweep(c, {s: patch(c, s, {"tokens": corrupt_sym}) for s in sites}, feed,
+        result = ours(lambda: sweep(c, {s: patch(c, s, {tokens: corrupt_sym}) for s in sites}, feed,
                                     progress=False))
         with torch.no_grad():
             _, cache = tl.run_with_cache(cinp, names_filter=lambda n: n.endswith("hook_z"))
@@ -164,7 +165,7 @@ def run_row(row: str, runs: int) -> dict:
     elif row == "attribution":
         from .bench_latency_tl import tl_attribution
 
-        est = ours(lambda: attribute(c, sites, {"tokens": corrupt_sym}, inputs=feed))
+        est = ours(lambda: attribute(c, sites, {tokens: corrupt_sym}, inputs=feed))
         ref = theirs(tl_attribution(tl, inp, inp[:, 1:], cinp, LAYERS, HEADS, last=False))
         for l in range(LAYERS):
             for h in range(HEADS):
@@ -173,7 +174,7 @@ def run_row(row: str, runs: int) -> dict:
         out["ratio_against"] = "TransformerLens hooks (median)"
     elif row == "eap":
         metric = np.full(c.shape, 1.0 / c.size, np.float32)  # the mean loss
-        found = ours(lambda: discover(c, {"tokens": corrupt_sym}, metric, method="eap", inputs=feed))
+        found = ours(lambda: discover(c, {tokens: corrupt_sym}, metric, method="eap", inputs=feed))
         out["edges"] = len(found.scores)
     else:
         raise SystemExit(f"unknown row {row!r}: one of {', '.join(ROWS)}")
