@@ -173,7 +173,7 @@ def run_row(row: str, runs: int) -> dict:
         out["ratio"] = out["ours_s"] / out["tl_s"]
         out["ratio_against"] = "TransformerLens hooks (median)"
     elif row == "eap":
-        metric = np.full(c.shape, 1.0 / c.size, np.float32)  # the mean loss
+        metric = np.full(c.shape, 1.0 / np.prod(c.shape), np.float32)  # the mean loss
         found = ours(lambda: discover(c, {tokens: corrupt_sym}, metric, method="eap", inputs=feed))
         out["edges"] = len(found.scores)
     else:
