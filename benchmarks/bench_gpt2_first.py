@@ -174,7 +174,7 @@ def run_row(row: str, runs: int) -> dict:
         out["ratio_against"] = "TransformerLens hooks (median)"
     elif row == "eap":
         metric = np.full(c.shape, 1.0 / np.prod(c.shape), np.float32)  # the mean loss
-        found = ours(lambda: discover(c, {tokens: corrupt_sym}, metric, method="eap", inputs=feed))
+        found = ours(lambda: discover(c, {tokens: corrupt}, metric, method="eap", inputs={tokens: clean}))
         out["edges"] = len(found.scores)
     else:
         raise SystemExit(f"unknown row {row!r}: one of {', '.join(ROWS)}")
