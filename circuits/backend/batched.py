@@ -40,9 +40,9 @@ from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
 from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
 from .tiers.batch_tuning import tail_sizes, tune_chunk
+from .tiers.host import host_mode
 from .tiers.kernels import broadcast_rows
 from .tiers.lowered import run_function, run_key, vmap_function
-from .tiers.host import host_mode
 from .tiers.op_by_op import OverBudget, RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, worth_compiling
 from .tiers.values import Binding, cached_values
@@ -432,7 +432,7 @@ class _Batched(Route):
             return None
         binding, items = found
         info = RunInfo()
-        host = host_mode(self.mode, self.fdt)
+        host = host_mode(self.mode, self.fdt, self.inputs, self.return_jax)
         total = binding.rows
         parts = None
         known = _known_chunk(binding)

@@ -42,8 +42,8 @@ from .lower.lowering import (
     resolve_also,
 )
 from .lower.sharding import Placement, mesh_of
-from .tiers.lowered import Lowered, run_function, run_key
 from .tiers.host import host_mode
+from .tiers.lowered import Lowered, run_function, run_key
 from .tiers.op_by_op import RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, settings, worth_compiling
 from .tiers.symbols import has_batch_axis
@@ -172,7 +172,7 @@ class _Evaluation(Route):
         info = RunInfo()
         binding = None if items else self.binding()
         values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding,
-                         host=host_mode(self.mode, self.fdt))
+                         host=host_mode(self.mode, self.fdt, self.inputs, self.out is _outputs))
         tier = ("numpy" if self.mode == "numpy" else "ops") if info.computed else "cache"
         return self.out(values, items), tier, info.computed, info.reused, info.numpy
 

@@ -37,29 +37,42 @@ import time
 
 import numpy as np
 
-from ...nodes import Array, Scalar, SetSymbolicShape, Tag
+from ...nodes import Scalar, SetSymbolicShape, Tag
 from ..cache.background import in_background
 from ..cache.bounded import current_epoch, working_for
 from ..lower.numpy_ops import canonical, host_dtypes, numpy_op
 
-__all__ = ["host_mode", "leaf_on_host", "queue_kernel", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
+__all__ = ["host_mode", "leaf_on_host", "queue_kernel", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
 
 _IDENTITY = (Tag, SetSymbolicShape)
 
 
-def host_mode(mode: str, fdt: str) -> str | None:
+def host_mode(mode: str, fdt: str, inputs=None, return_jax: bool = False) -> str | None:
     """How an op-by-op run in ``mode`` uses numpy: ``'pin'`` (``mode='numpy'``: every node that
-    has a numpy path), ``'auto'`` (a node whose kernel is not made yet; not where a JAX
-    accelerator is in use, whose kernels are worth the wait), or None (never)."""
+    has a numpy path), ``'auto'`` (a node whose kernel is not made yet), or None (never).
+    ``'auto'`` is None where a JAX accelerator is in use (its kernels are worth the wait), and
+    where the caller works on the device: inputs that are JAX arrays, or ``return_jax=True``
+    (nothing crosses between host and device that the caller did not ask for)."""
     from .policy import settings
 
     if not host_dtypes(fdt):
         return None
     if mode == "numpy":
         return "pin"
-    if mode != "auto" or not settings().host or _on_accelerator():
+    if mode != "auto" or return_jax or not settings().host or _on_accelerator() or _on_device(inputs):
         return None
     return "auto"
+
+
+def _on_device(inputs) -> bool:
+    """Whether a value of ``inputs`` is a JAX array."""
+    jax = sys.modules.get("jax")
+    if not inputs or jax is None or not hasattr(jax, "Array"):
+        return False
+    try:
+        return any(isinstance(v, jax.Array) for v in inputs.values())
+    except AttributeError:  # not a mapping: binding reports it
+        return False
 
 
 def _on_accelerator() -> bool:
@@ -124,16 +137,17 @@ _closing = [False, False]
 QUEUE_SIZE = 1024
 
 
-def queue_kernel(node, fdt: str, keys, kernel_keys: list, specs: list) -> None:
+def queue_kernel(node, fdt: str, run, kernel_keys: list, specs: list) -> None:
     """Queue the making of ``node``'s kernels (``kernel_keys``, as ``tiers.kernels`` names them)
-    for its children's values of ``specs`` (``[(shape, dtype)]``), in the caller's precision."""
+    for its children's values of ``specs`` (``[(shape, dtype)]``), in the caller's precision:
+    ``run(env)`` computes ``node`` through them from its children's values in ``env``."""
     with _lock:
         if _closing[0] or all(k in _queued for k in kernel_keys):
             return
         _queued.update(kernel_keys)
         jax = sys.modules.get("jax")
         matmul = jax.config.jax_default_matmul_precision if jax is not None and hasattr(jax, "config") else None
-        _queue.append((node, fdt, keys, tuple(kernel_keys), specs, matmul, current_epoch()))
+        _queue.append((node, fdt, run, tuple(kernel_keys), specs, matmul, current_epoch()))
         _counts["queued"] += 1
         while len(_queue) > QUEUE_SIZE:
             dropped = _queue.popleft()
@@ -143,6 +157,12 @@ def queue_kernel(node, fdt: str, keys, kernel_keys: list, specs: list) -> None:
                 atexit.register(_close)  # after background's own: runs before it waits for the threads
                 _closing[1] = True
             _worker[0] = in_background(_work, name="circuits-kernels")
+
+
+def being_made(key) -> bool:
+    """Whether the kernel ``key`` is queued or being made in the background (a call that ran it
+    now would compile it a second time, on its own thread)."""
+    return key in _queued
 
 
 def _close() -> None:
@@ -173,20 +193,19 @@ def _work() -> None:
                 _queued.difference_update(job[3])
 
 
-def _make(node, fdt, keys, kernel_keys, specs, matmul, epoch) -> None:
+def _make(node, fdt, run, kernel_keys, specs, matmul, epoch) -> None:
     """Make (compile, or load from disk) ``node``'s kernels by running them once on zeros."""
     import jax
 
     from ..lower.binding import precision
     from .kernels import made
-    from .op_by_op import _run_each
 
     if all(made(k) for k in kernel_keys):
         return
     env = {c.hash: np.zeros(shape, dtype) for c, (shape, dtype) in zip(node.children, specs)}
     try:
         with working_for(epoch), precision(fdt), jax.default_matmul_precision(matmul):
-            _run_each([node], env, fdt, keys, None)
+            run(env)
             value = env[node.hash]
             if hasattr(value, "block_until_ready"):
                 value.block_until_ready()

@@ -149,7 +149,7 @@ def _on_host(node: Circuit, env: dict, fdt: str, keys, host: str):
     wanted = None
     if host == "auto":
         wanted = kernel_keys(node, fdt, keys)
-        if not wanted or all(made(k) for k in wanted):
+        if not wanted or all(made(k) and not _host.being_made(k) for k in wanted):
             return None
     rows = keys.rows
     axes = None
@@ -161,7 +161,8 @@ def _on_host(node: Circuit, env: dict, fdt: str, keys, host: str):
     args = [env[c.hash] for c in node.children]
     value = op(*args)
     if wanted is not None:
-        _host.queue_kernel(node, fdt, keys, wanted, [(a.shape, a.dtype) for a in args])
+        _host.queue_kernel(node, fdt, lambda env: _run_each([node], env, fdt, keys, None), wanted,
+                           [(a.shape, a.dtype) for a in args])
     return value
 
 
@@ -218,10 +219,9 @@ class _DeviceLeaves:
             return None
         value = self.values.get(h)
         if value is None:
-            value = leaf_value(node, self.fdt, [], self.targets)
             if type(node) is Scalar and node.shape != ():
-                value = broadcast_kernel(node.shape)(value)
-            self.values[h] = value
+                return None  # its numpy value (broadcasting it on the device would compile a kernel)
+            value = self.values[h] = leaf_value(node, self.fdt, [], self.targets)
         return value
 
 
