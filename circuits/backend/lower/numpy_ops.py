@@ -131,8 +131,9 @@ def _zero_strided(shape):
 
 
 # A contraction of fewer multiply-adds than this runs on one BLAS thread: a 1600x64 by 64x16
-# product took 10-60 ms on OpenBLAS's two threads of a loaded 2-core machine, 0.05 ms on one.
-SMALL_PRODUCTS = 1 << 23
+# product took 10-60 ms on OpenBLAS's two threads of a loaded 2-core machine, 0.05 ms on one; a
+# 32x3072 by 3072x768 one (GPT-2's MLP) 63 ms (up to 500) on two, 20 ms on one.
+SMALL_PRODUCTS = 1 << 27
 _blas: list = []  # [(set, get)] of the BLAS numpy loaded, or [None] where it cannot be found
 
 

@@ -351,10 +351,10 @@ def _compute(todo, env, fdt, keys, cache, groups, roots, rows, again, host=None,
         for members, ins, key in _groups.plan(todo, {r.hash for r in roots}):
             fn = None
             if key is not None:
-                args = [env[c.hash] for c in ins]
-                if devices:
-                    args = [devices.get(c.hash) if devices.get(c.hash) is not None else a for c, a in zip(ins, args)]
+                args = [env[c.hash] for c in ins]  # numpy's leaves shape its compilation as well
                 fn = _groups.group_kernel(key, keys.fdt, members, fdt, args)
+                if fn is not None and devices:  # ready: the leaves' device values
+                    args = [a if d is None else d for a, d in zip(args, map(devices.get, (c.hash for c in ins)))]
             if fn is None:
                 by_numpy += _run_each(members, env, fdt, keys, store, host, devices)
             else:
