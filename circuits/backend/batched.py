@@ -40,6 +40,7 @@ from .lower.memory import INPUT_TYPES, peak_bytes, value_bytes
 from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
 from .tiers.batch_tuning import tail_sizes, tune_chunk
+from .tiers.host import host_mode
 from .tiers.kernels import broadcast_rows
 from .tiers.lowered import run_function, run_key, vmap_function
 from .tiers.op_by_op import OverBudget, RunInfo, run_ops
@@ -402,7 +403,12 @@ class _Batched(Route):
             row_outs = []
             for root, value in zip(binding.roots, outs):
                 if not keys.is_batched(root):  # the same for every row
-                    value = broadcast_rows(value, rows)
+                    value = (np.broadcast_to(value, (rows, *value.shape)) if isinstance(value, np.ndarray)
+                             else broadcast_rows(value, rows))
+                if self.return_jax and isinstance(value, np.ndarray):  # computed with numpy (tiers.host)
+                    import jax.numpy as jnp
+
+                    value = jnp.asarray(value)
                 value = value if self.return_jax else np.asarray(value)
                 row_outs.append(value[:real] if real < rows else value)
             pieces.append(row_outs)
@@ -426,6 +432,7 @@ class _Batched(Route):
             return None
         binding, items = found
         info = RunInfo()
+        host = host_mode(self.mode, self.fdt, self.inputs, self.return_jax)
         total = binding.rows
         parts = None
         known = _known_chunk(binding)
@@ -439,7 +446,7 @@ class _Batched(Route):
                 raise EvaluationError(f"memory_budget={self.memory_budget}: give a positive number of bytes")
             try:
                 values = run_ops(binding.roots, None, self.fdt, cache=self.cache, info=info, binding=binding,
-                                 max_bytes=budget)
+                                 max_bytes=budget, host=host)
             except OverBudget as over:
                 fit = max(1, min(total, budget // max(1, over.row_bytes)))
                 chunk = 1 << (fit.bit_length() - 1)  # a power of two
@@ -448,10 +455,14 @@ class _Batched(Route):
                 _remember_chunk(binding, chunk)
                 parts = self.chunks(binding, chunk)
             else:
-                return (self._outputs([(binding, 0, total)], items, [values]), "ops" if info.computed else "cache",
-                        info.computed, info.reused)
-        per_part = [run_ops(b.roots, None, self.fdt, cache=self.cache, info=info, binding=b) for b, _, _ in parts]
-        return self._outputs(parts, items, per_part), "ops" if info.computed else "cache", info.computed, info.reused
+                return (self._outputs([(binding, 0, total)], items, [values]), self._tier(info), info.computed,
+                        info.reused, info.numpy)
+        per_part = [run_ops(b.roots, None, self.fdt, cache=self.cache, info=info, binding=b, host=host)
+                    for b, _, _ in parts]
+        return self._outputs(parts, items, per_part), self._tier(info), info.computed, info.reused, info.numpy
+
+    def _tier(self, info) -> str:
+        return ("numpy" if self.mode == "numpy" else "ops") if info.computed else "cache"
 
     def compile_whole(self, keep: bool = False):
         """Compile (and run once, quietly) the whole program over this batch's chunks: what

@@ -42,6 +42,7 @@ from .lower.lowering import (
     resolve_also,
 )
 from .lower.sharding import Placement, mesh_of
+from .tiers.host import host_mode
 from .tiers.lowered import Lowered, run_function, run_key
 from .tiers.op_by_op import RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, settings, worth_compiling
@@ -56,6 +57,10 @@ def _numpy_outputs(outs, items):
 
 
 def _outputs(outs, items):
+    if any(isinstance(o, np.ndarray) for o in outs):  # computed with numpy (tiers.host)
+        import jax.numpy as jnp
+
+        outs = [jnp.asarray(o) if isinstance(o, np.ndarray) else o for o in outs]
     return package_outputs(list(outs), items)
 
 
@@ -74,8 +79,11 @@ def evaluate(circuit: Circuit, inputs: Mapping | None = None, *, dtype="float32"
     - ``mode`` pins a tier (``circuits.backend.tiers``): ``'ops'`` runs op by op through kernels
       cached per operation, over the values already computed in this process (nothing new
       compiles for a new variant of a known model); ``'jit'`` runs one compiled program;
+      ``'numpy'`` runs op by op with numpy wherever a node has a numpy op;
       ``'auto'`` (default) runs a circuit op by op until it has been evaluated ``JIT_AFTER``
-      times, then compiles it whole (in the background) and runs that.  ``last_run()`` says
+      times, then compiles it whole (in the background) and runs that; op by op, a node whose
+      kernel is not made yet is computed with numpy while the kernel is made in the background
+      (``circuits.backend.tiers.host``: a first call compiles nothing).  ``last_run()`` says
       which tier ran.
     - ``batch_heads``: in the whole-program tier, compute a sum of per-head subcircuits as one
       computation over a head axis (``circuits.backend.lower.head_batching``); op by op, a one-head
@@ -163,8 +171,10 @@ class _Evaluation(Route):
         roots = [self.circuit, *(resolve_also(self.circuit, items, self.fdt) if items else ())]
         info = RunInfo()
         binding = None if items else self.binding()
-        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding)
-        return self.out(values, items), "ops" if info.computed else "cache", info.computed, info.reused
+        values = run_ops(roots, self.inputs, self.fdt, cache=self.cache, info=info, groups=groups, binding=binding,
+                         host=host_mode(self.mode, self.fdt, self.inputs, self.out is _outputs))
+        tier = ("numpy" if self.mode == "numpy" else "ops") if info.computed else "cache"
+        return self.out(values, items), tier, info.computed, info.reused, info.numpy
 
     def compile_whole(self, keep: bool = False):
         return _compile_whole(self.circuit, self.fdt, self.also, self.batch_heads, self.inputs, keep)

@@ -57,6 +57,8 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     """
     fdt = float_dtype(dtype)
     mode = check_mode(mode)
+    if mode == "numpy":  # pinned: gradients and sweeps run JAX's kernels op by op
+        mode = "ops"
     single = isinstance(wrt, (str, Circuit))
     items = as_items(wrt)
     if not items:

@@ -63,6 +63,88 @@ def _sympy_rsqrt(x):
     return 1 / _sympy().sqrt(x)
 
 
+# ---------------------------------------------------------------------------- numpy counterparts
+# The same functions on numpy arrays (``FunctionSpec.numpy``): a first call computes with them
+# while the JAX kernels compile in the background.  Python floats keep a float32 argument float32.
+def _np():
+    import numpy
+
+    return numpy
+
+
+def _erf(x):
+    from scipy.special import erf  # jax's own dependency; imported only where gelu is computed
+
+    return erf(x).astype(x.dtype, copy=False)
+
+
+def _np_sigmoid(x):
+    return 1.0 / (1.0 + _np().exp(-x))
+
+
+def _np_shifted(x):
+    np = _np()
+    if x.dtype.kind != "f":
+        x = x.astype(np.float32)
+    return x - x.max(axis=-1, keepdims=True)
+
+
+def _np_softmax(x):
+    e = _np().exp(_np_shifted(x))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _np_log_softmax(x):
+    shifted = _np_shifted(x)
+    return shifted - _np().log(_np().exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _np_logsumexp(x):
+    np = _np()
+    if x.shape[-1] == 0:
+        return np.full(x.shape[:-1], -np.inf, x.dtype)
+    peak = x.max(axis=-1, keepdims=True)
+    peak = np.where(np.isfinite(peak), peak, 0)
+    return (np.log(np.exp(x - peak).sum(axis=-1, keepdims=True)) + peak)[..., 0]
+
+
+def _np_last_dim_size(x):
+    np = _np()
+    return np.full(x.shape[:-1], x.shape[-1], dtype=x.dtype if x.dtype.kind == "f" else np.float32)
+
+
+_NUMPY = {
+    "exp": lambda x: _np().exp(x),
+    "log": lambda x: _np().log(x),
+    "sin": lambda x: _np().sin(x),
+    "cos": lambda x: _np().cos(x),
+    "tanh": lambda x: _np().tanh(x),
+    "sqrt": lambda x: _np().sqrt(x),
+    "abs": lambda x: _np().abs(x),
+    "rsqrt": lambda x: 1.0 / _np().sqrt(x),
+    "reciprocal": lambda x: 1.0 / x,
+    "sigmoid": _np_sigmoid,
+    "relu": lambda x: _np().maximum(x, 0),
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu_new": lambda x: 0.5 * x * (1.0 + _np().tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x * _np_sigmoid(x),
+    "square": lambda x: x * x,
+    "step": lambda x: (x > 0).astype(x.dtype),
+    "log_exp_p_1": lambda x: _np().logaddexp(x, 0.0).astype(x.dtype, copy=False),
+    "gaussian_pdf": lambda x: _np().exp(-0.5 * x * x) / math.sqrt(2 * math.pi),
+    "gaussian_cdf": lambda x: 0.5 * (1 + _erf(x / math.sqrt(2))),
+    "logit": lambda x: _np().log(x / (1 - x)),
+    "softmax": _np_softmax,
+    "log_softmax": _np_log_softmax,
+    "logsumexp": _np_logsumexp,
+    "max": lambda x: x.max(axis=-1),
+    "min": lambda x: x.min(axis=-1),
+    "mean": lambda x: x.mean(axis=-1),
+    "last_dim_size": _np_last_dim_size,
+    "pow": lambda x, y: _np().power(x, y),
+}
+
+
 # ---------------------------------------------------------------------------- bounds
 def _monotone(f):
     """Bounds of an increasing function."""
@@ -96,7 +178,8 @@ def _pow_bounds(base, exponent):
 
 
 def _elementwise(name, jax_fn, sympy=None, bounds=None, *, propagates_nan=True, **kw):
-    register_elementwise(name, jax_fn, sympy=sympy, bounds=bounds, propagates_nan=propagates_nan, **kw)
+    register_elementwise(name, jax_fn, sympy=sympy, bounds=bounds, propagates_nan=propagates_nan,
+                         numpy=_NUMPY.get(name), **kw)
 
 
 _elementwise("exp", lambda x: _jnp().exp(x), _sym("exp"), Bounds(_monotone(math.exp), arg_max=4.0, positive=True),
@@ -168,7 +251,7 @@ def _last_axis(name, jax_fn, shape_rule, description, sympy, bounds, row_cost, d
         FunctionSpec(
             name=name, shape_rule=needs_rank(1, shape_rule), jax=jax_fn, core_ndim=1,
             dtype_rule=dtype_rule, sympy=sympy, propagates_nan=propagates_nan, bounds=bounds,
-            description=description, cost=per_row(row_cost),
+            description=description, cost=per_row(row_cost), numpy=_NUMPY.get(name),
         )
     )
 

@@ -148,38 +148,49 @@ def _gen_index_factory(m: re.Match) -> FunctionSpec:
     def lower(x, idx):
         import jax.numpy as jnp
 
-        ax = g.axis(x.ndim, idx.ndim)
-        n = x.shape[ax]
-        if g.checked:
-            bad = (idx < 0) | (idx >= n)
-        else:
-            idx = jnp.where(idx < 0, idx + n, idx)
-            bad = (idx < 0) | (idx >= n)
-        safe = jnp.clip(idx, 0, max(n - 1, 0))
-        q = idx.ndim
-        if g.layout == "batch":
-            expanded = safe.reshape(safe.shape + (1,) * (x.ndim - q))
-            expanded = jnp.broadcast_to(
-                expanded, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax + 1:])
-            ) if x.ndim > q else expanded
-            out = jnp.take_along_axis(x, expanded, axis=ax).squeeze(ax) if x.ndim > q else x
-            bad_b = bad.reshape(bad.shape + (1,) * (out.ndim - q))
-        else:
-            out = jnp.take(x, safe, axis=ax)
-            if g.layout == "first" and ax and q:
-                out = jnp.moveaxis(out, tuple(range(ax, ax + q)), tuple(range(q)))
-                bad_b = bad.reshape(bad.shape + (1,) * (x.ndim - 1))
-            else:
-                bad_b = bad.reshape((1,) * ax + bad.shape + (1,) * (x.ndim - ax - 1))
-        if jnp.issubdtype(out.dtype, jnp.floating):
-            return jnp.where(bad_b, jnp.nan, out)
-        return out
+        return _gather(jnp, g, x, idx)
+
+    def lower_numpy(x, idx):
+        import numpy as np
+
+        return _gather(np, g, x, idx)
 
     return FunctionSpec(
         name=name, shape_rule=shape_rule, jax=lower, num_args=(2, 2), dtype_rule=dtype_rule,
         core_ndim=None, index_arg=1, gather=g, description=_gen_index_factory.__doc__,
         cost=per_element(),  # a gather: no arithmetic (circuits.cost counts the bytes it reads)
+        numpy=lower_numpy,
     )
+
+
+def _gather(jnp, g: GenIndex, x, idx):
+    """The gather ``g`` names, written once for ``jax.numpy`` and ``numpy`` (``jnp``)."""
+    ax = g.axis(x.ndim, idx.ndim)
+    n = x.shape[ax]
+    if g.checked:
+        bad = (idx < 0) | (idx >= n)
+    else:
+        idx = jnp.where(idx < 0, idx + n, idx)
+        bad = (idx < 0) | (idx >= n)
+    safe = jnp.clip(idx, 0, max(n - 1, 0))
+    q = idx.ndim
+    if g.layout == "batch":
+        expanded = safe.reshape(safe.shape + (1,) * (x.ndim - q))
+        expanded = jnp.broadcast_to(
+            expanded, tuple(x.shape[:ax]) + (1,) + tuple(x.shape[ax + 1:])
+        ) if x.ndim > q else expanded
+        out = jnp.take_along_axis(x, expanded, axis=ax).squeeze(ax) if x.ndim > q else x
+        bad_b = bad.reshape(bad.shape + (1,) * (out.ndim - q))
+    else:
+        out = jnp.take(x, safe, axis=ax)
+        if g.layout == "first" and ax and q:
+            out = jnp.moveaxis(out, tuple(range(ax, ax + q)), tuple(range(q)))
+            bad_b = bad.reshape(bad.shape + (1,) * (x.ndim - 1))
+        else:
+            bad_b = bad.reshape((1,) * ax + bad.shape + (1,) * (x.ndim - ax - 1))
+    if jnp.issubdtype(out.dtype, jnp.floating):
+        return jnp.where(bad_b, jnp.nan, out)
+    return out
 
 
 register_family(GEN_INDEX_PATTERN, _gen_index_factory, GEN_INDEX_GRAMMAR)

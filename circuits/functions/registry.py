@@ -81,6 +81,9 @@ class FunctionSpec:
       strategies draw it only if it is elementwise with one argument, keeping that within ±4.
     - ``index_arg``: which argument holds int indices (gather functions).
     - ``gather``: for a member of the gen_index family, what its name means (a ``GenIndex``).
+    - ``numpy(*arrays) -> array``: the same function on numpy arrays, exactly (to float rounding:
+      in the arguments' float dtype), or None; the op-by-op tier computes a node with it while its
+      JAX kernel is not made yet (``circuits.backend.tiers.host``), so a first call compiles nothing.
     - ``cost(arg_shapes, out_shape) -> {kind: count}``: the arithmetic it does, by kind (``mul``,
       ``add``, ``div``, ``exp``, ``log``, ``sqrt``, ``sin``, ``cos``, ``tanh``, ``erf``, ``pow``,
       ``cmp``) for ``circuits.cost``; build it with ``per_element`` or ``per_row``.  None: the
@@ -102,6 +105,7 @@ class FunctionSpec:
     gather: Optional[GenIndex] = None
     description: str = ""
     cost: Optional[Callable] = None
+    numpy: Optional[Callable] = None
 
     def result_dtype(self, dtypes) -> str:
         if self.dtype_rule is not None:
@@ -287,7 +291,7 @@ def per_row(row_counts: Callable) -> Callable:
 
 # ---------------------------------------------------------------------------- registering
 def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, propagates_nan=False,
-                         bounds=None, replace=False, description="", cost=None):
+                         bounds=None, replace=False, description="", cost=None, numpy=None):
     """Register an elementwise function (broadcasting when it takes several arguments)."""
     return register(
         FunctionSpec(
@@ -304,6 +308,7 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
             dtype_rule=float_dtype,
             description=description,
             cost=cost,
+            numpy=numpy,
         ),
         replace=replace,
     )
@@ -311,9 +316,10 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
 
 def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, core_ndim=None,
                       elementwise=False, linear=False, sympy=None, propagates_nan=False, bounds=None,
-                      replace=False, description="", cost=None):
+                      replace=False, description="", cost=None, numpy=None):
     """Register a user function: ``shape_rule(list_of_shapes) -> shape``, ``jax_fn(*arrays)``;
-    the other keywords are ``FunctionSpec``'s fields.
+    the other keywords are ``FunctionSpec``'s fields (``numpy``: the same function on numpy arrays,
+    for a first call that compiles nothing; without it the JAX kernel computes the node).
 
     >>> import jax.numpy as jnp, numpy as np, circuits as C
     >>> _ = register_function('cumsum_last_demo', lambda shapes: shapes[0],
@@ -330,7 +336,7 @@ def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, 
         FunctionSpec(
             name=name, shape_rule=shape_rule, jax=jax_fn, num_args=n, dtype_rule=dtype_rule,
             core_ndim=core_ndim, elementwise=elementwise, linear=linear, sympy=sympy,
-            propagates_nan=propagates_nan, bounds=bounds, description=description, cost=cost,
+            propagates_nan=propagates_nan, bounds=bounds, description=description, cost=cost, numpy=numpy,
         ),
         replace=replace,
     )

@@ -22,6 +22,12 @@ def _where(condition, x, y):
     return jnp.where(condition.astype(bool), x, y)
 
 
+def _where_numpy(condition, x, y):
+    import numpy as np
+
+    return np.where(condition.astype(bool), x, y)
+
+
 def _dtype(dtypes):
     # The condition's dtype plays no part in the result's.
     return promote(dtypes[1:]) if dtypes[1:] else DEFAULT_FLOAT
@@ -29,7 +35,7 @@ def _dtype(dtypes):
 
 _SPEC = FunctionSpec(
     name="where", shape_rule=broadcast, jax=_where, num_args=(3, 3), dtype_rule=_dtype, core_ndim=0,
-    elementwise=True, propagates_nan=False,
+    elementwise=True, propagates_nan=False, numpy=_where_numpy,
     description="x where the condition is nonzero, else y (broadcasting)",
 )
 # Loading this file a second time (pytest's doctest collection does) registers nothing new.

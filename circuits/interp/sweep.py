@@ -413,6 +413,8 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     if mode not in ("auto", "jit", "ops", "eager"):  # 'eager': the former name of 'ops'
         raise CircuitError(f"sweep: mode={mode!r}: give 'auto', 'jit' or 'ops'")
     mode = check_mode(mode)
+    if mode == "numpy":  # pinned: a sweep runs JAX's kernels op by op
+        mode = "ops"
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
     if has_batch_axis(circuit, inputs):

@@ -16,7 +16,10 @@ fixed number of slots, the prompt and new tokens rounded up to a power of two: e
 generation has the same shapes, so the edited step compiles once, and a later generation whose
 lengths fall in the same buckets (or whose edit differs only in values, e.g. another steering
 vector) reuses the compiled programs (the compile cache is keyed by the name- and value-blind
-structure and the shapes).
+structure and the shapes).  The program around a compiled step (the edited circuit's heads
+batched, lowered, its arguments bound) is kept on the model under the content hash of the
+circuit the edit returned (``step_program``): a generation whose edit returns the same circuit
+again skips that work, and one whose edit returns anything else never meets a kept program.
 
 Positions are absolute: ``'positions'`` holds each new token's position in its own sequence
 (padding aside), so an edit that reads it (``sequence.position_mask``) acts on the same tokens in
@@ -91,21 +94,47 @@ class Prompt:
 
 
 # ---------------------------------------------------------------------------- programs
+PROGRAMS_KEPT = 8  # step programs kept per model (the most recently used)
+
+
+def step_program(model, n: int, capacity: int, edit, greedy: bool) -> "StepProgram":
+    """The step program of ``n`` new tokens over ``capacity`` cache slots under ``edit`` (None:
+    the unedited step), kept on the model under the edited circuit's content hash.
+
+    An edit is applied to the step built with per-head nodes (it may name a head: an edit built
+    on the fused step would miss it, silently for a predicate); head batching then fuses the
+    heads again, and the compiled step is as fast as the unedited one (BENCHMARKS.md,
+    ``bench_generate``).  What costs is the Python around it: head batching, lowering and
+    binding a 2,000-node circuit, about as long as two decode steps.  So the program is kept
+    under the hash of what ``edit`` returned, never under the function: a later generation
+    whose edit returns the same circuit (the same steering vector, the same ablation) reuses
+    it, and one whose edit returns anything else (another vector, a function that reads state
+    which changed) builds its own, so a kept program can never stand in for a different edit."""
+    step = model.step_circuit(n, capacity, split_heads=edit is not None)
+    circuit = step if edit is None else edit(step)
+    if not isinstance(circuit, Circuit):
+        raise CircuitError(f"edit must return a circuit (a function from circuit to circuit), got "
+                           f"{type(circuit).__name__}")
+    if circuit.shape != step.shape:
+        raise CircuitError(f"edit changed the step's logits from shape {list(step.shape)} to "
+                           f"{list(circuit.shape)}; an edit must keep the circuit's value shape")
+    kept = model._programs
+    key = (step.hash, circuit.hash, greedy, model.dtype)
+    program = kept.pop(key, None)
+    if program is None:
+        program = StepProgram(model, step, circuit, model.step_window(n, capacity, edit is not None), greedy)
+        while len(kept) >= PROGRAMS_KEPT:
+            kept.pop(next(iter(kept)))
+    kept[key] = program  # last: the most recently used
+    return program
+
+
 class StepProgram:
     """One step kind (prefill or decode) of one model and edit, lowered and compiled: the edited
     step circuit, its next-token logits and new keys and values as the roots of one program, the
     Symbols bound inside a jitted function that also updates the cache and picks the next token."""
 
-    def __init__(self, model, n: int, capacity: int, edit, greedy: bool):
-        # per-head nodes only for an edit (it may name heads); head batching fuses them again
-        step = model.step_circuit(n, capacity, split_heads=edit is not None)
-        circuit = step if edit is None else edit(step)
-        if not isinstance(circuit, Circuit):
-            raise CircuitError(f"edit must return a circuit (a function from circuit to circuit), got "
-                               f"{type(circuit).__name__}")
-        if circuit.shape != step.shape:
-            raise CircuitError(f"edit changed the step's logits from shape {list(step.shape)} to "
-                               f"{list(circuit.shape)}; an edit must keep the circuit's value shape")
+    def __init__(self, model, step: Circuit, circuit: Circuit, window: int | None, greedy: bool):
         layers = model.attention_layers
         clean = new_keys_values(step, layers)
         found = new_keys_values(circuit, layers)
@@ -117,8 +146,7 @@ class StepProgram:
         last = Index(circuit, (-1,), name="logits.last")
         roots, _ = batch_heads([last, *keys, *values])
         self.lowered = Lowered(roots, model.dtype)
-        self.n, self.capacity, self.layers, self.greedy = n, capacity, len(layers), greedy
-        self.window = model.step_window(n, capacity, split_heads=edit is not None)
+        self.layers, self.greedy, self.window = len(layers), greedy, window
         slots = {}
         allowed = {"tokens", POSITIONS, KEY_POSITIONS, MASK, f"{MASK}.sliding"} | {
             f"{a}.past_{kv}" for a in layers for kv in ("k", "v")}
@@ -281,10 +309,13 @@ def _run(model, p: Prompt, max_new: int, edit, temperature, top_k, top_p, seed, 
     B, L = len(rows), max(len(r) for r in rows)
     greedy = temperature == 0
     # A short prompt goes through the decode step token by token: one program to compile, not two
-    # (the first generation in a process is mostly compilation; BENCHMARKS.md, bench_generate).
+    # (the first generation in a process is mostly compilation).  Measured on GPT-2 small, 16
+    # prompt tokens, 64 new: a prefill program made warm generation 1.3x faster (4.4 -> 3.4 s)
+    # and the first call with an empty compilation cache 1.34x slower (12.7 -> 16.9 s), which
+    # would take that row from 2.1x to about 2.8x transformers' (target 3): docs/benchmarks.md.
     n = bucket(L, MIN_PREFILL) if L > PREFILL_FROM else L
     capacity = bucket(n + max_new, MIN_CACHE)
-    decode = StepProgram(model, 1, capacity, edit, greedy)
+    decode = step_program(model, 1, capacity, edit, greedy)
     lengths = np.array([len(r) for r in rows])
     tokens = np.full((B, n), model._pad_id(), np.int32)
     key_pos = np.full((B, n), -1, np.int32)
@@ -302,7 +333,7 @@ def _run(model, p: Prompt, max_new: int, edit, temperature, top_k, top_p, seed, 
         sampling = (np.asarray(temperature if temperature > 0 else 1.0, fdt), np.asarray(top_k, np.int32),
                     np.asarray(top_p, fdt))
         if L > PREFILL_FROM:
-            prefill = StepProgram(model, n, capacity, edit, greedy)
+            prefill = step_program(model, n, capacity, edit, greedy)
             chosen, cache_k, cache_v, past = prefill.function(
                 prefill.args, tokens, positions, key_pos, past, cache_k, cache_v, 0, seed, 0, *sampling)
         else:

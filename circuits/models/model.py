@@ -141,6 +141,7 @@ class Model:
         if tokenizer is not None:
             tokenizer.check_vocabulary(self.vocab_size, str(path or "model"))
         self._steps: dict = {}  # (new tokens, cache slots) -> the step circuit (see ``step_circuit``)
+        self._programs: dict = {}  # generation's compiled step programs (``generate.step_program``)
 
     def __repr__(self):
         layers = self.config.get(self._family.layers_key)

@@ -17,6 +17,7 @@ from circuits.backend import Lowered, compile, evaluate, evaluate_batched, value
 from circuits.backend.lower import binding
 from circuits.backend.lower.binding import precision
 from circuits.backend.lower.program import Skeleton
+from circuits.backend.tiers import configure
 
 
 def weights(seed: int, shape=(4, 3)):
@@ -35,6 +36,14 @@ def model(seed: int, tag: str):
     rows = GeneralFunction("gen_index_at_0", table, toks)  # [3, 4]
     scaled = Einsum.from_spec("a,->a", h, Scalar(2.0))
     return Einsum.from_spec("a,ta->", Add(scaled, b), rows, name=f"out_{tag}"), x
+
+
+@pytest.fixture(autouse=True)
+def _kernels_only():
+    """These tests are about the values JAX's kernels read: no numpy first run
+    (``tiers.host``), which reads the host values."""
+    with configure(host=False):
+        yield
 
 
 @pytest.fixture

@@ -205,7 +205,7 @@ def test_mode_and_budgets_are_checked():
     assert last_run()["tier"] in ("ops", "cache")
     with tiers.pinned("eager"):
         assert tiers.check_mode("auto") == "ops"
-    with pytest.raises(EvaluationError, match="use 'ops' or 'jit'"):
+    with pytest.raises(EvaluationError, match="use 'ops', 'jit' or 'numpy'"):
         tiers.pinned("auto")
     for bad, match in [(-1, "at least 0"), (1 << 60, "absurd"), ("1GB", "int number of bytes"), (True, "int")]:
         with pytest.raises(EvaluationError, match=match):

@@ -223,6 +223,69 @@ def test_steering_equals_a_forward_hook_and_compiles_once(gpt2):
     assert C.cache_stats()["compilations"] == before
 
 
+def _zero_output_hook(module_of):
+    def register(hf):
+        return module_of(hf).register_forward_hook(lambda module, args, out: torch.zeros_like(out))
+    return register
+
+
+def test_an_edit_naming_a_head_among_other_sites_acts_on_the_head(gpt2):
+    # An edit is applied to the step built with per-head nodes: on the fused step the list of
+    # sites would match 'h1.mlp' alone and skip 'h1.attn.head2' without a word (this test fails
+    # if generate builds an edited step fused).
+    hf, m = gpt2
+    prompt = rng_tokens(20, 6)  # a prompt whose tokens the head's ablation changes (many do not)
+
+    def zero(sites):
+        return lambda c: c.update(sites, lambda n: C.Array(np.zeros(n.shape), name=f"{n.name}.zero"))
+
+    got = m.generate(prompt, 10, edit=zero(["h1.attn.head2", "h1.mlp"]), stop_at_eos=False)
+    want = _hf_generate(hf, prompt, 10, [_zero_head_hook(lambda h: h.transformer.h[1].attn.c_proj, 2, 8),
+                                         _zero_output_hook(lambda h: h.transformer.h[1].mlp)])
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got, m.generate(prompt, 10, edit=zero(["h1.mlp"]), stop_at_eos=False))
+
+
+def test_a_kept_step_program_serves_only_the_circuit_it_was_built_for(gpt2, monkeypatch):
+    # Step programs are kept under the hash of the circuit an edit returns, never under the
+    # function: the same function returning another circuit (its vector changed in place, a head
+    # ablation switched on) gets a program of its own, each result equal to its torch hook.
+    from circuits.models import generate as G
+
+    hf, m = gpt2
+    built = []
+    real = G.StepProgram.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(G.StepProgram, "__init__", counted)
+    prompt = rng_tokens(19, 5)
+    v = np.random.default_rng(3).normal(size=32) * 3
+    state = {"head": False}
+
+    def edit(c):
+        c = c.update("h0", lambda n: C.Add(n, C.Array(v, name="steer")))
+        return interp.ablate(c, "h1.attn.head2") if state["head"] else c
+
+    steer = lambda: _add_hook(lambda h: h.transformer.h[0], v)  # noqa: E731
+    first = m.generate(prompt, 8, edit=edit, stop_at_eos=False)
+    np.testing.assert_array_equal(first, _hf_generate(hf, prompt, 8, [steer()]))
+    assert len(built) == 1
+    np.testing.assert_array_equal(m.generate(prompt, 8, edit=edit, stop_at_eos=False), first)
+    assert len(built) == 1  # the same circuit: the kept program
+    v *= -1  # the closure's vector changed in place
+    turned = m.generate(prompt, 8, edit=edit, stop_at_eos=False)
+    np.testing.assert_array_equal(turned, _hf_generate(hf, prompt, 8, [steer()]))
+    assert not np.array_equal(turned, first) and len(built) == 2
+    state["head"] = True
+    headless = m.generate(prompt, 8, edit=edit, stop_at_eos=False)
+    np.testing.assert_array_equal(headless, _hf_generate(
+        hf, prompt, 8, [steer(), _zero_head_hook(lambda h: h.transformer.h[1].attn.c_proj, 2, 8)]))
+    assert not np.array_equal(headless, turned) and len(built) == 3
+
+
 def test_position_masked_edit_acts_at_absolute_positions(gpt2):
     hf, m = gpt2
     prompt = rng_tokens(16, 5)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import struct
+import sys
 import weakref
 from typing import Iterable, Mapping
 
@@ -68,6 +69,10 @@ def precision(fdt: str):
 def _canonical(dtype: str):
     """The dtype JAX actually uses for ``dtype`` in the current precision (int64 -> int32 when
     x64 is off)."""
+    if "jax" not in sys.modules and dtype != "bfloat16":  # JAX's own rule, without importing it
+        from .numpy_ops import jax_dtype
+
+        return jax_dtype(dtype)
     import jax
 
     return np.dtype(jax.dtypes.canonicalize_dtype(np.dtype(dtype) if dtype != "bfloat16" else jax.numpy.bfloat16))

@@ -244,6 +244,18 @@ class foreground:
             _active[1] = time.monotonic()
 
 
+def busy() -> bool:
+    """Whether an op-by-op evaluation runs now or ended less than ``IDLE`` seconds ago (work
+    in the background waits for a pause)."""
+    return _active[0] > 0 or time.monotonic() - _active[1] < IDLE
+
+
+def wait_for_pause() -> None:
+    """Return once no op-by-op evaluation has run for ``IDLE`` seconds."""
+    while busy():
+        time.sleep(min(IDLE / 5, 0.05))
+
+
 def _work():
     """Compile one queued group in a pause between evaluations (the background thread, below
     the caller's priority); ``AGAIN`` while more are queued, so the thread takes its other jobs

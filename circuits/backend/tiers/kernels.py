@@ -24,7 +24,7 @@ from ..lower.ops import build_op
 from ..lower.program import kernel_part
 
 __all__ = ["cached_kernel", "kernel", "broadcast_kernel", "pick_row", "kernel_info", "kernel_over_rows", "sum_over_rows",
-           "sums_pairwise", "broadcast_rows", "new_kernels"]
+           "sums_pairwise", "broadcast_rows", "new_kernels", "made", "kernel_keys"]
 
 
 # (operation, shapes, precision) -> its compiled kernel; the oldest made go first
@@ -139,6 +139,16 @@ def _kernel_keys(node: Circuit, fdt: str, keys) -> list:
             return [key for key, _ in _sum_steps(node, flags, fdt, rows)]
         return [(*kernel_part(node), fdt, "rows", rows, tuple(0 if f else None for f in flags))]
     return [(*kernel_part(node), fdt)]
+
+
+def made(key) -> bool:
+    """Whether the kernel ``key`` names is made (in memory)."""
+    return _kernels.peek(key) is not None
+
+
+def kernel_keys(node: Circuit, fdt: str, keys) -> list:
+    """The keys of the kernels computing ``node`` takes (none for a Tag or a SetSymbolicShape)."""
+    return _kernel_keys(node, fdt, keys)
 
 
 def new_kernels(nodes, fdt: str, keys) -> int:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 import threading
 import time
 from typing import Callable
@@ -60,7 +61,7 @@ __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode",
            "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]
 
-MODES = ("auto", "jit", "ops")
+MODES = ("auto", "jit", "ops", "numpy")
 # Names a mode had before (kept one release): ``'eager'`` is the op-by-op tier, ``'ops'``.
 MODE_ALIASES = {"eager": "ops"}
 
@@ -87,6 +88,8 @@ class Settings:
     - ``background``: whole programs compile in a background thread (False: in the call that
       reaches ``jit_after``);
     - ``groups``: op by op, ``'auto'`` runs fused groups (``circuits.backend.tiers.groups``);
+    - ``host``: op by op, ``'auto'`` computes a node whose kernel is not made yet with numpy, the
+      kernel made in the background (``circuits.backend.tiers.host``);
     - ``pinned``: the tier every ``mode='auto'`` call takes instead (``'ops'`` or ``'jit'``; see
       ``pinned``), None for none;
     - ``jit_after``: op-by-op runs of one circuit before its whole program compiles;
@@ -96,6 +99,7 @@ class Settings:
     cold_start: bool = True
     background: bool = True
     groups: bool = True
+    host: bool = True
     pinned: str | None = None
     jit_after: int = JIT_AFTER
     jit_max_ops: int = JIT_MAX_OPS
@@ -145,8 +149,9 @@ class configure:
 def pinned(mode: str) -> configure:
     """Within the block, every ``mode='auto'`` call (``evaluate``, ``grad``, ``evaluate_batched``,
     ``sweep`` and what calls them: ``attribute``, ``patch``...) runs in tier ``mode``
-    (``'ops'``: op by op; ``'jit'``: whole programs): for bitwise reproducibility across a
-    block of code, and for running a test suite in each tier.
+    (``'ops'``: op by op; ``'jit'``: whole programs; ``'numpy'``: op by op with numpy wherever a
+    node has a numpy op): for bitwise reproducibility across a block of code, and for running a
+    test suite in each tier.
 
     >>> import numpy as np
     >>> from circuits import Symbol, GeneralFunction
@@ -158,7 +163,7 @@ def pinned(mode: str) -> configure:
     'jit'
     """
     if mode is None:
-        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops' or 'jit'")
+        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops', 'jit' or 'numpy'")
     return configure(pinned=_pinned_tier(mode))
 
 
@@ -167,8 +172,8 @@ def _pinned_tier(mode):
     if mode is None:
         return None
     found = MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
-    if found not in ("ops", "jit"):
-        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops' or 'jit'")
+    if found not in ("ops", "jit", "numpy"):
+        raise EvaluationError(f"pinned(mode={mode!r}): use 'ops', 'jit' or 'numpy'")
     return found
 
 
@@ -218,23 +223,25 @@ def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable], kept_as: 
 _local = threading.local()
 
 
-def record(tier: str, computed: int = 0, reused: int = 0) -> None:
+def record(tier: str, computed: int = 0, reused: int = 0, numpy: int = 0) -> None:
     """Note what the latest evaluation in this thread did (``last_run``)."""
-    _local.last = {"tier": tier, "computed": computed, "reused": reused}
+    _local.last = {"tier": tier, "computed": computed, "reused": reused, "numpy": numpy}
 
 
 def last_run() -> dict:
     """What the latest ``evaluate`` (or gradient, or ``evaluate_batched``) in this thread did:
     ``tier`` (``'ops'``: op by op through cached kernels, ``'jit'``: the whole compiled program,
-    ``'cache'``: the value was known), ``computed`` (nodes computed op by op) and ``reused``
-    (cached values read); ``kernels``: how many XLA compilations the call made on its thread
+    ``'cache'``: the value was known, ``'numpy'``: op by op with numpy, pinned), ``computed``
+    (nodes computed op by op), ``numpy`` (of them, those computed with numpy while their kernels
+    are made in the background: ``circuits.backend.tiers.host``) and ``reused`` (cached values
+    read); ``kernels``: how many XLA compilations the call made on its thread
     (``compiled``: kernels or whole programs), executables it read from a disk cache
     (``loaded``), kernels it found made already (``reused``); ``seconds``: its ``total`` time, of
     which ``compiling`` (tracing, lowering and XLA's compilation) and the rest, ``running``.
     Background compilations are not the call's."""
     found = getattr(_local, "last", None)
     if found is None:
-        return {"tier": None, "computed": 0, "reused": 0, "kernels": {"compiled": 0, "loaded": 0, "reused": 0},
+        return {"tier": None, "computed": 0, "reused": 0, "numpy": 0, "kernels": {"compiled": 0, "loaded": 0, "reused": 0},
                 "seconds": {"compiling": 0.0, "running": 0.0, "total": 0.0}}
     return {k: dict(v) if isinstance(v, dict) else v for k, v in found.items()}
 
@@ -280,7 +287,7 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
             return
         entry.state = "compiling"
     if current.background:
-        in_background(lambda: _compile(entry, compile_whole), name="circuits-compile")
+        in_background(lambda: _compile(entry, compile_whole, pause=True), name="circuits-compile")
     else:
         _compile(entry, compile_whole)
 
@@ -288,7 +295,11 @@ def note_op_run(key, compile_whole, *, now: bool = False) -> None:
 _counting = threading.Lock()
 
 
-def _compile(entry: _Tracked, compile_whole) -> None:
+def _compile(entry: _Tracked, compile_whole, pause: bool = False) -> None:
+    if pause:  # in a pause between evaluations: the caller's next call does not share the GIL with it
+        from .groups import wait_for_pause
+
+        wait_for_pause()
     try:
         result = compile_whole()
         # None: the program is too large to be worth compiling whole (it stays op by op)
@@ -313,7 +324,8 @@ class Route:
     - ``cold_start``: whether this call may take the cold-start route at all;
     - ``whole_tier``: what ``last_run`` says after ``whole()`` (``'jit'``, or ``'ops'`` where the
       program's skeleton runs uncompiled);
-    - ``by_ops`` is None where there is no op-by-op way (a batch), else a method.
+    - ``by_ops`` is None where there is no op-by-op way (a batch), else a method returning
+      ``(value, tier, computed, reused)`` or ``(value, tier, computed, reused, numpy)``.
     """
 
     mode: str = "auto"
@@ -362,7 +374,9 @@ def _run(route: Route):
     current = _settings[0]
     auto = route.mode == "auto"
     cold = auto and current.cold_start and _cold[0] and route.cold_start
-    if cold and route.from_earlier_process():
+    # with JAX not imported yet, numpy's first run (circuits.backend.tiers.host) costs less than
+    # importing JAX to load the earlier process's program
+    if cold and not (current.host and "jax" not in sys.modules) and route.from_earlier_process():
         # A new process's first evaluation of a program an earlier process compiled: run it whole
         # at once (its executable kept, or JAX's persistent cache holding its compilation).
         mark_ready(route.key)
@@ -386,8 +400,8 @@ def _run(route: Route):
     if found is None:  # the whole program: compiled ('jit', 'auto' once ready), or a batch
         record(route.whole_tier)
         return route.whole()
-    value, tier, computed, reused = found
-    record(tier, computed, reused)
+    value, tier, computed, reused, *numpy = found
+    record(tier, computed, reused, numpy[0] if numpy else 0)
     if auto and tier == "ops" and route.key is not None:
         # A new process's first op-by-op evaluation of a small program compiles it whole in the
         # background, for the next process (see circuits.backend.cache.persistent).

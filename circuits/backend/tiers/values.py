@@ -15,6 +15,8 @@ True
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Mapping, Sequence
 
 import blake3
@@ -62,6 +64,16 @@ def fingerprint(value) -> bytes:
     return h.digest(16)
 
 
+def matmul_precision():
+    """JAX's matmul precision in force (``jax.default_matmul_precision``), without importing JAX
+    where it is not imported and the environment does not set it: then it is JAX's default, None."""
+    if "jax" not in sys.modules and not os.environ.get("JAX_DEFAULT_MATMUL_PRECISION"):
+        return None
+    import jax
+
+    return jax.config.jax_default_matmul_precision
+
+
 class CacheKeys:
     """Cache keys of nodes for one evaluation: ``(hash, precision)`` for a node that depends on
     no Symbol, else with the digest of the values bound to the Symbols below it.  The precision is
@@ -76,9 +88,7 @@ class CacheKeys:
     __slots__ = ("fdt", "fps", "combos", "rows", "batched", "by_free")
 
     def __init__(self, fdt: str, fps: dict, rows: int | None = None, batched: frozenset = frozenset()):
-        import jax
-
-        self.fdt = (fdt, jax.config.jax_default_matmul_precision)
+        self.fdt = (fdt, matmul_precision())
         self.fps = fps
         self.combos: dict = {}
         self.rows, self.batched = rows, batched

@@ -45,6 +45,7 @@ from ...traversal import toposort
 from ..lower.binding import raise_problems
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
+from .groups import foreground
 from .kernels import cached_kernel, kernel, pick_row
 from .op_by_op import RunInfo, check_leaf_indices, run_ops
 from .values import VALUES, Binding
@@ -119,7 +120,14 @@ class _Partners:
 def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | None, fdt: str, *,
                  cache: bool = True, info: RunInfo | None = None) -> tuple:
     """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
-    changed nodes computed as rows (see the module docstring).  Every input is checked first."""
+    changed nodes computed as rows (see the module docstring).  Every input is checked first.
+    Work in the background waits meanwhile (``groups.foreground``: the kernels numpy stood in for
+    are not compiled beside the sweep's own)."""
+    with foreground():
+        return _run_variants(base, variants, inputs, fdt, cache, info)
+
+
+def _run_variants(base, variants, inputs, fdt, cache, info) -> tuple:
     info = info if info is not None else RunInfo()
     binding = Binding([base, *variants], inputs, fdt)
     base, variants = binding.roots[0], binding.roots[1:]
