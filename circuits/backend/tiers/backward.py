@@ -46,7 +46,7 @@ from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
-from .kernels import broadcast_rows, cached_kernel, pick_row
+from .kernels import cached_kernel, pick_row
 from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
 from .values import VALUES, Binding
@@ -226,12 +226,12 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     full = root.shape if rows is None else (rows, *root.shape)
     if cotangent is None:
         first = filled(1, full, fdt)
+    elif np.shape(cotangent) != full:  # the same weights for every row: repeated on the host
+        first = _on_rows(np.asarray(cotangent, fdt), rows)
     else:
         first = jnp.asarray(cotangent, fdt)
-        if first.shape != full:  # the same weights for every row
-            first = broadcast_rows(first, rows)
     if rows is not None and not keys.is_batched(root):
-        out = broadcast_rows(out, rows)
+        out = _on_rows(np.asarray(out), rows)
     sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first}, rows, keys)
     for level in _levels(order, on_path, root):
         sweep.run_level(level)
@@ -241,23 +241,33 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
 
 
 def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Sequence[Circuit],
-                         inputs: Mapping | None, fdt: str, batched: bool = False):
+                         inputs: Mapping | None, fdt: str, batched: bool = False, max_bytes: int | None = None):
     """``(values of values_of, [d sum(root) / d value of w for w in wrt])`` op by op (the values
     through the cached kernels and the value cache, then ``grads_ops``' reverse sweep, which reads
     the same cache): what an op-by-op tier of a gradient method computes.  None as for
     ``grads_ops``.  ``batched=True``: inputs with a leading batch axis give every value and
-    gradient with the rows first (per-row gradients).  Call it within ``precision(fdt)``."""
-    if batched:
-        binding = Binding(list(values_of), inputs, fdt, batched=True)
-        values = run_ops(binding.roots, None, fdt, binding=binding)
-        if binding.rows is not None:
-            keys = binding.keys
-            values = [v if keys.is_batched(n) else broadcast_rows(v, binding.rows)
-                      for n, v in zip(binding.roots, values)]
-    else:
+    gradient with the rows first (per-row gradients); ``max_bytes`` as for ``grads_ops`` (checked
+    before anything runs).  Call it within ``precision(fdt)``."""
+    if not batched:
         values = run_ops(list(values_of), inputs, fdt)
-    found = grads_ops(root, wrt, inputs, fdt, batched=batched)
+        found = grads_ops(root, wrt, inputs, fdt)
+        return None if found is None else (values, found[1])
+    found = grads_ops(root, wrt, inputs, fdt, batched=True, max_bytes=max_bytes)  # checks the budget first
+    binding = Binding(list(values_of), inputs, fdt, batched=True)
+    values = run_ops(binding.roots, None, fdt, binding=binding)
+    if binding.rows is not None:  # a value the same for every row, given the rows (a view, on the host)
+        keys = binding.keys
+        values = [v if keys.is_batched(n) else np.broadcast_to(np.asarray(v), (binding.rows, *n.shape))
+                  for n, v in zip(binding.roots, values)]
     return None if found is None else (values, found[1])
+
+
+def _on_rows(value: np.ndarray, rows: int):
+    """``value`` repeated ``rows`` times along a new leading axis, made on the host and put on the
+    device (a kernel would compile once per shape)."""
+    import jax
+
+    return jax.device_put(np.ascontiguousarray(np.broadcast_to(value, (rows, *value.shape))))
 
 
 def _levels(order: list, on_path: set, root: Circuit) -> list:
