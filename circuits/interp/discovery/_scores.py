@@ -48,8 +48,9 @@ ALPHA_NAME = "edges.alpha"
 # What the steps run at once by ``EdgeScores.integrated`` may hold (their activations, estimated
 # from the program's size); the steps beyond it go to further calls.
 STEPS_BYTES = 2 << 30
-# The most forward-and-backward runs (rows times steps) the op-by-op tier takes on in one call; a
-# call with more runs its compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
+# The most forward-and-backward runs (steps; a batch's rows run at once, one run, where a feed's
+# values carry one batch axis) the op-by-op tier takes on in one call; a call with more runs its
+# compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
 # op by op and the program compiles in 60-130 s on two cores, plus 0.1-0.3 s a run).
 OP_BY_OP_MAX_RUNS = 32
 
@@ -376,8 +377,8 @@ class EdgeScores:
         each matrix product of a step is one of ``chunk`` steps at once.  ``chunk``: by default as
         many steps as the program's activations (its size times the feed's rows) fit in
         ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0.
-        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run step by step (and row by
-        row) op by op, the ``JIT_AFTER``-th compiles the program in the background."""
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run step by step (a batch's
+        rows at once) op by op, the ``JIT_AFTER``-th compiles the program in the background."""
         values = np.asarray(values, np.float32).reshape(-1)
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
@@ -454,7 +455,7 @@ class EdgeScores:
 
     def __call__(self, feed: dict, mode: str = "auto") -> np.ndarray:
         """The scores for ``feed`` (the mean over its rows where its values carry a batch axis);
-        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run op by op (row by row),
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run op by op (a batch's rows at once),
         through the kernels and values every evaluation shares, and the ``JIT_AFTER``-th compiles
         the whole program in the background (a GPT-2's takes a minute to compile; op by op the
         first call takes seconds), used once it is ready."""
