@@ -46,7 +46,7 @@ from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
-from .kernels import cached_kernel, pick_row
+from .kernels import cached_kernel, int_picks, pick_row
 from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
 from .values import VALUES, Binding
@@ -104,16 +104,8 @@ def picked_positions(node: Index):
     >>> picked_positions(Index(x, (2, slice(None), -1))), picked_positions(Index(x, (slice(1, 3),)))
     (((0, 2), (2, 1)), None)
     """
-    axes, positions = [], []
-    for axis, (entry, n) in enumerate(zip(node.full_index(), node.children[0].shape)):
-        if type(entry) is int:
-            axes.append(axis)
-            positions.append(entry % n)
-        elif type(entry) is not slice or entry.indices(n) != (0, n, 1):
-            return None
-    if not axes:
-        return None
-    return tuple(axes), tuple(positions)
+    found = int_picks(node)
+    return None if found is None else (found[0], tuple(int(p) for p in found[1]))
 
 
 def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str, rows: int | None = None):
