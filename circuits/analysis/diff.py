@@ -5,7 +5,9 @@ The two circuits are walked together from their roots.  Children are matched by 
 siblings whose name is unique), then the rest by position; a child of ``a`` with no partner is
 *removed*, one of ``b`` *added*.  A matched pair with a different line (type, payload, name,
 value) is *changed*; ancestors that differ only because something below them changed are not
-reported.  Each pair of nodes is visited once, so shared subtrees cost once and a change seen
+reported.  A node put above an unchanged one (``c.update(site, lambda n: f(n))``) is one
+*wrapped* entry, and its removal one *unwrapped* entry, rather than a cascade of changes below
+it.  Each pair of nodes is visited once, so shared subtrees cost once and a change seen
 through several parents is reported once, at its shortest path.  It prints as a summary when
 that is shorter (``Diff``), the full list on request; ``Diff.rust_text()`` is rust_circuit's text
 diff of the same two circuits, for reading.
@@ -25,6 +27,15 @@ diff of the same two circuits, for reading.
     + 'w' [3] Array 245f2337115cc3edbc186b71
 >>> len(diff(a, a))
 0
+
+A node wrapped in place is one entry, not a change at every level below it:
+
+>>> from circuits import GeneralFunction
+>>> print(diff(a, a.update('xw', lambda n: GeneralFunction('relu', n, name='r'))))
+1 change
++ y > r
+    + 'r' GeneralFunction relu
+      above xw (unchanged)
 """
 
 from __future__ import annotations
@@ -38,9 +49,11 @@ from ..text.html import escape
 __all__ = ["diff", "Diff", "DiffEntry"]
 
 DiffEntry = collections.namedtuple("DiffEntry", ["kind", "path", "old", "new"])
-DiffEntry.__doc__ = """One difference: ``kind`` ('changed', 'added' or 'removed'), ``path`` (labels
-of the nodes from the root down to it: names, or ``'<Type #i>'`` for an unnamed i-th child),
-``old`` / ``new`` (the nodes in ``a`` / ``b``; None for an added / removed one)."""
+DiffEntry.__doc__ = """One difference: ``kind`` ('changed', 'added', 'removed', 'wrapped' or
+'unwrapped'), ``path`` (labels of the nodes from the root down to it: names, or ``'<Type #i>'``
+for an unnamed i-th child), ``old`` / ``new`` (the nodes in ``a`` / ``b``; None for an added /
+removed one).  A 'wrapped' entry's ``new`` node has ``old`` among its children, unchanged (a node
+inserted above it); an 'unwrapped' entry's ``old`` node had ``new`` among its children."""
 
 MAX_PATH_SHOWN = 8
 
@@ -183,8 +196,12 @@ class Diff:
 
     @staticmethod
     def _entry_lines(e) -> list:
-        marks = {"changed": "~", "added": "+", "removed": "-"}
+        marks = {"changed": "~", "added": "+", "removed": "-", "wrapped": "+", "unwrapped": "-"}
         out = [f"{marks[e.kind]} {Diff._path_text(e.path)}"]
+        if e.kind == "wrapped":
+            return [*out, f"    + {e.new.line()}", f"      above {_label(e.old, None)!s} (unchanged)"]
+        if e.kind == "unwrapped":
+            return [*out, f"    - {e.old.line()}", f"      now {_label(e.new, None)!s} directly (unchanged)"]
         if e.old is not None:
             out.append(f"    - {e.old.line()}")
         if e.new is not None:
@@ -300,6 +317,13 @@ def diff(a: Circuit, b: Circuit, *, full: bool = False) -> Diff:
         if x.hash == y.hash or key in seen:
             continue
         seen.add(key)
+        if any(k.hash == x.hash for k in y.children):  # a node inserted above x
+            add(DiffEntry("wrapped", materialize(link), x, y), parent_same)
+            continue
+        if any(k.hash == y.hash for k in x.children):  # x taken out, its child in its place
+            path = materialize(link)
+            add(DiffEntry("unwrapped", (*path[:-1], x.name if x.name is not None else path[-1]), x, y), parent_same)
+            continue
         same = _same_line(x, y)
         if not same:
             add(DiffEntry("changed", materialize(link), x, y), parent_same)

@@ -114,3 +114,23 @@ def test_rust_text_is_rusts_diff_of_the_same_pair():
     loss, patched = _path_patched()
     assert C.diff(loss, patched).rust_text(print_legend=False) == diff_circuits(patched, loss, print_legend=False)
     assert "diff_circuits" not in C.__all__  # one name: C.diff
+
+
+def test_a_node_wrapped_in_place_is_one_entry_and_unwrapping_is_one_too():
+    loss = _seed_like()
+    site = loss.get_unique("a1.w.q")
+    parents = [n for n in loss.toposort() if any(c is site for c in n.children)]
+    wrapped = loss.update("a1.w.q", lambda n: C.GeneralFunction("relu", n, name="a1.w.q.relu"))
+    d = C.diff(loss, wrapped)
+    assert [e.kind for e in d] == ["wrapped"], str(d)  # was 34 entries: the children cascaded
+    (entry,) = d
+    assert entry.old is site and entry.new.children[0] is site and entry.path[-1] == "a1.w.q.relu"
+    assert any(c.name == entry.path[-2] for c in parents)
+    assert "above a1.w.q (unchanged)" in str(d)
+    back = C.diff(wrapped, loss)
+    assert [(e.kind, e.path[-1]) for e in back] == [("unwrapped", "a1.w.q.relu")]
+    assert "now a1.w.q directly" in str(back)
+    # a steering-style wrapper with a second, new child is one entry as well
+    vec = C.Array(np.ones(site.shape, np.float32), name="vec")
+    steered = loss.update("a1.w.q", lambda n: C.Add(n, vec, name="a1.w.q.steered"))
+    assert [e.kind for e in C.diff(loss, steered)] == ["wrapped"]
