@@ -158,7 +158,7 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
     the chunks this dataset ran in before, when a patch or the clean run over it chunked: their
     values are in the value cache).  None as for ``grads_ops``, or when the inputs do not bind
     (the whole program says what is wrong)."""
-    from .batched import DEFAULT_MEMORY_BUDGET, _concat, _known_chunk, _remember_chunk, _rows
+    from .batched import DEFAULT_MEMORY_BUDGET, known_chunk, remember_chunk, take_rows
 
     binding = Binding([circuit], inputs, fdt, batched=True)
     total = binding.rows
@@ -167,12 +167,12 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
     per_row = weights is not None and weights.ndim == len(circuit.shape) + 1
 
     def run_part(start, chunk):
-        part = {s: _rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
+        part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
                 else binding.values[s.hash] for s in binding.free}
-        w = _rows(weights, start, chunk) if per_row else weights
+        w = take_rows(weights, start, chunk) if per_row else weights
         return grads_ops(circuit, nodes, part, fdt, w, cache=cache, info=info, batched=True)
 
-    known = _known_chunk(binding)
+    known = known_chunk(binding)
     if known is None or known >= total:
         try:
             found = grads_ops(circuit, nodes, inputs, fdt, weights, cache=cache, info=info, batched=True,
@@ -180,7 +180,7 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
         except OverBudget as over:
             fit = max(1, min(total, DEFAULT_MEMORY_BUDGET // max(1, over.row_bytes)))
             known = 1 << (fit.bit_length() - 1)  # a power of two
-            _remember_chunk(binding, known)
+            remember_chunk(binding, known)
         else:
             return found
     pieces = []
@@ -190,7 +190,7 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
             return None
         real = min(known, total - start)
         pieces.append([np.asarray(v)[:real] for v in (found[0], *found[1])])
-    joined = [_concat([p[k] for p in pieces], False) for k in range(len(pieces[0]))]
+    joined = [np.concatenate([p[k] for p in pieces]) for k in range(len(pieces[0]))]
     return joined[0], joined[1:]
 
 

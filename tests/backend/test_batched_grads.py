@@ -154,3 +154,10 @@ def test_gradient_discovery_over_a_batch_runs_op_by_op_and_agrees(shipped, metho
     whole = discover(variant, source, method=method, inputs=feed, steps=3, mode="jit")
     assert last_run()["tier"] == "jit"
     np.testing.assert_allclose(np.asarray(ops.scores), np.asarray(whole.scores), rtol=1e-4, atol=1e-4)
+    # a budget of about two rows: chunks of rows (the last padded), the same scores
+    from circuits.interp.discovery import _scores
+
+    with mock.patch.object(_scores, "BATCH_BYTES", 2 << 20):
+        chunked = discover(ablate(circuit, "b0.a.head3"), source, method=method, inputs=feed, steps=3, mode="ops")
+    want = discover(ablate(circuit, "b0.a.head3"), source, method=method, inputs=feed, steps=3, mode="jit")
+    np.testing.assert_allclose(np.asarray(chunked.scores), np.asarray(want.scores), rtol=1e-4, atol=1e-4)

@@ -238,12 +238,42 @@ def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Seque
     through the cached kernels and the value cache, then ``grads_ops``' reverse sweep, which reads
     the same cache): what an op-by-op tier of a gradient method computes.  None as for
     ``grads_ops``.  ``batched=True``: inputs with a leading batch axis give every value and
-    gradient with the rows first (per-row gradients); ``max_bytes`` as for ``grads_ops`` (checked
-    before anything runs).  Call it within ``precision(fdt)``."""
+    gradient with the rows first (per-row gradients); where one call's new values and cotangents
+    over the rows would take more than ``max_bytes``, the rows run in chunks (a power of two rows
+    each, the last padded with its last row: one set of kernels), joined on the host.  Call it
+    within ``precision(fdt)``."""
     if not batched:
         values = run_ops(list(values_of), inputs, fdt)
         found = grads_ops(root, wrt, inputs, fdt)
         return None if found is None else (values, found[1])
+    try:
+        return _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes)
+    except OverBudget as over:
+        binding = Binding([root, *values_of], inputs, fdt, batched=True)
+        total = binding.rows
+        fit = max(1, min(total, max_bytes // max(1, over.row_bytes)))
+        chunk = 1 << (fit.bit_length() - 1)  # a power of two
+    parts = []
+    for start in range(0, total, chunk):
+        part = {}
+        for s in binding.free:
+            value = binding.values[s.hash]
+            if s.hash in binding.keys.batched:
+                value = np.asarray(value)[start:start + chunk]
+                if len(value) < chunk:  # the last chunk padded: the chunks' kernels serve it
+                    value = np.concatenate([value, np.repeat(value[-1:], chunk - len(value), axis=0)])
+            part[s] = value
+        found = _values_and_grads_rows(values_of, root, wrt, part, fdt, None)
+        if found is None:
+            return None
+        real = min(chunk, total - start)
+        parts.append(([np.asarray(v)[:real] for v in found[0]], [np.asarray(g)[:real] for g in found[1]]))
+    return ([np.concatenate([p[0][k] for p in parts]) for k in range(len(values_of))],
+            [np.concatenate([p[1][k] for p in parts]) for k in range(len(wrt))])
+
+
+def _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes):
+    """``values_and_grads_ops`` over the rows at once (``OverBudget`` past ``max_bytes``)."""
     found = grads_ops(root, wrt, inputs, fdt, batched=True, max_bytes=max_bytes)  # checks the budget first
     binding = Binding(list(values_of), inputs, fdt, batched=True)
     values = run_ops(binding.roots, None, fdt, binding=binding)

@@ -53,6 +53,9 @@ STEPS_BYTES = 2 << 30
 # compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
 # op by op and the program compiles in 60-130 s on two cores, plus 0.1-0.3 s a run).
 OP_BY_OP_MAX_RUNS = 32
+# The bytes one op-by-op run over a batch may take for its new values and cotangents; more run
+# in chunks of rows (as ``evaluate_batched``'s default memory budget).
+BATCH_BYTES = 256 << 20
 
 
 def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
@@ -300,36 +303,17 @@ class EdgeScores:
         return np.asarray(self._combine(*host, xp=np), np.float64)
 
     def _batched_scores(self, feed) -> np.ndarray | None:
-        """The mean of the per-row scores of ``feed`` (its batched values rows first), op by op."""
-        from ...backend.batched import DEFAULT_MEMORY_BUDGET
-        from ...backend.tiers.op_by_op import OverBudget
-
-        batched = {k: v for k, v in feed.items() if self._is_batched(k, v)}
-        total = len(next(iter(batched.values())))
-        chunk, start, out = total, 0, None
-        while start < total:
-            part = feed if chunk == total else {**feed, **{k: v[start:start + chunk] for k, v in batched.items()}}
-            try:
-                found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, part, self.fdt,
-                                             batched=True, max_bytes=DEFAULT_MEMORY_BUDGET)
-            except OverBudget as over:
-                fit = max(1, min(chunk, DEFAULT_MEMORY_BUDGET // max(1, over.row_bytes)))
-                chunk = 1 << (fit.bit_length() - 1)
-                continue
-            if found is None:
-                return None
-            values, grads = [np.asarray(v) for v in found[0]], [np.asarray(g) for g in found[1]]
-            for r in range(len(values[0]) if values else 0):
-                row = np.asarray(self._combine([v[r] for v in values], [g[r] for g in grads], xp=np), np.float64)
-                out = row if out is None else out + row
-            start += chunk
-        return out / total
-
-    def _is_batched(self, key, value) -> bool:
-        symbols = self.program.free_symbols()
-        sym = next((x for x in symbols if (x.hash == key.hash if isinstance(key, Circuit) else x.name == key)), None)
-        shape = np.shape(value)
-        return sym is not None and len(shape) == len(sym.shape) + 1 and tuple(shape[1:]) == sym.shape
+        """The mean of the per-row scores of ``feed`` (its batched values rows first), op by op,
+        in chunks of rows past ``BATCH_BYTES``."""
+        found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt, batched=True,
+                                     max_bytes=BATCH_BYTES)
+        if found is None:
+            return None
+        values, grads = [np.asarray(v) for v in found[0]], [np.asarray(g) for g in found[1]]
+        rows = len(values[0]) if values else len(grads[0])
+        total = sum(np.asarray(self._combine([v[r] for v in values], [g[r] for g in grads], xp=np), np.float64)
+                    for r in range(rows))
+        return total / rows
 
     def rows(self, feed: dict) -> list | None:
         """``feed`` as one feed per row where its values carry a batch axis (a leading axis more
