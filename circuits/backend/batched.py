@@ -229,7 +229,7 @@ def _on_cpu() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def _rows(value, start: int, count: int):
+def take_rows(value, start: int, count: int):
     """``count`` rows from ``start``, the last row repeated to fill a short final chunk (so every
     chunk has one shape and one compiled function serves them all); the value itself when that
     is all of it (indexing a device array goes through JAX's indexing in Python at every call)."""
@@ -337,13 +337,13 @@ def _dataset_keys(binding) -> list:
     return [(fp, binding.rows) for h, fp in binding.keys.fps.items() if h in binding.keys.batched]
 
 
-def _known_chunk(binding) -> int | None:
+def known_chunk(binding) -> int | None:
     """The smallest chunk a batched input of ``binding`` ran in before (None: none known)."""
     found = [c for c in (_CHUNKS.get(k) for k in _dataset_keys(binding)) if c is not None]
     return min(found) if found else None
 
 
-def _remember_chunk(binding, chunk: int) -> None:
+def remember_chunk(binding, chunk: int) -> None:
     for key in _dataset_keys(binding):
         _CHUNKS.put(key, chunk, 0)
 
@@ -389,7 +389,7 @@ class _Batched(Route):
         total, batched = binding.rows, binding.keys.batched
         out = []
         for start in range(0, total, chunk):
-            part = {s: _rows(binding.values[s.hash], start, chunk) if s.hash in batched else binding.values[s.hash]
+            part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in batched else binding.values[s.hash]
                     for s in binding.free}
             out.append((Binding(binding.roots, part, self.fdt, batched=True), start, min(chunk, total - start)))
         return out
@@ -435,7 +435,7 @@ class _Batched(Route):
         host = host_mode(self.mode, self.fdt, self.inputs, self.return_jax)
         total = binding.rows
         parts = None
-        known = _known_chunk(binding)
+        known = known_chunk(binding)
         if self.batch_size is not None and int(self.batch_size) < total:
             parts = self.chunks(binding, int(self.batch_size))
         elif self.batch_size is None and known is not None and known < total:
@@ -452,7 +452,7 @@ class _Batched(Route):
                 chunk = 1 << (fit.bit_length() - 1)  # a power of two
                 self._say(f"op by op: {chunk} rows a chunk of {total} (about {over.row_bytes} bytes of new values "
                           f"a row, memory budget {budget} bytes)")
-                _remember_chunk(binding, chunk)
+                remember_chunk(binding, chunk)
                 parts = self.chunks(binding, chunk)
             else:
                 return (self._outputs([(binding, 0, total)], items, [values]), self._tier(info), info.computed,
@@ -575,7 +575,7 @@ class _Chunks:
     def run_chunk(self, start: int, size: int) -> list:
         """The outputs of ``size`` rows from ``start`` (padded to ``size`` at the end), kept."""
         axes, total = self.axes, self.total
-        part = [a if ax is None else _rows(a, start, size) for a, ax in zip(self.args, axes)]
+        part = [a if ax is None else take_rows(a, start, size) for a, ax in zip(self.args, axes)]
         if self.placement is not None:
             placed = self.placement.place(part, axes)
             part = [p if ax == 0 else a for a, p, ax in zip(part, placed, axes)]

@@ -29,9 +29,10 @@ from .lower.lowering import as_items, resolve_nodes
 from .lower.program import Program
 from .tiers.backward import grads_ops
 from .tiers.lowered import grad_function, grad_vmap_function
-from .tiers.op_by_op import RunInfo
+from .tiers.op_by_op import OverBudget, RunInfo
 from .tiers.policy import Route, check_mode, run, worth_compiling
 from .tiers.symbols import has_batch_axis
+from .tiers.values import Binding
 
 __all__ = ["grad", "value_and_grad"]
 
@@ -44,8 +45,10 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     them (then a dict keyed by the items as given).  ``cotangent`` (the output's shape) weights
     the output: the gradient is then of ``sum(cotangent * output)``.  ``inputs``, ``dtype``,
     ``mode`` and ``cache`` as for ``evaluate``.  Inputs with a leading batch axis give per-example
-    values and gradients (batch axis first) from one compiled program; ``cotangent`` may then
-    carry the batch axis too.  Op by op (``'ops'``, and ``'auto'`` until the
+    values and gradients (batch axis first); ``cotangent`` may then carry the batch axis too:
+    op by op as for one row (the vector-Jacobian products mapped over the rows, in chunks of
+    rows when the batch's values would not fit the memory budget), then, repeated, from one
+    compiled program.  Op by op (``'ops'``, and ``'auto'`` until the
     same gradient has been asked for ``JIT_AFTER`` times) the forward values come from the value
     cache where known and the backward pass runs vector-Jacobian products through kernels cached
     per operation, so a fresh structure compiles nothing whole.
@@ -103,17 +106,18 @@ class _Gradient(Route):
         self.circuit, self.items, self.nodes, self.by_node, self.single = circuit, items, nodes, by_node, single
         self.inputs, self.weights, self.fdt, self.mode, self.cache = inputs, weights, fdt, mode, cache
         self.program_of = program_of
-        self.key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None)
         self.batched = has_batch_axis(circuit, inputs)
-        if self.batched:
-            self.by_ops = None  # per-example gradients: one compiled program
+        self.key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None, self.batched)
         self.whole_tier = "ops" if mode == "ops" and not self.batched else "jit"
 
     def by_ops(self, groups: bool):
         nodes, items = self.nodes, self.items
         distinct = list({n.hash: n for n in nodes}.values())
         info = RunInfo()
-        found = grads_ops(self.circuit, distinct, self.inputs, self.fdt, self.weights, cache=self.cache, info=info)
+        if self.batched:
+            found = _grads_over_rows(self.circuit, distinct, self.inputs, self.fdt, self.weights, self.cache, info)
+        else:
+            found = grads_ops(self.circuit, distinct, self.inputs, self.fdt, self.weights, cache=self.cache, info=info)
         if found is None:  # a node to differentiate is not in the circuit as evaluated
             return None
         out, grads = found
@@ -124,6 +128,12 @@ class _Gradient(Route):
         return (value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}), "ops", info.computed, info.reused
 
     def compile_whole(self, keep: bool = False):
+        if self.batched:  # the per-example program, compiled by running it once
+            program = self.program_of()
+            if not worth_compiling(program, (program.key, "grad-vmap")):
+                return None
+            self.whole()
+            return True
         return _compile_gradient(self.program_of(), self.nodes, self.weights, self.inputs)
 
     def whole(self, kept: bool = False):
@@ -141,6 +151,49 @@ class _Gradient(Route):
         if single:
             return value, by_slot[program.slot_of[nodes[0].hash]]
         return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
+
+
+def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
+    """``grads_ops`` over inputs with a leading batch axis: ``(value, gradients)``, rows first, op
+    by op.  All the rows at once where one row's new forward values and cotangents times the rows
+    fit ``batched.DEFAULT_MEMORY_BUDGET``, else in chunks of rows (a power of two, as many as fit;
+    the chunks this dataset ran in before, when a patch or the clean run over it chunked: their
+    values are in the value cache).  None as for ``grads_ops``, or when the inputs do not bind
+    (the whole program says what is wrong)."""
+    from .batched import DEFAULT_MEMORY_BUDGET, known_chunk, remember_chunk, take_rows
+
+    binding = Binding([circuit], inputs, fdt, batched=True)
+    total = binding.rows
+    if binding.problems or not total:
+        return None
+    per_row = weights is not None and weights.ndim == len(circuit.shape) + 1
+
+    def run_part(start, chunk):
+        part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
+                else binding.values[s.hash] for s in binding.free}
+        w = take_rows(weights, start, chunk) if per_row else weights
+        return grads_ops(circuit, nodes, part, fdt, w, cache=cache, info=info, batched=True)
+
+    known = known_chunk(binding)
+    if known is None or known >= total:
+        try:
+            found = grads_ops(circuit, nodes, inputs, fdt, weights, cache=cache, info=info, batched=True,
+                              max_bytes=DEFAULT_MEMORY_BUDGET)
+        except OverBudget as over:
+            fit = max(1, min(total, DEFAULT_MEMORY_BUDGET // max(1, over.row_bytes)))
+            known = 1 << (fit.bit_length() - 1)  # a power of two
+            remember_chunk(binding, known)
+        else:
+            return found
+    pieces = []
+    for start in range(0, total, known):
+        found = run_part(start, known)
+        if found is None:
+            return None
+        real = min(known, total - start)
+        pieces.append([np.asarray(v)[:real] for v in (found[0], *found[1])])
+    joined = [np.concatenate([p[k] for p in pieces]) for k in range(len(pieces[0]))]
+    return joined[0], joined[1:]
 
 
 def _batched_value_and_grad(program, nodes, items, single, slots, shapes, inputs, weights):

@@ -54,8 +54,12 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     A dataset: ``inputs`` and ``source`` values with a leading batch axis (Symbols bound to a
     batch, e.g. ``tokens_symbol(n)``; a batched source value is read through a Symbol
     ``'<input>.source'``) give each site an array of per-row estimates, batch axis first
-    (``.mean(0)`` the usual reduction), from one program for the values and one for the
-    gradients.
+    (``.mean(0)`` the usual reduction).  Tiered as ``evaluate`` is: the first calls run op by
+    op over the rows (the values through ``evaluate_batched``, the per-row gradients through
+    ``grad``'s reverse sweep mapped over the rows, each from the kernels and values every
+    evaluation shares: after a first attribution, a variant's compiles nothing), and the
+    ``jit_after``-th call of one attribution compiles one program for values, gradients and
+    estimates, in the background.
 
     ``positions`` (an int, a list of ints or a slice of each site's position axis; ``axis=``
     another) estimates patching only those entries: the sum runs over them alone; ``rows`` (a
@@ -79,9 +83,7 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
     if extra:
         inputs = {**(inputs or {}), **extra}
     if extra or has_batch_axis(circuit, inputs):
-        plan = _plan_for(circuit, sites, source, spec, dtype, _plan_key(sites, given, source, metric, dtype))
-        out = plan(inputs, next(iter(extra.values())).shape[0] if extra else None, spec.weights,
-                   plan.masks(positions, axis))
+        out = _over_rows(circuit, sites, source, given, spec, metric, inputs, extra, positions, axis, dtype, mode)
         if rows is not None:
             for label, value in out.items():
                 keep = np.zeros(len(value), bool)
@@ -109,6 +111,83 @@ def attribute(circuit: Circuit, sites, source: Mapping, *, metric=None, inputs: 
         grad = grads.get(node.hash)
         where = _mask(node, label, positions, axis)
         out[label] = 0.0 if grad is None else float(np.sum((a2 - a) * grad * where))
+    return out
+
+
+def _over_rows(circuit, sites, source, given, spec, metric, inputs, extra, positions, axis, dtype, mode) -> dict:
+    """A dataset's estimates (``{label: [rows]}``), tiered (``backend.op_tier``): op by op
+    (``_rows_by_ops``) in ``'ops'``, and in ``'auto'`` until the program of ``_Plan`` for this
+    attribution is compiled (in the background, at its ``jit_after``-th run); that program in
+    ``'jit'`` and from then on."""
+    from ..backend import float_dtype, op_tier
+
+    key = _plan_key(sites, given, source, metric, dtype)
+    plans: list = []
+
+    def plan():
+        if not plans:
+            plans.append(_plan_for(circuit, sites, source, spec, dtype, key))
+        return plans[0]
+
+    def whole():
+        p = plan()
+        return p(inputs, next(iter(extra.values())).shape[0] if extra else None, spec.weights,
+                 p.masks(positions, axis))
+
+    tier_key = None
+    if key is not None:
+        pos_key = None if positions is None else (repr(positions), axis)
+        tier_key = ("attribute-rows", circuit.hash, key, pos_key, _layout(inputs), float_dtype(dtype))
+    found = op_tier(tier_key, mode, _Size(plan),
+                    lambda: _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype),
+                    lambda: whole() is not None)
+    return whole() if found is None else found
+
+
+def _layout(inputs) -> tuple | None:
+    """The names and shapes of ``inputs`` (what a compiled program over them is keyed by)."""
+    if not isinstance(inputs, Mapping):
+        return None
+    return tuple(sorted((k if isinstance(k, str) else k.hash.hex(), tuple(np.shape(v))) for k, v in inputs.items()))
+
+
+class _Size:
+    """The size of ``plan()``'s program (``len``), lowered only when the tier policy asks."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def __len__(self):
+        return len(self.plan().lowered.program)
+
+
+def _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype) -> dict:
+    """A dataset's estimates op by op: the sites' clean and source values over the rows
+    (``evaluate_batched``, op by op: the clean run's values are read from the value cache), the
+    metric's per-row gradients at the clean sites (``value_and_grad`` over the rows, op by op),
+    the estimates summed in float64 on the host."""
+    from ..backend import evaluate_batched, value_and_grad
+
+    labels, nodes, copies = _sites_and_copies(circuit, sites, source)
+    target, cotangent = _target(circuit, spec)
+    bundle = nodes + [copies[n.hash] for n in nodes]
+    _, values = evaluate_batched(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode="ops")
+    present = {n.hash for n in toposort(target)}
+    wrt = [n for n in nodes if n.hash in present]
+    grads = {}
+    if wrt:
+        _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode="ops")
+        grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
+    out = {}
+    for label, node in zip(labels, nodes):
+        a = np.asarray(values[node], np.float64)
+        grad = grads.get(node.hash)
+        if grad is None:
+            out[label] = np.zeros(len(a))
+            continue
+        a2 = np.asarray(values[copies[node.hash]], np.float64)
+        terms = (a2 - a) * grad * _mask(node, label, positions, axis)
+        out[label] = terms.reshape(len(a), -1).sum(1)
     return out
 
 

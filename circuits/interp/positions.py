@@ -175,7 +175,10 @@ def mix(clean: Circuit, other: Circuit, label: str, positions=None, rows=None, a
         return other if other is not None else Scalar(0.0, clean.shape)
     m, axes = found
     letters = _AXES[: len(clean.shape)]
-    keep = Add(Scalar(1.0, m.shape), Einsum.from_spec(f"{axes},->{axes}", m, Scalar(-1.0)))
+    if type(m) is Array and m.value is not None:  # positions alone: 1 - m known now (no kernels of its own)
+        keep = Array((1 - m.value).astype(m.value.dtype), name=f"{m.name}.kept" if m.name else None)
+    else:
+        keep = Add(Scalar(1.0, m.shape), Einsum.from_spec(f"{axes},->{axes}", m, Scalar(-1.0)))
     spec = f"{letters},{axes}->{letters}"
     kept = Einsum.from_spec(spec, clean, keep)
     if other is None:

@@ -369,10 +369,12 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
 
     - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``;
       values with a leading batch axis (a dataset) give every variant's value on every row,
-      batch axis first; variants of one structure (a site patched at each position, ``patch(...,
-      positions=p)``) run as one compiled program vmapped over them and over the rows
-      (``info['groups']``), so a (site x position) grid is one call (``patch_grid`` builds it
-      for you, one program for every site).
+      batch axis first: op by op as ``evaluate_batched`` runs a new circuit (the base's values
+      computed once and read by every variant; nothing compiles after the clean run), and in
+      ``'jit'`` (and ``'auto'`` for a sweep run whole before) variants of one structure (a site
+      patched at each position, ``patch(..., positions=p)``) run as one compiled program vmapped
+      over them and over the rows (``info['groups']``), so a (site x position) grid is one call
+      (``patch_grid`` builds it for you, one program for every site).
     - ``dtype``: ``'float32'`` (default) or ``'float64'``, as for ``evaluate``.
     - ``batch_size``: how many variants of one group run in one vmapped call (default: as many as
       fit ``SWEEP_MEMORY`` bytes of their own values; one, called without vmap, when a variant's
@@ -417,17 +419,21 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         mode = "ops"
     if optimize not in (True, False, "auto"):
         raise CircuitError(f"sweep: optimize={optimize!r}: give True, False or 'auto'")
-    if has_batch_axis(circuit, inputs):
-        return _sweep_batched(circuit, variants, inputs, fdt, progress)
     structure = (circuit.hash, tuple(v.hash for v in variants.values()), fdt, batch_size)
+    if has_batch_axis(circuit, inputs):
+        # over a dataset: op by op (each variant over the rows, computing what it changes) unless
+        # this sweep ran whole before, as for one row
+        structure = (*structure, _layout(inputs))
+        if mode == "ops" or (mode == "auto" and structure not in _SWEPT_WHOLE):
+            return _sweep_batched_op_by_op(circuit, variants, inputs, fdt, progress)
+        _remember_whole(structure)
+        return _sweep_batched(circuit, variants, inputs, fdt, progress)
     if mode == "ops" or (mode == "auto" and structure not in _SWEPT_WHOLE):
         return _sweep_op_by_op(circuit, variants, inputs, fdt, progress)
     common, direct, own = _plan(circuit, variants, fdt)
     if mode == "auto" and not _all_compiled(own, batch_size):
         return _sweep_op_by_op(circuit, variants, inputs, fdt, progress)
-    _SWEPT_WHOLE[structure] = True
-    while len(_SWEPT_WHOLE) > 256:
-        _SWEPT_WHOLE.pop(next(iter(_SWEPT_WHOLE)))
+    _remember_whole(structure)
     needed: dict[bytes, Circuit] = {}
     for part in own.values():
         for a in part.args:
@@ -537,6 +543,42 @@ def _variant_bytes(lowered: Lowered, fdt, args, axes) -> int:
 # 'auto' looks for those programs only for these (planning a sweep costs about what running it
 # op by op does).
 _SWEPT_WHOLE: dict = {}
+
+
+def _remember_whole(structure) -> None:
+    _SWEPT_WHOLE[structure] = True
+    while len(_SWEPT_WHOLE) > 256:
+        _SWEPT_WHOLE.pop(next(iter(_SWEPT_WHOLE)))
+
+
+def _layout(inputs) -> tuple:
+    """The names and shapes of ``inputs`` (a sweep over a dataset is one structure per layout)."""
+    return tuple(sorted((k if isinstance(k, str) else k.hash.hex(), tuple(np.shape(v))) for k, v in inputs.items()))
+
+
+def _sweep_batched_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
+    """Every variant over a dataset op by op: ``evaluate_batched``'s op-by-op tier, each node through
+    its kernel mapped over the rows, over the value cache: the base circuit's values (the clean
+    run) are computed once and read by every variant, which computes only what it changes through
+    the kernels every circuit of those shapes shares (after the clean run, nothing compiles)."""
+    from ..backend import evaluate_batched, last_run
+
+    bar = _progress(len(variants), progress)
+    computed = 0
+    try:
+        base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt, mode="ops"))
+        results = {}
+        for name, variant in variants.items():
+            results[name] = np.asarray(evaluate_batched(variant, inputs, dtype=fdt, mode="ops"))
+            computed += last_run()["computed"]
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
+            "tier": "ops", "batched": True, "computed": computed}
+    return SweepResult(results, base, info)
 
 
 def _all_compiled(own: dict, batch_size) -> bool:

@@ -178,8 +178,8 @@ def test_the_map_form_runs_the_memory_cap_in_whole_groups_without_measuring(monk
     c = GeneralFunction("tanh", Einsum.from_spec("tc,cv->tv", x, W), name="capped")
     xs = rng.standard_normal((40, 4, 3)).astype(np.float32)
     want = np.tanh(xs.astype(np.float64) @ W.numpy().astype(np.float64))  # numpy oracle
-    seen, real_rows = [], batched._rows
-    monkeypatch.setattr(batched, "_rows", lambda value, start, count: seen.append(count) or real_rows(value, start, count))
+    seen, real_rows = [], batched.take_rows
+    monkeypatch.setattr(batched, "take_rows", lambda value, start, count: seen.append(count) or real_rows(value, start, count))
     got = evaluate_batched(c, {"x": xs}, mode="jit")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert batch_tuning.tuned_chunks() == {}

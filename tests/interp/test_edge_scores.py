@@ -166,16 +166,16 @@ def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
 
 @pytest.mark.unpinned
 def test_auto_compiles_at_once_for_more_runs_than_op_by_op_takes(model, monkeypatch):
-    """Rows times steps over OP_BY_OP_MAX_RUNS: the compiled program runs at the first call (op by
-    op, a large batch would cost more than compiling)."""
+    """Steps over OP_BY_OP_MAX_RUNS: the compiled program runs at the first call (op by op, many
+    steps would cost more than compiling); a batch's rows run at once, one run a step."""
     from circuits.backend.tiers import last_run
 
     w, _, _ = model
     tokens = C.Symbol((len(CLEAN),), name="toks_int_var", dtype="int64")
     circuit = attn_only(w, tokens, unique_names=True)
-    monkeypatch.setattr(edge_scores, "OP_BY_OP_MAX_RUNS", 5)
-    small = discover(circuit, BATCH_SRC, method="eap", dtype="float64", **BATCH)  # 3 runs
+    monkeypatch.setattr(edge_scores, "OP_BY_OP_MAX_RUNS", 1)
+    small = discover(circuit, BATCH_SRC, method="eap", dtype="float64", **BATCH)  # 1 run: the rows at once
     assert last_run()["tier"] == "ops"
-    big = discover(circuit, BATCH_SRC, method="eap-ig", steps=2, dtype="float64", **BATCH)  # 6 runs
+    big = discover(circuit, BATCH_SRC, method="eap-ig", steps=2, dtype="float64", **BATCH)  # 2 runs: the steps
     assert last_run()["tier"] == "jit"
     assert np.abs(small.scores).max() > 1e-3 and np.isfinite(big.scores).all()

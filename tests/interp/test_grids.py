@@ -155,8 +155,13 @@ def test_sweep_over_a_batch_runs_position_variants_as_one_program():
     variants = {(h, p): patch(circ, f"b1.a.head{h}", {"toks_int_var": source}, positions=p)
                 for h in range(3) for p in range(P)}
     feed = {"toks_int_var": CLEAN, "corrupt": CORRUPT}
-    result = sweep(circ, variants, feed, dtype="float64")
+    ops = sweep(circ, variants, feed, dtype="float64")  # 'auto': a new sweep over a batch runs op by op
+    assert ops.info["tier"] == "ops" and ops.info["batched"]
+    result = sweep(circ, variants, feed, dtype="float64", mode="jit")
     assert result.info["groups"] == 3  # one structure per head: its positions differ in a mask's values
+    assert sweep(circ, variants, feed, dtype="float64").info["tier"] == "jit"  # 'auto': swept whole before
+    for key, value in ops.items():
+        np.testing.assert_allclose(value, result[key], atol=1e-9)
     grid = head_patch_grid(circ, {"toks_int_var": CORRUPT}, inputs={"toks_int_var": CLEAN}, dtype="float64")
     for (h, p), value in result.items():
         np.testing.assert_allclose(value.sum(-1), grid[:, 1, p, h], atol=1e-9)

@@ -46,22 +46,33 @@ from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
-from .kernels import cached_kernel, pick_row
-from .op_by_op import RunInfo, run_ops
+from .kernels import cached_kernel, int_picks, pick_row
+from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
-from .values import VALUES
+from .values import VALUES, Binding
 
 __all__ = ["grads_ops", "vjp_kernel", "picked_positions"]
 
 _PASS = (Tag, SetSymbolicShape)
 
 
-def vjp_kernel(node: Circuit, fdt: str, need: tuple):
+def vjp_kernel(node: Circuit, fdt: str, need: tuple, rows: int | None = None, axes: tuple = ()):
     """``(child values, cotangent) -> cotangents of the children at positions need``: the
     vector-Jacobian product of ``node``'s kernel, compiled once per (operation, shapes, precision,
-    positions) like the kernels."""
+    positions) like the kernels.  Over a batch (``rows``): mapped over the rows, the cotangent
+    and the children whose ``axes`` entry is 0 carrying them first (the others the same for every
+    row), every cotangent out with the rows first: one per (operation, shapes, precision,
+    positions, rows, axes), shared as ``kernels.kernel_over_rows`` is."""
     key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
-    return cached_kernel(key, lambda: _pull(node, fdt, need))
+    if rows is None:
+        return cached_kernel(key, lambda: _pull(node, fdt, need))
+
+    def make():
+        import jax
+
+        return jax.vmap(_pull(node, fdt, need), in_axes=(axes, 0), out_axes=0)
+
+    return cached_kernel((*key, "rows", rows, axes), make)
 
 
 def _pull(node: Circuit, fdt: str, need: tuple):
@@ -93,33 +104,30 @@ def picked_positions(node: Index):
     >>> picked_positions(Index(x, (2, slice(None), -1))), picked_positions(Index(x, (slice(1, 3),)))
     (((0, 2), (2, 1)), None)
     """
-    axes, positions = [], []
-    for axis, (entry, n) in enumerate(zip(node.full_index(), node.children[0].shape)):
-        if type(entry) is int:
-            axes.append(axis)
-            positions.append(entry % n)
-        elif type(entry) is not slice or entry.indices(n) != (0, n, 1):
-            return None
-    if not axes:
-        return None
-    return tuple(axes), tuple(positions)
+    found = int_picks(node)
+    return None if found is None else (found[0], tuple(int(p) for p in found[1]))
 
 
-def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str):
+def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str, rows: int | None = None):
     """``g -> g`` summed over the axes along which an Add broadcast a child of ``child_shape``
-    to ``shape`` (right-aligned, size-1 axes stretched)."""
+    to ``shape`` (right-aligned, size-1 axes stretched); ``rows``: ``g`` and the result carry a
+    batch axis of ``rows`` first, kept."""
+    if rows is None:
+        return cached_kernel(("unbroadcast", shape, child_shape, dtype), lambda: _unbroadcast(shape, child_shape))
+    return cached_kernel(("unbroadcast", shape, child_shape, dtype, "rows", rows),
+                         lambda: _jax().vmap(_unbroadcast(shape, child_shape)))
 
-    def make():
-        lead = len(shape) - len(child_shape)
-        axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(child_shape)
-                                          if n == 1 and shape[lead + i] != 1)
 
-        def unbroadcast(g):
-            return g.sum(axis=axes).reshape(child_shape) if axes else g.reshape(child_shape)
+def _unbroadcast(shape: tuple, child_shape: tuple):
+    """The plain function ``_unbroadcast_kernel`` compiles."""
+    lead = len(shape) - len(child_shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(child_shape)
+                                      if n == 1 and shape[lead + i] != 1)
 
-        return unbroadcast
+    def unbroadcast(g):
+        return g.sum(axis=axes).reshape(child_shape) if axes else g.reshape(child_shape)
 
-    return cached_kernel(("unbroadcast", shape, child_shape, dtype), make)
+    return unbroadcast
 
 
 def _add_kernel(shape: tuple, dtype):
@@ -142,11 +150,19 @@ def filled(value: int, shape: tuple, fdt: str):
 
 
 def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,
-              cache: bool = True, info: RunInfo | None = None):
+              cache: bool = True, info: RunInfo | None = None, batched: bool = False, max_bytes: int | None = None):
     """``(value of root, [d sum(cotangent * root) / d value of w for w in wrt])`` op by op: the
     forward values from the value cache where known, then one reverse sweep (see the module
     docstring) over the nodes between ``wrt`` and ``root`` only.  None when a node of ``wrt`` is
-    not in the circuit as evaluated (its Modules substituted)."""
+    not in the circuit as evaluated (its Modules substituted).
+
+    ``batched=True``: inputs may carry a leading batch axis (``values.Binding``); the value and
+    every gradient then have the rows first (per-row gradients: row ``r``'s of row ``r``'s
+    output), the forward values computed over the rows as ``run_ops`` computes them and the
+    reverse sweep through vector-Jacobian products mapped over the rows (``vjp_kernel``'s
+    ``rows``), node by node; ``cotangent`` may carry the rows too.  ``max_bytes``: raise
+    ``OverBudget`` (its ``row_bytes``: one row's new forward values and cotangents) before
+    anything runs when the rows' would take more."""
     import jax.numpy as jnp
 
     (root,), _ = prepared([root])
@@ -176,27 +192,104 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
         for c in node.children:
             needed.setdefault(c.hash, c)
     needed.pop(root.hash, None)
-    values = run_ops([root, *needed.values()], inputs, fdt, cache=cache, info=info)
+    roots = [root, *needed.values()]
+    rows, keys = None, None
+    if batched:
+        binding = Binding(roots, inputs, fdt, batched=True)
+        rows, keys = binding.rows, binding.keys
+    if rows is None:
+        values = run_ops(roots, inputs, fdt, cache=cache, info=info)
+    else:
+        spare = None
+        if max_bytes is not None:  # the cotangents' bytes: one a node on the path, every one per row
+            from ..lower.memory import value_bytes
+
+            back = sum(value_bytes(n, fdt) for n in order if n.hash in on_path)
+            spare = max_bytes - back * rows
+            if spare < 0:
+                raise OverBudget(back)
+        try:
+            values = run_ops(roots, None, fdt, cache=cache, info=info, binding=binding, max_bytes=spare)
+        except OverBudget as over:
+            raise OverBudget(over.row_bytes + back) from None
     env = {root.hash: values[0]}
     env.update(zip(needed, values[1:]))
     out = values[0]
-    first = filled(1, root.shape, fdt) if cotangent is None else jnp.asarray(cotangent, fdt)
-    sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first})
+    full = root.shape if rows is None else (rows, *root.shape)
+    if cotangent is None:
+        first = filled(1, full, fdt)
+    elif np.shape(cotangent) != full:  # the same weights for every row: repeated on the host
+        first = _on_rows(np.asarray(cotangent, fdt), rows)
+    else:
+        first = jnp.asarray(cotangent, fdt)
+    if rows is not None and not keys.is_batched(root):
+        out = _on_rows(np.asarray(out), rows)
+    sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first}, rows, keys)
     for level in _levels(order, on_path, root):
         sweep.run_level(level)
-    grads = [sweep.plain(w.hash) if w.hash in sweep.ct else filled(0, w.shape, fdt) for w in wrt]
+    grads = [sweep.plain(w.hash) if w.hash in sweep.ct else
+             filled(0, w.shape if rows is None else (rows, *w.shape), fdt) for w in wrt]
     return out, grads
 
 
 def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Sequence[Circuit],
-                         inputs: Mapping | None, fdt: str):
+                         inputs: Mapping | None, fdt: str, batched: bool = False, max_bytes: int | None = None):
     """``(values of values_of, [d sum(root) / d value of w for w in wrt])`` op by op (the values
     through the cached kernels and the value cache, then ``grads_ops``' reverse sweep, which reads
     the same cache): what an op-by-op tier of a gradient method computes.  None as for
-    ``grads_ops``.  Call it within ``precision(fdt)``."""
-    values = run_ops(list(values_of), inputs, fdt)
-    found = grads_ops(root, wrt, inputs, fdt)
+    ``grads_ops``.  ``batched=True``: inputs with a leading batch axis give every value and
+    gradient with the rows first (per-row gradients); where one call's new values and cotangents
+    over the rows would take more than ``max_bytes``, the rows run in chunks (a power of two rows
+    each, the last padded with its last row: one set of kernels), joined on the host.  Call it
+    within ``precision(fdt)``."""
+    if not batched:
+        values = run_ops(list(values_of), inputs, fdt)
+        found = grads_ops(root, wrt, inputs, fdt)
+        return None if found is None else (values, found[1])
+    try:
+        return _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes)
+    except OverBudget as over:
+        binding = Binding([root, *values_of], inputs, fdt, batched=True)
+        total = binding.rows
+        fit = max(1, min(total, max_bytes // max(1, over.row_bytes)))
+        chunk = 1 << (fit.bit_length() - 1)  # a power of two
+    parts = []
+    for start in range(0, total, chunk):
+        part = {}
+        for s in binding.free:
+            value = binding.values[s.hash]
+            if s.hash in binding.keys.batched:
+                value = np.asarray(value)[start:start + chunk]
+                if len(value) < chunk:  # the last chunk padded: the chunks' kernels serve it
+                    value = np.concatenate([value, np.repeat(value[-1:], chunk - len(value), axis=0)])
+            part[s] = value
+        found = _values_and_grads_rows(values_of, root, wrt, part, fdt, None)
+        if found is None:
+            return None
+        real = min(chunk, total - start)
+        parts.append(([np.asarray(v)[:real] for v in found[0]], [np.asarray(g)[:real] for g in found[1]]))
+    return ([np.concatenate([p[0][k] for p in parts]) for k in range(len(values_of))],
+            [np.concatenate([p[1][k] for p in parts]) for k in range(len(wrt))])
+
+
+def _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes):
+    """``values_and_grads_ops`` over the rows at once (``OverBudget`` past ``max_bytes``)."""
+    found = grads_ops(root, wrt, inputs, fdt, batched=True, max_bytes=max_bytes)  # checks the budget first
+    binding = Binding(list(values_of), inputs, fdt, batched=True)
+    values = run_ops(binding.roots, None, fdt, binding=binding)
+    if binding.rows is not None:  # a value the same for every row, given the rows (a view, on the host)
+        keys = binding.keys
+        values = [v if keys.is_batched(n) else np.broadcast_to(np.asarray(v), (binding.rows, *n.shape))
+                  for n, v in zip(binding.roots, values)]
     return None if found is None else (values, found[1])
+
+
+def _on_rows(value: np.ndarray, rows: int):
+    """``value`` repeated ``rows`` times along a new leading axis, made on the host and put on the
+    device (a kernel would compile once per shape)."""
+    import jax
+
+    return jax.device_put(np.ascontiguousarray(np.broadcast_to(value, (rows, *value.shape))))
 
 
 def _levels(order: list, on_path: set, root: Circuit) -> list:
@@ -233,8 +326,12 @@ class _Row:
 class _Sweep:
     """The reverse sweep's state: cotangents by node hash (a device array or a ``_Row``)."""
 
-    def __init__(self, fdt: str, on_path: set, picks: dict, env: dict, ct: dict):
+    def __init__(self, fdt: str, on_path: set, picks: dict, env: dict, ct: dict, rows: int | None = None,
+                 keys=None):
         self.fdt, self.on_path, self.picks, self.env, self.ct = fdt, on_path, picks, env, ct
+        # over a batch: every cotangent has the rows first; a forward value has them where
+        # keys.is_batched says so
+        self.rows, self.keys = rows, keys
 
     def plain(self, h: bytes):
         v = self.ct[h]
@@ -269,6 +366,9 @@ class _Sweep:
                 continue
             need = tuple(i for i, c in enumerate(node.children) if c.hash in self.on_path)
             if need:
+                if self.rows is not None:  # over a batch: node by node
+                    self._vjp(node, need)
+                    continue
                 key = (node_key_part(node), node.shape, tuple(c.shape for c in node.children), need)
                 groups.setdefault(key, []).append(node)
         for key, group in groups.items():
@@ -288,11 +388,16 @@ class _Sweep:
                 self.add_to(c.hash, g)
             else:
                 g = self.plain(node.hash)
-                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, dtype_str(g.dtype))(g))
+                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, dtype_str(g.dtype), self.rows)(g))
 
     def _vjp(self, node: Circuit, need: tuple) -> None:
-        env = self.env
-        parts = vjp_kernel(node, self.fdt, need)(tuple(env[c.hash] for c in node.children), self.plain(node.hash))
+        env, kids = self.env, node.children
+        if self.rows is None:
+            fn = vjp_kernel(node, self.fdt, need)
+        else:
+            batched = self.keys.is_batched
+            fn = vjp_kernel(node, self.fdt, need, self.rows, tuple(0 if batched(c) else None for c in kids))
+        parts = fn(tuple(env[c.hash] for c in kids), self.plain(node.hash))
         for i, part in zip(need, parts):
             self.add_to(node.children[i].hash, part)
 
@@ -335,6 +440,15 @@ class _Sweep:
         their positions (one kernel for the group)."""
         k = group[0].children[0]
         axes = self.picks[group[0].hash][0]
+        rows = self.rows
+        if rows is not None:  # over a batch: one pick at a time, mapped over the rows
+            acc = self.plain(k.hash) if k.hash in self.ct else filled(0, (rows, *k.shape), self.fdt)
+            for n in group:
+                g = self.plain(n.hash)
+                fn = _put_rows_kernel(k.shape, axes, dtype_str(g.dtype), 1, True, rows)
+                acc = fn(acc, g, self.picks[n.hash][1][None])
+            self.ct[k.hash] = acc
+            return
         acc = self.plain(k.hash) if k.hash in self.ct else filled(0, k.shape, self.fdt)
         if len(group) == 1:
             g = self.plain(group[0].hash)
@@ -360,6 +474,12 @@ def _jnp():
     return jnp
 
 
+def _jax():
+    import jax
+
+    return jax
+
+
 def _vjp_rows_kernel(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, rows: int):
     """``vjp_kernel``'s function over ``rows`` rows (``vmap``: children's row axes ``axes``, the
     cotangent's ``g_axis``); every output has the rows first."""
@@ -378,25 +498,30 @@ def _sum_rows_kernel(shape: tuple, dtype: str):
     return cached_kernel(("sum-rows", shape, dtype), lambda: lambda x: x.sum(0))
 
 
-def _put_rows_kernel(shape: tuple, axes: tuple, dtype: str, rows: int, shared: bool):
+def _put_rows_kernel(shape: tuple, axes: tuple, dtype: str, rows: int, shared: bool, batch: int | None = None):
     """``(acc, g rows, positions [rows, len(axes)]) -> acc`` with each row added at its positions
-    (in turn: positions may repeat); ``shared``: one ``g`` for every row."""
+    (in turn: positions may repeat); ``shared``: one ``g`` for every row.  ``batch``: ``acc`` and
+    ``g`` carry a batch axis of ``batch`` first (the positions are the same for every row of it)."""
+    if batch is not None:
+        return cached_kernel(("put-rows", shape, axes, dtype, rows, shared, "batch", batch),
+                             lambda: _jax().vmap(_put_rows(shape, axes, rows, shared), in_axes=(0, 0, None)))
+    return cached_kernel(("put-rows", shape, axes, dtype, rows, shared), lambda: _put_rows(shape, axes, rows, shared))
 
-    def make():
-        import jax.lax as lax
-        import jax.numpy as jnp
 
-        rank = len(shape)
+def _put_rows(shape: tuple, axes: tuple, rows: int, shared: bool):
+    """The plain function ``_put_rows_kernel`` compiles."""
+    import jax.lax as lax
+    import jax.numpy as jnp
 
-        def put_rows(acc, g, positions):
-            for r in range(rows):
-                at = [jnp.int32(0)] * rank
-                for j, axis in enumerate(axes):
-                    at[axis] = positions[r, j]
-                block = lax.expand_dims(g if shared else g[r], axes)
-                acc = lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
-            return acc
+    rank = len(shape)
 
-        return put_rows
+    def put_rows(acc, g, positions):
+        for r in range(rows):
+            at = [jnp.int32(0)] * rank
+            for j, axis in enumerate(axes):
+                at[axis] = positions[r, j]
+            block = lax.expand_dims(g if shared else g[r], axes)
+            acc = lax.dynamic_update_slice(acc, lax.dynamic_slice(acc, at, block.shape) + block, at)
+        return acc
 
-    return cached_kernel(("put-rows", shape, axes, dtype, rows, shared), make)
+    return put_rows

@@ -16,15 +16,15 @@ from __future__ import annotations
 import numpy as np
 
 from ...dtypes import dtype_str
-from ...nodes import Add, Circuit, SetSymbolicShape, Tag
+from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ..cache.bounded import BoundedCache
 from ..cache.compiling import counted_jit, note_reused
 from ..cache.executables import kept
 from ..lower.ops import build_op
 from ..lower.program import kernel_part
 
-__all__ = ["cached_kernel", "kernel", "broadcast_kernel", "pick_row", "kernel_info", "kernel_over_rows", "sum_over_rows",
-           "sums_pairwise", "broadcast_rows", "new_kernels", "made", "kernel_keys"]
+__all__ = ["cached_kernel", "kernel", "int_picks", "pick_kernel", "broadcast_kernel", "pick_row", "kernel_info",
+           "kernel_over_rows", "sum_over_rows", "sums_pairwise", "broadcast_rows", "new_kernels", "made", "kernel_keys"]
 
 
 # (operation, shapes, precision) -> its compiled kernel; the oldest made go first
@@ -49,12 +49,67 @@ def cached_kernel(key, make):
 
 def kernel(node: Circuit, fdt: str):
     """The compiled function computing ``node`` from its children's values: one per (operation,
-    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity).
-    The key's node part is kept on the node (``program.kernel_part``)."""
+    shapes, precision), shared by every circuit (a Tag or a SetSymbolicShape is the identity; an
+    Index picking with ints is ``pick_kernel``'s, the positions passed as data).  The key's node
+    part is kept on the node (``program.kernel_part``)."""
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
+    if t is Index:
+        found = int_picks(node)
+        if found is not None:
+            fn = pick_kernel(node.children[0].shape, found[0], str(node.dtype), fdt)
+            return lambda x, at=found[1]: fn(x, at)
     return cached_kernel((*kernel_part(node), fdt), lambda: build_op(node, fdt))
+
+
+def int_picks(node: Index):
+    """``(int axes, positions as an int32 array)`` when ``node`` picks with ints only (every other
+    axis whole, in order), else None: the Indexes whose kernel takes the positions as data (one
+    kernel for every position: a metric at another position, another head of a stacked layer).
+
+    >>> from circuits import Array
+    >>> x = Array(np.zeros((4, 3, 2), np.float32))
+    >>> axes, at = int_picks(Index(x, (2, slice(None), -1)))
+    >>> axes, at.tolist(), int_picks(Index(x, (slice(1, 3),)))
+    ((0, 2), [2, 1], None)
+    """
+    axes, positions = [], []
+    for axis, (entry, n) in enumerate(zip(node.full_index(), node.children[0].shape)):
+        if type(entry) is int:
+            axes.append(axis)
+            positions.append(entry % n)
+        elif type(entry) is not slice or entry.indices(n) != (0, n, 1):
+            return None
+    found = (tuple(axes), np.asarray(positions, np.int32)) if axes else None
+    return found
+
+
+def pick_kernel(shape: tuple, axes: tuple, dtype: str, fdt: str, rows: int | None = None):
+    """``(x, positions) -> x`` at ``positions`` on the int ``axes`` (those axes dropped): one
+    kernel per (shape, axes, dtype, precision), whatever the positions; ``rows``: ``x`` carries a
+    batch axis of ``rows`` first (the positions the same for every row)."""
+
+    def make():
+        import jax.lax as lax
+
+        rank = len(shape)
+        sizes = tuple(1 if a in axes else n for a, n in enumerate(shape))
+        out = tuple(n for a, n in enumerate(shape) if a not in axes)
+
+        def pick(x, positions):
+            at = [np.int32(0)] * rank
+            for j, axis in enumerate(axes):
+                at[axis] = positions[j]
+            return lax.dynamic_slice(x, at, sizes).reshape(out)
+
+        if rows is None:
+            return pick
+        import jax
+
+        return jax.vmap(pick, in_axes=(0, None))
+
+    return cached_kernel(("pick-at", shape, axes, dtype, fdt, rows), make)
 
 
 def kernel_over_rows(node: Circuit, fdt: str, axes: tuple, rows: int):
@@ -65,6 +120,11 @@ def kernel_over_rows(node: Circuit, fdt: str, axes: tuple, rows: int):
     t = type(node)
     if t is Tag or t is SetSymbolicShape:
         return _identity_op
+    if t is Index and axes == (0,):
+        found = int_picks(node)
+        if found is not None:
+            fn = pick_kernel(node.children[0].shape, found[0], str(node.dtype), fdt, rows)
+            return lambda x, at=found[1]: fn(x, at)
 
     def make():
         import jax
@@ -133,7 +193,12 @@ def _kernel_keys(node: Circuit, fdt: str, keys) -> list:
     if t is Tag or t is SetSymbolicShape:
         return []
     rows = keys.rows
-    if rows is not None and keys.is_batched(node):
+    batched = rows is not None and keys.is_batched(node)
+    if t is Index:
+        found = int_picks(node)
+        if found is not None:
+            return [("pick-at", node.children[0].shape, found[0], str(node.dtype), fdt, rows if batched else None)]
+    if batched:
         flags = [keys.is_batched(c) for c in node.children]
         if sums_pairwise(node):
             return [key for key, _ in _sum_steps(node, flags, fdt, rows)]

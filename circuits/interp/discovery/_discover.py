@@ -147,7 +147,7 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     ``batch_size``: the rows of one call of the masked program (ACDC, and ``'exact'``, which then
     evaluates the masked program part by part instead of its one row-sparse program).
     ``mode`` (``'auto'``, ``'ops'``, ``'jit'``, as for ``evaluate``) tiers the gradient methods:
-    in ``'auto'`` their first calls run op by op (row by row, step by step, up to
+    in ``'auto'`` their first calls run op by op (a batch's rows at once, step by step, up to
     ``_scores.OP_BY_OP_MAX_RUNS`` runs; more compile at once) through the kernels every
     evaluation shares, and the second compiles their one program in the background if it
     has at most ``JIT_MAX_OPS`` nodes (GPT-2 small's, 9,400, stays op by op: a first EAP call of

@@ -48,10 +48,14 @@ ALPHA_NAME = "edges.alpha"
 # What the steps run at once by ``EdgeScores.integrated`` may hold (their activations, estimated
 # from the program's size); the steps beyond it go to further calls.
 STEPS_BYTES = 2 << 30
-# The most forward-and-backward runs (rows times steps) the op-by-op tier takes on in one call; a
-# call with more runs its compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
+# The most forward-and-backward runs (steps; a batch's rows run at once, one run, where a feed's
+# values carry one batch axis) the op-by-op tier takes on in one call; a call with more runs its
+# compiled program at once (at GPT-2 small's shape a run takes 1.5-2.5 s
 # op by op and the program compiles in 60-130 s on two cores, plus 0.1-0.3 s a run).
 OP_BY_OP_MAX_RUNS = 32
+# The bytes one op-by-op run over a batch may take for its new values and cotangents; more run
+# in chunks of rows (as ``evaluate_batched``'s default memory budget).
+BATCH_BYTES = 256 << 20
 
 
 def split_circuit(g: Edges) -> tuple[Circuit, dict, dict]:
@@ -273,21 +277,43 @@ class EdgeScores:
             blocks.append((receivers @ senders.T).reshape(-1))
         return xp.concatenate(blocks)[self.order]
 
-    def by_ops(self, feeds) -> np.ndarray | None:
+    def by_ops(self, feeds, batched: bool = False) -> np.ndarray | None:
         """``sum(weight * scores(feed) for feed, weight in feeds)`` op by op: the senders' values
         through the cached per-operation kernels (and the value cache), the gradients at the
         destinations' sums by the op-by-op reverse sweep; nothing is compiled whole.  None where
-        the circuit's nodes are not all there as evaluated (Modules substituted)."""
+        the circuit's nodes are not all there as evaluated (Modules substituted).  ``batched``:
+        each feed's values carry a batch axis and its score is the mean of its rows', all rows
+        computed at once (the kernels mapped over them), in chunks of rows where one call's
+        values and cotangents would not fit ``DEFAULT_MEMORY_BUDGET``."""
         total = None
         with precision(self.fdt):
             for feed, weight in feeds:
-                found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt)
-                if found is None:
+                scores = self._batched_scores(feed) if batched else self._scores(feed)
+                if scores is None:
                     return None
-                host = [np.asarray(v) for v in found[0]], [np.asarray(v) for v in found[1]]
-                scores = np.asarray(self._combine(*host, xp=np), np.float64) * weight
+                scores = scores * weight
                 total = scores if total is None else total + scores
         return total
+
+    def _scores(self, feed) -> np.ndarray | None:
+        found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt)
+        if found is None:
+            return None
+        host = [np.asarray(v) for v in found[0]], [np.asarray(v) for v in found[1]]
+        return np.asarray(self._combine(*host, xp=np), np.float64)
+
+    def _batched_scores(self, feed) -> np.ndarray | None:
+        """The mean of the per-row scores of ``feed`` (its batched values rows first), op by op,
+        in chunks of rows past ``BATCH_BYTES``."""
+        found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt, batched=True,
+                                     max_bytes=BATCH_BYTES)
+        if found is None:
+            return None
+        values, grads = [np.asarray(v) for v in found[0]], [np.asarray(g) for g in found[1]]
+        rows = len(values[0]) if values else len(grads[0])
+        total = sum(np.asarray(self._combine([v[r] for v in values], [g[r] for g in grads], xp=np), np.float64)
+                    for r in range(rows))
+        return total / rows
 
     def rows(self, feed: dict) -> list | None:
         """``feed`` as one feed per row where its values carry a batch axis (a leading axis more
@@ -310,7 +336,7 @@ class EdgeScores:
             return None
         return [{**plain, **{k: v[i] for k, v in batched.items()}} for i in range(sizes.pop())]
 
-    def _tiered(self, key, mode: str, runs: int | None, feeds, whole) -> np.ndarray:
+    def _tiered(self, key, mode: str, runs: int | None, feeds, whole, batched: bool = False) -> np.ndarray:
         """The scores from the op-by-op tier (``backend.op_tier``: ``'ops'``, or ``'auto'`` until
         the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` runs, the ``runs`` feeds that
         ``feeds()`` yields one at a time, never held together; ``'auto'``'s
@@ -319,7 +345,8 @@ class EdgeScores:
         compile or to load in a new process), else from ``whole()``, the compiled program."""
         scores = None
         if runs is not None and not (check_mode(mode) == "auto" and runs > OP_BY_OP_MAX_RUNS):
-            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds()), lambda: whole() is not None)
+            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched),
+                             lambda: whole() is not None)
         if scores is None:
             scores = whole()
             record("jit")
@@ -334,19 +361,23 @@ class EdgeScores:
         each matrix product of a step is one of ``chunk`` steps at once.  ``chunk``: by default as
         many steps as the program's activations (its size times the feed's rows) fit in
         ``STEPS_BYTES``; the calls are evened out, a short last one padded with steps of weight 0.
-        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run step by step (and row by
-        row) op by op, the ``JIT_AFTER``-th compiles the program in the background."""
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run step by step (a batch's
+        rows at once) op by op, the ``JIT_AFTER``-th compiles the program in the background."""
         values = np.asarray(values, np.float32).reshape(-1)
         if not len(values):
             raise CircuitError("edge scores: integrated over no values; give at least one step")
         rows = self.rows(feed)
+        key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
+        whole = lambda: self._integrated(symbol, values, feed, chunk)  # noqa: E731
+        if rows is not None and len(rows) > 1:  # a batch: each step's rows at once, op by op
+            return self._tiered(key, mode, len(values), lambda: (({**feed, symbol: v}, 1.0 / len(values))
+                                                                  for v in values), whole, batched=True)
         runs = None if rows is None else len(values) * len(rows)
 
         def feeds():  # one run at a time: ten million steps are not ten million dicts at once
             return (({**row, symbol: v}, 1.0 / runs) for v in values for row in rows)
 
-        key = (self.program.key, *self.tag, "integrated", symbol.hash, len(rows or ()), chunk)
-        return self._tiered(key, mode, runs, feeds, lambda: self._integrated(symbol, values, feed, chunk))
+        return self._tiered(key, mode, runs, feeds, whole)
 
     def _integrated(self, symbol: Symbol, values: np.ndarray, feed: dict, chunk: int | None) -> np.ndarray:
         args, axes = self.lowered.bind_batched({**feed, symbol: values[0]})
@@ -408,12 +439,15 @@ class EdgeScores:
 
     def __call__(self, feed: dict, mode: str = "auto") -> np.ndarray:
         """The scores for ``feed`` (the mean over its rows where its values carry a batch axis);
-        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run op by op (row by row),
+        ``mode`` as for ``evaluate``: in ``'auto'`` the first calls run op by op (a batch's rows at once),
         through the kernels and values every evaluation shares, and the ``JIT_AFTER``-th compiles
         the whole program in the background (a GPT-2's takes a minute to compile; op by op the
         first call takes seconds), used once it is ready."""
         rows = self.rows(feed)
         key = (self.program.key, *self.tag, len(rows or ()))
+        if rows is not None and len(rows) > 1:  # a batch: its rows at once, op by op
+            return self._tiered(key, mode, 1, lambda: [(feed, 1.0)],
+                                lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed), batched=True)
         return self._tiered(key, mode, None if rows is None else len(rows),
                             lambda: ((row, 1.0 / len(rows)) for row in rows),
                             lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
