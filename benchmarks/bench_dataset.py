@@ -38,12 +38,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 
-from .common import fastest_torch_threads, report
+from .common import XlaCounter, fastest_torch_threads, report, timed
 
 ROWS, TOKENS = 50, 34
 
@@ -154,27 +153,6 @@ class TorchBatched:
             return self.loss(toks, x1 + out1.sum(1))
 
 
-class XlaCounter:
-    """Traces and XLA compilations JAX made on this thread (``jax.monitoring``)."""
-
-    EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration")
-
-    def __init__(self):
-        import jax
-
-        self.seen = []
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda event, duration, **_: self.seen.append(threading.get_ident()) if event in self.EVENTS else None)
-
-    def count(self) -> int:
-        me = threading.get_ident()
-        return sum(1 for t in self.seen if t == me)
-
-
-def _time(fn):
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
 
 
 def run_here(only: str | None = None) -> list[tuple[str, str]]:
@@ -198,7 +176,7 @@ def run_here(only: str | None = None) -> list[tuple[str, str]]:
     model = TorchBatched(w)
 
     before = counter.count()
-    dt, value = _time(lambda: C.evaluate(circuit, {sym: clean}))
+    dt, value = timed(lambda: C.evaluate(circuit, {sym: clean}))
     clean_xla = counter.count() - before
     kernels = C.backend.tiers.last_run()["kernels"]
     ref = model.forward(clean).numpy()
@@ -206,7 +184,7 @@ def run_here(only: str | None = None) -> list[tuple[str, str]]:
     bare = lambda: model.forward(clean)  # noqa: E731
     threads, _ = fastest_torch_threads(bare, (1, os.cpu_count() or 1))
     rows.append(("torch threads (the faster of 1 and all cores)", str(threads)))
-    t_bare = np.median([_time(bare)[0] for _ in range(9)])
+    t_bare = np.median([timed(bare)[0] for _ in range(9)])
     rows.append(("clean run over the batch, first call (kernels compiled or loaded)",
                  f"{dt * 1e3:.0f} ms: {kernels['compiled']} XLA compilations, {kernels['loaded']} executables loaded "
                  f"from disk ({clean_xla} traces/compilations); torch batched forward {t_bare * 1e3:.2f} ms"))
@@ -219,10 +197,10 @@ def run_here(only: str | None = None) -> list[tuple[str, str]]:
         compiled = 0
         for variant, torch_fn in zip(variants, theirs):
             mark = counter.count()
-            dt, value = _time(lambda: C.evaluate(variant(), feed))
+            dt, value = timed(lambda: C.evaluate(variant(), feed))
             compiled += counter.count() - mark
             ours_t.append(dt)
-            dt_t, ref = _time(torch_fn)
+            dt_t, ref = timed(torch_fn)
             theirs_t.append(dt_t)
             np.testing.assert_allclose(value, ref.numpy(), rtol=1e-4, atol=1e-5)
         a, b = np.median(ours_t), np.median(theirs_t)
@@ -290,9 +268,9 @@ def run_here(only: str | None = None) -> list[tuple[str, str]]:
     def torch_attribution(position):
         return model.attribution(clean, corrupt_heads, position).reshape(ROWS, -1).numpy()
 
-    t_fb = np.median([_time(lambda: torch_attribution(31))[0] for _ in range(9)])
+    t_fb = np.median([timed(lambda: torch_attribution(31))[0] for _ in range(9)])
     mark = counter.count()
-    dt, first = _time(lambda: attribution(31))
+    dt, first = timed(lambda: attribution(31))
     kernels = C.backend.tiers.last_run()["kernels"]
     np.testing.assert_allclose(first, torch_attribution(31), rtol=1e-3, atol=1e-4)
     rows.append(("attribution of 8 heads over the batch, the first in the process",
@@ -302,8 +280,8 @@ def run_here(only: str | None = None) -> list[tuple[str, str]]:
     ours_t, theirs_t = [], []
     mark = counter.count()
     for position in (30, 27, 24, 20, 16, 11, 6, 1):
-        dt, value = _time(lambda: attribution(position))
-        dt_t, ref = _time(lambda: torch_attribution(position))
+        dt, value = timed(lambda: attribution(position))
+        dt_t, ref = timed(lambda: torch_attribution(position))
         np.testing.assert_allclose(value, ref, rtol=1e-3, atol=1e-4)
         ours_t.append(dt)
         theirs_t.append(dt_t)

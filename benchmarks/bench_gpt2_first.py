@@ -41,11 +41,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 
+from .common import XlaCounter, timed
 from .tl_models import require
 
 PROMPTS, TOKENS, LAYERS, HEADS = 8, 32, 12, 12
@@ -53,27 +52,6 @@ ROWS = ("forward", "patching", "attribution", "eap")
 TARGETS = {"forward": 2.0, "patching": 0.5, "attribution": 1.0}
 
 
-class XlaCounter:
-    """Traces and XLA compilations JAX made (``jax.monitoring``): on this thread, and in all."""
-
-    EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration")
-
-    def __init__(self):
-        import jax
-
-        self.seen = []
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda event, duration, **_: self.seen.append(threading.get_ident()) if event in self.EVENTS else None)
-
-    def counts(self) -> tuple[int, int]:
-        me = threading.get_ident()
-        return sum(1 for t in self.seen if t == me), len(self.seen)
-
-
-def _time(fn):
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
 
 
 def _loss(logits, tokens):
@@ -116,7 +94,7 @@ def run_row(row: str, runs: int) -> dict:
 
     def ours(fn):
         before = counter.counts()
-        dt, value = _time(fn)
+        dt, value = timed(fn)
         after = counter.counts()
         out.update(ours_s=dt, xla_here=after[0] - before[0], xla_all=after[1] - before[1])
         return value
@@ -129,12 +107,12 @@ def run_row(row: str, runs: int) -> dict:
         """TransformerLens: its first call (one torch thread), then the median of ``runs`` at its
         best thread count (the faster of one and all cores for a forward: every call of a row
         is forwards and backwards of the same shapes)."""
-        dt, value = _time(fn)
+        dt, value = timed(fn)
         if runs == 0:  # its first call only (TransformerLens' patching module: 144 forwards a call)
             out.update(tl_first_s=dt, tl_s=dt, tl_threads=1, tl_runs=0)
             return value
         best, _ = fastest_torch_threads(forward, (1, os.cpu_count() or 1), runs=5)
-        times = [_time(fn)[0] for _ in range(runs)]
+        times = [timed(fn)[0] for _ in range(runs)]
         out.update(tl_first_s=dt, tl_s=statistics.median(times), tl_threads=best, tl_runs=runs)
         return value
 

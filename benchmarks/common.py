@@ -5,6 +5,7 @@ between machines or runs)."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 
@@ -126,3 +127,31 @@ class CompileClock:
         now = self.read()
         return (f"{now['compiles'] - before['compiles']} XLA compiles: {now['compile'] - before['compile']:.2f} s "
                 f"compiling, {now['trace'] - before['trace'] + now['lower'] - before['lower']:.2f} s tracing and lowering")
+
+
+class XlaCounter:
+    """Traces and XLA compilations JAX made (``jax.monitoring``): ``count()`` those of the calling
+    thread, ``counts()`` (this thread's, every thread's)."""
+
+    EVENTS = ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration")
+
+    def __init__(self):
+        import jax
+
+        self.seen = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, duration, **_: self.seen.append(threading.get_ident()) if event in self.EVENTS else None)
+
+    def count(self) -> int:
+        me = threading.get_ident()
+        return sum(1 for t in self.seen if t == me)
+
+    def counts(self) -> tuple[int, int]:
+        return self.count(), len(self.seen)
+
+
+def timed(fn):
+    """``(seconds, fn())``."""
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out

@@ -15,14 +15,16 @@ import textwrap
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
 from circuits import Add, GeneralFunction, Index, Symbol
 from circuits.backend import evaluate, evaluate_batched, last_run, tiers
 from circuits.backend.tiers.host import host_op, wait_for_kernels
-from circuits.testing import circuits_with_inputs, inputs_for
+from circuits.testing import circuits_with_inputs
+
+from .test_batched_ops import batched_cases
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,22 +52,12 @@ def test_numpy_agrees_with_the_whole_program_on_one_prompt(case, dtype):
         assert last_run()["numpy"] > 0 and last_run()["tier"] == "numpy"
 
 
-@st.composite
-def batched_cases(draw):
-    circuit, inputs = draw(circuits_with_inputs(max_nodes=10, max_depth=4))
-    assume(inputs)
-    symbols = list(inputs)
-    rows = draw(st.integers(1, 4))
-    batched = draw(st.lists(st.sampled_from(symbols), min_size=1, unique=True))
-    stacked = [draw(inputs_for(circuit)) for _ in range(rows)]
-    feed = {s: (np.stack([r[s] for r in stacked]) if s in batched else inputs[s]) for s in inputs}
-    return circuit, feed
 
 
 @FAST
 @given(case=batched_cases(), dtype=st.sampled_from(["float32", "float64"]))
 def test_numpy_agrees_with_the_whole_program_over_a_batch(case, dtype):
-    circuit, feed = case
+    circuit, feed, _ = case
     whole = evaluate_batched(circuit, feed, mode="jit", dtype=dtype)
     got = evaluate_batched(circuit, feed, mode="numpy", dtype=dtype, cache=False)
     assert got.dtype == whole.dtype
@@ -76,7 +68,7 @@ def test_numpy_agrees_with_the_whole_program_over_a_batch(case, dtype):
 @FAST
 @given(case=batched_cases())
 def test_auto_computes_first_with_numpy_and_later_kernels_read_its_values(case):
-    circuit, feed = case
+    circuit, feed, _ = case
     whole = evaluate_batched(circuit, feed, mode="jit")
     with tiers.configure(cold_start=False, jit_after=100):
         first = evaluate_batched(circuit, feed)
