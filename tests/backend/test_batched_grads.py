@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import circuits as C
 from circuits import Symbol
 from circuits.backend import evaluate, last_run, value_and_grad
+from circuits.backend.tiers.host import wait_for_kernels
 from circuits.dtypes import is_float
 from circuits.testing import circuits_with_inputs, inputs_for
 
@@ -88,6 +89,9 @@ def shipped():
     circuit = attn_only(induction_weights(), sym, unique_names=True)
     clean, corrupt = r.integers(1, 64, (ROWS, 34)), r.integers(1, 64, (ROWS, 34))
     evaluate(circuit, {sym: clean})  # the clean run over the batch
+    # the pause a user makes after it: the background makes the forward kernels numpy stood in for
+    # (without it, a variant's forward through the loss tail still compiles its 4 kernels)
+    wait_for_kernels()
     return circuit, sym, corrupt_sym, clean, corrupt
 
 
@@ -134,7 +138,7 @@ def test_per_row_gradients_agree_with_a_row_by_row_loop_and_chunk_by_the_budget(
         v_chunks, g_chunks = value_and_grad(circuit, nodes, {sym: clean}, mode="ops", cache=False)
     np.testing.assert_allclose(v_chunks, value, rtol=1e-5, atol=1e-6)
     for n in nodes:
-        np.testing.assert_allclose(g_chunks[n], grads[n], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g_chunks[n], grads[n], rtol=1e-4, atol=1e-5)  # float32 sums regrouped
 
 
 @pytest.mark.parametrize("method", ["eap", "eap-ig"])

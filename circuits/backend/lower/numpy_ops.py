@@ -373,6 +373,8 @@ def _build_concat(node: Concat, target, axes):
 
 def _build_scatter(node: Scatter, target, axes):
     pads = [(start, n - start - k) for start, n, k in zip(node.starts(), node.shape, node.children[0].shape)]
+    if not any(before or after for before, after in pads):
+        return _identity  # nothing around the block (a 0-d one too: np.pad refuses an empty pad list)
     if axes is not None and axes[0] == 0:
         pads = [(0, 0)] + pads
 
