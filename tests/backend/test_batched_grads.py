@@ -15,13 +15,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import circuits as C
-from circuits import Symbol
 from circuits.backend import evaluate, last_run, value_and_grad
 from circuits.backend.tiers.host import wait_for_kernels
 from circuits.dtypes import is_float
 from circuits.testing import circuits_with_inputs, inputs_for
 
-from .test_batched_ops import compilations_here
+from .test_batched_ops import compilations_here, shipped_batch
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -81,13 +80,7 @@ HEADS = [f"b{layer}.a.head{h}" for layer in range(2) for h in range(4)]
 
 @pytest.fixture(scope="module")
 def shipped():
-    from circuits.models import attn_only, induction_weights, tokens_symbol
-
-    r = np.random.default_rng(9)
-    sym = tokens_symbol(34)
-    corrupt_sym = Symbol((34,), name="corrupt_toks", dtype="int64")
-    circuit = attn_only(induction_weights(), sym, unique_names=True)
-    clean, corrupt = r.integers(1, 64, (ROWS, 34)), r.integers(1, 64, (ROWS, 34))
+    circuit, sym, corrupt_sym, clean, corrupt = shipped_batch(ROWS, 9)
     evaluate(circuit, {sym: clean})  # the clean run over the batch
     # the pause a user makes after it: the background makes the forward kernels numpy stood in for
     # (without it, a variant's forward through the loss tail still compiles its 4 kernels)

@@ -103,15 +103,22 @@ def test_op_by_op_over_a_batch_agrees_with_the_whole_program(case, dtype):
 ROWS = 7  # a batch size no other test uses: its kernels are this test's
 
 
-@pytest.fixture(scope="module")
-def shipped():
+def shipped_batch(rows: int, seed: int):
+    """The shipped model over ``rows`` prompts of 34 tokens: (circuit, its tokens Symbol, a corrupt
+    tokens Symbol, clean tokens, corrupt tokens)."""
     from circuits.models import attn_only, induction_weights, tokens_symbol
 
-    r = np.random.default_rng(3)
+    r = np.random.default_rng(seed)
     sym = tokens_symbol(34)
     corrupt_sym = Symbol((34,), name="corrupt_toks", dtype="int64")
     circuit = attn_only(induction_weights(), sym, unique_names=True)
-    clean, corrupt = r.integers(1, 64, (ROWS, 34)), r.integers(1, 64, (ROWS, 34))
+    clean, corrupt = r.integers(1, 64, (rows, 34)), r.integers(1, 64, (rows, 34))
+    return circuit, sym, corrupt_sym, clean, corrupt
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    circuit, sym, corrupt_sym, clean, corrupt = shipped_batch(ROWS, 3)
     return circuit, sym, corrupt_sym, {sym: clean, corrupt_sym: corrupt}
 
 

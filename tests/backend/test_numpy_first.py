@@ -52,8 +52,6 @@ def test_numpy_agrees_with_the_whole_program_on_one_prompt(case, dtype):
         assert last_run()["numpy"] > 0 and last_run()["tier"] == "numpy"
 
 
-
-
 @FAST
 @given(case=batched_cases(), dtype=st.sampled_from(["float32", "float64"]))
 def test_numpy_agrees_with_the_whole_program_over_a_batch(case, dtype):
