@@ -71,7 +71,7 @@ from ..progress import progress as progress_bar
 from ..text.html import escape
 from ..traversal import replace, toposort
 
-__all__ = ["sweep", "SweepResult", "SWEEP_MEMORY", "LOOP_FROM_BYTES", "OPTIMIZE_FROM"]
+__all__ = ["sweep", "SweepResult", "SWEEP_MEMORY", "LOOP_FROM_BYTES", "OPTIMIZE_FROM", "ROWS_FROM"]
 
 ARGUMENT_TYPES = Lowered.ARGUMENT_TYPES  # the leaves: arguments of every program
 
@@ -88,6 +88,14 @@ LOOP_FROM_BYTES = 16 << 20
 # members: on the seed model the rewrite and its larger compiled program cost about 0.4 s per
 # group on this CPU and save about 65 ms per variant.
 OPTIMIZE_FROM = 16
+# A sweep over a dataset op by op runs its variants as rows of one kernel per node
+# (``run_variants``: a kernel call serves many variants, as for one prompt) when the variants times
+# the base circuit's nodes reach this many, and one variant after the other below: rows need
+# kernels over the variants (compiled once per shape, kept on disk), which a small sweep does not
+# repay, while one by one reuses the clean run's kernels (nothing compiles after the clean run) but
+# pays each node's call for each variant (GPT-2 small's 144 head patches over 8 prompts: 1.2 s a
+# variant one by one, 0.65 s as rows).
+ROWS_FROM = 20_000
 # A progress bar (tqdm) is shown by default from this many variants on.
 PROGRESS_FROM = 32
 
@@ -370,7 +378,10 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
     - ``inputs`` binds Symbols (of the base circuit and of the variants), as for ``evaluate``;
       values with a leading batch axis (a dataset) give every variant's value on every row,
       batch axis first: op by op as ``evaluate_batched`` runs a new circuit (the base's values
-      computed once and read by every variant; nothing compiles after the clean run), and in
+      computed once and read by every variant), one variant after the other for a small sweep
+      (nothing compiles after the clean run) and, from ``ROWS_FROM`` variants x base nodes, the
+      variants as rows of one kernel per node over the variants and the rows at once (as for
+      one prompt; those kernels compile once per shape and are kept on disk), and in
       ``'jit'`` (and ``'auto'`` for a sweep run whole before) variants of one structure (a site
       patched at each position, ``patch(..., positions=p)``) run as one compiled program vmapped
       over them and over the rows (``info['groups']``), so a (site x position) grid is one call
@@ -425,7 +436,9 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         # this sweep ran whole before, as for one row
         structure = (*structure, _layout(inputs))
         if mode == "ops" or (mode == "auto" and structure not in _SWEPT_WHOLE):
-            return _sweep_batched_op_by_op(circuit, variants, inputs, fdt, progress)
+            if len(variants) * len(toposort(circuit)) >= ROWS_FROM:
+                return _sweep_batched_rows(circuit, variants, inputs, fdt, progress)
+            return _sweep_batched_each(circuit, variants, inputs, fdt, progress)
         _remember_whole(structure)
         return _sweep_batched(circuit, variants, inputs, fdt, progress)
     if mode == "ops" or (mode == "auto" and structure not in _SWEPT_WHOLE):
@@ -556,8 +569,47 @@ def _layout(inputs) -> tuple:
     return tuple(sorted((k if isinstance(k, str) else k.hash.hex(), tuple(np.shape(v))) for k, v in inputs.items()))
 
 
-def _sweep_batched_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
-    """Every variant over a dataset op by op: ``evaluate_batched``'s op-by-op tier, each node through
+def _sweep_batched_rows(circuit, variants, inputs, fdt, progress) -> SweepResult:
+    """Every variant over a dataset op by op, the variants' changed nodes computed as rows of one
+    kernel per base node as for one prompt (``run_variants``), each kernel over the variants and
+    the prompts at once.  The base circuit runs first (``evaluate_batched``, op by op: the clean
+    run, its values kept), and the variants then run in the chunks of prompts the clean run ran in,
+    so every value they read unchanged is found in the value cache: after the clean run nothing
+    compiles that an earlier sweep of these shapes compiled."""
+    from ..backend import evaluate_batched
+    from ..backend.batched import known_chunk, take_rows
+    from ..backend.tiers.values import Binding
+
+    base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt, mode="ops"))
+    binding = Binding([circuit, *variants.values()], inputs, fdt, batched=True)
+    total = binding.rows
+    chunk = min(total, known_chunk(binding) or total)
+    starts = range(0, total, chunk)
+    bar = _progress(len(variants), progress)
+    info = RunInfo()
+    pieces: list = []
+    try:
+        with precision(fdt):
+            for start in starts:
+                part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
+                        else binding.values[s.hash] for s in binding.free}
+                on_group = None if bar is None else (lambda n: bar.update(n / len(starts)))
+                _, values = run_variants(circuit, list(variants.values()), part, fdt, info=info, batched=True,
+                                         on_group=on_group)
+                real = min(chunk, total - start)
+                pieces.append([np.asarray(v)[:real] for v in values])
+    finally:
+        if bar is not None:
+            bar.close()
+    results = {name: np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
+               for k, name in enumerate(variants)}
+    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": len(starts), "optimized": 0,
+            "tier": "ops", "batched": True, "computed": info.computed}
+    return SweepResult(results, base, info)
+
+
+def _sweep_batched_each(circuit, variants, inputs, fdt, progress) -> SweepResult:
+    """Every variant over a dataset op by op, one after the other: ``evaluate_batched``'s op-by-op tier, each node through
     its kernel mapped over the rows, over the value cache: the base circuit's values (the clean
     run) are computed once and read by every variant, which computes only what it changes through
     the kernels every circuit of those shapes shares (after the clean run, nothing compiles)."""

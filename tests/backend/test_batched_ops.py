@@ -178,6 +178,50 @@ def test_a_sweep_over_a_batch_after_the_clean_run_compiles_nothing(shipped):
     np.testing.assert_allclose(result[name], rows, rtol=2e-5, atol=2e-6)
 
 
+def test_a_big_sweep_over_a_batch_runs_its_variants_as_rows(shipped, monkeypatch):
+    """From ``ROWS_FROM`` (variants x base nodes) a sweep over a batch runs the variants as rows of
+    one kernel per node (over the variants and the prompts at once): the values equal the whole
+    program's and a row-by-row evaluation; it makes fewer kernel calls than the variants one by
+    one; the rows kernels a first sweep made serve a second sweep of other variants of the same
+    kind, which compiles nothing.  (The value cache is emptied before each sweep: a variant whose
+    value is known is not computed, and the rows of the others line up otherwise.)"""
+    import importlib
+
+    from circuits.interp import ablate, patch, sweep
+
+    sweep_module = importlib.import_module("circuits.interp.sweep")
+    circuit, sym, corrupt_sym, feed = shipped
+    _clean_run(circuit, {sym: feed[sym]})
+
+    def variants(heads):
+        out = {f"patch {h}": patch(circuit, f"b0.a.head{h}", {"toks_int_var": corrupt_sym}) for h in heads}
+        out.update({f"ablate {h}": ablate(circuit, f"b1.a.head{h}") for h in heads})
+        return out
+
+    def fresh_sweep(vs, rows_from):
+        monkeypatch.setattr(sweep_module, "ROWS_FROM", rows_from)
+        C.clear_cache("values")
+        return sweep(circuit, vs, feed)
+
+    first, second = variants((0, 1)), variants((2, 3))
+    result = fresh_sweep(first, 1)
+    assert result.info["tier"] == "ops" and result.info["batched"]
+    each = fresh_sweep(first, 10**9)  # one variant after the other
+    assert result.info["computed"] < each.info["computed"]
+    with compilations_here() as found:
+        again = fresh_sweep(second, 1)
+    assert found["xla"] == 0
+    for got, vs in ((result, first), (each, first), (again, second)):
+        whole = sweep(circuit, vs, feed, mode="jit")
+        for name in vs:
+            assert got[name].shape == (ROWS, 32)
+            np.testing.assert_allclose(got[name], whole[name], rtol=2e-5, atol=2e-6, err_msg=name)
+    name = "patch 3"  # row by row
+    rows = np.stack([evaluate(second[name], {sym: feed[sym][i], corrupt_sym: feed[corrupt_sym][i]}, mode="jit")
+                     for i in range(ROWS)])
+    np.testing.assert_allclose(again[name], rows, rtol=2e-5, atol=2e-6)
+
+
 def test_a_position_patch_over_a_batch_compiles_nothing_after_the_first(shipped):
     """A position patch mixes the site's clean and patched values by a mask of positions: the
     operation the clean run never used is the mask's product with a value over the rows (the mask

@@ -214,3 +214,89 @@ def test_groups_compute_the_rows_they_share_once(shipped, monkeypatch):
         run_variants(shipped, vs[k:k + 2], None, "float32", cache=False, info=info)
         alone += info.computed - base.computed  # each run computes the base too
     assert together.computed < alone
+
+
+# ------------------------------------------------------------------ over a batch (a dataset)
+def _rows_oracle(v, feed, rows, batched):
+    """``v`` evaluated prompt by prompt (whole program), stacked: an oracle independent of the
+    batch axis (``batched``: the keys of ``feed`` bound over the batch)."""
+    return np.stack([evaluate(v, {k: x[i] if k in batched else x for k, x in feed.items()}, mode="jit")
+                     for i in range(rows)])
+
+
+def _check_batched(base, vs, feed, rows, batched, *, rtol=1e-4, atol=1e-5, cache=False):
+    info = RunInfo()
+    base_value, values = run_variants(base, vs, feed, "float32", cache=cache, info=info, batched=True)
+    np.testing.assert_allclose(np.asarray(base_value), _rows_oracle(base, feed, rows, batched), rtol=rtol, atol=atol,
+                               equal_nan=True)
+    for v, value in zip(vs, values):
+        assert np.shape(value)[0] == rows  # every value with the batch axis, batched input or not
+        np.testing.assert_allclose(np.asarray(value), _rows_oracle(v, feed, rows, batched), rtol=rtol, atol=atol,
+                                   err_msg=v.to_text()[:2000], equal_nan=True)
+    return info
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=circuits_with_inputs(max_nodes=12, max_depth=5), data=st.data())
+def test_variants_over_a_batch_equal_their_evaluation_prompt_by_prompt(case, data):
+    """Generated circuits with some inputs batched: variants replacing a node by a constant, by a
+    new Symbol bound over the batch (a row carrying the batch axis where its partner does not),
+    or by one bound once; in rows of one, of two and of many per kernel."""
+    from circuits.testing import inputs_for
+
+    circuit, inputs = case
+    nodes = [n for n in C.toposort(circuit) if n.dtype.startswith("float") and n is not circuit]
+    if not nodes or not inputs:
+        return
+    rows = data.draw(st.integers(1, 3))
+    batched = data.draw(st.lists(st.sampled_from(list(inputs)), min_size=1, unique=True))
+    stacked = [data.draw(inputs_for(circuit)) for _ in range(rows)]
+    feed = {s: (np.stack([r[s] for r in stacked]) if s in batched else inputs[s]) for s in inputs}
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    vs = [circuit]
+    for k in range(data.draw(st.integers(1, 5))):
+        picked = data.draw(st.sampled_from(nodes))
+        how = data.draw(st.sampled_from(["array", "batched", "once"]))
+        if how == "array":
+            new = Array(rng.uniform(0.5, 1.5, picked.shape).astype(np.float32))
+        else:
+            new = C.Symbol(picked.shape, name=f"new_{k}_{how}")
+            value = rng.uniform(0.5, 1.5, picked.shape).astype(np.float32)
+            feed[new.name] = np.stack([value * (1 + i) for i in range(rows)]) if how == "batched" else value
+            if how == "batched":
+                batched.append(new.name)
+        vs.append(C.traversal.replace(circuit, {picked: new}))
+    vs.append(vs[-1])  # the same variant twice
+    _check_batched(circuit, vs, feed, rows, batched)
+    if len(vs) > 2:  # a row per kernel, groups of one
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(variants, "ROWS", 1)
+            m.setattr(variants, "GROUP_BYTES", 1)
+            _check_batched(circuit, vs, feed, rows, batched)
+
+
+def test_patches_of_the_shipped_model_over_a_batch():
+    """Head patches, ablations and path patches over five prompts, in chunks of several sizes:
+    each variant's value equals its evaluation prompt by prompt; the clean run and the corrupted
+    run the patches share are computed once."""
+    from circuits.interp import ablate, patch, path_patch
+    from circuits.models import attn_only, induction_weights, tokens_symbol
+
+    sym = tokens_symbol(34)
+    corrupt_sym = C.Symbol((34,), name="corrupt_toks_variants", dtype="int64")
+    c = attn_only(induction_weights(), sym, unique_names=True)
+    rng = np.random.default_rng(6)
+    feed = {sym: rng.integers(1, 64, (5, 34)), corrupt_sym: rng.integers(1, 64, (5, 34))}
+    vs = [patch(c, f"b{l}.a.head{h}", {"toks_int_var": corrupt_sym}) for l in range(2) for h in range(4)]
+    vs += [ablate(c, f"b1.a.head{h}") for h in range(2)]
+    vs += [path_patch(c, "b0.a.head2", f"b1.a.head{h}.a.{r}", {"toks_int_var": corrupt_sym}) for h in (0, 3)
+           for r in "qk"]
+    info = _check_batched(c, vs, feed, 5, set(feed), rtol=2e-5, atol=2e-6)
+    alone = RunInfo()
+    for v in vs:
+        run_ops([v], feed, "float32", cache=False, info=alone, batched=True)
+    assert info.computed < alone.computed / 4
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(variants, "ROWS", 2)
+        m.setattr(variants, "GROUP_BYTES", 1)
+        _check_batched(c, vs[::-1], feed, 5, set(feed), rtol=2e-5, atol=2e-6)

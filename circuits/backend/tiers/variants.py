@@ -40,13 +40,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...dtypes import dtype_str, is_float, is_int
-from ...nodes import Circuit, Index, SetSymbolicShape, Tag
+from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.binding import raise_problems
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from .groups import foreground
-from .kernels import cached_kernel, kernel, pick_row
+from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, pick_row as _pick_row_kernel
 from .op_by_op import RunInfo, check_leaf_indices, run_ops
 from .values import VALUES, Binding
 
@@ -118,23 +118,32 @@ class _Partners:
 
 
 def run_variants(base: Circuit, variants: Sequence[Circuit], inputs: Mapping | None, fdt: str, *,
-                 cache: bool = True, info: RunInfo | None = None) -> tuple:
+                 cache: bool = True, info: RunInfo | None = None, batched: bool = False, on_group=None) -> tuple:
     """``(value of base, [value of each variant])`` as device arrays, op by op with the variants'
     changed nodes computed as rows (see the module docstring).  Every input is checked first.
     Work in the background waits meanwhile (``groups.foreground``: the kernels numpy stood in for
-    are not compiled beside the sweep's own)."""
+    are not compiled beside the sweep's own).
+
+    ``batched=True``: inputs may carry a leading batch axis, as for ``run_ops`` (a dataset, or
+    one chunk of it); a value that depends on a batched Symbol then has it first, and a row of a
+    chunk holds the variant's value over every prompt (the variants' row axis first, the batch
+    axis second): each kernel runs over the variants and the prompts at once.  A variant whose
+    value does not depend on a batched input is repeated over it (every value has the batch
+    axis first).  ``on_group(n)`` is called as each group of ``n`` variants is done (a progress
+    bar's update)."""
     with foreground():
-        return _run_variants(base, variants, inputs, fdt, cache, info)
+        return _run_variants(base, variants, inputs, fdt, cache, info, batched, on_group)
 
 
-def _run_variants(base, variants, inputs, fdt, cache, info) -> tuple:
+def _run_variants(base, variants, inputs, fdt, cache, info, batched=False, on_group=None) -> tuple:
     info = info if info is not None else RunInfo()
-    binding = Binding([base, *variants], inputs, fdt)
+    binding = Binding([base, *variants], inputs, fdt, batched)
     base, variants = binding.roots[0], binding.roots[1:]
     raise_problems(binding.problems)
     problems: list[str] = []
     bound, keys = binding.values, binding.keys
     out: list = [None] * len(variants)
+    carry = [keys.is_batched(v) for v in variants]  # which values have the batch axis
     todo = []
     for i, v in enumerate(variants):
         if v.hash == base.hash:
@@ -149,17 +158,18 @@ def _run_variants(base, variants, inputs, fdt, cache, info) -> tuple:
     if todo:
         order = toposort(base)
         partners = _Partners()
-        size = max((_bytes(n, fdt) for n in order if n.children), default=1)
+        size = max((_bytes(n, fdt, keys) for n in order if n.children), default=1)
         group = max(ROWS, (GROUP_BYTES // (3 * max(size, 1))) // ROWS * ROWS)
         for start in range(0, len(todo), group):
             picked = todo[start:start + group]
-            groups.append((picked, _Group(base, order, partners, fdt, [variants[i] for i in picked])))
+            groups.append((picked, _Group(base, order, partners, fdt, [variants[i] for i in picked], keys)))
         _check_indices(order, [g for _, g in groups], bound, problems)
         raise_problems(problems)
-    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info)
+    (base_value,) = run_ops([base], inputs, fdt, cache=cache, info=info, batched=batched)
     for i, v in enumerate(variants):
         if v.hash == base.hash:
             out[i] = base_value
+            carry[i] = keys.is_batched(base)
     # Rows that several groups share (the corrupted run every patch reads) are computed once.
     keep = frozenset()
     if len(groups) > 1:
@@ -167,11 +177,16 @@ def _run_variants(base, variants, inputs, fdt, cache, info) -> tuple:
         keep = frozenset(k for k, count in seen.items() if count > 1)
     shared: dict = {}
     for picked, g in groups:
-        values = g.run(inputs, cache, info, keep, shared)
-        for i, value in zip(picked, values):
+        values = g.run(inputs, cache, info, keep, shared, on_group)
+        for i, (value, carries) in zip(picked, values):
             out[i] = value
-            if cache:
+            if cache and carries == carry[i]:
                 VALUES.put(keys(variants[i]), value)
+            carry[i] = carries
+    if keys.rows is not None:  # over a batch: every value with the batch axis
+        if not keys.is_batched(base):
+            base_value = _repeat(base_value, keys.rows)
+        out = [v if c else _repeat(v, keys.rows) for v, c in zip(out, carry)]
     return base_value, out
 
 
@@ -208,16 +223,20 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
     check_leaf_indices(below, ranges, bound, problems)
 
 
-def _bytes(node: Circuit, fdt: str) -> int:
+def _bytes(node: Circuit, fdt: str, keys=None) -> int:
+    """Bytes of ``node``'s value (over a batch, ``keys.rows`` of them: a row of a variant may
+    carry the batch axis where its partner does not)."""
     itemsize = np.dtype(fdt if is_float(node.dtype) else node.dtype).itemsize
-    return int(np.prod(node.shape, dtype=np.int64)) * itemsize
+    rows = keys.rows if keys is not None and keys.rows is not None else 1
+    return int(np.prod(node.shape, dtype=np.int64)) * itemsize * rows
 
 
 class _Group:
     """One group of variants: aligned with the base, then computed partner by partner."""
 
-    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list):
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list, keys=None):
         self.base = base
+        self.keys = keys  # over a batch: which values carry the batch axis (``keys.is_batched``)
         self.order = order
         self.partners = partners
         self.fdt = fdt
@@ -253,18 +272,21 @@ class _Group:
                     given[cm.hash] = cm
         return ("row", (v.hash, self.base.hash))
 
-    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None) -> list:
-        """The variants' values.  A single row whose key is in ``keep`` (read by a later group
-        too) is kept in ``shared``, and one found there is not computed again."""
+    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None, on_group=None) -> list:
+        """The variants' values, each as ``(value, carries the batch axis)``.  A single row whose
+        key is in ``keep`` (read by a later group too) is kept in ``shared``, and one found there
+        is not computed again."""
         shared = shared if shared is not None else {}
-        fdt, reads = self.fdt, self.reads
+        fdt, reads, keys = self.fdt, self.reads, self.keys
+        rows = keys.rows if keys is not None else None
         leaves = [*self.clean.values(), *self.given.values()]
         known: dict = {}
         if leaves:
-            values = run_ops(leaves, inputs, fdt, cache=cache, info=info)
-            known = {n.hash: (v, None) for n, v in zip(leaves, values)}
-        # Where each row's value is: (array, None) for a plain value, (array, r) for row r of a
-        # chunk.  A partner's rows are dropped after the last partner that reads them.
+            values = run_ops(leaves, inputs, fdt, cache=cache, info=info, batched=rows is not None)
+            known = {n.hash: (v, None, rows is not None and keys.is_batched(n)) for n, v in zip(leaves, values)}
+        # Where each row's value is: (array, None, carries) for a plain value, (array, r, carries)
+        # for row r of a chunk; ``carries``: it has the batch axis (after the rows' axis).  A
+        # partner's rows are dropped after the last partner that reads them.
         loc: dict = {}
         steps = [n for n in self.order if n.hash in self.by_partner]
         last: dict = {}
@@ -286,18 +308,23 @@ class _Group:
                 key = row_keys[0]
                 found = shared.get(key)
                 if found is not None:  # computed by an earlier group (e.g. the corrupted run)
-                    loc[key] = (found, None)
+                    loc[key] = found
                     continue
-                args = []
+                args, flags = [], []
                 for i in range(len(n.children)):
-                    array, r = self._source(key, i, n, loc, known)
+                    array, r, carries = self._source(key, i, n, loc, known)
                     args.append(array if r is None else pick_row(array, r))
-                loc[key] = (kernel(n, fdt)(*args), None)
+                    flags.append(carries)
+                if any(flags):
+                    fn = kernel_over_rows(n, fdt, tuple(0 if f else None for f in flags), rows)
+                else:
+                    fn = kernel(n, fdt)
+                loc[key] = (fn(*args), None, any(flags))
                 if key in keep:
-                    shared[key] = loc[key][0]
+                    shared[key] = loc[key]
                 computed += 1
                 continue
-            chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt), 1)))
+            chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt, keys), 1)))
             chunk = 1 << (chunk.bit_length() - 1)  # a power of two
             # A node with more rows than one chunk pads its last chunk to a full one: one kernel
             # (one compilation) serves all its chunks, and its chunks line up with its parents'.
@@ -305,36 +332,48 @@ class _Group:
             for start in range(0, len(row_keys), chunk):
                 part = row_keys[start:start + chunk]
                 size = chunk if full else min(chunk, _pow2_at_least(len(part)))
-                args, axes = [], []
-                for i in range(len(n.children)):
-                    arg, axis = self._assemble(part, size, i, n, loc, known)
+                sources = [[self._source(key, i, n, loc, known) for key in part] for i in range(len(n.children))]
+                over = rows if any(s[2] for each in sources for s in each) else None  # the batch, if any carries it
+                args, axes, flags = [], [], []
+                for each in sources:
+                    arg, axis, carries = _assemble(each, size, over)
                     args.append(arg)
                     axes.append(axis)
+                    flags.append(carries)
+                if type(n) is Add and len(axes) > 2 and None in axes and 0 in axes:
+                    # a sum of many terms (a layer's heads): every term as rows, so one kernel
+                    # serves whichever terms the variants change (each subset would compile its own)
+                    args = [a if x == 0 else _repeat(a, size) for a, x in zip(args, axes)]
+                    axes = [0] * len(axes)
                 computed += 1
+                batch = tuple(0 if f else None for f in flags) if over is not None else None
                 if all(a is None for a in axes):  # rows that differ only in name: one value
-                    value = kernel(n, fdt)(*args)
+                    fn = kernel(n, fdt) if batch is None else kernel_over_rows(n, fdt, batch, rows)
+                    value = fn(*args)
                     for key in part:
-                        loc[key] = (value, None)
+                        loc[key] = (value, None, over is not None)
                     continue
                 at = _int_entries(n)
                 if at is not None:  # an Index picking a head: the head is an argument, not code
-                    value = _rows_index_kernel(n, fdt, tuple(axes), size)(args[0], at)
+                    value = _rows_index_kernel(n, fdt, tuple(axes), size, batch)(args[0], at)
                 else:
-                    value = _rows_kernel(n, fdt, tuple(axes), size)(*args)
+                    value = _rows_kernel(n, fdt, tuple(axes), size, batch)(*args)
                 for r, key in enumerate(part):
-                    loc[key] = (value, r)
+                    loc[key] = (value, r, over is not None)
             for h in drop.get(j, ()):
                 for key in self.by_partner[h]:
                     loc.pop(key, None)
         info.computed += computed
+        if on_group is not None:
+            on_group(len(reads))
         out = []
         for kind, ref in reads:
-            array, r = known[ref] if kind == "given" else loc[ref]
-            out.append(array if r is None else pick_row(array, r))
+            array, r, carries = known[ref] if kind == "given" else loc[ref]
+            out.append((array if r is None else pick_row(array, r), carries))
         return out
 
     def _source(self, key, i: int, n: Circuit, loc: dict, known: dict):
-        """Where child ``i`` of row ``key`` (a row of ``n``) is: ``(array, row or None)``."""
+        """Where child ``i`` of row ``key`` (a row of ``n``) is: ``(array, row or None, carries)``."""
         cm = self.rows[key].children[i]
         cn = n.children[i]
         if cm.hash == cn.hash:
@@ -344,44 +383,50 @@ class _Group:
             return found
         return known[cm.hash]
 
-    def _assemble(self, part: list, size: int, i: int, n: Circuit, loc: dict, known: dict):
-        """Child ``i`` of the rows ``part`` of ``n`` (padded to ``size`` rows): ``(value, None)``
-        when every row reads the same plain value, else ``(stacked rows, 0)``."""
-        sources = [self._source(key, i, n, loc, known) for key in part]
-        first = sources[0]
-        if first[1] is None and all(s[0] is first[0] and s[1] is None for s in sources):
-            return first[0], None
-        if first[1] == 0 and first[0].shape[0] == size and \
-                all(s[0] is first[0] and s[1] == r for r, s in enumerate(sources)):
-            return first[0], 0  # the rows of one chunk, in order (padding rows read its padding)
-        arrays: list = []
-        offsets: dict = {}
-        index = []
-        for array, r in sources:
-            at = offsets.get(id(array))
-            if at is None:
-                at = offsets[id(array)] = (len(arrays), sum(_row_count(a) for a in arrays))
-                arrays.append((array, r is not None))
-            index.append(at[1] + (r or 0))
-        index += [index[-1]] * (size - len(index))
-        batched = tuple(b for _, b in arrays)
-        fn = _merge_kernel(tuple((a.shape, dtype_str(a.dtype)) for a, _ in arrays), batched, size)
-        return fn(np.asarray(index, np.int32), *[a for a, _ in arrays]), 0
+
+def _assemble(sources: list, size: int, over: int | None):
+    """One child of the rows of a chunk (``sources``: where each row's child is, padded to
+    ``size`` rows): ``(value, None, carries)`` when every row reads the same plain value, else
+    ``(stacked rows, 0, carries)``.  ``over``: the batch's rows when some source carries the
+    batch axis (a source without it is repeated over the batch where others have it)."""
+    first = sources[0]
+    if first[1] is None and all(s[0] is first[0] and s[1] is None for s in sources):
+        return first
+    if first[1] == 0 and first[0].shape[0] == size and \
+            all(s[0] is first[0] and s[1] == r for r, s in enumerate(sources)):
+        return first[0], 0, first[2]  # the rows of one chunk, in order (padding rows read its padding)
+    carries = over is not None and any(s[2] for s in sources)
+    index = [r for _, r, _ in sources]
+    index += [index[-1]] * (size - len(index))
+    if all(s[0] is first[0] for s in sources) and first[1] is not None:  # rows of one chunk, picked
+        if _moves_on_host():
+            return np.asarray(first[0])[index], 0, first[2]
+        fn = _take_kernel(first[0].shape, dtype_str(first[0].dtype), size)
+        return fn(first[0], np.asarray(index, np.int32)), 0, first[2]
+    # rows of several chunks and plain values: each picked (repeated over the batch where others
+    # carry it), then stacked -- kernels keyed by shapes alone, whichever rows a sweep mixes
+    items = []
+    for array, r, has in sources:
+        value = array if r is None else pick_row(array, r)
+        items.append(_repeat(value, over) if carries and not has else value)
+    items += [items[-1]] * (size - len(items))
+    if _moves_on_host():
+        return np.stack([np.asarray(i) for i in items]), 0, carries
+    return _stack_kernel(items[0].shape, dtype_str(items[0].dtype), size)(*items), 0, carries
 
 
-def _row_count(entry) -> int:
-    array, batched = entry
-    return array.shape[0] if batched else 1
-
-
-def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
-    """``node``'s kernel over ``size`` rows: ``vmap`` with the children's row axes ``axes``."""
-    key = ("rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, axes, size)
+def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int, batch: tuple | None = None):
+    """``node``'s kernel over ``size`` rows: ``vmap`` with the children's row axes ``axes``; over
+    a batch too where ``batch`` says which children carry it (after the rows' axis)."""
+    key = ("rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, axes, size, batch)
 
     def make():
         import jax
 
-        return jax.vmap(build_op(node, fdt), in_axes=axes)
+        op = build_op(node, fdt)
+        if batch is not None:
+            op = jax.vmap(op, in_axes=batch)
+        return jax.vmap(op, in_axes=axes)
 
     return cached_kernel(key, make)
 
@@ -401,12 +446,13 @@ def _int_entries(node: Circuit):
     return np.asarray(ints, np.int32) if ints else None
 
 
-def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
+def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int, batch: tuple | None = None):
     """``node``'s Index over ``size`` rows with its int entries given as an argument: the Index
-    ``[h]`` of every head ``h`` of a layer is one kernel, not one each (slices stay static)."""
+    ``[h]`` of every head ``h`` of a layer is one kernel, not one each (slices stay static); over
+    the batch too where ``batch`` is ``(0,)``."""
     entries = node.index
     pattern = tuple(None if type(e) is int else (e.start, e.stop, e.step) for e in entries)
-    key = ("rows-index", pattern, node.children[0].shape, str(node.dtype), fdt, axes, size)
+    key = ("rows-index", pattern, node.children[0].shape, str(node.dtype), fdt, axes, size, batch)
 
     def make():
         import jax
@@ -421,23 +467,58 @@ def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int):
                 x = lax.dynamic_index_in_dim(x, at[k], int_axes[k], keepdims=False)
             return x
 
+        if batch is not None and batch[0] == 0:
+            index = jax.vmap(index, in_axes=(0, None))
         return jax.vmap(index, in_axes=(axes[0], None))
 
     return cached_kernel(key, make)
 
 
-def _merge_kernel(shapes: tuple, batched: tuple, size: int):
-    """``(index, *sources) -> concatenate(sources as rows)[index]``: rows picked from chunks and
-    plain values (one row each)."""
-    key = ("merge", shapes, batched, size)
+# Moving rows about (picking a row of a chunk, stacking rows, repeating a value over rows): on
+# the CPU with numpy, where it costs no compilation (a kernel per shape would: which shapes a
+# sweep needs depends on how its variants' rows line up, so a second sweep of the same kind
+# would compile some), elsewhere through small kernels.
+_HOST: list = []
+
+
+def _moves_on_host() -> bool:
+    if not _HOST:
+        import jax
+
+        _HOST.append(jax.default_backend() == "cpu")
+    return _HOST[0]
+
+
+def pick_row(array, r: int):
+    """Row ``r`` of a chunk of rows."""
+    if _moves_on_host():
+        return np.asarray(array)[r]
+    return _pick_row_kernel(array, r)
+
+
+def _repeat(value, rows: int):
+    """``value`` repeated ``rows`` times along a new leading axis."""
+    if _moves_on_host():
+        value = np.asarray(value)
+        return np.broadcast_to(value, (rows, *value.shape))
+    return broadcast_rows(value, rows)
+
+
+def _take_kernel(shape: tuple, dtype: str, size: int):
+    """``(array, index) -> array[index]``: ``size`` rows of a chunk, picked by an index given as data."""
+
+    def make():
+        return lambda array, index: array[index]
+
+    return cached_kernel(("take-rows", shape, dtype, size), make)
+
+
+def _stack_kernel(shape: tuple, dtype: str, size: int):
+    """``size`` values of one shape stacked along a new leading axis (the rows of a chunk)."""
 
     def make():
         import jax.numpy as jnp
 
-        def merge(index, *sources):
-            rows = [s if b else s[None] for s, b in zip(sources, batched)]
-            return jnp.concatenate(rows, axis=0)[index] if len(rows) > 1 else rows[0][index]
+        return lambda *items: jnp.stack(items)
 
-        return merge
-
-    return cached_kernel(key, make)
+    return cached_kernel(("stack-rows", shape, dtype, size), make)
