@@ -19,6 +19,13 @@ a model; a child that is unchanged in every row of a chunk is passed once, unbat
 never copied).  The twelve head patches of one GPT-2 layer then run the layers above it as twelve
 rows of each matmul, not as twelve forwards, and layer 0 is computed once for all of them.
 
+Over a dataset (``batched=True``: a sweep over a batch), a row holds the variant's value over the
+prompts: each kernel is ``vmap``-ed over the prompts (the children that carry them) inside the
+vmap over the rows, so one call computes every variant of a chunk on every prompt.  The rows of a
+sum of more than two terms are all stacked (a term unchanged in every row repeated), so one kernel
+serves whichever terms the variants change; rows are picked, stacked and repeated with numpy on
+the CPU, so those moves compile nothing whichever way a sweep's rows line up.
+
 Values are freed after their last reader; variants are run in groups whose rows fit
 ``GROUP_BYTES``.  Each variant's value is offered to the value cache, and a variant whose value
 is cached is not computed again.
