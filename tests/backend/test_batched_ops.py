@@ -116,6 +116,13 @@ def shipped_batch(rows: int, seed: int):
     return circuit, sym, corrupt_sym, clean, corrupt
 
 
+def row_by_row(variant, feed):
+    """``variant`` evaluated prompt by prompt (whole program), stacked: an oracle independent of
+    the batch axis."""
+    rows = {len(v) for v in feed.values()}.pop()
+    return np.stack([evaluate(variant, {s: v[i] for s, v in feed.items()}, mode="jit") for i in range(rows)])
+
+
 @pytest.fixture(scope="module")
 def shipped():
     circuit, sym, corrupt_sym, clean, corrupt = shipped_batch(ROWS, 3)
@@ -143,8 +150,7 @@ def test_a_patch_over_a_batch_after_the_clean_run_compiles_nothing(shipped):
         np.testing.assert_allclose(ops, whole, rtol=2e-5, atol=2e-6)
     # row by row, the same values (an oracle independent of the batch axis)
     variant = variants[0]
-    rows = np.stack([evaluate(variant, {sym: feed[sym][i], corrupt_sym: feed[corrupt_sym][i]}, mode="jit")
-                     for i in range(ROWS)])
+    rows = row_by_row(variant, feed)
     np.testing.assert_allclose(evaluate(variant, feed), rows, rtol=2e-5, atol=2e-6)
 
 
@@ -173,8 +179,7 @@ def test_a_sweep_over_a_batch_after_the_clean_run_compiles_nothing(shipped):
         assert result[name].shape == (ROWS, 32)
         np.testing.assert_allclose(result[name], whole[name], rtol=2e-5, atol=2e-6, err_msg=name)
     name = "patch b1.a.head0"  # row by row
-    rows = np.stack([evaluate(variants[name], {sym: feed[sym][i], corrupt_sym: feed[corrupt_sym][i]}, mode="jit")
-                     for i in range(ROWS)])
+    rows = row_by_row(variants[name], feed)
     np.testing.assert_allclose(result[name], rows, rtol=2e-5, atol=2e-6)
 
 
@@ -217,8 +222,7 @@ def test_a_big_sweep_over_a_batch_runs_its_variants_as_rows(shipped, monkeypatch
             assert got[name].shape == (ROWS, 32)
             np.testing.assert_allclose(got[name], whole[name], rtol=2e-5, atol=2e-6, err_msg=name)
     name = "patch 3"  # row by row
-    rows = np.stack([evaluate(second[name], {sym: feed[sym][i], corrupt_sym: feed[corrupt_sym][i]}, mode="jit")
-                     for i in range(ROWS)])
+    rows = row_by_row(second[name], feed)
     np.testing.assert_allclose(again[name], rows, rtol=2e-5, atol=2e-6)
 
 
@@ -245,8 +249,7 @@ def test_a_position_patch_over_a_batch_compiles_nothing_after_the_first(shipped)
             ops = evaluate(variant, feed)
         assert last_run()["tier"] == "ops" and found == {"xla": 0, "kernels": 0}, head
         np.testing.assert_allclose(ops, evaluate_batched(variant, feed, mode="jit"), rtol=2e-5, atol=2e-6)
-    rows = np.stack([evaluate(variant, {sym: feed[sym][i], corrupt_sym: feed[corrupt_sym][i]}, mode="jit")
-                     for i in range(ROWS)])
+    rows = row_by_row(variant, feed)
     np.testing.assert_allclose(ops, rows, rtol=2e-5, atol=2e-6)
 
 

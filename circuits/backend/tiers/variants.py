@@ -23,8 +23,7 @@ Over a dataset (``batched=True``: a sweep over a batch), a row holds the variant
 prompts: each kernel is ``vmap``-ed over the prompts (the children that carry them) inside the
 vmap over the rows, so one call computes every variant of a chunk on every prompt.  The rows of a
 sum of more than two terms are all stacked (a term unchanged in every row repeated), so one kernel
-serves whichever terms the variants change; rows are picked, stacked and repeated with numpy on
-the CPU, so those moves compile nothing whichever way a sweep's rows line up.
+serves whichever terms the variants change.
 
 Values are freed after their last reader; variants are run in groups whose rows fit
 ``GROUP_BYTES``.  Each variant's value is offered to the value cache, and a variant whose value
@@ -53,7 +52,7 @@ from ..lower.binding import raise_problems
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from .groups import foreground
-from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, pick_row as _pick_row_kernel
+from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, pick_row
 from .op_by_op import RunInfo, check_leaf_indices, run_ops
 from .values import VALUES, Binding
 
@@ -192,8 +191,8 @@ def _run_variants(base, variants, inputs, fdt, cache, info, batched=False, on_gr
             carry[i] = carries
     if keys.rows is not None:  # over a batch: every value with the batch axis
         if not keys.is_batched(base):
-            base_value = _repeat(base_value, keys.rows)
-        out = [v if c else _repeat(v, keys.rows) for v, c in zip(out, carry)]
+            base_value = broadcast_rows(base_value, keys.rows)
+        out = [v if c else broadcast_rows(v, keys.rows) for v, c in zip(out, carry)]
     return base_value, out
 
 
@@ -350,7 +349,7 @@ class _Group:
                 if type(n) is Add and len(axes) > 2 and None in axes and 0 in axes:
                     # a sum of many terms (a layer's heads): every term as rows, so one kernel
                     # serves whichever terms the variants change (each subset would compile its own)
-                    args = [a if x == 0 else _repeat(a, size) for a, x in zip(args, axes)]
+                    args = [a if x == 0 else broadcast_rows(a, size) for a, x in zip(args, axes)]
                     axes = [0] * len(axes)
                 computed += 1
                 batch = tuple(0 if f else None for f in flags) if over is not None else None
@@ -403,23 +402,20 @@ def _assemble(sources: list, size: int, over: int | None):
             all(s[0] is first[0] and s[1] == r for r, s in enumerate(sources)):
         return first[0], 0, first[2]  # the rows of one chunk, in order (padding rows read its padding)
     carries = over is not None and any(s[2] for s in sources)
-    index = [r for _, r, _ in sources]
-    index += [index[-1]] * (size - len(index))
-    if all(s[0] is first[0] for s in sources) and first[1] is not None:  # rows of one chunk, picked
-        if _moves_on_host():
-            return np.asarray(first[0])[index], 0, first[2]
-        fn = _take_kernel(first[0].shape, dtype_str(first[0].dtype), size)
-        return fn(first[0], np.asarray(index, np.int32)), 0, first[2]
-    # rows of several chunks and plain values: each picked (repeated over the batch where others
-    # carry it), then stacked -- kernels keyed by shapes alone, whichever rows a sweep mixes
-    items = []
+    arrays: list = []
+    offsets: dict = {}
+    index = []
     for array, r, has in sources:
-        value = array if r is None else pick_row(array, r)
-        items.append(_repeat(value, over) if carries and not has else value)
-    items += [items[-1]] * (size - len(items))
-    if _moves_on_host():
-        return np.stack([np.asarray(i) for i in items]), 0, carries
-    return _stack_kernel(items[0].shape, dtype_str(items[0].dtype), size)(*items), 0, carries
+        at = offsets.get(id(array))
+        if at is None:
+            at = offsets[id(array)] = (len(arrays), sum(a.shape[0] if rows else 1 for a, rows, _ in arrays))
+            arrays.append((array, r is not None, has))
+        index.append(at[1] + (r or 0))
+    index += [index[-1]] * (size - len(index))
+    spec = tuple((rows, has) for _, rows, has in arrays)
+    fn = _merge_kernel(tuple((a.shape, dtype_str(a.dtype)) for a, _, _ in arrays), spec, size,
+                       over if carries else None)
+    return fn(np.asarray(index, np.int32), *[a for a, _, _ in arrays]), 0, carries
 
 
 def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int, batch: tuple | None = None):
@@ -481,51 +477,24 @@ def _rows_index_kernel(node: Circuit, fdt: str, axes: tuple, size: int, batch: t
     return cached_kernel(key, make)
 
 
-# Moving rows about (picking a row of a chunk, stacking rows, repeating a value over rows): on
-# the CPU with numpy, where it costs no compilation (a kernel per shape would: which shapes a
-# sweep needs depends on how its variants' rows line up, so a second sweep of the same kind
-# would compile some), elsewhere through small kernels.
-_HOST: list = []
-
-
-def _moves_on_host() -> bool:
-    if not _HOST:
-        import jax
-
-        _HOST.append(jax.default_backend() == "cpu")
-    return _HOST[0]
-
-
-def pick_row(array, r: int):
-    """Row ``r`` of a chunk of rows."""
-    if _moves_on_host():
-        return np.asarray(array)[r]
-    return _pick_row_kernel(array, r)
-
-
-def _repeat(value, rows: int):
-    """``value`` repeated ``rows`` times along a new leading axis."""
-    if _moves_on_host():
-        value = np.asarray(value)
-        return np.broadcast_to(value, (rows, *value.shape))
-    return broadcast_rows(value, rows)
-
-
-def _take_kernel(shape: tuple, dtype: str, size: int):
-    """``(array, index) -> array[index]``: ``size`` rows of a chunk, picked by an index given as data."""
-
-    def make():
-        return lambda array, index: array[index]
-
-    return cached_kernel(("take-rows", shape, dtype, size), make)
-
-
-def _stack_kernel(shape: tuple, dtype: str, size: int):
-    """``size`` values of one shape stacked along a new leading axis (the rows of a chunk)."""
+def _merge_kernel(shapes: tuple, spec: tuple, size: int, over: int | None = None):
+    """``(index, *sources) -> concatenate(sources as rows)[index]``: rows picked from chunks and
+    plain values (one row each); ``spec``: per source, (is a chunk of rows, carries the batch
+    axis).  ``over``: the batch's rows, where a source without the batch axis is repeated over it."""
+    key = ("merge", shapes, spec, size, over)
 
     def make():
         import jax.numpy as jnp
 
-        return lambda *items: jnp.stack(items)
+        def merge(index, *sources):
+            rows = []
+            for s, (is_rows, has) in zip(sources, spec):
+                s = s if is_rows else s[None]
+                if over is not None and not has:
+                    s = jnp.broadcast_to(s[:, None], (s.shape[0], over, *s.shape[1:]))
+                rows.append(s)
+            return jnp.concatenate(rows, axis=0)[index] if len(rows) > 1 else rows[0][index]
 
-    return cached_kernel(("stack-rows", shape, dtype, size), make)
+        return merge
+
+    return cached_kernel(key, make)
