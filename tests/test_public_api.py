@@ -147,7 +147,7 @@ def test_backend_door_names():
         "evaluate", "compile", "Compiled", "make_jaxpr", "evaluate_batched", "Eager", "grad", "value_and_grad",
         "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run", "symbolic_equal",
         "symbolic_evaluate", "SymbolTable",
-        "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps",
+        "Lowered", "float_dtype", "precision", "run_variants", "variants_over_batch", "RunInfo", "has_batch_axis", "einsum_steps",
         "value_bytes", "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
         "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache", "compile_seconds",
     }

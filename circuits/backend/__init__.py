@@ -36,7 +36,7 @@ The package is not named ``evaluate``: that is the public function ``circuits.ev
 3.0
 """
 
-from .batched import evaluate_batched
+from .batched import evaluate_batched, variants_over_batch
 from .cache.compiling import compile_seconds
 from .cache.persistent import ensure_persistent_cache
 from .caches import cache_stats, clear_cache, set_cache_size
@@ -62,7 +62,7 @@ __all__ = [
     "value_and_grad", "cache_stats", "clear_cache", "set_cache_size", "Program", "JIT_MAX_OPS", "last_run",
     "symbolic_equal", "symbolic_evaluate", "SymbolTable",
     # the door for the layers above (see the module docstring)
-    "Lowered", "float_dtype", "precision", "run_variants", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
+    "Lowered", "float_dtype", "precision", "run_variants", "variants_over_batch", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
     "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
     "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache", "compile_seconds",
 ]

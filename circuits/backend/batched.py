@@ -47,7 +47,7 @@ from .tiers.op_by_op import OverBudget, RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, worth_compiling
 from .tiers.values import Binding, cached_values
 
-__all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET"]
+__all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET", "variants_over_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -616,3 +616,39 @@ def _empty_outputs(fn, args, axes, items, as_jax):
 
         outs = [jnp.asarray(o) for o in outs]
     return package_outputs(outs, items)
+
+
+def variants_over_batch(base: Circuit, variants: list, inputs: Mapping, fdt: str, *, info: RunInfo | None = None,
+                        on_group=None) -> tuple:
+    """``(value of base, [value of each variant])`` over a dataset, as numpy arrays with the batch
+    axis first, the variants' changed nodes computed as rows of one kernel per base node
+    (``run_variants(batched=True)``: each kernel over the variants and the prompts at once).  The
+    base runs first (op by op: the clean run, its values kept), and the variants then run in the
+    chunks of prompts the clean run ran in, so every value they read unchanged is found in the
+    value cache.  ``on_group(fraction)``: a share of the variants is done (a progress bar's update).
+
+    >>> from circuits import Symbol, GeneralFunction, Add
+    >>> x = Symbol((2,), name='x_over_batch')
+    >>> y = GeneralFunction('exp', x)
+    >>> base, (double,) = variants_over_batch(y, [Add(y, y)], {'x_over_batch': np.zeros((3, 2))}, 'float32')
+    >>> base.shape, double.tolist()
+    ((3, 2), [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]])
+    """
+    from .tiers.variants import run_variants
+
+    base_value = np.asarray(evaluate_batched(base, inputs, dtype=fdt, mode="ops"))
+    binding = Binding([base, *variants], inputs, fdt, batched=True)
+    total = binding.rows
+    chunk = min(total, known_chunk(binding) or total)
+    starts = range(0, total, chunk)
+    pieces: list = []
+    with precision(fdt):
+        for start in starts:
+            part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
+                    else binding.values[s.hash] for s in binding.free}
+            step = None if on_group is None else (lambda n: on_group(n / len(variants) / len(starts)))
+            _, values = run_variants(base, variants, part, fdt, info=info, batched=True, on_group=step)
+            real = min(chunk, total - start)
+            pieces.append([np.asarray(v)[:real] for v in values])
+    return base_value, [np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
+                        for k in range(len(variants))]

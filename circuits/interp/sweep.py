@@ -571,41 +571,22 @@ def _layout(inputs) -> tuple:
 
 def _sweep_batched_rows(circuit, variants, inputs, fdt, progress) -> SweepResult:
     """Every variant over a dataset op by op, the variants' changed nodes computed as rows of one
-    kernel per base node as for one prompt (``run_variants``), each kernel over the variants and
-    the prompts at once.  The base circuit runs first (``evaluate_batched``, op by op: the clean
-    run, its values kept), and the variants then run in the chunks of prompts the clean run ran in,
-    so every value they read unchanged is found in the value cache: after the clean run nothing
-    compiles that an earlier sweep of these shapes compiled."""
-    from ..backend import evaluate_batched
-    from ..backend.batched import known_chunk, take_rows
-    from ..backend.tiers.values import Binding
+    kernel per base node as for one prompt, each kernel over the variants and the prompts at once
+    (``variants_over_batch``: after the clean run, nothing compiles that an earlier sweep of this
+    kind compiled)."""
+    from ..backend import variants_over_batch
 
-    base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt, mode="ops"))
-    binding = Binding([circuit, *variants.values()], inputs, fdt, batched=True)
-    total = binding.rows
-    chunk = min(total, known_chunk(binding) or total)
-    starts = range(0, total, chunk)
     bar = _progress(len(variants), progress)
     info = RunInfo()
-    pieces: list = []
     try:
-        with precision(fdt):
-            for start in starts:
-                part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
-                        else binding.values[s.hash] for s in binding.free}
-                on_group = None if bar is None else (lambda n: bar.update(n / len(starts)))
-                _, values = run_variants(circuit, list(variants.values()), part, fdt, info=info, batched=True,
-                                         on_group=on_group)
-                real = min(chunk, total - start)
-                pieces.append([np.asarray(v)[:real] for v in values])
+        step = None if bar is None else (lambda share: bar.update(share * len(variants)))
+        base, values = variants_over_batch(circuit, list(variants.values()), inputs, fdt, info=info, on_group=step)
     finally:
         if bar is not None:
             bar.close()
-    results = {name: np.concatenate([p[k] for p in pieces]) if len(pieces) > 1 else pieces[0][k]
-               for k, name in enumerate(variants)}
-    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": len(starts), "optimized": 0,
+    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
             "tier": "ops", "batched": True, "computed": info.computed}
-    return SweepResult(results, base, info)
+    return SweepResult(dict(zip(variants, values)), base, info)
 
 
 def _sweep_batched_each(circuit, variants, inputs, fdt, progress) -> SweepResult:
