@@ -641,12 +641,12 @@ def variants_over_batch(base: Circuit, variants: list, inputs: Mapping, fdt: str
     total = binding.rows
     chunk = min(total, known_chunk(binding) or total)
     starts = range(0, total, chunk)
+    step = None if on_group is None else (lambda n: on_group(n / len(variants) / len(starts)))
     pieces: list = []
     with precision(fdt):
         for start in starts:
             part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
                     else binding.values[s.hash] for s in binding.free}
-            step = None if on_group is None else (lambda n: on_group(n / len(variants) / len(starts)))
             _, values = run_variants(base, variants, part, fdt, info=info, batched=True, on_group=step)
             real = min(chunk, total - start)
             pieces.append([np.asarray(v)[:real] for v in values])

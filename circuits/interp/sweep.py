@@ -50,6 +50,7 @@ array([0., 2., 4., 6.], dtype=float32)
 from __future__ import annotations
 
 import collections
+import contextlib
 from typing import Callable, Mapping
 
 import numpy as np
@@ -310,6 +311,24 @@ def _progress(total: int, progress, total_cost: float | None = None):
     return None if isinstance(bar, SilentBar) else bar
 
 
+@contextlib.contextmanager
+def _bar(total: int, progress, total_cost: float | None = None):
+    """``_progress``'s bar (or None) for the block, closed however the block ends."""
+    bar = _progress(total, progress, total_cost)
+    try:
+        yield bar
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _ops_result(values: dict, base, computed: int, **extra) -> SweepResult:
+    """The result of a sweep run op by op (no programs): ``computed`` nodes, ``extra`` info."""
+    info = {"variants": len(values), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0, "tier": "ops",
+            **extra, "computed": computed}
+    return SweepResult(values, base, info)
+
+
 def _optimized(first: _Own, axes: tuple, fdt: str):
     """The group's program after ``rewrites.optimize``: its own part with every argument that
     varies, or is computed, as a Symbol (``sweep.arg{j}``, given); shared constants stay in place
@@ -463,8 +482,7 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
         for name, v in direct.items():
             results[name] = np.asarray(values.of(v))
         per_variants = {key: _own_bytes(members[0], fdt) for key, members in groups.items()}
-        bar = _progress(len(own), progress, sum(per_variants[k] * len(m) for k, m in groups.items()))
-        try:
+        with _bar(len(own), progress, sum(per_variants[k] * len(m) for k, m in groups.items())) as bar:
             for key, members in groups.items():
                 per_variant = per_variants[key]
                 chunk = _chunk_size(per_variant, len(members), batch_size)
@@ -473,9 +491,6 @@ def sweep(circuit: Circuit, variants: Mapping, inputs: Mapping | None = None, *,
                                            and per_variant >= LOOP_FROM_BYTES)
                 optimized += opt
                 results.update(_run_group(members, values, chunk, bar, opt, per_variant))
-        finally:
-            if bar is not None:
-                bar.close()
         base = np.asarray(values.base)
     info = {"variants": len(variants), "programs": len(groups), "common_nodes": len(common), "chunks": chunks,
             "optimized": optimized, "tier": "jit"}
@@ -493,14 +508,13 @@ def _sweep_batched(circuit, variants, inputs, fdt, progress) -> SweepResult:
 
     from ..backend import evaluate_batched
 
-    bar = _progress(len(variants), progress)
     results = {}
     groups: dict[bytes, list] = {}
     for name, v in variants.items():
         lowered = Lowered(v, fdt)
         groups.setdefault(lowered.key, []).append((name, lowered))
     compiled = 0
-    try:
+    with _bar(len(variants), progress) as bar:
         base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt))
         for members in groups.values():
             if len(members) == 1:
@@ -537,9 +551,6 @@ def _sweep_batched(circuit, variants, inputs, fdt, progress) -> SweepResult:
                 compiled += 1
             if bar is not None:
                 bar.update(len(members))
-    finally:
-        if bar is not None:
-            bar.close()
     info = {"variants": len(variants), "programs": compiled + 1, "common_nodes": 0, "chunks": 0,
             "optimized": 0, "tier": "jit", "batched": True, "groups": len(groups)}
     return SweepResult({name: results[name] for name in variants}, base, info)
@@ -576,42 +587,31 @@ def _sweep_batched_rows(circuit, variants, inputs, fdt, progress) -> SweepResult
     kind compiled)."""
     from ..backend import variants_over_batch
 
-    bar = _progress(len(variants), progress)
     info = RunInfo()
-    try:
+    with _bar(len(variants), progress) as bar:
         step = None if bar is None else (lambda share: bar.update(share * len(variants)))
         base, values = variants_over_batch(circuit, list(variants.values()), inputs, fdt, info=info, on_group=step)
-    finally:
-        if bar is not None:
-            bar.close()
-    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
-            "tier": "ops", "batched": True, "computed": info.computed}
-    return SweepResult(dict(zip(variants, values)), base, info)
+    return _ops_result(dict(zip(variants, values)), base, info.computed, batched=True)
 
 
 def _sweep_batched_each(circuit, variants, inputs, fdt, progress) -> SweepResult:
-    """Every variant over a dataset op by op, one after the other: ``evaluate_batched``'s op-by-op tier, each node through
-    its kernel mapped over the rows, over the value cache: the base circuit's values (the clean
-    run) are computed once and read by every variant, which computes only what it changes through
-    the kernels every circuit of those shapes shares (after the clean run, nothing compiles)."""
+    """Every variant over a dataset op by op, one after the other: ``evaluate_batched``'s op-by-op
+    tier, each node through its kernel mapped over the rows, over the value cache: the base
+    circuit's values (the clean run) are computed once and read by every variant, which computes
+    only what it changes through the kernels every circuit of those shapes shares (after the clean
+    run, nothing compiles)."""
     from ..backend import evaluate_batched, last_run
 
-    bar = _progress(len(variants), progress)
     computed = 0
-    try:
+    results = {}
+    with _bar(len(variants), progress) as bar:
         base = np.asarray(evaluate_batched(circuit, inputs, dtype=fdt, mode="ops"))
-        results = {}
         for name, variant in variants.items():
             results[name] = np.asarray(evaluate_batched(variant, inputs, dtype=fdt, mode="ops"))
             computed += last_run()["computed"]
             if bar is not None:
                 bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
-            "tier": "ops", "batched": True, "computed": computed}
-    return SweepResult(results, base, info)
+    return _ops_result(results, base, computed, batched=True)
 
 
 def _all_compiled(own: dict, batch_size) -> bool:
@@ -623,20 +623,13 @@ def _all_compiled(own: dict, batch_size) -> bool:
 def _sweep_op_by_op(circuit, variants, inputs, fdt, progress) -> SweepResult:
     """Every variant op by op over the value cache, the variants' changed nodes computed as rows
     of one kernel per base node (``circuits.backend.tiers.variants``): the common work once."""
-    bar = _progress(len(variants), progress)
-    try:
-        with precision(fdt):
-            info = RunInfo()
-            base, values = run_variants(circuit, list(variants.values()), inputs, fdt, info=info)
-            base = np.asarray(base)
-            results = {}
-            for name, value in zip(variants, values):
-                results[name] = np.asarray(value)
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    info = {"variants": len(variants), "programs": 0, "common_nodes": 0, "chunks": 0, "optimized": 0,
-            "tier": "ops", "computed": info.computed}
-    return SweepResult(results, base, info)
+    info = RunInfo()
+    results = {}
+    with _bar(len(variants), progress) as bar, precision(fdt):
+        base, values = run_variants(circuit, list(variants.values()), inputs, fdt, info=info)
+        base = np.asarray(base)
+        for name, value in zip(variants, values):
+            results[name] = np.asarray(value)
+            if bar is not None:
+                bar.update(1)
+    return _ops_result(results, base, info.computed)

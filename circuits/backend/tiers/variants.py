@@ -229,20 +229,20 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
     check_leaf_indices(below, ranges, bound, problems)
 
 
-def _bytes(node: Circuit, fdt: str, keys=None) -> int:
+def _bytes(node: Circuit, fdt: str, keys) -> int:
     """Bytes of ``node``'s value (over a batch, ``keys.rows`` of them: a row of a variant may
     carry the batch axis where its partner does not)."""
     itemsize = np.dtype(fdt if is_float(node.dtype) else node.dtype).itemsize
-    rows = keys.rows if keys is not None and keys.rows is not None else 1
+    rows = keys.rows if keys.rows is not None else 1
     return int(np.prod(node.shape, dtype=np.int64)) * itemsize * rows
 
 
 class _Group:
     """One group of variants: aligned with the base, then computed partner by partner."""
 
-    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list, keys=None):
+    def __init__(self, base: Circuit, order: list, partners: _Partners, fdt: str, variants: list, keys):
         self.base = base
-        self.keys = keys  # over a batch: which values carry the batch axis (``keys.is_batched``)
+        self.keys = keys  # the binding's: over a batch, which values carry the batch axis
         self.order = order
         self.partners = partners
         self.fdt = fdt
@@ -284,7 +284,7 @@ class _Group:
         is not computed again."""
         shared = shared if shared is not None else {}
         fdt, reads, keys = self.fdt, self.reads, self.keys
-        rows = keys.rows if keys is not None else None
+        rows = keys.rows
         leaves = [*self.clean.values(), *self.given.values()]
         known: dict = {}
         if leaves:
