@@ -283,6 +283,18 @@ def _log_softmax(x):
     return lax.sub(shifted, lax.broadcast_in_dim(total, shifted.shape, tuple(range(last))))
 
 
+def _picked(x, arg):
+    """max / min over the last axis as the entry ``jnp.argmax`` / ``argmin`` picks: the same value
+    (NaN where a row has one), and the gradient goes to that one entry (the first of tied ones).
+    ``jnp.max``'s own gradient finds the maximum again by comparing the operand with the result,
+    and in a compiled program XLA may recompute the operand inside that comparison with another
+    rounding: no entry equals the maximum any more and the cotangent is lost (found by
+    tests/backend/test_batched_grads.py, x + (x + x) + ... over a batch in float64)."""
+    jnp = _jnp()
+    at = getattr(jnp, arg)(x, axis=-1)
+    return jnp.take_along_axis(x, at[..., None], axis=-1)[..., 0]
+
+
 def _last_dim_size(x):
     jnp = _jnp()
     dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
@@ -323,10 +335,10 @@ _last_axis("logsumexp", lambda x: _jax().nn.logsumexp(x, axis=-1), drop_last,
            Bounds(lambda x, n: (x[0] + math.log(n), x[1] + math.log(n)), arg_max=20.0),
            # max, subtract it, exp, sum, log, add the max back (jax.nn.logsumexp)
            lambda n: {"cmp": n - 1, "add": 2 * n, "exp": n, "log": 1})
-_last_axis("max", lambda x: _jnp().max(x, axis=-1), drop_last, "max over the last axis (drops it)",
+_last_axis("max", lambda x: _picked(x, "argmax"), drop_last, "max over the last axis (drops it)",
            lambda row: _sympy().Max(*row), Bounds(_identity, keeps_positive=True), lambda n: {"cmp": n - 1},
            dtype_rule=lambda d: d[0])
-_last_axis("min", lambda x: _jnp().min(x, axis=-1), drop_last, "min over the last axis (drops it)",
+_last_axis("min", lambda x: _picked(x, "argmin"), drop_last, "min over the last axis (drops it)",
            lambda row: _sympy().Min(*row), Bounds(_identity, keeps_positive=True), lambda n: {"cmp": n - 1},
            dtype_rule=lambda d: d[0])
 _last_axis("mean", lambda x: _jnp().mean(x, axis=-1), drop_last, "mean over the last axis (drops it)",

@@ -73,6 +73,30 @@ def test_gradients_over_a_batch_op_by_op_agree_with_the_whole_program(case, dtyp
         _close(g_ops[node], g_jit[node], dtype)
 
 
+def test_the_gradient_of_max_reaches_the_maximum_in_every_tier():
+    """The case hypothesis found: over a batch in float64, the whole program's gradient of 'max'
+    lost one row's cotangent (jnp.max's rule compares the operand with the result, and XLA
+    recomputed the operand with another rounding inside that comparison); 'max' now picks its
+    entry by argmax, and every tier gives the gradient a row-by-row numpy reference gives."""
+    x = C.Array(np.array([0.5, 0.5625, -1.5]))
+    s = C.Symbol((), name="s_max_grad")
+    mixed = C.Add(C.Array(np.array([[[[1.0, 1.0, 1.0]], [[0.5, 1.5, 0.5]]]])), C.Array(np.array([[0.5, -1.0, 0.5]])))
+    total = C.Add(C.Add(x, C.Add(x, x), C.GeneralFunction("exp", s)), C.Einsum.from_spec("a->", x),
+                  C.GeneralFunction("softmax", mixed))
+    circuit = C.GeneralFunction("max", total)
+    feed = {s: np.array([1.0, -1.0], np.float32)}
+    # each output row's maximum is at entry 0 (first softmax row) and entry 1 (second): x's gradient
+    # is 3 at each (read three times) plus 2 everywhere (the sum read once, under both outputs)
+    want = np.array([[5.0, 5.0, 2.0], [5.0, 5.0, 2.0]])
+    for mode in ("jit", "ops"):
+        _, g = value_and_grad(circuit, [x], feed, dtype="float64", mode=mode)
+        np.testing.assert_array_equal(g[x], want, err_msg=mode)
+    tied = C.Array(np.array([2.0, 7.0, 7.0]))
+    for fn, want in (("max", [0.0, 1.0, 0.0]), ("min", [1.0, 0.0, 0.0])):
+        _, g = value_and_grad(C.GeneralFunction(fn, tied), [tied], {}, mode="jit")
+        np.testing.assert_array_equal(g[tied], want, err_msg=fn)  # a tie: the first entry
+
+
 # ------------------------------------------------------------------ the shipped model over a batch
 ROWS = 9  # a batch size no other test uses: its kernels are this file's
 HEADS = [f"b{layer}.a.head{h}" for layer in range(2) for h in range(4)]
