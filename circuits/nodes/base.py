@@ -100,6 +100,35 @@ def _free_or_none(node: "Circuit"):
     return free
 
 
+class _PrettyHook:
+    """``Circuit._repr_pretty_``, the hook of IPython's and hypothesis' pretty printers: a node
+    prints as its text (``str(node)``).  A descriptor rather than a method because the two
+    printers look the hook up differently: IPython on the class, calling it with the node
+    (``type(node)._repr_pretty_(node, p, cycle)``), hypothesis on the printed object itself
+    (``obj._repr_pretty_(p, cycle)``).  When that object is a node *class* (a test argument
+    ``node_type=DiscreteVar``), a plain method came back unbound, missed its ``cycle``, and the
+    TypeError hid the test's own failure behind hypothesis' FlakyStrategyDefinition; here a
+    class prints as its dotted name.  (No example here: doctest would collect it twice, as this
+    class's and as ``Circuit._repr_pretty_``'s; tests/testing/test_failure_reports.py has them.)
+    """
+
+    def __get__(self, node, cls=None):
+        if node is not None:
+            return lambda p, cycle: _pretty_node(node, p)
+
+        def pretty(*args):
+            if len(args) == 3:  # IPython: (node, printer, cycle)
+                return _pretty_node(args[0], args[1])
+            args[0].text(f"{cls.__module__}.{cls.__qualname__}")  # hypothesis, on the class: (printer, cycle)
+        return pretty
+
+
+def _pretty_node(node, p):
+    from ..text.printer import to_text
+
+    p.text(to_text(node, depth=6, max_lines=400, max_line_chars=1000))
+
+
 _PAYLOAD_COPIERS: dict = {}  # node class -> function copying its own __slots__ to a new node
 
 
@@ -438,10 +467,7 @@ class Circuit:
 
         return to_html(self)
 
-    def _repr_pretty_(self, p, cycle):
-        from ..text.printer import to_text
-
-        p.text(to_text(self, depth=6, max_lines=400, max_line_chars=1000))
+    _repr_pretty_ = _PrettyHook()
 
     # ------------------------------------------------------------------ conveniences
     def evaluate(self, inputs=None, **options):

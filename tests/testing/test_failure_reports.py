@@ -4,8 +4,10 @@ with its Arrays' and inputs' values, not ``case=(built[0], {})``."""
 import numpy as np
 import pytest
 from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 import circuits as C
+from circuits.nodes import NODE_TYPES
 from circuits.testing import CircuitWithInputs, circuits_with_inputs, dags
 
 
@@ -66,6 +68,35 @@ def test_a_failing_circuit_prints_as_text():
     assert "built[0]" not in report
     for line in seen[-1].to_text().split("\n"):
         assert line in report
+
+
+def test_a_failing_test_over_node_classes_reports_its_own_failure():
+    """A node class as an argument (``node_type=DiscreteVar`` from a parametrize over
+    ``NODE_TYPES``, or drawn): hypothesis prints it in the failure report by looking
+    ``_repr_pretty_`` up on the class itself.  The unbound method raised TypeError while the
+    shrunk example was replayed, before the test drew anything, and hypothesis reported that
+    shorter replay as FlakyStrategyDefinition instead of the test's own failure."""
+
+    @settings(max_examples=20, deadline=None, database=None, derandomize=True)
+    @given(data=st.data())  # as in tests/nodes/test_every_node_type.py, where it happened
+    def test_rule(node_type, data):
+        data.draw(st.sampled_from(NODE_TYPES))
+        assert type(data.draw(dags(max_nodes=4, types=("Array", "Scalar", "Add")))) is not node_type
+
+    report = _failure_report(lambda: test_rule(node_type=C.Add))
+    assert "node_type=circuits.nodes.add.Add" in report
+    assert "Draw 1: circuits.nodes." in report
+    assert "Draw 2: " in report and "Add" in report.split("Draw 2: ")[1]  # the circuit's text
+
+
+def test_nodes_and_node_classes_pretty_print():
+    from hypothesis.vendor.pretty import pretty as hypothesis_pretty
+    from IPython.lib.pretty import pretty as ipython_pretty
+
+    node = C.Add(C.Scalar(1.0, name="one"), name="sum")
+    for pretty in (hypothesis_pretty, ipython_pretty):
+        assert pretty(node) == str(node) == node.to_text() == "'sum' Add\n  'one' [] Scalar 1"
+        assert pretty([C.Add, C.DiscreteVar]) == "[circuits.nodes.add.Add, circuits.nodes.discrete_var.DiscreteVar]"
 
 
 def test_circuit_with_inputs_is_still_a_pair():
