@@ -133,6 +133,12 @@ class Builder:
         self.types = set(opts.types)
         self.pool: list[tuple] = []  # (node, interval)
         self.height: dict = {}  # node -> longest path down to a leaf
+        # node -> whether a DiscreteVar is at or below it.  Sampling (circuits.expand.sample) gives
+        # a variable a leading axis of samples, and expand batches a gather only in its indices:
+        # while ``gathered`` is positive (building a gather's gathered argument) no variable is
+        # drawn or reused, so that every drawn circuit can be sampled.
+        self.has_var: dict = {}
+        self.gathered = 0
         self.budget = opts.max_nodes
         self.can_be_positive = Array in self.types or Scalar in self.types
         # name -> (spec, kind), in the order given (not set order): examples replay across processes.
@@ -162,7 +168,7 @@ class Builder:
         is_root = depth == self.opts.max_depth and not self.pool
         if not is_root:
             fits = [b for b in self.pool
-                    if b[0].shape == shape and need.ok(b[1]) and self.height[b[0]] <= depth]
+                    if b[0].shape == shape and need.ok(b[1]) and self.height[b[0]] <= depth and self._reusable(b)]
             if fits and (self.budget <= 0 or draw(st.booleans())):
                 return draw(st.sampled_from(fits))
         kinds = self._kinds(shape, need, root_types)
@@ -189,10 +195,16 @@ class Builder:
     def _add_to_pool(self, built):
         node = built[0]
         self.height[node] = 1 + max((self.height.get(c, 0) for c in node.children), default=-1)
+        self.has_var[node] = type(node) is DiscreteVar or any(self.has_var.get(c, False) for c in node.children)
         self.pool.append(built)
+
+    def _reusable(self, built) -> bool:
+        return not (self.gathered and self.has_var[built[0]])
 
     def _kinds(self, shape, need, root_types):
         kinds = [t for t in (root_types or self.opts.types)]
+        if self.gathered:
+            kinds = [k for k in kinds if k is not DiscreteVar]
         if need.positive:
             kinds = [k for k in kinds if k is not Symbol]
         if not shape:
@@ -241,7 +253,7 @@ class Builder:
         """A pool node (with its interval) whose shape passes ``fits_shape``, or None: drawing
         children from nodes built elsewhere in the circuit is what makes it a DAG."""
         fits = [b for b in self.pool
-                if fits_shape(b[0].shape) and need.ok(b[1]) and self.height[b[0]] <= depth]
+                if fits_shape(b[0].shape) and need.ok(b[1]) and self.height[b[0]] <= depth and self._reusable(b)]
         if fits and self.draw(st.booleans()):
             return self.draw(st.sampled_from(fits))
         return None
@@ -408,7 +420,11 @@ class Builder:
             fname = GenIndex(d, True, True, checked).name
         if math.prod(x_shape) > _MAX_ELEMENTS:
             return None
-        x, iv = self.build(x_shape, depth, Need(need.positive))
+        self.gathered += 1
+        try:
+            x, iv = self.build(x_shape, depth, Need(need.positive))
+        finally:
+            self.gathered -= 1
         if Symbol in self.types and draw(st.integers(0, 3)) == 0:
             idx = Symbol(idx_shape, name=draw(st.sampled_from(("toks", "idx", None))), dtype="int64")
         else:
