@@ -405,6 +405,10 @@ def dags(shape=None, *, types=None, functions=None, max_nodes=20, max_depth=5, n
     - ``dtype``: float dtype of Arrays and float Symbols.
     - ``root_types``: the root's type is one of these.
 
+    A circuit with DiscreteVars (drawn when asked for) evaluates through
+    ``circuits.sample``: none is drawn below a gather's gathered argument, which
+    sampling cannot batch.
+
     >>> from hypothesis import find
     >>> import circuits as C
     >>> def shares(c):   # some node is a child of two distinct parents
