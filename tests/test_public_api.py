@@ -149,7 +149,7 @@ def test_backend_door_names():
         "symbolic_evaluate", "SymbolTable",
         "Lowered", "float_dtype", "precision", "run_variants", "variants_over_batch", "RunInfo", "has_batch_axis", "einsum_steps",
         "value_bytes", "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
-        "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache", "compile_seconds",
+        "values_and_grads_ops", "op_tier", "record", "steps_as", "ensure_persistent_cache", "compile_seconds",
     }
     for name in backend.__all__:
         assert getattr(backend, name) is not None

@@ -22,7 +22,8 @@ interp, importers) import what they need from ``circuits.backend``, never from i
 (profile's segments, sweep's programs, the attribution graph's traced function), the op-by-op
 tier (``run_variants``, ``RunInfo``, ``has_batch_axis``), the cost model ``circuits.cost`` counts
 with (``einsum_steps``, ``value_bytes``, ``einsum_temp_bytes``, ``live_bytes``), a caller's own
-op-by-op tier (``op_tier``, ``values_and_grads_ops``, ``record``: discovery's edge scores), the
+op-by-op tier (``op_tier``, ``values_and_grads_ops``, ``record``: discovery's edge scores;
+``steps_as``: its op-by-op steps computed with numpy where the caller's mode would), the
 compilation cache switched on early (``ensure_persistent_cache``: tracr's compiler), the lowerings
 that ``rewrites`` also offers as rewrites (``batch_heads``, ``gathered_minus_logsumexp``) and
 ``float_dtype`` (the ``dtype=`` option, checked) with ``precision`` (the context JAX computes in
@@ -51,6 +52,7 @@ from .lower.memory import einsum_temp_bytes, live_bytes, value_bytes
 from .lower.program import Program
 from .symbolic import SymbolTable, symbolic_equal, symbolic_evaluate
 from .tiers.backward import values_and_grads_ops
+from .tiers.host import steps_as
 from .tiers.lowered import Lowered
 from .tiers.op_by_op import RunInfo
 from .tiers.policy import JIT_MAX_OPS, check_mode, last_run, op_tier, record
@@ -64,5 +66,5 @@ __all__ = [
     # the door for the layers above (see the module docstring)
     "Lowered", "float_dtype", "precision", "run_variants", "variants_over_batch", "RunInfo", "has_batch_axis", "einsum_steps", "value_bytes",
     "einsum_temp_bytes", "live_bytes", "batch_heads", "gathered_minus_logsumexp", "check_mode",
-    "values_and_grads_ops", "op_tier", "record", "ensure_persistent_cache", "compile_seconds",
+    "values_and_grads_ops", "op_tier", "record", "steps_as", "ensure_persistent_cache", "compile_seconds",
 ]

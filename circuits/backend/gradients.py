@@ -28,6 +28,7 @@ from .lower.calling import bind_once
 from .lower.lowering import as_items, resolve_nodes
 from .lower.program import Program
 from .tiers.backward import grads_ops
+from .tiers.host import host_mode
 from .tiers.lowered import grad_function, grad_vmap_function
 from .tiers.op_by_op import OverBudget, RunInfo
 from .tiers.policy import Route, check_mode, run, worth_compiling
@@ -60,8 +61,6 @@ def value_and_grad(circuit: Circuit, wrt, inputs: Mapping | None = None, *, cota
     """
     fdt = float_dtype(dtype)
     mode = check_mode(mode)
-    if mode == "numpy":  # pinned: gradients and sweeps run JAX's kernels op by op
-        mode = "ops"
     single = isinstance(wrt, (str, Circuit))
     items = as_items(wrt)
     if not items:
@@ -108,24 +107,29 @@ class _Gradient(Route):
         self.program_of = program_of
         self.batched = has_batch_axis(circuit, inputs)
         self.key = ("grad", circuit.hash, fdt, tuple(n.hash for n in nodes), weights is not None, self.batched)
-        self.whole_tier = "ops" if mode == "ops" and not self.batched else "jit"
+        self.whole_tier = "ops" if mode in ("ops", "numpy") and not self.batched else "jit"
 
     def by_ops(self, groups: bool):
         nodes, items = self.nodes, self.items
         distinct = list({n.hash: n for n in nodes}.values())
         info = RunInfo()
+        host = host_mode(self.mode, self.fdt, self.inputs)
         if self.batched:
-            found = _grads_over_rows(self.circuit, distinct, self.inputs, self.fdt, self.weights, self.cache, info)
+            found = _grads_over_rows(self.circuit, distinct, self.inputs, self.fdt, self.weights, self.cache, info,
+                                     host)
         else:
-            found = grads_ops(self.circuit, distinct, self.inputs, self.fdt, self.weights, cache=self.cache, info=info)
+            found = grads_ops(self.circuit, distinct, self.inputs, self.fdt, self.weights, cache=self.cache, info=info,
+                              host=host)
         if found is None:  # a node to differentiate is not in the circuit as evaluated
             return None
         out, grads = found
         value = np.asarray(out)
         by_hash = {n.hash: np.asarray(g) for n, g in zip(distinct, grads)}
+        tier = "numpy" if host == "pin" else "ops"
         if self.single:
-            return (value, by_hash[nodes[0].hash]), "ops", info.computed, info.reused
-        return (value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}), "ops", info.computed, info.reused
+            return (value, by_hash[nodes[0].hash]), tier, info.computed, info.reused, info.numpy
+        return (value, {item: by_hash[n.hash] for item, n in zip(items, nodes)}), tier, info.computed, info.reused, \
+            info.numpy
 
     def compile_whole(self, keep: bool = False):
         if self.batched:  # the per-example program, compiled by running it once
@@ -144,7 +148,7 @@ class _Gradient(Route):
         if self.batched:
             return _batched_value_and_grad(program, nodes, items, single, slots, shapes, self.inputs, weights)
         args = bind_once(program, self.inputs, self.fdt)
-        how = "uncompiled" if self.mode == "ops" else "jit"
+        how = "uncompiled" if self.mode in ("ops", "numpy") else "jit"
         out, grads = grad_function(program, slots, shapes, weights is not None, how)(args, weights)
         value = np.asarray(out)
         by_slot = {s: np.asarray(g) for s, g in zip(slots, grads)}
@@ -153,7 +157,7 @@ class _Gradient(Route):
         return value, {item: by_slot[program.slot_of[n.hash]] for item, n in zip(items, nodes)}
 
 
-def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
+def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info, host=None):
     """``grads_ops`` over inputs with a leading batch axis: ``(value, gradients)``, rows first, op
     by op.  All the rows at once where one row's new forward values and cotangents times the rows
     fit ``batched.DEFAULT_MEMORY_BUDGET``, else in chunks of rows (a power of two, as many as fit;
@@ -172,13 +176,13 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info):
         part = {s: take_rows(binding.values[s.hash], start, chunk) if s.hash in binding.keys.batched
                 else binding.values[s.hash] for s in binding.free}
         w = take_rows(weights, start, chunk) if per_row else weights
-        return grads_ops(circuit, nodes, part, fdt, w, cache=cache, info=info, batched=True)
+        return grads_ops(circuit, nodes, part, fdt, w, cache=cache, info=info, batched=True, host=host)
 
     known = known_chunk(binding)
     if known is None or known >= total:
         try:
             found = grads_ops(circuit, nodes, inputs, fdt, weights, cache=cache, info=info, batched=True,
-                              max_bytes=DEFAULT_MEMORY_BUDGET)
+                              max_bytes=DEFAULT_MEMORY_BUDGET, host=host)
         except OverBudget as over:
             fit = max(1, min(total, DEFAULT_MEMORY_BUDGET // max(1, over.row_bytes)))
             known = 1 << (fit.bit_length() - 1)  # a power of two

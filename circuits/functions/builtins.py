@@ -145,6 +145,82 @@ _NUMPY = {
 }
 
 
+# Their vector-Jacobian products (``FunctionSpec.numpy_grad``: ``(x, y, g) -> g * f'(x)``), as JAX
+# differentiates the ``jax`` lowerings below: relu's tie at 0 takes half (``jnp.maximum``), abs
+# takes +1 at 0, max / min give the entry ``argmax`` / ``argmin`` picks.  A first gradient
+# computes with them while the backward kernels compile (``circuits.backend.lower.numpy_vjp``).
+def _last(v):
+    return v[..., None]
+
+
+def _np_softmax_grad(x, y, g):
+    return y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def _np_log_softmax_grad(x, y, g):
+    return g - _np().exp(y) * g.sum(axis=-1, keepdims=True)
+
+
+def _np_logsumexp_grad(x, y, g):
+    return _last(g) * _np().exp(x - _last(y))
+
+
+def _np_picked_grad(arg):
+    def grad(x, y, g):
+        np = _np()
+        at = _last(getattr(np, arg)(x, axis=-1))
+        hot = (np.arange(x.shape[-1]) == at).astype(g.dtype)
+        return hot * _last(g)
+
+    return grad
+
+
+def _np_gelu_grad(x, y, g):
+    cdf = 0.5 * (1.0 + _erf(x / math.sqrt(2.0)))
+    return g * (cdf + x * _np().exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+
+
+def _np_gelu_new_grad(x, y, g):
+    c = math.sqrt(2.0 / math.pi)
+    t = _np().tanh(c * (x + 0.044715 * x**3))
+    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
+
+
+def _np_silu_grad(x, y, g):
+    s = _np_sigmoid(x)
+    return g * (s * (1.0 + x * (1.0 - s)))
+
+
+_NUMPY_GRAD = {
+    "exp": lambda x, y, g: g * y,
+    "log": lambda x, y, g: g / x,
+    "sin": lambda x, y, g: g * _np().cos(x),
+    "cos": lambda x, y, g: -g * _np().sin(x),
+    "tanh": lambda x, y, g: g * (1.0 - y * y),
+    "sqrt": lambda x, y, g: g * (0.5 / y),
+    "abs": lambda x, y, g: _np().where(x >= 0, g, -g),
+    "rsqrt": lambda x, y, g: g * (-0.5 * (y / x)),
+    "reciprocal": lambda x, y, g: -g / (x * x),
+    "sigmoid": lambda x, y, g: g * (y * (1.0 - y)),
+    "relu": lambda x, y, g: g * _np().where(x > 0, 1.0, _np().where(x == 0, 0.5, 0.0)).astype(x.dtype),
+    "gelu": _np_gelu_grad,
+    "gelu_new": _np_gelu_new_grad,
+    "silu": _np_silu_grad,
+    "square": lambda x, y, g: g * (2.0 * x),
+    "step": lambda x, y, g: _np().zeros_like(g * x),
+    "log_exp_p_1": lambda x, y, g: g * _np_sigmoid(x),
+    "gaussian_pdf": lambda x, y, g: g * (-x * y),
+    "gaussian_cdf": lambda x, y, g: g * (_np().exp(-0.5 * x * x) / math.sqrt(2 * math.pi)),
+    "softmax": _np_softmax_grad,
+    "log_softmax": _np_log_softmax_grad,
+    "logsumexp": _np_logsumexp_grad,
+    "max": _np_picked_grad("argmax"),
+    "min": _np_picked_grad("argmin"),
+    "mean": lambda x, y, g: _np().broadcast_to(_last(g) / x.shape[-1], g.shape + x.shape[-1:]),
+    "last_dim_size": lambda x, y, g: _np().zeros(g.shape + x.shape[-1:], x.dtype),
+}
+
+
 # ---------------------------------------------------------------------------- bounds
 def _monotone(f):
     """Bounds of an increasing function."""
@@ -179,7 +255,7 @@ def _pow_bounds(base, exponent):
 
 def _elementwise(name, jax_fn, sympy=None, bounds=None, *, propagates_nan=True, **kw):
     register_elementwise(name, jax_fn, sympy=sympy, bounds=bounds, propagates_nan=propagates_nan,
-                         numpy=_NUMPY.get(name), **kw)
+                         numpy=_NUMPY.get(name), numpy_grad=_NUMPY_GRAD.get(name), **kw)
 
 
 _elementwise("exp", lambda x: _jnp().exp(x), _sym("exp"), Bounds(_monotone(math.exp), arg_max=4.0, positive=True),
@@ -252,6 +328,7 @@ def _last_axis(name, jax_fn, shape_rule, description, sympy, bounds, row_cost, d
             name=name, shape_rule=needs_rank(1, shape_rule), jax=jax_fn, core_ndim=1,
             dtype_rule=dtype_rule, sympy=sympy, propagates_nan=propagates_nan, bounds=bounds,
             description=description, cost=per_row(row_cost), numpy=_NUMPY.get(name),
+            numpy_grad=_NUMPY_GRAD.get(name),
         )
     )
 

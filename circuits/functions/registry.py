@@ -84,6 +84,11 @@ class FunctionSpec:
     - ``numpy(*arrays) -> array``: the same function on numpy arrays, exactly (to float rounding:
       in the arguments' float dtype), or None; the op-by-op tier computes a node with it while its
       JAX kernel is not made yet (``circuits.backend.tiers.host``), so a first call compiles nothing.
+    - ``numpy_grad(x, y, g) -> array``: for a function of one argument with ``numpy``, its
+      vector-Jacobian product on numpy arrays (``x`` the argument, ``y`` the result, ``g`` the
+      result's cotangent; ``g`` may carry leading axes more than ``x``), exactly as JAX
+      differentiates ``jax`` (to float rounding, ties and zeros included), or None: a first
+      gradient computes the node's backward step with it while its kernel compiles.
     - ``cost(arg_shapes, out_shape) -> {kind: count}``: the arithmetic it does, by kind (``mul``,
       ``add``, ``div``, ``exp``, ``log``, ``sqrt``, ``sin``, ``cos``, ``tanh``, ``erf``, ``pow``,
       ``cmp``) for ``circuits.cost``; build it with ``per_element`` or ``per_row``.  None: the
@@ -106,6 +111,7 @@ class FunctionSpec:
     description: str = ""
     cost: Optional[Callable] = None
     numpy: Optional[Callable] = None
+    numpy_grad: Optional[Callable] = None
 
     def result_dtype(self, dtypes) -> str:
         if self.dtype_rule is not None:
@@ -291,7 +297,7 @@ def per_row(row_counts: Callable) -> Callable:
 
 # ---------------------------------------------------------------------------- registering
 def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, propagates_nan=False,
-                         bounds=None, replace=False, description="", cost=None, numpy=None):
+                         bounds=None, replace=False, description="", cost=None, numpy=None, numpy_grad=None):
     """Register an elementwise function (broadcasting when it takes several arguments)."""
     return register(
         FunctionSpec(
@@ -309,6 +315,7 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
             description=description,
             cost=cost,
             numpy=numpy,
+            numpy_grad=numpy_grad,
         ),
         replace=replace,
     )
@@ -316,10 +323,11 @@ def register_elementwise(name, jax_fn, *, sympy=None, linear=False, num_args=1, 
 
 def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, core_ndim=None,
                       elementwise=False, linear=False, sympy=None, propagates_nan=False, bounds=None,
-                      replace=False, description="", cost=None, numpy=None):
+                      replace=False, description="", cost=None, numpy=None, numpy_grad=None):
     """Register a user function: ``shape_rule(list_of_shapes) -> shape``, ``jax_fn(*arrays)``;
     the other keywords are ``FunctionSpec``'s fields (``numpy``: the same function on numpy arrays,
-    for a first call that compiles nothing; without it the JAX kernel computes the node).
+    for a first call that compiles nothing; without it the JAX kernel computes the node;
+    ``numpy_grad``: its vector-Jacobian product on numpy arrays, for a first gradient).
 
     >>> import jax.numpy as jnp, numpy as np, circuits as C
     >>> _ = register_function('cumsum_last_demo', lambda shapes: shapes[0],
@@ -337,6 +345,7 @@ def register_function(name, shape_rule, jax_fn, *, num_args=1, dtype_rule=None, 
             name=name, shape_rule=shape_rule, jax=jax_fn, num_args=n, dtype_rule=dtype_rule,
             core_ndim=core_ndim, elementwise=elementwise, linear=linear, sympy=sympy,
             propagates_nan=propagates_nan, bounds=bounds, description=description, cost=cost, numpy=numpy,
+            numpy_grad=numpy_grad,
         ),
         replace=replace,
     )

@@ -119,7 +119,7 @@ def _over_rows(circuit, sites, source, given, spec, metric, inputs, extra, posit
     (``_rows_by_ops``) in ``'ops'``, and in ``'auto'`` until the program of ``_Plan`` for this
     attribution is compiled (in the background, at its ``jit_after``-th run); that program in
     ``'jit'`` and from then on."""
-    from ..backend import float_dtype, op_tier
+    from ..backend import check_mode, float_dtype, op_tier
 
     key = _plan_key(sites, given, source, metric, dtype)
     plans: list = []
@@ -139,7 +139,8 @@ def _over_rows(circuit, sites, source, given, spec, metric, inputs, extra, posit
         pos_key = None if positions is None else (repr(positions), axis)
         tier_key = ("attribute-rows", circuit.hash, key, pos_key, _layout(inputs), float_dtype(dtype))
     found = op_tier(tier_key, mode, _Size(plan),
-                    lambda: _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype),
+                    lambda: _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype,
+                                         check_mode(mode)),
                     lambda: whole() is not None)
     return whole() if found is None else found
 
@@ -161,22 +162,25 @@ class _Size:
         return len(self.plan().lowered.program)
 
 
-def _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype) -> dict:
+def _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype, mode: str = "ops") -> dict:
     """A dataset's estimates op by op: the sites' clean and source values over the rows
     (``evaluate_batched``, op by op: the clean run's values are read from the value cache), the
     metric's per-row gradients at the clean sites (``value_and_grad`` over the rows, op by op),
-    the estimates summed in float64 on the host."""
-    from ..backend import evaluate_batched, value_and_grad
+    the estimates summed in float64 on the host; numpy computes a step where ``mode`` says so
+    (``steps_as``: a first call compiles nothing)."""
+    from ..backend import evaluate_batched, steps_as, value_and_grad
 
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     target, cotangent = _target(circuit, spec)
     bundle = nodes + [copies[n.hash] for n in nodes]
-    _, values = evaluate_batched(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode="ops")
+    with steps_as(mode):
+        _, values = evaluate_batched(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode="ops")
     present = {n.hash for n in toposort(target)}
     wrt = [n for n in nodes if n.hash in present]
     grads = {}
     if wrt:
-        _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode="ops")
+        with steps_as(mode):
+            _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode="ops")
         grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
     out = {}
     for label, node in zip(labels, nodes):

@@ -125,7 +125,7 @@ def test_batched_fast_path_equals_row_by_row_evaluation():
 
 def test_the_binder_lives_with_the_cached_program_and_other_precisions_bind_their_own():
     program, _ = cached_program(CIRCUIT, "float32", None, True)
-    evaluate_batched(CIRCUIT, {"tok": np.zeros((2, 2), np.int64), "x": np.zeros((2, 2, 4))})
+    evaluate_batched(CIRCUIT, {"tok": np.zeros((2, 2), np.int64), "x": np.zeros((2, 2, 4))}, mode="jit", cache=False)
     assert isinstance(program.call_state, ArgumentBinder)
     assert binder_of(program, "float32") is program.call_state
     f64 = compile(CIRCUIT, dtype="float64")

@@ -54,7 +54,7 @@ from ...nodes import (
 )
 from ..cache.bounded import BoundedCache
 
-__all__ = ["numpy_op", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
+__all__ = ["numpy_op", "raw_op", "einsum_fn", "x64_on", "PLAN_ROWS", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
 
 #: The evaluation precisions numpy computes in (bfloat16 and float16 stay with JAX).
 HOST_FLOATS = ("float32", "float64")
@@ -64,7 +64,7 @@ HOST_FLOATS = ("float32", "float64")
 _X64_WORDS = ("1", "true", "t", "yes", "y", "on")
 
 
-def _x64(fdt: str) -> bool:
+def x64_on(fdt: str) -> bool:
     """Whether JAX computes 64-bit ints and floats now (without importing it when it is not)."""
     if fdt == "float64":
         return True
@@ -84,7 +84,7 @@ def canonical(dtype: str, fdt: str) -> np.dtype:
     (dtype('float32'), dtype('int64'))
     """
     name = fdt if is_float(dtype) else str(dtype)
-    if not _x64(fdt):
+    if not x64_on(fdt):
         name = _NARROW.get(name, name)
     return np.dtype(name)
 
@@ -93,7 +93,7 @@ def jax_dtype(dtype: str) -> np.dtype:
     """The numpy dtype JAX computes ``dtype`` in now (int64 as int32 unless x64 is on), without
     importing JAX."""
     name = str(np.dtype(dtype))
-    return np.dtype(name if _x64("") else _NARROW.get(name, name))
+    return np.dtype(name if x64_on("") else _NARROW.get(name, name))
 
 
 def host_dtypes(fdt: str) -> bool:
@@ -214,7 +214,10 @@ def _pair(a_ids: tuple, b_ids: tuple, keep: set):
     return contract, tuple(batch + a_only + b_only)
 
 
-def _einsum(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple], target) -> Callable | None:
+def einsum_fn(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple], target) -> Callable | None:
+    """``fn(*operands)``: the einsum of operands with ids ``in_axes`` (of ``shapes``, for its
+    plan) to ids ``out_axes`` in ``target``, two operands at a time through ``matmul``; None
+    where the output repeats an id."""
     if len(set(out_axes)) != len(out_axes):
         return None  # an output that repeats an id (a diagonal written): JAX's kernel
     ids = sorted({x for t in in_axes for x in t} | set(out_axes))
@@ -262,17 +265,17 @@ def _build_einsum(node: Einsum, target, axes):
     if axes is not None:  # the batch axis: one id more, on the batched operands and the output
         row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
         in_axes = [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)]
-        shapes = [(_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)]
+        shapes = [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)]
         out_axes = (row, *out_axes)
     if node.dtype == "bool":
-        op = _einsum(in_axes, out_axes, shapes, np.dtype(np.int32))
+        op = einsum_fn(in_axes, out_axes, shapes, np.dtype(np.int32))
         return None if op is None else (lambda *xs: op(*xs) > 0)
-    return _einsum(in_axes, out_axes, shapes, target)
+    return einsum_fn(in_axes, out_axes, shapes, target)
 
 
 # A stand-in for the number of rows when planning an einsum over a batch (the order does not
 # depend on it much; the plan is kept per node shape, not per batch size).
-_ROWS = 8
+PLAN_ROWS = 8
 
 
 # ---------------------------------------------------------------------------- the others
@@ -430,6 +433,15 @@ _MEMO = BoundedCache("numpy ops", "kernels", max_entries=4096, lru=False)
 _NONE = False
 
 
+def raw_op(node: Circuit, target, axes: tuple | None = None) -> Callable | None:
+    """``numpy_op``'s computation of ``node`` in ``target`` as it is: not kept, its result not
+    cast nor made read-only (``numpy_vjp`` runs a selection on float64 positions)."""
+    builder = _BUILDERS.get(type(node))
+    if axes is not None and not any(a == 0 for a in axes):
+        axes = None
+    return None if builder is None else builder(node, np.dtype(target), axes)
+
+
 def numpy_op(node: Circuit, fdt: str, axes: tuple | None = None) -> Callable | None:
     """The numpy op computing ``node`` from its children's values (``axes``: which carry a
     leading batch axis; see the module docstring), or None where it has none."""
@@ -441,7 +453,7 @@ def numpy_op(node: Circuit, fdt: str, axes: tuple | None = None) -> Callable | N
         axes = None
     key = (t, node._payload_bytes() if t is not GeneralFunction else node.function.name, node.shape,
            tuple(c.shape for c in node.children), tuple(c.dtype for c in node.children), node.dtype, fdt, axes,
-           _x64(fdt))
+           x64_on(fdt))
     op = _MEMO.get(key)
     if op is None:
         target = canonical(node.dtype, fdt)

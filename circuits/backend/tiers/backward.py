@@ -44,9 +44,11 @@ import numpy as np
 from ...dtypes import dtype_str, is_float
 from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
 from ...traversal import toposort
+from ..lower.numpy_vjp import numpy_vjp
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
-from .kernels import cached_kernel, int_picks, pick_row
+from . import host as _host
+from .kernels import cached_kernel, int_picks, made, pick_row
 from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
 from .values import VALUES, Binding
@@ -63,7 +65,7 @@ def vjp_kernel(node: Circuit, fdt: str, need: tuple, rows: int | None = None, ax
     and the children whose ``axes`` entry is 0 carrying them first (the others the same for every
     row), every cotangent out with the rows first: one per (operation, shapes, precision,
     positions, rows, axes), shared as ``kernels.kernel_over_rows`` is."""
-    key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
+    key = _vjp_key(node, fdt, need, rows, axes)
     if rows is None:
         return cached_kernel(key, lambda: _pull(node, fdt, need))
 
@@ -72,7 +74,12 @@ def vjp_kernel(node: Circuit, fdt: str, need: tuple, rows: int | None = None, ax
 
         return jax.vmap(_pull(node, fdt, need), in_axes=(axes, 0), out_axes=0)
 
-    return cached_kernel((*key, "rows", rows, axes), make)
+    return cached_kernel(key, make)
+
+
+def _vjp_key(node: Circuit, fdt: str, need: tuple, rows: int | None = None, axes: tuple = ()):
+    key = ("vjp", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need)
+    return key if rows is None else (*key, "rows", rows, axes)
 
 
 def _pull(node: Circuit, fdt: str, need: tuple):
@@ -112,20 +119,29 @@ def _unbroadcast_kernel(shape: tuple, child_shape: tuple, dtype: str, rows: int 
     """``g -> g`` summed over the axes along which an Add broadcast a child of ``child_shape``
     to ``shape`` (right-aligned, size-1 axes stretched); ``rows``: ``g`` and the result carry a
     batch axis of ``rows`` first, kept."""
+    key = _unbroadcast_key(shape, child_shape, dtype, rows)
     if rows is None:
-        return cached_kernel(("unbroadcast", shape, child_shape, dtype), lambda: _unbroadcast(shape, child_shape))
-    return cached_kernel(("unbroadcast", shape, child_shape, dtype, "rows", rows),
-                         lambda: _jax().vmap(_unbroadcast(shape, child_shape)))
+        return cached_kernel(key, lambda: _unbroadcast(shape, child_shape))
+    return cached_kernel(key, lambda: _jax().vmap(_unbroadcast(shape, child_shape)))
 
 
-def _unbroadcast(shape: tuple, child_shape: tuple):
-    """The plain function ``_unbroadcast_kernel`` compiles."""
+def _unbroadcast_key(shape: tuple, child_shape: tuple, dtype: str, rows: int | None = None):
+    key = ("unbroadcast", shape, child_shape, dtype)
+    return key if rows is None else (*key, "rows", rows)
+
+
+def _unbroadcast(shape: tuple, child_shape: tuple, rows: bool = False):
+    """The plain function ``_unbroadcast_kernel`` compiles (``rows``: ``g`` carries a batch axis
+    first, kept: what numpy runs for its ``vmap``)."""
     lead = len(shape) - len(child_shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(child_shape)
                                       if n == 1 and shape[lead + i] != 1)
+    if rows:
+        axes = tuple(a + 1 for a in axes)
 
     def unbroadcast(g):
-        return g.sum(axis=axes).reshape(child_shape) if axes else g.reshape(child_shape)
+        out = g.sum(axis=axes) if axes else g
+        return out.reshape((g.shape[0], *child_shape) if rows else child_shape)
 
     return unbroadcast
 
@@ -150,7 +166,8 @@ def filled(value: int, shape: tuple, fdt: str):
 
 
 def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt: str, cotangent=None, *,
-              cache: bool = True, info: RunInfo | None = None, batched: bool = False, max_bytes: int | None = None):
+              cache: bool = True, info: RunInfo | None = None, batched: bool = False, max_bytes: int | None = None,
+              host: str | None = None):
     """``(value of root, [d sum(cotangent * root) / d value of w for w in wrt])`` op by op: the
     forward values from the value cache where known, then one reverse sweep (see the module
     docstring) over the nodes between ``wrt`` and ``root`` only.  None when a node of ``wrt`` is
@@ -162,9 +179,9 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     reverse sweep through vector-Jacobian products mapped over the rows (``vjp_kernel``'s
     ``rows``), node by node; ``cotangent`` may carry the rows too.  ``max_bytes``: raise
     ``OverBudget`` (its ``row_bytes``: one row's new forward values and cotangents) before
-    anything runs when the rows' would take more."""
-    import jax.numpy as jnp
-
+    anything runs when the rows' would take more.  ``host``: where numpy computes a step, forward
+    and backward (``'pin'``: wherever it can; ``'auto'``: where the step's kernel is not made yet,
+    queued to be made in the background; ``circuits.backend.tiers.host``)."""
     (root,), _ = prepared([root])
     order = toposort(root)
     wanted = {w.hash for w in wrt}
@@ -198,7 +215,7 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
         binding = Binding(roots, inputs, fdt, batched=True)
         rows, keys = binding.rows, binding.keys
     if rows is None:
-        values = run_ops(roots, inputs, fdt, cache=cache, info=info)
+        values = run_ops(roots, inputs, fdt, cache=cache, info=info, host=host)
     else:
         spare = None
         if max_bytes is not None:  # the cotangents' bytes: one a node on the path, every one per row
@@ -209,45 +226,55 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
             if spare < 0:
                 raise OverBudget(back)
         try:
-            values = run_ops(roots, None, fdt, cache=cache, info=info, binding=binding, max_bytes=spare)
+            values = run_ops(roots, None, fdt, cache=cache, info=info, binding=binding, max_bytes=spare, host=host)
         except OverBudget as over:
             raise OverBudget(over.row_bytes + back) from None
     env = {root.hash: values[0]}
     env.update(zip(needed, values[1:]))
     out = values[0]
     full = root.shape if rows is None else (rows, *root.shape)
+    on_host = host is not None
     if cotangent is None:
-        first = filled(1, full, fdt)
+        first = np.full(full, 1, fdt) if on_host else filled(1, full, fdt)
     elif np.shape(cotangent) != full:  # the same weights for every row: repeated on the host
-        first = _on_rows(np.asarray(cotangent, fdt), rows)
+        first = _on_rows(np.asarray(cotangent, fdt), rows, on_host)
     else:
-        first = jnp.asarray(cotangent, fdt)
+        first = np.array(cotangent, fdt) if on_host else _jnp().asarray(cotangent, fdt)
     if rows is not None and not keys.is_batched(root):
-        out = _on_rows(np.asarray(out), rows)
-    sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first}, rows, keys)
+        out = _on_rows(np.asarray(out), rows, on_host)
+    sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first}, rows, keys, host)
     for level in _levels(order, on_path, root):
         sweep.run_level(level)
     grads = [sweep.plain(w.hash) if w.hash in sweep.ct else
-             filled(0, w.shape if rows is None else (rows, *w.shape), fdt) for w in wrt]
+             _zeros(w.shape if rows is None else (rows, *w.shape), fdt, on_host) for w in wrt]
+    if info is not None:
+        info.numpy += sweep.by_numpy
     return out, grads
 
 
+def _zeros(shape: tuple, fdt: str, on_host: bool):
+    return np.zeros(shape, fdt) if on_host else filled(0, shape, fdt)
+
+
 def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Sequence[Circuit],
-                         inputs: Mapping | None, fdt: str, batched: bool = False, max_bytes: int | None = None):
+                         inputs: Mapping | None, fdt: str, batched: bool = False, max_bytes: int | None = None,
+                         mode: str = "ops"):
     """``(values of values_of, [d sum(root) / d value of w for w in wrt])`` op by op (the values
     through the cached kernels and the value cache, then ``grads_ops``' reverse sweep, which reads
     the same cache): what an op-by-op tier of a gradient method computes.  None as for
     ``grads_ops``.  ``batched=True``: inputs with a leading batch axis give every value and
     gradient with the rows first (per-row gradients); where one call's new values and cotangents
     over the rows would take more than ``max_bytes``, the rows run in chunks (a power of two rows
-    each, the last padded with its last row: one set of kernels), joined on the host.  Call it
-    within ``precision(fdt)``."""
+    each, the last padded with its last row: one set of kernels), joined on the host.  ``mode``
+    (``'ops'``, ``'auto'`` or ``'numpy'``) says where numpy computes a step
+    (``circuits.backend.tiers.host``).  Call it within ``precision(fdt)``."""
+    host = _host.host_mode(mode, fdt, inputs)
     if not batched:
-        values = run_ops(list(values_of), inputs, fdt)
-        found = grads_ops(root, wrt, inputs, fdt)
+        values = run_ops(list(values_of), inputs, fdt, host=host)
+        found = grads_ops(root, wrt, inputs, fdt, host=host)
         return None if found is None else (values, found[1])
     try:
-        return _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes)
+        return _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes, host)
     except OverBudget as over:
         binding = Binding([root, *values_of], inputs, fdt, batched=True)
         total = binding.rows
@@ -263,7 +290,7 @@ def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Seque
                 if len(value) < chunk:  # the last chunk padded: the chunks' kernels serve it
                     value = np.concatenate([value, np.repeat(value[-1:], chunk - len(value), axis=0)])
             part[s] = value
-        found = _values_and_grads_rows(values_of, root, wrt, part, fdt, None)
+        found = _values_and_grads_rows(values_of, root, wrt, part, fdt, None, host)
         if found is None:
             return None
         real = min(chunk, total - start)
@@ -272,11 +299,11 @@ def values_and_grads_ops(values_of: Sequence[Circuit], root: Circuit, wrt: Seque
             [np.concatenate([p[1][k] for p in parts]) for k in range(len(wrt))])
 
 
-def _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes):
+def _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes, host=None):
     """``values_and_grads_ops`` over the rows at once (``OverBudget`` past ``max_bytes``)."""
-    found = grads_ops(root, wrt, inputs, fdt, batched=True, max_bytes=max_bytes)  # checks the budget first
+    found = grads_ops(root, wrt, inputs, fdt, batched=True, max_bytes=max_bytes, host=host)  # checks the budget first
     binding = Binding(list(values_of), inputs, fdt, batched=True)
-    values = run_ops(binding.roots, None, fdt, binding=binding)
+    values = run_ops(binding.roots, None, fdt, binding=binding, host=host)
     if binding.rows is not None:  # a value the same for every row, given the rows (a view, on the host)
         keys = binding.keys
         values = [v if keys.is_batched(n) else np.broadcast_to(np.asarray(v), (binding.rows, *n.shape))
@@ -284,12 +311,11 @@ def _values_and_grads_rows(values_of, root, wrt, inputs, fdt, max_bytes):
     return None if found is None else (values, found[1])
 
 
-def _on_rows(value: np.ndarray, rows: int):
+def _on_rows(value: np.ndarray, rows: int, on_host: bool = False):
     """``value`` repeated ``rows`` times along a new leading axis, made on the host and put on the
-    device (a kernel would compile once per shape)."""
-    import jax
-
-    return jax.device_put(np.ascontiguousarray(np.broadcast_to(value, (rows, *value.shape))))
+    device (a kernel would compile once per shape; ``on_host``: kept on the host)."""
+    value = np.ascontiguousarray(np.broadcast_to(value, (rows, *value.shape)))
+    return value if on_host else _jax().device_put(value)
 
 
 def _levels(order: list, on_path: set, root: Circuit) -> list:
@@ -324,20 +350,48 @@ class _Row:
 
 
 class _Sweep:
-    """The reverse sweep's state: cotangents by node hash (a device array or a ``_Row``)."""
+    """The reverse sweep's state: cotangents by node hash (an array or a ``_Row``).  ``host``
+    (``circuits.backend.tiers.host``): a step whose kernel is not made yet (``'auto'``; every
+    step: ``'pin'``) runs with numpy, its kernel queued to be made in the background."""
 
     def __init__(self, fdt: str, on_path: set, picks: dict, env: dict, ct: dict, rows: int | None = None,
-                 keys=None):
+                 keys=None, host: str | None = None):
         self.fdt, self.on_path, self.picks, self.env, self.ct = fdt, on_path, picks, env, ct
         # over a batch: every cotangent has the rows first; a forward value has them where
         # keys.is_batched says so
-        self.rows, self.keys = rows, keys
+        self.rows, self.keys, self.host = rows, keys, host
+        self.by_numpy = 0  # backward steps numpy computed
+
+    def _on_host(self, key) -> bool:
+        """Whether numpy runs the step whose kernel is ``key`` (see the class docstring)."""
+        host = self.host
+        return host is not None and (host == "pin" or not made(key) or _host.being_made(key))
+
+    def _queue(self, key, kernel, args) -> None:
+        """Queue the making of ``kernel()`` (cached under ``key``) for arguments shaped as ``args``."""
+        if self.host != "auto":
+            return
+        specs = _specs(args)
+        _host.queue_call([key], self.fdt, lambda: kernel()(*_zeros_of(specs)))
+
+    def _call(self, key, kernel, on_host, *args):
+        """``kernel()(*args)``, or ``on_host(*args)`` where numpy runs the step."""
+        if self._on_host(key):
+            self._queue(key, kernel, args)
+            return on_host(*args)
+        return kernel()(*args)
 
     def plain(self, h: bytes):
         v = self.ct[h]
         if type(v) is _Row:
-            v = self.ct[h] = pick_row(v.array, v.r)
+            v = self.ct[h] = self._pick(v)
         return v
+
+    def _pick(self, v: "_Row"):
+        a = v.array
+        if self._on_host(("pick", a.shape, dtype_str(a.dtype))):
+            return np.asarray(a)[v.r]  # a view: no kernel for it
+        return pick_row(a, v.r)
 
     def add_to(self, k: bytes, part) -> None:
         ct = self.ct
@@ -345,8 +399,8 @@ class _Sweep:
             ct[k] = part
             return
         a = self.plain(k)
-        b = pick_row(part.array, part.r) if type(part) is _Row else part
-        ct[k] = _add_kernel(a.shape, a.dtype)(a, b)
+        b = self._pick(part) if type(part) is _Row else part
+        ct[k] = self._call(("add", a.shape, str(a.dtype)), lambda: _add_kernel(a.shape, a.dtype), _np_add, a, b)
 
     def run_level(self, nodes: list) -> None:
         groups: dict = {}
@@ -388,40 +442,74 @@ class _Sweep:
                 self.add_to(c.hash, g)
             else:
                 g = self.plain(node.hash)
-                self.add_to(c.hash, _unbroadcast_kernel(node.shape, c.shape, dtype_str(g.dtype), self.rows)(g))
+                dtype, rows = dtype_str(g.dtype), self.rows
+                key = _unbroadcast_key(node.shape, c.shape, dtype, rows)
+                part = self._call(key, lambda: _unbroadcast_kernel(node.shape, c.shape, dtype, rows),
+                                  _unbroadcast(node.shape, c.shape, rows is not None), g)
+                self.add_to(c.hash, part)
 
-    def _vjp(self, node: Circuit, need: tuple) -> None:
+    def _vjp(self, node: Circuit, need: tuple, queue: bool = True) -> None:
+        """``node``'s vector-Jacobian product (``queue``: its kernel queued where numpy runs it)."""
         env, kids = self.env, node.children
-        if self.rows is None:
-            fn = vjp_kernel(node, self.fdt, need)
-        else:
+        rows, axes = self.rows, ()
+        if rows is not None:
             batched = self.keys.is_batched
-            fn = vjp_kernel(node, self.fdt, need, self.rows, tuple(0 if batched(c) else None for c in kids))
-        parts = fn(tuple(env[c.hash] for c in kids), self.plain(node.hash))
+            axes = tuple(0 if batched(c) else None for c in kids)
+        args = (tuple(env[c.hash] for c in kids), self.plain(node.hash))
+        key = _vjp_key(node, self.fdt, need, rows, axes)
+        pull = numpy_vjp(node, self.fdt, need, None if rows is None else axes) if self._on_host(key) else None
+        if pull is not None:
+            if queue:
+                self._queue(key, lambda: vjp_kernel(node, self.fdt, need, rows, axes), args)
+            self.by_numpy += 1
+            parts = pull(*args)
+        else:
+            parts = vjp_kernel(node, self.fdt, need, rows, axes)(*args)
         for i, part in zip(need, parts):
             self.add_to(node.children[i].hash, part)
 
     def _vjp_rows(self, group: list, need: tuple) -> None:
         """Nodes of one operation and shapes: their vector-Jacobian products as rows of one
-        ``vmap``-ed kernel; a child shared by every row is passed once."""
+        ``vmap``-ed kernel; a child shared by every row is passed once.  Where numpy runs the
+        step, node by node."""
         env, node = self.env, group[0]
-        args, axes = [], []
+        shared = [all(n.children[i].hash == node.children[i].hash for n in group) for i in range(len(node.children))]
+        axes = tuple(None if same else 0 for same in shared)
+        hashes = [n.hash for n in group]
+        vals = [self.ct[h] for h in hashes]
+        g_axis = None if type(vals[0]) is not _Row and all(v is vals[0] for v in vals) else 0
+        key = _vjp_rows_key(node, self.fdt, need, axes, g_axis, len(group))
+        if self._on_host(key) and numpy_vjp(node, self.fdt, need) is not None:
+            kids = node.children
+            g_shape = node.shape if g_axis is None else (len(group), *node.shape)
+            specs = (tuple(_Spec(c.shape if shared[i] else (len(group), *c.shape), _dtype_of(env[c.hash]))
+                           for i, c in enumerate(kids)), _Spec(g_shape, _dtype_of(self.plain(hashes[0]))))
+            self._queue(key, lambda: _vjp_rows_kernel(node, self.fdt, need, axes, g_axis, len(group)), specs)
+            for n in group:
+                self._vjp(n, need, queue=False)
+            return
+        args = []
         for i in range(len(node.children)):
-            kids = [n.children[i] for n in group]
-            if all(k.hash == kids[0].hash for k in kids):
-                args.append(env[kids[0].hash])
-                axes.append(None)
+            if shared[i]:
+                args.append(env[node.children[i].hash])
             else:
-                args.append(_stack([env[k.hash] for k in kids]))
-                axes.append(0)
-        g, g_axis = self._rows_of([n.hash for n in group])
-        parts = _vjp_rows_kernel(node, self.fdt, need, tuple(axes), g_axis, len(group))(tuple(args), g)
+                args.append(self._stack([env[n.children[i].hash] for n in group]))
+        g, g_axis = self._rows_of(hashes)
+        parts = _vjp_rows_kernel(node, self.fdt, need, axes, g_axis, len(group))(tuple(args), g)
         for i, part in zip(need, parts):
-            if axes[i] is None:  # one child for every row: its cotangent is their sum
-                self.add_to(node.children[i].hash, _sum_rows_kernel(part.shape, dtype_str(part.dtype))(part))
+            if shared[i]:  # one child for every row: its cotangent is their sum
+                dtype = dtype_str(part.dtype)
+                total = self._call(("sum-rows", part.shape, dtype), lambda: _sum_rows_kernel(part.shape, dtype),
+                                   _np_sum_rows, part)
+                self.add_to(node.children[i].hash, total)
                 continue
             for r, n in enumerate(group):
                 self.add_to(n.children[i].hash, _Row(part, r))
+
+    def _stack(self, values: list):
+        v = values[0]
+        key = ("stack", len(values), v.shape, dtype_str(v.dtype))
+        return self._call(key, lambda: _stack_kernel(len(values), v.shape, dtype_str(v.dtype)), _np_stack, *values)
 
     def _rows_of(self, hashes: list) -> tuple:
         """The cotangents of ``hashes`` as one value: ``(value, None)`` when it is one array for
@@ -433,7 +521,7 @@ class _Sweep:
         if type(v0) is _Row and v0.array.shape[0] == len(vals) and all(
                 type(v) is _Row and v.array is v0.array and v.r == r for r, v in enumerate(vals)):
             return v0.array, 0
-        return _stack([self.plain(h) for h in hashes]), 0
+        return self._stack([self.plain(h) for h in hashes]), 0
 
     def _put(self, group: list) -> None:
         """Int picks of one child on the same axes: their cotangents added into the child's at
@@ -441,31 +529,90 @@ class _Sweep:
         k = group[0].children[0]
         axes = self.picks[group[0].hash][0]
         rows = self.rows
+
+        def put(acc, g, positions, n, shared, batch=None):
+            dtype = dtype_str(g.dtype)
+            key = _put_rows_key(k.shape, axes, dtype, n, shared, batch)
+            return self._call(key, lambda: _put_rows_kernel(k.shape, axes, dtype, n, shared, batch),
+                              _np_put_rows(axes, n, shared, batch is not None), acc, g, positions)
+
+        start = (rows, *k.shape) if rows is not None else k.shape
+        acc = self.plain(k.hash) if k.hash in self.ct else _zeros(start, self.fdt, self.host is not None)
         if rows is not None:  # over a batch: one pick at a time, mapped over the rows
-            acc = self.plain(k.hash) if k.hash in self.ct else filled(0, (rows, *k.shape), self.fdt)
             for n in group:
-                g = self.plain(n.hash)
-                fn = _put_rows_kernel(k.shape, axes, dtype_str(g.dtype), 1, True, rows)
-                acc = fn(acc, g, self.picks[n.hash][1][None])
+                acc = put(acc, self.plain(n.hash), self.picks[n.hash][1][None], 1, True, rows)
             self.ct[k.hash] = acc
             return
-        acc = self.plain(k.hash) if k.hash in self.ct else filled(0, k.shape, self.fdt)
         if len(group) == 1:
-            g = self.plain(group[0].hash)
-            fn = _put_rows_kernel(k.shape, axes, dtype_str(g.dtype), 1, True)
-            self.ct[k.hash] = fn(acc, g, self.picks[group[0].hash][1][None])
+            self.ct[k.hash] = put(acc, self.plain(group[0].hash), self.picks[group[0].hash][1][None], 1, True)
             return
-        rows, g_axis = self._rows_of([n.hash for n in group])
+        g, g_axis = self._rows_of([n.hash for n in group])
         positions = np.stack([self.picks[n.hash][1] for n in group])
-        fn = _put_rows_kernel(k.shape, axes, dtype_str(rows.dtype), len(group), g_axis is None)
-        self.ct[k.hash] = fn(acc, rows, positions)
+        self.ct[k.hash] = put(acc, g, positions, len(group), g_axis is None)
 
 
-def _stack(values: list):
-    """``values`` (one shape) stacked on a new leading axis: one kernel per (count, shape)."""
-    v = values[0]
-    fn = cached_kernel(("stack", len(values), v.shape, dtype_str(v.dtype)), lambda: lambda *xs: _jnp().stack(xs))
-    return fn(*values)
+class _Spec:
+    """The shape and dtype of an argument a queued kernel is made for (zeros of them)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def _dtype_of(value):
+    return np.dtype(dtype_str(value.dtype))
+
+
+def _specs(args):
+    """``args`` (arrays, nested in tuples) as ``_Spec``s: what a queued kernel is made for,
+    without holding the arrays."""
+    if isinstance(args, tuple):
+        return tuple(_specs(a) for a in args)
+    if type(args) is _Spec:
+        return args
+    return _Spec(np.shape(args), _dtype_of(args) if hasattr(args, "dtype") else np.asarray(args).dtype)
+
+
+def _zeros_of(specs):
+    if isinstance(specs, tuple):
+        return tuple(_zeros_of(s) for s in specs)
+    return np.zeros(specs.shape, specs.dtype)
+
+
+def _np_add(a, b):
+    return np.add(a, b)
+
+
+def _np_sum_rows(x):
+    return np.asarray(x).sum(0)
+
+
+def _np_stack(*xs):
+    return np.stack([np.asarray(x) for x in xs])
+
+
+def _np_put_rows(axes: tuple, rows: int, shared: bool, batched: bool):
+    """``_put_rows``' function on numpy arrays (``batched``: ``acc`` and ``g`` carry the rows
+    first, the positions the same for every row)."""
+
+    def put_rows(acc, g, positions):
+        acc = np.array(acc, copy=True)
+        g = np.asarray(g)
+        lead = 1 if batched else 0
+        for r in range(rows):
+            at = [slice(None)] * (acc.ndim - lead)
+            for j, axis in enumerate(axes):
+                at[axis] = int(positions[r, j])
+            acc[(slice(None),) * lead + tuple(at)] += g if shared else g[r]
+        return acc
+
+    return put_rows
+
+
+def _stack_kernel(count: int, shape: tuple, dtype: str):
+    """``values`` (``count`` of one shape) stacked on a new leading axis: one kernel per (count, shape)."""
+    return cached_kernel(("stack", count, shape, dtype), lambda: lambda *xs: _jnp().stack(xs))
 
 
 def _jnp():
@@ -483,8 +630,7 @@ def _jax():
 def _vjp_rows_kernel(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, rows: int):
     """``vjp_kernel``'s function over ``rows`` rows (``vmap``: children's row axes ``axes``, the
     cotangent's ``g_axis``); every output has the rows first."""
-    key = ("vjp-rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need, axes,
-           g_axis, rows)
+    key = _vjp_rows_key(node, fdt, need, axes, g_axis, rows)
 
     def make():
         import jax
@@ -492,6 +638,11 @@ def _vjp_rows_kernel(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, 
         return jax.vmap(_pull(node, fdt, need), in_axes=(axes, g_axis), out_axes=0)
 
     return cached_kernel(key, make)
+
+
+def _vjp_rows_key(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, rows: int):
+    return ("vjp-rows", node_key_part(node), node.shape, tuple(c.shape for c in node.children), fdt, need, axes,
+            g_axis, rows)
 
 
 def _sum_rows_kernel(shape: tuple, dtype: str):
@@ -502,10 +653,15 @@ def _put_rows_kernel(shape: tuple, axes: tuple, dtype: str, rows: int, shared: b
     """``(acc, g rows, positions [rows, len(axes)]) -> acc`` with each row added at its positions
     (in turn: positions may repeat); ``shared``: one ``g`` for every row.  ``batch``: ``acc`` and
     ``g`` carry a batch axis of ``batch`` first (the positions are the same for every row of it)."""
+    key = _put_rows_key(shape, axes, dtype, rows, shared, batch)
     if batch is not None:
-        return cached_kernel(("put-rows", shape, axes, dtype, rows, shared, "batch", batch),
-                             lambda: _jax().vmap(_put_rows(shape, axes, rows, shared), in_axes=(0, 0, None)))
-    return cached_kernel(("put-rows", shape, axes, dtype, rows, shared), lambda: _put_rows(shape, axes, rows, shared))
+        return cached_kernel(key, lambda: _jax().vmap(_put_rows(shape, axes, rows, shared), in_axes=(0, 0, None)))
+    return cached_kernel(key, lambda: _put_rows(shape, axes, rows, shared))
+
+
+def _put_rows_key(shape: tuple, axes: tuple, dtype: str, rows: int, shared: bool, batch: int | None = None):
+    key = ("put-rows", shape, axes, dtype, rows, shared)
+    return key if batch is None else (*key, "batch", batch)
 
 
 def _put_rows(shape: tuple, axes: tuple, rows: int, shared: bool):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ from ..cache.background import AGAIN, in_background
 from ..cache.bounded import current_epoch, working_for
 from ..lower.numpy_ops import canonical, host_dtypes, numpy_op
 
-__all__ = ["host_mode", "leaf_on_host", "queue_kernel", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
+__all__ = ["host_mode", "steps_as", "leaf_on_host", "queue_kernel", "queue_call", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
 
 _IDENTITY = (Tag, SetSymbolicShape)
 
@@ -57,11 +58,39 @@ def host_mode(mode: str, fdt: str, inputs=None, return_jax: bool = False) -> str
 
     if not host_dtypes(fdt):
         return None
+    if mode == "ops":  # a library call's own op-by-op step, within a caller's tier (``steps_as``)
+        mode = getattr(_steps, "mode", None) or mode
     if mode == "numpy":
         return "pin"
     if mode != "auto" or return_jax or not settings().host or _on_accelerator() or _on_device(inputs):
         return None
     return "auto"
+
+
+_steps = threading.local()
+
+
+@contextlib.contextmanager
+def steps_as(mode: str):
+    """Within the block, a ``mode='ops'`` call on this thread computes with numpy where ``mode``
+    would (``'auto'``: a node whose kernel is not made yet; ``'numpy'``: every node that can):
+    for a method that runs its steps op by op (``'ops'``: no whole program tracked for them) on
+    behalf of a caller's ``mode``.
+
+    >>> from circuits import Symbol, GeneralFunction
+    >>> from circuits.backend import evaluate
+    >>> from circuits.backend.tiers import last_run
+    >>> with steps_as('numpy'):
+    ...     _ = evaluate(GeneralFunction('sin', Symbol((2,), name='x_steps')), {'x_steps': np.ones(2)}, mode='ops')
+    >>> last_run()['numpy']
+    1
+    """
+    before = getattr(_steps, "mode", None)
+    _steps.mode = mode if mode in ("auto", "numpy") else None
+    try:
+        yield
+    finally:
+        _steps.mode = before
 
 
 def _on_device(inputs) -> bool:
@@ -141,17 +170,29 @@ def queue_kernel(node, fdt: str, run, kernel_keys: list, specs: list) -> None:
     """Queue the making of ``node``'s kernels (``kernel_keys``, as ``tiers.kernels`` names them)
     for its children's values of ``specs`` (``[(shape, dtype)]``), in the caller's precision:
     ``run(env)`` computes ``node`` through them from its children's values in ``env``."""
+
+    def job():
+        env = {c.hash: np.zeros(shape, dtype) for c, (shape, dtype) in zip(node.children, specs)}
+        run(env)
+        return env[node.hash]
+
+    queue_call(kernel_keys, fdt, job)
+
+
+def queue_call(kernel_keys: list, fdt: str, job) -> None:
+    """Queue the making of the kernels ``kernel_keys`` (as ``tiers.kernels`` names them), in the
+    caller's precision: ``job()`` runs them once (on zeros) and returns a value to wait for."""
     with _lock:
         if _closing[0] or all(k in _queued for k in kernel_keys):
             return
         _queued.update(kernel_keys)
         jax = sys.modules.get("jax")
         matmul = jax.config.jax_default_matmul_precision if jax is not None and hasattr(jax, "config") else None
-        _queue.append((node, fdt, run, tuple(kernel_keys), specs, matmul, current_epoch()))
+        _queue.append((job, fdt, tuple(kernel_keys), matmul, current_epoch()))
         _counts["queued"] += 1
         while len(_queue) > QUEUE_SIZE:
             dropped = _queue.popleft()
-            _queued.difference_update(dropped[3])
+            _queued.difference_update(dropped[2])
         if _worker[0] is None or not _worker[0].is_alive():
             if not _closing[1]:
                 atexit.register(_close)  # after background's own: runs before it waits for the threads
@@ -190,12 +231,12 @@ def _work():
         _make(*job)
     finally:
         with _lock:
-            _queued.difference_update(job[3])
+            _queued.difference_update(job[2])
     return AGAIN
 
 
-def _make(node, fdt, run, kernel_keys, specs, matmul, epoch) -> None:
-    """Make (compile, or load from disk) ``node``'s kernels by running them once on zeros."""
+def _make(job, fdt, kernel_keys, matmul, epoch) -> None:
+    """Make (compile, or load from disk) the kernels ``kernel_keys`` by running ``job`` (them, once, on zeros)."""
     import jax
 
     from ..lower.binding import precision
@@ -203,13 +244,12 @@ def _make(node, fdt, run, kernel_keys, specs, matmul, epoch) -> None:
 
     if all(made(k) for k in kernel_keys):
         return
-    env = {c.hash: np.zeros(shape, dtype) for c, (shape, dtype) in zip(node.children, specs)}
     try:
         with working_for(epoch), precision(fdt), jax.default_matmul_precision(matmul):
-            run(env)
-            value = env[node.hash]
-            if hasattr(value, "block_until_ready"):
-                value.block_until_ready()
+            value = job()
+            for leaf in jax.tree_util.tree_leaves(value):
+                if hasattr(leaf, "block_until_ready"):
+                    leaf.block_until_ready()
         _counts["made"] += 1
     except Exception:  # noqa: BLE001 - a kernel that does not compile is compiled (and its error
         _counts["failed"] += 1  # raised) by the call that needs it, on its own thread

@@ -33,7 +33,19 @@ __all__ = ["VALUES", "DEFAULT_VALUE_BYTES", "value_cache_info", "set_value_budge
            "bind_symbols", "Binding", "value_keys", "cached_values", "remember", "SHAPE_ONLY", "shape_key"]
 
 
-DEFAULT_VALUE_BYTES = 1 << 30
+def _default_value_bytes() -> int:
+    """An eighth of the machine's memory, between 1 and 8 GiB: a 12-layer model's values over a
+    dataset (a clean and a corrupted run of GPT-2 small over 8 prompts: 1.7 GB) stay while an
+    experiment reads them (at 1 GiB the corrupted run pushed the clean one out and every gradient
+    after it computed the clean run again)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not on this platform
+        return 1 << 30
+    return int(min(max(total // 8, 1 << 30), 8 << 30))
+
+
+DEFAULT_VALUE_BYTES = _default_value_bytes()
 
 # Device values by key (``CacheKeys``), least recently used first out; a value larger than the
 # whole budget is not kept.

@@ -277,36 +277,37 @@ class EdgeScores:
             blocks.append((receivers @ senders.T).reshape(-1))
         return xp.concatenate(blocks)[self.order]
 
-    def by_ops(self, feeds, batched: bool = False) -> np.ndarray | None:
+    def by_ops(self, feeds, batched: bool = False, mode: str = "ops") -> np.ndarray | None:
         """``sum(weight * scores(feed) for feed, weight in feeds)`` op by op: the senders' values
         through the cached per-operation kernels (and the value cache), the gradients at the
         destinations' sums by the op-by-op reverse sweep; nothing is compiled whole.  None where
         the circuit's nodes are not all there as evaluated (Modules substituted).  ``batched``:
         each feed's values carry a batch axis and its score is the mean of its rows', all rows
         computed at once (the kernels mapped over them), in chunks of rows where one call's
-        values and cotangents would not fit ``DEFAULT_MEMORY_BUDGET``."""
+        values and cotangents would not fit ``DEFAULT_MEMORY_BUDGET``.  ``mode``: where numpy
+        computes a step (``values_and_grads_ops``)."""
         total = None
         with precision(self.fdt):
             for feed, weight in feeds:
-                scores = self._batched_scores(feed) if batched else self._scores(feed)
+                scores = self._batched_scores(feed, mode) if batched else self._scores(feed, mode)
                 if scores is None:
                     return None
                 scores = scores * weight
                 total = scores if total is None else total + scores
         return total
 
-    def _scores(self, feed) -> np.ndarray | None:
-        found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt)
+    def _scores(self, feed, mode: str = "ops") -> np.ndarray | None:
+        found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt, mode=mode)
         if found is None:
             return None
         host = [np.asarray(v) for v in found[0]], [np.asarray(v) for v in found[1]]
         return np.asarray(self._combine(*host, xp=np), np.float64)
 
-    def _batched_scores(self, feed) -> np.ndarray | None:
+    def _batched_scores(self, feed, mode: str = "ops") -> np.ndarray | None:
         """The mean of the per-row scores of ``feed`` (its batched values rows first), op by op,
         in chunks of rows past ``BATCH_BYTES``."""
         found = values_and_grads_ops(self.sender_nodes, self.metric, self.resid, feed, self.fdt, batched=True,
-                                     max_bytes=BATCH_BYTES)
+                                     max_bytes=BATCH_BYTES, mode=mode)
         if found is None:
             return None
         values, grads = [np.asarray(v) for v in found[0]], [np.asarray(g) for g in found[1]]
@@ -345,7 +346,7 @@ class EdgeScores:
         compile or to load in a new process), else from ``whole()``, the compiled program."""
         scores = None
         if runs is not None and not (check_mode(mode) == "auto" and runs > OP_BY_OP_MAX_RUNS):
-            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched),
+            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched, check_mode(mode)),
                              lambda: whole() is not None)
         if scores is None:
             scores = whole()

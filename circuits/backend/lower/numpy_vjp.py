@@ -1,0 +1,190 @@
+"""Per-node-type numpy vector-Jacobian products: ``numpy_vjp(node, fdt, need, axes)`` returns
+``pull(child values, cotangent) -> cotangents of the children at positions need``, what the
+backward kernel ``tiers.backward.vjp_kernel`` computes, on the CPU with numpy; None where the node
+has none.
+
+A first gradient computes a node's backward step this way while its kernel is made in the
+background (``circuits.backend.tiers.host``), as a first evaluation computes its forward step with
+``numpy_ops``: no tracing, no XLA compilation, and no ``import jax`` for a circuit whose every node
+on the path has a numpy step.  Each gives JAX's cotangent to float rounding, in the child's dtype
+as JAX computes it.
+
+``axes`` (one entry per child: 0 where the child carries a leading batch axis, None where it is the
+same for every row) says the step runs over a batch: the cotangent then carries the rows first, and
+so does every cotangent out (row ``r``'s of row ``r``'s output), as ``jax.vmap`` of the kernel gives;
+None: one row.
+
+- Einsum: the contraction of the cotangent with the other operands (``numpy_ops``' einsum: pairs
+  through ``matmul``), broadcast over the axes only the operand had; an operand that repeats an id
+  has none.
+- Index, Rearrange, Concat, Scatter and the gathers: selections.  The node's own numpy op, run on
+  the child's entry positions, says which entry each output entry reads; the cotangent is added
+  back at those positions (``np.bincount``: repeated reads add up).
+- GeneralFunction of one argument: its ``FunctionSpec.numpy_grad``.
+
+>>> import numpy as np
+>>> from circuits import Array, Einsum, Index
+>>> a = Array(np.arange(6, dtype=np.float32).reshape(2, 3), name='a')
+>>> b = Array(np.ones(3, np.float32), name='b')
+>>> pull = numpy_vjp(Einsum.from_spec('ab,b->a', a, b), 'float32', (0, 1))
+>>> [g.tolist() for g in pull((a.value, b.value), np.array([1.0, 2.0], np.float32))]
+[[[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]], [6.0, 9.0, 12.0]]
+>>> numpy_vjp(Index(a, (slice(None), [0, 0])), 'float32', (0,))((a.value,), np.ones((2, 2), np.float32))[0]
+array([[2., 0., 0.],
+       [2., 0., 0.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from ...nodes import Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scatter
+from ..cache.bounded import BoundedCache
+from .numpy_ops import HOST_FLOATS, PLAN_ROWS, canonical, einsum_fn, raw_op, x64_on
+
+__all__ = ["numpy_vjp"]
+
+
+def _einsum_vjp(node: Einsum, fdt: str, need: tuple, axes):
+    in_axes = [tuple(t) for t in node.in_axes]
+    out_axes = tuple(node.out_axes)
+    if any(len(set(t)) != len(t) for t in in_axes) or len(set(out_axes)) != len(out_axes):
+        return None  # a diagonal read or written: JAX's kernel
+    shapes = [tuple(c.shape) for c in node.children]
+    g_ids, g_shape = out_axes, tuple(node.shape)
+    if axes is not None:  # the rows: one id more, on the cotangent, the batched operands, every result
+        row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
+        g_ids, g_shape = (row, *out_axes), (PLAN_ROWS, *node.shape)
+        in_axes = [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)]
+        shapes = [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)]
+    steps = []
+    for i in need:
+        child = node.children[i]
+        target = canonical(child.dtype, fdt)
+        want = in_axes[i] if axes is None or axes[i] == 0 else (row, *in_axes[i])
+        others = [j for j in range(len(in_axes)) if j != i]
+        present = set(g_ids).union(*[in_axes[j] for j in others])
+        kept = tuple(x for x in want if x in present)
+        op = einsum_fn([g_ids, *[in_axes[j] for j in others]], kept, [g_shape, *[shapes[j] for j in others]],
+                     np.dtype(target))
+        if op is None:
+            return None
+        spread = None if kept == want else tuple(k for k, x in enumerate(want) if x not in present)
+        steps.append((others, op, spread, target, tuple(child.shape)))
+
+    def pull(xs, g):
+        outs = []
+        for others, op, spread, target, shape in steps:
+            out = op(g, *[xs[j] for j in others])
+            if spread is not None:  # axes only this operand had: the same cotangent along them
+                full = (g.shape[0], *shape) if axes is not None else shape
+                placed = tuple(1 if k in spread else n for k, n in enumerate(full))
+                out = np.broadcast_to(out.reshape(placed), full)
+            outs.append(out.astype(target, copy=False))
+        return tuple(outs)
+
+    return pull
+
+
+def _function_vjp(node: GeneralFunction, fdt: str, need: tuple, axes):
+    spec = node.function
+    if spec.gather is not None:
+        return _selection_vjp(node, fdt, need, axes) if need == (0,) else None
+    grad, forward = spec.numpy_grad, spec.numpy
+    if grad is None or forward is None or len(node.children) != 1:
+        return None
+    target = canonical(node.children[0].dtype, fdt)
+
+    def pull(xs, g):
+        x = xs[0]
+        return (np.asarray(grad(x, np.asarray(forward(x)), g)).astype(target, copy=False),)
+
+    return pull
+
+
+def _selection_vjp(node: Circuit, fdt: str, need: tuple, axes):
+    """A node that reads entries of its children (the cotangent of each child: the node's
+    cotangent added back at the entries read)."""
+    rows_first = axes is not None and any(a == 0 for a in axes)
+    forward = raw_op(node, np.float64, axes if rows_first else None)
+    if forward is None:
+        return None
+    kids = node.children
+
+    def pull(xs, g):
+        rows = g.shape[0] if axes is not None else None
+        outs = []
+        for i in need:
+            shape = tuple(kids[i].shape)
+            size = math.prod(shape)
+            batched = rows_first and axes[i] == 0
+            count = size * (rows if batched else 1)
+            positions = np.arange(1, count + 1, dtype=np.float64).reshape(((rows,) if batched else ()) + shape)
+            args = []
+            for j, x in enumerate(xs):
+                if j == i:
+                    args.append(positions)
+                elif np.issubdtype(np.asarray(x).dtype, np.floating):
+                    args.append(np.zeros(np.shape(x)))  # another child's entries: not this one's
+                else:
+                    args.append(np.asarray(x))  # the indices a gather reads by
+            with np.errstate(all="ignore"):
+                read = np.asarray(forward(*args), np.float64)
+            valid = read >= 1  # NaN (an index out of range) and 0 (padding) read nothing
+            source = read[valid].astype(np.int64) - 1
+            total = size if rows is None else rows * size
+            if rows is None or batched:
+                flat, weights = source, g[valid]  # the positions count the rows already
+            elif rows_first:  # the rows come from another child: row r's entries at r * size
+                offsets = np.broadcast_to((np.arange(rows) * size).reshape((rows,) + (1,) * (read.ndim - 1)), read.shape)
+                flat, weights = source + offsets[valid], g[valid]
+            else:  # the node is the same for every row, its cotangent is not
+                flat = (np.arange(rows)[:, None] * size + source[None, :]).ravel()
+                weights = g.reshape(rows, -1)[:, valid.ravel()].ravel()
+            summed = np.bincount(flat, weights=np.asarray(weights, np.float64), minlength=total)
+            target = canonical(kids[i].dtype, fdt)
+            outs.append(summed.reshape(((rows,) if rows is not None else ()) + shape).astype(target, copy=False))
+        return tuple(outs)
+
+    return pull
+
+
+_RULES = {
+    Einsum: _einsum_vjp,
+    GeneralFunction: _function_vjp,
+    Index: _selection_vjp,
+    Rearrange: _selection_vjp,
+    Concat: _selection_vjp,
+    Scatter: _selection_vjp,
+}
+
+# (type, payload, shapes, dtypes, precision, need, axes) -> its pull (False: none); pulls hold no node
+_MEMO = BoundedCache("numpy vjps", "kernels", max_entries=4096, lru=False)
+_NONE = False
+
+
+def numpy_vjp(node: Circuit, fdt: str, need: tuple, axes: tuple | None = None) -> Callable | None:
+    """``pull(child values, cotangent) -> cotangents of the children at need`` with numpy (see
+    the module docstring), or None where ``node`` has no numpy step."""
+    t = type(node)
+    rule = _RULES.get(t)
+    if rule is None or fdt not in HOST_FLOATS or not need:
+        return None
+    key = (t, node._payload_bytes() if t is not GeneralFunction else node.function.name, node.shape,
+           tuple(c.shape for c in node.children), tuple(c.dtype for c in node.children), node.dtype, fdt, need,
+           axes, x64_on(fdt))
+    pull = _MEMO.get(key)
+    if pull is None:
+        made = rule(node, fdt, need, axes)
+        if made is None:
+            pull = _NONE
+        else:
+            def pull(xs, g, made=made):
+                with np.errstate(all="ignore"):  # JAX warns of nothing: inf and nan are values
+                    return made([np.asarray(x) for x in xs], np.asarray(g))
+
+        pull = _MEMO.setdefault(key, pull)
+    return None if pull is _NONE else pull
