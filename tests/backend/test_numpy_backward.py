@@ -117,7 +117,8 @@ def test_each_functions_numpy_gradient_is_jaxs(name, dtype):
 
 
 def test_the_selections_add_every_read_back():
-    # an Index reading one entry twice, a Rearrange repeating, a Concat reading a twice, a Scatter,
+    # an Index reading one entry twice, one of ints and slices, a Rearrange repeating, one
+    # transposing, a Concat reading a twice, a Scatter,
     # a gather reading entries twice, one counted from the end
     from circuits.nodes.scatter import Scatter
 
@@ -125,6 +126,7 @@ def test_the_selections_add_every_read_back():
     twice = C.Index(a, (slice(None), np.array([0, 2, 0])))
     nodes = [
         twice,
+        C.Index(a, (-1, slice(None, None, 2))),
         C.Rearrange(a, "a b -> a b r", r=2),
         C.Rearrange(a, "a b -> b a"),
         C.Concat(a, twice, axis=1),

@@ -17,8 +17,10 @@ None: one row.
 - Einsum: the contraction of the cotangent with the other operands (``numpy_ops``' einsum: pairs
   through ``matmul``), broadcast over the axes only the operand had; an operand that repeats an id
   has none.
-- Index, Rearrange, Concat, Scatter and the gathers: selections.  The node's own numpy op, run on
-  the child's entry positions, says which entry each output entry reads; the cotangent is added
+- Index, Rearrange, Concat, Scatter and the gathers: selections.  An Index of ints and slices, a
+  Rearrange that repeats nothing, a Concat and a Scatter put the cotangent back by slicing; the
+  others (an Index by arrays, a repeating Rearrange, a gather) run their own numpy op on the
+  child's entry positions, which says which entry each output entry reads, and add the cotangent
   back at those positions (``np.bincount``: repeated reads add up).
 - GeneralFunction of one argument: its ``FunctionSpec.numpy_grad``.
 
@@ -152,13 +154,78 @@ def _selection_vjp(node: Circuit, fdt: str, need: tuple, axes):
     return pull
 
 
+def _lead(axes, g) -> tuple:
+    """The rows the cotangent carries first (``()``: one row)."""
+    return () if axes is None else (g.shape[0],)
+
+
+def _index_vjp(node: Index, fdt: str, need: tuple, axes):
+    """An Index of ints and slices (numpy's basic indexing: no entry read twice): the cotangent
+    written into zeros at the entries read."""
+    full = node.full_index()
+    if any(isinstance(e, np.ndarray) for e in full):
+        return _selection_vjp(node, fdt, need, axes)
+    at = tuple(e if isinstance(e, slice) else int(e) for e in full)
+    shape, target = tuple(node.children[0].shape), canonical(node.children[0].dtype, fdt)
+
+    def pull(xs, g):
+        lead = _lead(axes, g)
+        out = np.zeros(lead + shape, target)
+        out[(slice(None),) * len(lead) + at] = g
+        return (out,)
+
+    return pull
+
+
+def _rearrange_vjp(node: Rearrange, fdt: str, need: tuple, axes):
+    """A Rearrange that repeats nothing: the cotangent rearranged back."""
+    sizes = dict(node.sizes)
+    out_names = [a for grp in node.out_groups for a in grp]
+    kept = [a for grp in node.in_groups for a in grp if a in out_names]
+    if len(kept) != len(out_names):
+        return _selection_vjp(node, fdt, need, axes)  # repeats: entries read more than once
+    back = tuple(int(i) for i in np.argsort([kept.index(a) for a in out_names]))
+    placed = tuple(sizes[a] for a in out_names)
+    shape, target = tuple(node.children[0].shape), canonical(node.children[0].dtype, fdt)
+
+    def pull(xs, g):
+        lead = _lead(axes, g)
+        moved = np.transpose(g.reshape(lead + placed), tuple(range(len(lead))) + tuple(b + len(lead) for b in back))
+        return (moved.reshape(lead + shape).astype(target, copy=False),)
+
+    return pull
+
+
+def _concat_vjp(node: Concat, fdt: str, need: tuple, axes):
+    """A Concat: each child's part of the cotangent."""
+    ends = np.cumsum([c.shape[node.axis] for c in node.children])
+    parts = [(int(end - c.shape[node.axis]), int(end), canonical(c.dtype, fdt)) for c, end in zip(node.children, ends)]
+
+    def pull(xs, g):
+        before = (slice(None),) * (len(_lead(axes, g)) + node.axis)
+        return tuple(np.array(g[before + (slice(parts[i][0], parts[i][1]),)], parts[i][2]) for i in need)
+
+    return pull
+
+
+def _scatter_vjp(node: Scatter, fdt: str, need: tuple, axes):
+    """A Scatter (its child a block of zeros): the cotangent's block."""
+    block = tuple(slice(s, s + k) for s, k in zip(node.starts(), node.children[0].shape))
+    target = canonical(node.children[0].dtype, fdt)
+
+    def pull(xs, g):
+        return (np.array(g[(slice(None),) * len(_lead(axes, g)) + block], target),)
+
+    return pull
+
+
 _RULES = {
     Einsum: _einsum_vjp,
     GeneralFunction: _function_vjp,
-    Index: _selection_vjp,
-    Rearrange: _selection_vjp,
-    Concat: _selection_vjp,
-    Scatter: _selection_vjp,
+    Index: _index_vjp,
+    Rearrange: _rearrange_vjp,
+    Concat: _concat_vjp,
+    Scatter: _scatter_vjp,
 }
 
 # (type, payload, shapes, dtypes, precision, need, axes) -> its pull (False: none); pulls hold no node
