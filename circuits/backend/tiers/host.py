@@ -12,6 +12,10 @@ them.  A kernel on disk is not loaded in the call either: loading needs JAX impo
 a fresh process more than numpy's first run.  A node without a numpy path (a function a user
 registered with JAX alone) runs its JAX kernel as before.
 
+Gradients do the same for their backward steps: a vector-Jacobian product whose kernel is not
+made yet runs with numpy (``circuits.backend.lower.numpy_vjp``), its kernel queued
+(``queue_call``), so a first attribution or EAP compiles nothing either.
+
 Values computed by numpy go into the same value cache, in the dtype JAX computes them in, and
 later JAX kernels read them.  The tiers agree to float rounding (numpy float32 against XLA
 float32); ``mode='numpy'`` pins numpy for every node that has a numpy path (for comparing the
