@@ -45,9 +45,10 @@ from .tiers.kernels import broadcast_rows
 from .tiers.lowered import run_function, run_key, vmap_function
 from .tiers.op_by_op import OverBudget, RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, worth_compiling
-from .tiers.values import Binding, cached_values
+from .tiers.values import VALUES, Binding, cached_values
 
-__all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET", "variants_over_batch"]
+__all__ = ["evaluate_batched", "BatchPlan", "plan_batch", "DEFAULT_MEMORY_BUDGET", "ops_memory_budget",
+           "variants_over_batch"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,15 @@ log = logging.getLogger(__name__)
 # rows fastest in chunks of 1-2 rows (7.3 s) and slowest all at once (20 s: page faults), so
 # the budget allows about two such rows (BENCHMARKS.md, "batched").
 DEFAULT_MEMORY_BUDGET = 256 << 20
+
+
+def ops_memory_budget() -> int:
+    """The memory one op-by-op run over a dataset may take for its new values when no
+    ``memory_budget`` is given: half the value cache's bound, at least ``DEFAULT_MEMORY_BUDGET``.
+    The op-by-op tier keeps its values in the value cache anyway, so rows in small chunks save
+    no memory, and each chunk pays every node's call again: GPT-2 small's attribution over 8
+    prompts took 5.3 s in chunks of 2 rows, 3.5 s at once (BENCHMARKS.md)."""
+    return max(DEFAULT_MEMORY_BUDGET, (VALUES.max_bytes or 0) // 2)
 
 
 class BatchPlan(NamedTuple):
@@ -282,7 +292,8 @@ def evaluate_batched(circuit: Circuit, inputs: Mapping, *, batch_size: int | Non
       shape is shared by every row.  All batched inputs must agree on ``batch``.
     - ``batch_size`` bounds how many rows run at once; a short last chunk is padded, so one
       compiled function serves every chunk.  When it is not given, the chunk is at most as many
-      rows as fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB) by the cost
+      rows as fit ``memory_budget`` bytes (default ``DEFAULT_MEMORY_BUDGET``, 256 MiB; op by op,
+      ``ops_memory_budget()``: half the value cache's bound, whose values it keeps anyway) by the cost
       model (``plan_batch``): a full-batch vmap whose temporaries do not fit in cache and memory is
       slower than chunks.  With neither given, the size within that bound is measured on the
       dataset's own rows (``circuits.backend.tiers.batch_tuning``; kept per program for later calls).
@@ -425,7 +436,7 @@ class _Batched(Route):
 
     def by_ops(self, groups: bool):
         """Op by op over the rows: all at once when the new values fit the memory budget
-        (``memory_budget``, default ``DEFAULT_MEMORY_BUDGET``; checked before anything runs), else
+        (``memory_budget``, default ``ops_memory_budget()``; checked before anything runs), else
         in chunks of as many rows as fit; ``batch_size`` rows a chunk when given."""
         found = self.parts()
         if found is None:
@@ -441,7 +452,7 @@ class _Batched(Route):
         elif self.batch_size is None and known is not None and known < total:
             parts = self.chunks(binding, known)  # the chunks this dataset ran in before: their values are kept
         else:
-            budget = DEFAULT_MEMORY_BUDGET if self.memory_budget is None else int(self.memory_budget)
+            budget = ops_memory_budget() if self.memory_budget is None else int(self.memory_budget)
             if budget <= 0:
                 raise EvaluationError(f"memory_budget={self.memory_budget}: give a positive number of bytes")
             try:

@@ -160,11 +160,11 @@ class _Gradient(Route):
 def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info, host=None):
     """``grads_ops`` over inputs with a leading batch axis: ``(value, gradients)``, rows first, op
     by op.  All the rows at once where one row's new forward values and cotangents times the rows
-    fit ``batched.DEFAULT_MEMORY_BUDGET``, else in chunks of rows (a power of two, as many as fit;
+    fit ``batched.ops_memory_budget()``, else in chunks of rows (a power of two, as many as fit;
     the chunks this dataset ran in before, when a patch or the clean run over it chunked: their
     values are in the value cache).  None as for ``grads_ops``, or when the inputs do not bind
     (the whole program says what is wrong)."""
-    from .batched import DEFAULT_MEMORY_BUDGET, known_chunk, remember_chunk, take_rows
+    from .batched import known_chunk, ops_memory_budget, remember_chunk, take_rows
 
     binding = Binding([circuit], inputs, fdt, batched=True)
     total = binding.rows
@@ -179,12 +179,13 @@ def _grads_over_rows(circuit, nodes, inputs, fdt, weights, cache, info, host=Non
         return grads_ops(circuit, nodes, part, fdt, w, cache=cache, info=info, batched=True, host=host)
 
     known = known_chunk(binding)
+    budget = ops_memory_budget()
     if known is None or known >= total:
         try:
             found = grads_ops(circuit, nodes, inputs, fdt, weights, cache=cache, info=info, batched=True,
-                              max_bytes=DEFAULT_MEMORY_BUDGET, host=host)
+                              max_bytes=budget, host=host)
         except OverBudget as over:
-            fit = max(1, min(total, DEFAULT_MEMORY_BUDGET // max(1, over.row_bytes)))
+            fit = max(1, min(total, budget // max(1, over.row_bytes)))
             known = 1 << (fit.bit_length() - 1)  # a power of two
             remember_chunk(binding, known)
         else:

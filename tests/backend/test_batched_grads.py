@@ -66,7 +66,7 @@ def test_gradients_over_a_batch_op_by_op_agree_with_the_whole_program(case, dtyp
     # a budget too small for one row: one row a chunk, the last padded
     from circuits.backend import batched
 
-    with mock.patch.object(batched, "DEFAULT_MEMORY_BUDGET", 1):
+    with mock.patch.object(batched, "ops_memory_budget", lambda: 1):
         v_ops, g_ops = value_and_grad(circuit, wrt, feed, cotangent=cotangent, dtype=dtype, mode="ops", cache=False)
     _close(v_ops, v_jit, dtype)
     for node in wrt:
@@ -151,7 +151,7 @@ def test_per_row_gradients_agree_with_a_row_by_row_loop_and_chunk_by_the_budget(
         for n in nodes:
             np.testing.assert_allclose(grads[n][i], g_row[n], rtol=1e-4, atol=1e-5)
     # a budget of about two rows' values and cotangents: chunks of rows, the same values
-    with mock.patch.object(batched, "DEFAULT_MEMORY_BUDGET", 2 << 20):
+    with mock.patch.object(batched, "ops_memory_budget", lambda: 2 << 20):
         v_chunks, g_chunks = value_and_grad(circuit, nodes, {sym: clean}, mode="ops", cache=False)
     np.testing.assert_allclose(v_chunks, value, rtol=1e-5, atol=1e-6)
     for n in nodes:

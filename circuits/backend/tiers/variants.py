@@ -60,8 +60,9 @@ __all__ = ["run_variants", "ROWS", "GROUP_BYTES"]
 
 # Rows computed by one kernel call at most (a power of two); fewer when the node is big.
 ROWS = 16
-# Bytes the rows of one chunk may take (node size x rows).
-CHUNK_BYTES = 64 << 20
+# Bytes the rows of one chunk may take (node size x rows): GPT-2 small's logits over 8 prompts
+# (51 MB a row) ran a row a call at 64 MiB, 25 % slower than 4 (BENCHMARKS.md).
+CHUNK_BYTES = 256 << 20
 # Bytes the rows of the biggest node may take for one group of variants (about three such
 # values are alive at once: a node's rows, its parent's, and what is being assembled).
 GROUP_BYTES = 1 << 30
