@@ -132,6 +132,8 @@ def test_the_selections_add_every_read_back():
         C.Concat(a, twice, axis=1),
         Scatter(a, (slice(1, 3), slice(0, 3)), (4, 3)),
         C.GeneralFunction("gen_index_at_1", a, C.Array(np.array([2, -1, 0, 2]), name="sel_at")),
+        C.GeneralFunction("gen_index_at_0_batch_x_c", a, C.Array(np.array([2, 0]), name="sel_each")),
+        C.GeneralFunction("gen_index_at_-1_batch_x", C.Rearrange(a, "a b -> b a"), C.Array(np.array([-1, 0, 1]), name="sel_neg")),
     ]
     for node in nodes:
         g = np.random.default_rng(0).standard_normal(node.shape).astype(np.float32)
