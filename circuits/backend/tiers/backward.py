@@ -462,7 +462,7 @@ class _Sweep:
             if queue:
                 self._queue(key, lambda: vjp_kernel(node, self.fdt, need, rows, axes), args)
             self.by_numpy += 1
-            parts = pull(*args)
+            parts = pull(*args, out=env.get(node.hash))
         else:
             parts = vjp_kernel(node, self.fdt, need, rows, axes)(*args)
         for i, part in zip(need, parts):
