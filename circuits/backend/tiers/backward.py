@@ -48,6 +48,7 @@ from ..lower.numpy_vjp import numpy_vjp
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from . import host as _host
+from .groups import foreground
 from .kernels import cached_kernel, int_picks, made, pick_row
 from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
@@ -243,8 +244,9 @@ def grads_ops(root: Circuit, wrt: Sequence[Circuit], inputs: Mapping | None, fdt
     if rows is not None and not keys.is_batched(root):
         out = _on_rows(np.asarray(out), rows, on_host)
     sweep = _Sweep(fdt, on_path, picks, env, {root.hash: first}, rows, keys, host)
-    for level in _levels(order, on_path, root):
-        sweep.run_level(level)
+    with foreground():  # kernels queued for the background wait for a pause, as for the forward
+        for level in _levels(order, on_path, root):
+            sweep.run_level(level)
     grads = [sweep.plain(w.hash) if w.hash in sweep.ct else
              _zeros(w.shape if rows is None else (rows, *w.shape), fdt, on_host) for w in wrt]
     if info is not None:
