@@ -233,6 +233,7 @@ _NUMPY_GRAD = {
     "log_exp_p_1": lambda x, y, g: g * _np_sigmoid(x),
     "gaussian_pdf": lambda x, y, g: g * (-x * y),
     "gaussian_cdf": lambda x, y, g: g * (_np().exp(-0.5 * x * x) / math.sqrt(2 * math.pi)),
+    "logit": lambda x, y, g: g / (x * (1.0 - x)),
     "softmax": _np_softmax_grad,
     "log_softmax": _np_log_softmax_grad,
     "logsumexp": _np_logsumexp_grad,
