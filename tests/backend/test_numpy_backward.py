@@ -8,10 +8,6 @@ calling thread and answer as a warm process does."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -27,9 +23,9 @@ from circuits.functions.registry import lookup, registered_names
 from circuits.testing import circuits_with_inputs
 
 from .test_batched_grads import gradient_cases
+from .test_numpy_first import LISTEN, fresh_process
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _close(a, b, dtype):
@@ -146,17 +142,7 @@ def test_the_selections_add_every_read_back():
 
 
 # ------------------------------------------------------------------ a fresh process, empty cache
-_SCRIPT = textwrap.dedent("""
-    import json, sys, threading
-    import numpy as np
-    listen = sys.argv[1] == "count"
-    seen = []
-    if listen:
-        import jax
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda event, duration, **_: seen.append(threading.get_ident())
-            if event in ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration")
-            else None)
+_SCRIPT = LISTEN + textwrap.dedent("""
     import circuits as C
     from circuits.interp import attribute, discover, edges
     from circuits.models import attn_only, induction_weights, tokens_symbol
@@ -165,7 +151,6 @@ _SCRIPT = textwrap.dedent("""
     rng = np.random.default_rng(5)
     clean, corrupt = rng.integers(1, 64, (6, 34)), rng.integers(1, 64, (6, 34))
     heads = [f"b{l}.a.head{h}" for l in range(2) for h in range(4)]
-    me = threading.get_ident()
     out = {}
     scores = attribute(loss, heads, {sym: corrupt}, inputs={sym: clean})
     out["attribution"] = {"run": C.backend.tiers.last_run(), "xla_here": sum(1 for t in seen if t == me),
@@ -181,10 +166,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _fresh(cache, how):
-    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(cache), PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, how], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return fresh_process(_SCRIPT, cache, how)
 
 
 def test_a_fresh_process_computes_its_first_gradients_without_compiling(tmp_path):

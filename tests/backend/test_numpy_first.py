@@ -122,7 +122,10 @@ def test_pinned_numpy_and_the_mode_check():
 
 
 # ------------------------------------------------------------------ a fresh process, empty cache
-_SCRIPT = textwrap.dedent("""
+# The prologue of a fresh-process script: with argv[1] == "count", the XLA traces and
+# compilations are recorded by thread (``seen``; ``me`` the calling thread), else JAX is left
+# unimported.
+LISTEN = textwrap.dedent("""
     import json, sys, threading
     import numpy as np
     listen = sys.argv[1] == "count"
@@ -133,6 +136,10 @@ _SCRIPT = textwrap.dedent("""
             lambda event, duration, **_: seen.append(threading.get_ident())
             if event in ("/jax/core/compile/backend_compile_duration", "/jax/core/compile/jaxpr_trace_duration")
             else None)
+    me = threading.get_ident()
+""")
+
+_SCRIPT = LISTEN + textwrap.dedent("""
     import circuits as C
     from circuits.models import attn_only, induction_weights, tokens_symbol
     sym = tokens_symbol(34)
@@ -140,17 +147,22 @@ _SCRIPT = textwrap.dedent("""
     toks = np.random.default_rng(5).integers(1, 64, (6, 34))
     value = C.evaluate(circuit, {sym: toks})
     run = C.backend.tiers.last_run()
-    me = threading.get_ident()
     print(json.dumps({"xla_here": sum(1 for t in seen if t == me), "run": run, "jax": "jax" in sys.modules,
                       "value": value.tolist()}))
 """)
 
 
-def _fresh(cache, how):
+def fresh_process(script: str, cache, how: str) -> dict:
+    """The JSON the last line of ``script`` prints, run in a new process with the compilation
+    cache ``cache`` (``how``: ``'count'`` or ``'plain'``, see ``LISTEN``)."""
     env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(cache), PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, how], env=env, capture_output=True, text=True, timeout=300,
-                         check=True)
+    out = subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _fresh(cache, how):
+    return fresh_process(_SCRIPT, cache, how)
 
 
 def test_a_fresh_process_with_an_empty_cache_compiles_nothing_and_answers_as_a_warm_one(tmp_path):
