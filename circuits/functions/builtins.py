@@ -189,6 +189,9 @@ def _np_gelu_new_grad(x, y, g):
     # temporaries the size of an MLP's hidden layer took 21 ms on GPT-2's 8 x 32 x 3072)
     np = _np()
     c, a = math.sqrt(2.0 / math.pi), 0.044715
+    if x.ndim == 0:  # numpy's arithmetic on a 0-d array gives scalars, which take no out=
+        t = np.tanh(c * (x + a * x**3))
+        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * a * x * x))
     x2 = x * x
     t = x2 * a
     t += 1.0

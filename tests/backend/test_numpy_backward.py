@@ -107,6 +107,13 @@ def test_each_functions_numpy_gradient_is_jaxs(name, dtype):
         (want,) = back(jax.numpy.asarray(g))
     got = spec.numpy_grad(x, spec.numpy(x), g)
     _close(np.asarray(got, dtype), np.asarray(want), dtype)
+    if spec.core_ndim == 0:  # a 0-d argument (numpy's arithmetic on it gives scalars)
+        one = np.asarray(x[0, 3])
+        with C.backend.precision(dtype):
+            y1, back1 = jax.vjp(spec.jax, jax.numpy.asarray(one))
+            (want1,) = back1(jax.numpy.asarray(np.asarray(g[0, 3])))
+        _close(np.asarray(spec.numpy_grad(one, np.asarray(spec.numpy(one)), np.asarray(g[0, 3])), dtype),
+               np.asarray(want1), dtype)
     rows = np.stack([g, 2 * g])  # a cotangent with a batch axis more than the argument
     got = spec.numpy_grad(x, spec.numpy(x), rows)
     _close(np.asarray(got, dtype)[1], 2 * np.asarray(want), dtype)
