@@ -159,7 +159,7 @@ def _np_softmax_grad(x, y, g):
 
 def _np_log_softmax_grad(x, y, g):
     np = _np()
-    out = np.exp(y) if y.shape == g.shape else np.exp(np.broadcast_to(y, g.shape))
+    out = np.exp(np.broadcast_to(y, g.shape))
     out *= -g.sum(axis=-1, keepdims=True)
     out += g
     return out
@@ -190,8 +190,7 @@ def _np_gelu_new_grad(x, y, g):
     np = _np()
     c, a = math.sqrt(2.0 / math.pi), 0.044715
     if x.ndim == 0:  # numpy's arithmetic on a 0-d array gives scalars, which take no out=
-        t = np.tanh(c * (x + a * x**3))
-        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3 * a * x * x))
+        return _np_gelu_new_grad(x.reshape(1), y, g).reshape(np.shape(g))
     x2 = x * x
     t = x2 * a
     t += 1.0

@@ -173,15 +173,14 @@ def _rows_by_ops(circuit, sites, source, spec, inputs, positions, axis, dtype, m
     labels, nodes, copies = _sites_and_copies(circuit, sites, source)
     target, cotangent = _target(circuit, spec)
     bundle = nodes + [copies[n.hash] for n in nodes]
-    with steps_as(mode):
-        _, values = evaluate_batched(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode="ops")
     present = {n.hash for n in toposort(target)}
     wrt = [n for n in nodes if n.hash in present]
     grads = {}
-    if wrt:
-        with steps_as(mode):
+    with steps_as(mode):
+        _, values = evaluate_batched(paired_root(bundle), inputs, dtype=dtype, also=bundle, mode="ops")
+        if wrt:
             _, g = value_and_grad(target, wrt, inputs, cotangent=cotangent, dtype=dtype, mode="ops")
-        grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
+            grads = {n.hash: np.asarray(g[n], np.float64) for n in wrt}
     out = {}
     for label, node in zip(labels, nodes):
         a = np.asarray(values[node], np.float64)

@@ -54,7 +54,7 @@ from ...nodes import (
 )
 from ..cache.bounded import BoundedCache
 
-__all__ = ["numpy_op", "raw_op", "einsum_fn", "x64_on", "PLAN_ROWS", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
+__all__ = ["numpy_op", "raw_op", "op_key", "with_rows", "einsum_fn", "x64_on", "PLAN_ROWS", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
 
 #: The evaluation precisions numpy computes in (bfloat16 and float16 stay with JAX).
 HOST_FLOATS = ("float32", "float64")
@@ -256,6 +256,14 @@ def einsum_fn(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]
     return einsum
 
 
+def with_rows(in_axes: list, out_axes: tuple, shapes: list, axes: tuple) -> tuple:
+    """``(row, in_axes, shapes)``: an einsum's ids and operand shapes with one id more, ``row``,
+    first on the operands whose ``axes`` entry is 0 (``PLAN_ROWS`` rows, for the plan)."""
+    row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
+    return (row, [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)],
+            [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)])
+
+
 def _build_einsum(node: Einsum, target, axes):
     if not node.children:
         return lambda: np.ones((), target)
@@ -263,9 +271,7 @@ def _build_einsum(node: Einsum, target, axes):
     out_axes = tuple(node.out_axes)
     shapes = [tuple(c.shape) for c in node.children]
     if axes is not None:  # the batch axis: one id more, on the batched operands and the output
-        row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
-        in_axes = [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)]
-        shapes = [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)]
+        row, in_axes, shapes = with_rows(in_axes, out_axes, shapes, axes)
         out_axes = (row, *out_axes)
     if node.dtype == "bool":
         op = einsum_fn(in_axes, out_axes, shapes, np.dtype(np.int32))
@@ -433,6 +439,14 @@ _MEMO = BoundedCache("numpy ops", "kernels", max_entries=4096, lru=False)
 _NONE = False
 
 
+def op_key(node: Circuit, fdt: str, axes) -> tuple:
+    """What a numpy op of ``node`` depends on (the op caches keep ops by it, holding no node)."""
+    t = type(node)
+    return (t, node._payload_bytes() if t is not GeneralFunction else node.function.name, node.shape,
+            tuple(c.shape for c in node.children), tuple(c.dtype for c in node.children), node.dtype, fdt, axes,
+            x64_on(fdt))
+
+
 def raw_op(node: Circuit, target, axes: tuple | None = None) -> Callable | None:
     """``numpy_op``'s computation of ``node`` in ``target`` as it is: not kept, its result not
     cast nor made read-only (``numpy_vjp`` runs a selection on float64 positions)."""
@@ -451,9 +465,7 @@ def numpy_op(node: Circuit, fdt: str, axes: tuple | None = None) -> Callable | N
         return None
     if axes is not None and not any(a == 0 for a in axes):
         axes = None
-    key = (t, node._payload_bytes() if t is not GeneralFunction else node.function.name, node.shape,
-           tuple(c.shape for c in node.children), tuple(c.dtype for c in node.children), node.dtype, fdt, axes,
-           x64_on(fdt))
+    key = op_key(node, fdt, axes)
     op = _MEMO.get(key)
     if op is None:
         target = canonical(node.dtype, fdt)

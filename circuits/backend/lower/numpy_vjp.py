@@ -24,6 +24,9 @@ None: one row.
   back at those positions (``np.bincount``: repeated reads add up).
 - GeneralFunction of one argument: its ``FunctionSpec.numpy_grad``.
 
+Every rule's ``pull`` takes the node's own value as ``out`` (None where unknown); a function's
+gradient reads it instead of computing it again, the others ignore it.
+
 >>> import numpy as np
 >>> from circuits import Array, Einsum, Index
 >>> a = Array(np.arange(6, dtype=np.float32).reshape(2, 3), name='a')
@@ -45,7 +48,7 @@ import numpy as np
 
 from ...nodes import Circuit, Concat, Einsum, GeneralFunction, Index, Rearrange, Scatter
 from ..cache.bounded import BoundedCache
-from .numpy_ops import HOST_FLOATS, PLAN_ROWS, canonical, einsum_fn, raw_op, x64_on
+from .numpy_ops import HOST_FLOATS, PLAN_ROWS, canonical, einsum_fn, op_key, raw_op, with_rows
 
 __all__ = ["numpy_vjp"]
 
@@ -58,10 +61,8 @@ def _einsum_vjp(node: Einsum, fdt: str, need: tuple, axes):
     shapes = [tuple(c.shape) for c in node.children]
     g_ids, g_shape = out_axes, tuple(node.shape)
     if axes is not None:  # the rows: one id more, on the cotangent, the batched operands, every result
-        row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
+        row, in_axes, shapes = with_rows(in_axes, out_axes, shapes, axes)
         g_ids, g_shape = (row, *out_axes), (PLAN_ROWS, *node.shape)
-        in_axes = [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)]
-        shapes = [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)]
     steps = []
     for i in need:
         child = node.children[i]
@@ -77,7 +78,7 @@ def _einsum_vjp(node: Einsum, fdt: str, need: tuple, axes):
         spread = None if kept == want else tuple(k for k, x in enumerate(want) if x not in present)
         steps.append((others, op, spread, target, tuple(child.shape)))
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         outs = []
         for others, op, spread, target, shape in steps:
             out = op(g, *[xs[j] for j in others])
@@ -121,7 +122,7 @@ def _batch_gather_vjp(node: GeneralFunction, fdt: str, axes):
     x_node, i_node = node.children
     shape, target = tuple(x_node.shape), canonical(x_node.dtype, fdt)
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         lead = _lead(axes, g)
         idx = np.asarray(xs[1])
         if lead and idx.ndim == len(i_node.shape):  # the same indices for every row
@@ -153,7 +154,7 @@ def _selection_vjp(node: Circuit, fdt: str, need: tuple, axes):
         return None
     kids = node.children
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         rows = g.shape[0] if axes is not None else None
         outs = []
         for i in need:
@@ -205,7 +206,7 @@ def _index_vjp(node: Index, fdt: str, need: tuple, axes):
     at = tuple(e if isinstance(e, slice) else int(e) for e in full)
     shape, target = tuple(node.children[0].shape), canonical(node.children[0].dtype, fdt)
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         lead = _lead(axes, g)
         out = np.zeros(lead + shape, target)
         out[(slice(None),) * len(lead) + at] = g
@@ -225,7 +226,7 @@ def _rearrange_vjp(node: Rearrange, fdt: str, need: tuple, axes):
     placed = tuple(sizes[a] for a in out_names)
     shape, target = tuple(node.children[0].shape), canonical(node.children[0].dtype, fdt)
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         lead = _lead(axes, g)
         moved = np.transpose(g.reshape(lead + placed), tuple(range(len(lead))) + tuple(b + len(lead) for b in back))
         return (moved.reshape(lead + shape).astype(target, copy=False),)
@@ -238,7 +239,7 @@ def _concat_vjp(node: Concat, fdt: str, need: tuple, axes):
     ends = np.cumsum([c.shape[node.axis] for c in node.children])
     parts = [(int(end - c.shape[node.axis]), int(end), canonical(c.dtype, fdt)) for c, end in zip(node.children, ends)]
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         before = (slice(None),) * (len(_lead(axes, g)) + node.axis)
         return tuple(np.array(g[before + (slice(parts[i][0], parts[i][1]),)], parts[i][2]) for i in need)
 
@@ -250,7 +251,7 @@ def _scatter_vjp(node: Scatter, fdt: str, need: tuple, axes):
     block = tuple(slice(s, s + k) for s, k in zip(node.starts(), node.children[0].shape))
     target = canonical(node.children[0].dtype, fdt)
 
-    def pull(xs, g):
+    def pull(xs, g, out=None):
         return (np.array(g[(slice(None),) * len(_lead(axes, g)) + block], target),)
 
     return pull
@@ -279,22 +280,16 @@ def numpy_vjp(node: Circuit, fdt: str, need: tuple, axes: tuple | None = None) -
     rule = _RULES.get(t)
     if rule is None or fdt not in HOST_FLOATS or not need:
         return None
-    key = (t, node._payload_bytes() if t is not GeneralFunction else node.function.name, node.shape,
-           tuple(c.shape for c in node.children), tuple(c.dtype for c in node.children), node.dtype, fdt, need,
-           axes, x64_on(fdt))
+    key = (*op_key(node, fdt, axes), need)
     pull = _MEMO.get(key)
     if pull is None:
         made = rule(node, fdt, need, axes)
         if made is None:
             pull = _NONE
         else:
-            takes_out = t is GeneralFunction and node.function.gather is None
-
-            def pull(xs, g, out=None, made=made, takes_out=takes_out):
+            def pull(xs, g, out=None, made=made):
                 with np.errstate(all="ignore"):  # JAX warns of nothing: inf and nan are values
-                    if takes_out:
-                        return made([np.asarray(x) for x in xs], np.asarray(g), out)
-                    return made([np.asarray(x) for x in xs], np.asarray(g))
+                    return made([np.asarray(x) for x in xs], np.asarray(g), out)
 
         pull = _MEMO.setdefault(key, pull)
     return None if pull is _NONE else pull

@@ -49,7 +49,7 @@ from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from . import host as _host
 from .groups import foreground
-from .kernels import cached_kernel, int_picks, made, pick_row
+from .kernels import cached_kernel, int_picks, made, pick_key, pick_row
 from .op_by_op import OverBudget, RunInfo, run_ops
 from .symbols import prepared
 from .values import VALUES, Binding
@@ -149,7 +149,11 @@ def _unbroadcast(shape: tuple, child_shape: tuple, rows: bool = False):
 
 def _add_kernel(shape: tuple, dtype):
     """``a + b`` compiled once per shape (an eager ``+`` takes JAX's slow dispatch path)."""
-    return cached_kernel(("add", shape, str(dtype)), lambda: lambda a, b: a + b)
+    return cached_kernel(_add_key(shape, dtype), lambda: lambda a, b: a + b)
+
+
+def _add_key(shape: tuple, dtype) -> tuple:
+    return ("add", shape, str(dtype))
 
 
 def filled(value: int, shape: tuple, fdt: str):
@@ -391,7 +395,7 @@ class _Sweep:
 
     def _pick(self, v: "_Row"):
         a = v.array
-        if self._on_host(("pick", a.shape, dtype_str(a.dtype))):
+        if self._on_host(pick_key(a)):
             return np.asarray(a)[v.r]  # a view: no kernel for it
         return pick_row(a, v.r)
 
@@ -402,7 +406,7 @@ class _Sweep:
             return
         a = self.plain(k)
         b = self._pick(part) if type(part) is _Row else part
-        ct[k] = self._call(("add", a.shape, str(a.dtype)), lambda: _add_kernel(a.shape, a.dtype), _np_add, a, b)
+        ct[k] = self._call(_add_key(a.shape, a.dtype), lambda: _add_kernel(a.shape, a.dtype), _np_add, a, b)
 
     def run_level(self, nodes: list) -> None:
         groups: dict = {}
@@ -501,7 +505,7 @@ class _Sweep:
         for i, part in zip(need, parts):
             if shared[i]:  # one child for every row: its cotangent is their sum
                 dtype = dtype_str(part.dtype)
-                total = self._call(("sum-rows", part.shape, dtype), lambda: _sum_rows_kernel(part.shape, dtype),
+                total = self._call(_sum_rows_key(part.shape, dtype), lambda: _sum_rows_kernel(part.shape, dtype),
                                    _np_sum_rows, part)
                 self.add_to(node.children[i].hash, total)
                 continue
@@ -509,9 +513,8 @@ class _Sweep:
                 self.add_to(n.children[i].hash, _Row(part, r))
 
     def _stack(self, values: list):
-        v = values[0]
-        key = ("stack", len(values), v.shape, dtype_str(v.dtype))
-        return self._call(key, lambda: _stack_kernel(len(values), v.shape, dtype_str(v.dtype)), _np_stack, *values)
+        n, shape, dtype = len(values), values[0].shape, dtype_str(values[0].dtype)
+        return self._call(_stack_key(n, shape, dtype), lambda: _stack_kernel(n, shape, dtype), _np_stack, *values)
 
     def _rows_of(self, hashes: list) -> tuple:
         """The cotangents of ``hashes`` as one value: ``(value, None)`` when it is one array for
@@ -614,7 +617,11 @@ def _np_put_rows(axes: tuple, rows: int, shared: bool, batched: bool):
 
 def _stack_kernel(count: int, shape: tuple, dtype: str):
     """``values`` (``count`` of one shape) stacked on a new leading axis: one kernel per (count, shape)."""
-    return cached_kernel(("stack", count, shape, dtype), lambda: lambda *xs: _jnp().stack(xs))
+    return cached_kernel(_stack_key(count, shape, dtype), lambda: lambda *xs: _jnp().stack(xs))
+
+
+def _stack_key(count: int, shape: tuple, dtype: str) -> tuple:
+    return ("stack", count, shape, dtype)
 
 
 def _jnp():
@@ -648,7 +655,11 @@ def _vjp_rows_key(node: Circuit, fdt: str, need: tuple, axes: tuple, g_axis, row
 
 
 def _sum_rows_kernel(shape: tuple, dtype: str):
-    return cached_kernel(("sum-rows", shape, dtype), lambda: lambda x: x.sum(0))
+    return cached_kernel(_sum_rows_key(shape, dtype), lambda: lambda x: x.sum(0))
+
+
+def _sum_rows_key(shape: tuple, dtype: str) -> tuple:
+    return ("sum-rows", shape, dtype)
 
 
 def _put_rows_kernel(shape: tuple, axes: tuple, dtype: str, rows: int, shared: bool, batch: int | None = None):

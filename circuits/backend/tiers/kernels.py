@@ -23,7 +23,7 @@ from ..cache.executables import kept
 from ..lower.ops import build_op
 from ..lower.program import kernel_part
 
-__all__ = ["cached_kernel", "kernel", "int_picks", "pick_kernel", "broadcast_kernel", "pick_row", "kernel_info",
+__all__ = ["cached_kernel", "kernel", "int_picks", "pick_kernel", "broadcast_kernel", "pick_row", "pick_key", "kernel_info",
            "kernel_over_rows", "sum_over_rows", "sums_pairwise", "broadcast_rows", "new_kernels", "made", "kernel_keys"]
 
 
@@ -250,7 +250,12 @@ def pick_row(array, r: int):
 
         return lambda a, i: lax.dynamic_index_in_dim(a, i, keepdims=False)
 
-    return cached_kernel(("pick", array.shape, dtype_str(array.dtype)), make)(array, np.int32(r))
+    return cached_kernel(pick_key(array), make)(array, np.int32(r))
+
+
+def pick_key(array) -> tuple:
+    """The key of ``pick_row``'s kernel for ``array``."""
+    return ("pick", array.shape, dtype_str(array.dtype))
 
 
 def kernel_info() -> dict:
