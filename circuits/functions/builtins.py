@@ -371,6 +371,25 @@ def _shifted_last_axis(x):
     return lax.sub(x, lax.broadcast_in_dim(peak, x.shape, tuple(range(last)))), last
 
 
+# log_softmax sums rows at least this long by a product with a vector of ones: XLA's CPU
+# backend runs the sum fused with the exp before it slowly (GPT-2's log-softmax of 4 x 8 x 31
+# rows of 50,257 logits: 0.29-0.36 s, against 0.11 s for the exp alone and 0.22-0.25 s with
+# the product; softmax's own fusion is faster with the sum, 0.16 s against 0.20-0.25).  Full
+# precision: a GPU's default float32 dot is TF32.
+LONG_ROWS = 4096
+
+
+def _sum_last(e, last: int):
+    """The sum of ``e`` over its last axis ``last``."""
+    jax = _jax()
+    lax = jax.lax
+    n = e.shape[last]
+    if n < LONG_ROWS:
+        return lax.reduce_sum(e, (last,))
+    ones = jax.numpy.ones((n,), e.dtype)
+    return lax.dot_general(e, ones, (((last,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
+
+
 def _softmax(x):
     lax = _jax().lax
     shifted, last = _shifted_last_axis(x)
@@ -381,7 +400,7 @@ def _softmax(x):
 def _log_softmax(x):
     lax = _jax().lax
     shifted, last = _shifted_last_axis(x)
-    total = lax.log(lax.reduce_sum(lax.exp(shifted), (last,)))
+    total = lax.log(_sum_last(lax.exp(shifted), last))
     return lax.sub(shifted, lax.broadcast_in_dim(total, shifted.shape, tuple(range(last))))
 
 

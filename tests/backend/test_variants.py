@@ -300,3 +300,45 @@ def test_patches_of_the_shipped_model_over_a_batch():
         m.setattr(variants, "ROWS", 2)
         m.setattr(variants, "GROUP_BYTES", 1)
         _check_batched(c, vs[::-1], feed, 5, set(feed), rtol=2e-5, atol=2e-6)
+
+
+def test_fused_kernels_over_a_batch_agree_with_unfused_and_with_evaluation(monkeypatch):
+    """Heads of a small GPT-2 patched over a batch of prompts: steps read by one node are
+    computed inside its kernel (a slice inside the log-softmax, the bias inside the gelu), a
+    layer's heads' outputs as one product over the heads stacked.  The values equal each
+    variant's evaluation prompt by prompt, and the same run with fusion off (FUSED = 1)."""
+    from circuits.interp import patch
+    from circuits.models import gpt2, tokens_symbol
+    from circuits.models.gpt2 import random_gpt2_weights
+
+    cfg = dict(n_embd=16, n_head=4, n_layer=3, vocab_size=31, n_positions=16, activation_function="gelu_new")
+    sym = tokens_symbol(9)
+    corrupt = C.Symbol((9,), name="corrupt_fused", dtype="int64")
+    c = gpt2(cfg, random_gpt2_weights(cfg), sym, loss=True, split_heads=True)
+    rng = np.random.default_rng(7)
+    feed = {sym: rng.integers(0, 31, (3, 9)), corrupt: rng.integers(0, 31, (3, 9))}
+    # (the heads of layers 0 and 1: each changes every head of layer 2, whose sum is then fused)
+    vs = [patch(c, f"h{l}.attn.head{h}", {sym.name: corrupt}) for l in range(2) for h in range(4)]
+    made = []
+    stacked = []
+    monkeypatch.setattr(variants, "_tree_kernel",
+                        lambda tree, *a, made_by=variants._tree_kernel: made.append(tree) or made_by(tree, *a))
+    monkeypatch.setattr(variants, "_stacked_product",
+                        lambda node, fdt, by=variants._stacked_product: stacked.append(node) or by(node, fdt))
+    _check_batched(c, vs, feed, 3, set(feed))
+    kinds = {type(n).__name__ for tree in made for n in variants._tree_nodes(tree)[1:]}
+    assert {"GeneralFunction", "Index", "Add", "Einsum"} <= kinds  # fused below their readers
+    assert any(n.name.endswith("attn.heads") for n in stacked)  # the heads' products as one
+    # the heads' sum of layer 2 itself (in the loss, a 0.1 % error in it is within tolerance)
+    heads = c.get_unique("h2.attn.heads")
+    hs = [patch(heads, f"h{l}.attn.head{h}", {sym.name: corrupt}) for l in range(2) for h in range(4)]
+    stacked.clear()
+    _check_batched(heads, hs, feed, 3, set(feed), rtol=1e-5, atol=1e-6)
+    assert stacked
+    fused = run_variants(c, vs + hs, feed, "float32", cache=False, batched=True)[1]
+    monkeypatch.setattr(variants, "FUSED", 1)
+    made.clear()
+    plain = run_variants(c, vs + hs, feed, "float32", cache=False, batched=True)[1]
+    assert not made
+    for a, b in zip(fused, plain):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -25,6 +25,13 @@ vmap over the rows, so one call computes every variant of a chunk on every promp
 sum of more than two terms are all stacked (a term unchanged in every row repeated), so one kernel
 serves whichever terms the variants change.
 
+A step read by a single node, with as many rows, each read by the matching row, is computed
+inside its reader's kernel when it is elementwise or moves data (a bias add, a gelu, a layer
+norm's scaling, a slice before a log-softmax: ``_fusable``), up to ``FUSED`` levels deep: XLA
+fuses them, and their values are never written out.  A sum of products of one form (a layer's
+heads, ``z_h @ W_O[h]`` each) is computed as one product over the terms stacked: one matmul over
+``heads x d_head``, not one per head of ``d_head``.
+
 Values are freed after their last reader; variants are run in groups whose rows fit
 ``GROUP_BYTES``.  Each variant's value is offered to the value cache, and a variant whose value
 is cached is not computed again.
@@ -46,7 +53,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ...dtypes import dtype_str, is_float, is_int
-from ...nodes import Add, Circuit, Index, SetSymbolicShape, Tag
+from ...nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.binding import raise_problems
 from ..lower.ops import build_op
@@ -68,6 +75,8 @@ CHUNK_BYTES = 256 << 20
 GROUP_BYTES = 1 << 30
 
 _IDENTITY = (Tag, SetSymbolicShape)
+# Levels of nodes one fused kernel computes at most (``_Group._fusions``).
+FUSED = 8
 
 
 def _pow2_at_least(n: int) -> int:
@@ -296,16 +305,23 @@ class _Group:
         # partner's rows are dropped after the last partner that reads them.
         loc: dict = {}
         steps = [n for n in self.order if n.hash in self.by_partner]
+        into = self._fusions(steps, keep)
+        top: dict = {}  # step -> the step whose kernel computes it (itself, or where it is fused)
+        for j in range(len(steps) - 1, -1, -1):
+            reader = into.get(steps[j].hash)
+            top[steps[j].hash] = j if reader is None else top[reader]
         last: dict = {}
         for j, n in enumerate(steps):
             for c in n.children:
-                last[c.hash] = j
+                last[c.hash] = max(last.get(c.hash, -1), top[n.hash])
         drop: dict = {}
         for h, j in last.items():
             if h in self.by_partner and h != self.base.hash:
                 drop.setdefault(j, []).append(h)
         computed = 0
         for j, n in enumerate(steps):
+            if n.hash in into:  # computed inside its reader's kernel
+                continue
             row_keys = self.by_partner[n.hash]
             if type(n) in _IDENTITY:
                 for key in row_keys:
@@ -331,7 +347,11 @@ class _Group:
                     shared[key] = loc[key]
                 computed += 1
                 continue
-            chunk = min(ROWS, max(1, CHUNK_BYTES // max(_bytes(n, fdt, keys), 1)))
+            tree = self._tree(n, into)
+            terms = _sum_terms(tree if tree is not None else (n, (None,) * len(n.children)))
+            # The biggest value the kernel makes (a fused node's too: XLA may write it out).
+            biggest = max(_bytes(m, fdt, keys) for m in _tree_nodes(tree)) if tree is not None else _bytes(n, fdt, keys)
+            chunk = min(ROWS, max(1, CHUNK_BYTES // max(biggest, 1)))
             chunk = 1 << (chunk.bit_length() - 1)  # a power of two
             # A node with more rows than one chunk pads its last chunk to a full one: one kernel
             # (one compilation) serves all its chunks, and its chunks line up with its parents'.
@@ -339,7 +359,10 @@ class _Group:
             for start in range(0, len(row_keys), chunk):
                 part = row_keys[start:start + chunk]
                 size = chunk if full else min(chunk, _pow2_at_least(len(part)))
-                sources = [[self._source(key, i, n, loc, known) for key in part] for i in range(len(n.children))]
+                if tree is None:
+                    sources = [[self._source(key, i, n, loc, known) for key in part] for i in range(len(n.children))]
+                else:  # the leaves of the fused nodes' tree, in its order
+                    sources = [list(each) for each in zip(*[self._leaves(n, key, into, loc, known) for key in part])]
                 over = rows if any(s[2] for each in sources for s in each) else None  # the batch, if any carries it
                 args, axes, flags = [], [], []
                 for each in sources:
@@ -347,21 +370,27 @@ class _Group:
                     args.append(arg)
                     axes.append(axis)
                     flags.append(carries)
-                if type(n) is Add and len(axes) > 2 and None in axes and 0 in axes:
-                    # a sum of many terms (a layer's heads): every term as rows, so one kernel
-                    # serves whichever terms the variants change (each subset would compile its own)
-                    args = [a if x == 0 else broadcast_rows(a, size) for a, x in zip(args, axes)]
-                    axes = [0] * len(axes)
+                if None in axes and 0 in axes and any(terms):
+                    # the terms of a sum of many (a layer's heads): every term as rows, so one
+                    # kernel serves whichever terms the variants change (each subset would
+                    # compile its own)
+                    args = [broadcast_rows(a, size) if t and x is None else a for a, x, t in zip(args, axes, terms)]
+                    axes = [0 if t else x for x, t in zip(axes, terms)]
                 computed += 1
                 batch = tuple(0 if f else None for f in flags) if over is not None else None
                 if all(a is None for a in axes):  # rows that differ only in name: one value
-                    fn = kernel(n, fdt) if batch is None else kernel_over_rows(n, fdt, batch, rows)
+                    if tree is not None:
+                        fn = _tree_kernel(tree, fdt, None, size, batch)
+                    else:
+                        fn = kernel(n, fdt) if batch is None else kernel_over_rows(n, fdt, batch, rows)
                     value = fn(*args)
                     for key in part:
                         loc[key] = (value, None, over is not None)
                     continue
                 at = _int_entries(n)
-                if at is not None:  # an Index picking a head: the head is an argument, not code
+                if tree is not None:
+                    value = _tree_kernel(tree, fdt, tuple(axes), size, batch)(*args)
+                elif at is not None:  # an Index picking a head: the head is an argument, not code
                     value = _rows_index_kernel(n, fdt, tuple(axes), size, batch)(args[0], at)
                 else:
                     value = _rows_kernel(n, fdt, tuple(axes), size, batch)(*args)
@@ -377,6 +406,64 @@ class _Group:
         for kind, ref in reads:
             array, r, carries = known[ref] if kind == "given" else loc[ref]
             out.append((array if r is None else pick_row(array, r), carries))
+        return out
+
+    def _fusions(self, steps: list, keep) -> dict:
+        """``{step: the step reading it}`` for the steps computed inside their reader's kernel
+        (``_FUSED``): an elementwise or data-moving node read by one node of the base circuit,
+        that node a step too, with as many rows (more than one), each reading the matching
+        row.  XLA then fuses them (a slice into the log-softmax reading it, a bias into the
+        gelu after it) instead of writing each value out: one kernel call, not several."""
+        readers = collections.Counter()
+        reader: dict = {}
+        for n in self.order:
+            for c in n.children:
+                readers[c.hash] += 1
+                reader[c.hash] = n
+        by_partner, rows = self.by_partner, self.rows
+        into: dict = {}
+        for p in steps:
+            h = p.hash
+            if readers[h] != 1:
+                continue
+            n = reader[h]
+            if not (_fusable(p) or _stacked_terms(n)):
+                continue
+            keys = by_partner.get(n.hash)
+            if keys is None or type(n) in _IDENTITY or _int_entries(n) is not None \
+                    or len(keys) < 2 or len(keys) != len(by_partner[h]) or any(k in keep for k in by_partner[h]):
+                continue
+            i = next(i for i, c in enumerate(n.children) if c.hash == h)
+            if all((rows[key].children[i].hash, h) in rows for key in keys):
+                into[h] = n.hash
+        depth: dict = {}  # levels of the tree under each step, children first: at most FUSED
+        for n in steps:
+            deepest = 0
+            for c in n.children:
+                if c.hash in into:
+                    if depth[c.hash] >= FUSED:
+                        del into[c.hash]
+                    else:
+                        deepest = max(deepest, depth[c.hash])
+            depth[n.hash] = deepest + 1
+        return into
+
+    def _tree(self, n: Circuit, into: dict, top: bool = True):
+        """``(n, (child's tree, or None for an argument, ...))`` where some child of ``n`` is
+        fused into it; None where none is."""
+        if top and not any(c.hash in into for c in n.children):
+            return None
+        return (n, tuple(self._tree(c, into, False) if c.hash in into else None for c in n.children))
+
+    def _leaves(self, n: Circuit, key, into: dict, loc: dict, known: dict, out=None) -> list:
+        """The sources of row ``key`` of ``n``'s fused tree's arguments, in the tree's order
+        (a tree has at most ``FUSED`` nodes: the recursion is shallow)."""
+        out = [] if out is None else out
+        for i, c in enumerate(n.children):
+            if c.hash in into:
+                self._leaves(c, (self.rows[key].children[i].hash, c.hash), into, loc, known, out)
+            else:
+                out.append(self._source(key, i, n, loc, known))
         return out
 
     def _source(self, key, i: int, n: Circuit, loc: dict, known: dict):
@@ -431,6 +518,122 @@ def _rows_kernel(node: Circuit, fdt: str, axes: tuple, size: int, batch: tuple |
         if batch is not None:
             op = jax.vmap(op, in_axes=batch)
         return jax.vmap(op, in_axes=axes)
+
+    return cached_kernel(key, make)
+
+
+def _fusable(node: Circuit) -> bool:
+    """Whether ``node`` may be computed inside its reader's kernel: elementwise or data-moving
+    work (no contraction, no head picked by an int: that Index passes its head as data)."""
+    t = type(node)
+    if t is GeneralFunction or t is Add or t is Rearrange:
+        return True
+    if t is Index:
+        return _int_entries(node) is None
+    if t is Einsum:  # a product summing nothing (a layer norm's scale)
+        out = set(node.out_axes)
+        return all(x in out for axes in node.in_axes for x in axes)
+    return False
+
+
+def _stacked_terms(node: Circuit) -> bool:
+    """Whether ``node`` sums products of the same form (a layer's heads, each ``z_h`` times its
+    ``W_O[h]``): fused, they are one product over the terms stacked (a contraction over
+    ``heads x d_head``, not one of ``d_head`` per head)."""
+    if type(node) is not Add or len(node.children) < 2:
+        return False
+    first = node.children[0]
+    if type(first) is not Einsum or len(first.children) != 2 or not is_float(first.dtype) \
+            or first.shape != node.shape:
+        return False
+    shapes = tuple(c.shape for c in first.children)
+    return all(type(e) is Einsum and e.in_axes == first.in_axes and e.out_axes == first.out_axes
+               and tuple(c.shape for c in e.children) == shapes for e in node.children)
+
+
+def _sum_terms(tree, out=None) -> list:
+    """For each argument of a tree (in order): whether it is a term of a sum of more than two
+    (not of one computed as a stacked product)."""
+    out = [] if out is None else out
+    node, subs = tree
+    many = type(node) is Add and len(node.children) > 2 and not _is_stacked(tree)
+    for sub in subs:
+        if sub is None:
+            out.append(many)
+        else:
+            _sum_terms(sub, out)
+    return out
+
+
+def _is_stacked(tree) -> bool:
+    """Whether a tree is a sum of products computed as one stacked product: every term fused,
+    each over two arguments."""
+    node, subs = tree
+    return _stacked_terms(node) and all(sub is not None and sub[1] == (None, None) for sub in subs)
+
+
+def _tree_nodes(tree) -> list:
+    node, subs = tree
+    return [node] + [m for sub in subs if sub is not None for m in _tree_nodes(sub)]
+
+
+def _tree_key(tree) -> tuple:
+    node, subs = tree
+    return (node_key_part(node), node.shape, tuple(c.shape for c in node.children),
+            tuple(None if sub is None else _tree_key(sub) for sub in subs))
+
+
+def _composed(tree, fdt: str):
+    """``(fn, arguments)``: the tree's op over its arguments (a fused child's own, in order)."""
+    node, subs = tree
+    if _is_stacked(tree):
+        return _stacked_product(node, fdt), 2 * len(subs)
+    op = build_op(node, fdt)
+    parts = [None if sub is None else _composed(sub, fdt) for sub in subs]
+    counts = [1 if part is None else part[1] for part in parts]
+
+    def run(*args):
+        values, at = [], 0
+        for part, k in zip(parts, counts):
+            values.append(args[at] if part is None else part[0](*args[at:at + k]))
+            at += k
+        return op(*values)
+
+    return run, sum(counts)
+
+
+def _stacked_product(node: Add, fdt: str):
+    """``fn(a_0, b_0, a_1, b_1, ...)``: the sum of the products ``node``'s terms compute (a
+    float einsum of two operands each, ``_stacked_terms``), as one einsum over the terms stacked
+    along a new summed axis."""
+    import jax.numpy as jnp
+
+    from ..lower.einsum import einsum_op
+
+    term = node.children[0]
+    new = max([x for t in term.in_axes for x in t] + list(term.out_axes) + [-1]) + 1
+    k = len(node.children)
+    op = einsum_op([(new, *t) for t in term.in_axes], tuple(term.out_axes),
+                   [(k, *c.shape) for c in term.children])
+
+    def run(*args):
+        return op(jnp.stack(args[0::2]), jnp.stack(args[1::2]))
+
+    return run
+
+
+def _tree_kernel(tree, fdt: str, axes: tuple | None, size: int, batch: tuple | None = None):
+    """The kernel of a fused tree (``_Group._tree``) over ``size`` rows, as ``_rows_kernel`` is a
+    node's; ``axes`` None: every row reads the same arguments (no rows axis)."""
+    key = ("tree", _tree_key(tree), fdt, axes, size, batch)
+
+    def make():
+        import jax
+
+        op = _composed(tree, fdt)[0]
+        if batch is not None:
+            op = jax.vmap(op, in_axes=batch)
+        return op if axes is None else jax.vmap(op, in_axes=axes)
 
     return cached_kernel(key, make)
 
