@@ -228,3 +228,29 @@ def test_the_scan_finds_hand_written_gen_index_parsing(tmp_path):
     )
     assert len(_grammar_uses(bad)) == 5
     assert _grammar_uses(ROOT / "circuits" / "functions" / "gather.py")  # where the grammar does live
+
+
+@pytest.mark.parametrize("n", [100, 5000])
+def test_log_softmax_of_long_rows_and_its_gradient(n):
+    """log_softmax sums a row of LONG_ROWS or more entries by a product with ones (faster on XLA's
+    CPU backend): the value and the gradient match a float64 reference, for short and long rows,
+    with a -inf entry and large logits."""
+    import jax
+
+    from circuits.functions import builtins
+
+    assert (n >= builtins.LONG_ROWS) == (n == 5000)
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, n)) * 30).astype(np.float32)
+    x[1, 7] = -np.inf
+    fn = lookup("log_softmax").jax
+    got = np.asarray(jax.jit(fn)(x))
+    x64 = x.astype(np.float64)
+    shifted = x64 - x64.max(-1, keepdims=True)
+    want = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-5)
+    weights = rng.standard_normal((3, n)).astype(np.float32)
+    grad = np.asarray(jax.grad(lambda v: (fn(v) * weights).sum())(x))
+    softmax = np.exp(want)
+    want_grad = weights - softmax * weights.sum(-1, keepdims=True)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-5)
