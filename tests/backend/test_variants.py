@@ -324,7 +324,7 @@ def test_fused_kernels_over_a_batch_agree_with_unfused_and_with_evaluation(monke
     monkeypatch.setattr(variants, "_tree_kernel",
                         lambda tree, *a, made_by=variants._tree_kernel: made.append(tree) or made_by(tree, *a))
     monkeypatch.setattr(variants, "_stacked_product",
-                        lambda node, fdt, by=variants._stacked_product: stacked.append(node) or by(node, fdt))
+                        lambda node, by=variants._stacked_product: stacked.append(node) or by(node))
     _check_batched(c, vs, feed, 3, set(feed))
     kinds = {type(n).__name__ for tree in made for n in variants._tree_nodes(tree)[1:]}
     assert {"GeneralFunction", "Index", "Add", "Einsum"} <= kinds  # fused below their readers

@@ -54,7 +54,7 @@ from ...nodes import (
 )
 from ..cache.bounded import BoundedCache
 
-__all__ = ["numpy_op", "raw_op", "op_key", "with_rows", "einsum_fn", "x64_on", "PLAN_ROWS", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
+__all__ = ["numpy_op", "raw_op", "op_key", "new_id", "with_rows", "einsum_fn", "x64_on", "PLAN_ROWS", "canonical", "jax_dtype", "host_dtypes", "HOST_FLOATS"]
 
 #: The evaluation precisions numpy computes in (bfloat16 and float16 stay with JAX).
 HOST_FLOATS = ("float32", "float64")
@@ -256,10 +256,15 @@ def einsum_fn(in_axes: Sequence[tuple], out_axes: tuple, shapes: Sequence[tuple]
     return einsum
 
 
+def new_id(in_axes, out_axes) -> int:
+    """An id no operand nor the output of an einsum uses."""
+    return max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
+
+
 def with_rows(in_axes: list, out_axes: tuple, shapes: list, axes: tuple) -> tuple:
     """``(row, in_axes, shapes)``: an einsum's ids and operand shapes with one id more, ``row``,
     first on the operands whose ``axes`` entry is 0 (``PLAN_ROWS`` rows, for the plan)."""
-    row = max([x for t in in_axes for x in t] + list(out_axes) + [-1]) + 1
+    row = new_id(in_axes, out_axes)
     return (row, [(row, *t) if a == 0 else t for t, a in zip(in_axes, axes)],
             [(PLAN_ROWS, *s) if a == 0 else s for s, a in zip(shapes, axes)])
 

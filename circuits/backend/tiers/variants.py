@@ -56,6 +56,7 @@ from ...dtypes import dtype_str, is_float, is_int
 from ...nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, SetSymbolicShape, Tag
 from ...traversal import toposort
 from ..lower.binding import raise_problems
+from ..lower.numpy_ops import new_id
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from .groups import foreground
@@ -107,10 +108,20 @@ def _payload_slots(t: type):
 
 
 class _Partners:
-    """``node_key_part`` of base nodes, computed once each (a variant node is compared with it)."""
+    """``node_key_part`` of base nodes, computed once each (a variant node is compared with it),
+    and which node reads each of them where one does."""
 
     def __init__(self):
         self.keys: dict = {}
+        self.sole: dict | None = None
+
+    def sole_readers(self, order: list) -> dict:
+        """``{node hash: its reader}`` for the nodes of the base circuit (``order``) that one
+        node reads once; found once, for every group."""
+        if self.sole is None:
+            readers = collections.Counter(c.hash for n in order for c in n.children)
+            self.sole = {c.hash: n for n in order for c in n.children if readers[c.hash] == 1}
+        return self.sole
 
     def compatible(self, n: Circuit, m: Circuit) -> bool:
         """Whether ``m`` computes ``n``'s operation (over other children): a row of ``n``."""
@@ -348,9 +359,10 @@ class _Group:
                 computed += 1
                 continue
             tree = self._tree(n, into)
-            terms = _sum_terms(tree if tree is not None else (n, (None,) * len(n.children)))
+            whole = tree if tree is not None else (n, (None,) * len(n.children))  # n alone: a tree of one
+            terms = _sum_terms(whole)
             # The biggest value the kernel makes (a fused node's too: XLA may write it out).
-            biggest = max(_bytes(m, fdt, keys) for m in _tree_nodes(tree)) if tree is not None else _bytes(n, fdt, keys)
+            biggest = max(_bytes(m, fdt, keys) for m in _tree_nodes(whole))
             chunk = min(ROWS, max(1, CHUNK_BYTES // max(biggest, 1)))
             chunk = 1 << (chunk.bit_length() - 1)  # a power of two
             # A node with more rows than one chunk pads its last chunk to a full one: one kernel
@@ -410,23 +422,18 @@ class _Group:
 
     def _fusions(self, steps: list, keep) -> dict:
         """``{step: the step reading it}`` for the steps computed inside their reader's kernel
-        (``_FUSED``): an elementwise or data-moving node read by one node of the base circuit,
+        (``_fusable``, or a term of ``_stacked_terms``; trees at most ``FUSED`` levels deep): an elementwise or data-moving node read by one node of the base circuit,
         that node a step too, with as many rows (more than one), each reading the matching
         row.  XLA then fuses them (a slice into the log-softmax reading it, a bias into the
         gelu after it) instead of writing each value out: one kernel call, not several."""
-        readers = collections.Counter()
-        reader: dict = {}
-        for n in self.order:
-            for c in n.children:
-                readers[c.hash] += 1
-                reader[c.hash] = n
+        sole = self.partners.sole_readers(self.order)
         by_partner, rows = self.by_partner, self.rows
         into: dict = {}
         for p in steps:
             h = p.hash
-            if readers[h] != 1:
+            n = sole.get(h)
+            if n is None:
                 continue
-            n = reader[h]
             if not (_fusable(p) or _stacked_terms(n)):
                 continue
             keys = by_partner.get(n.hash)
@@ -457,7 +464,7 @@ class _Group:
 
     def _leaves(self, n: Circuit, key, into: dict, loc: dict, known: dict, out=None) -> list:
         """The sources of row ``key`` of ``n``'s fused tree's arguments, in the tree's order
-        (a tree has at most ``FUSED`` nodes: the recursion is shallow)."""
+        (a tree has at most ``FUSED`` levels: the recursion is shallow)."""
         out = [] if out is None else out
         for i, c in enumerate(n.children):
             if c.hash in into:
@@ -587,7 +594,7 @@ def _composed(tree, fdt: str):
     """``(fn, arguments)``: the tree's op over its arguments (a fused child's own, in order)."""
     node, subs = tree
     if _is_stacked(tree):
-        return _stacked_product(node, fdt), 2 * len(subs)
+        return _stacked_product(node), 2 * len(subs)
     op = build_op(node, fdt)
     parts = [None if sub is None else _composed(sub, fdt) for sub in subs]
     counts = [1 if part is None else part[1] for part in parts]
@@ -602,7 +609,7 @@ def _composed(tree, fdt: str):
     return run, sum(counts)
 
 
-def _stacked_product(node: Add, fdt: str):
+def _stacked_product(node: Add):
     """``fn(a_0, b_0, a_1, b_1, ...)``: the sum of the products ``node``'s terms compute (a
     float einsum of two operands each, ``_stacked_terms``), as one einsum over the terms stacked
     along a new summed axis."""
@@ -611,7 +618,7 @@ def _stacked_product(node: Add, fdt: str):
     from ..lower.einsum import einsum_op
 
     term = node.children[0]
-    new = max([x for t in term.in_axes for x in t] + list(term.out_axes) + [-1]) + 1
+    new = new_id(term.in_axes, term.out_axes)
     k = len(node.children)
     op = einsum_op([(new, *t) for t in term.in_axes], tuple(term.out_axes),
                    [(k, *c.shape) for c in term.children])
