@@ -19,6 +19,7 @@ from jax.experimental import serialize_executable
 from circuits.backend.cache.background import wait_for_background
 from circuits.backend.cache.cachedir import make_root
 from circuits.backend.cache.compiling import counted_jit
+from circuits.backend.cache import executables
 from circuits.backend.cache.executables import KeptKernel, executable_info, stable_key
 from circuits.backend.cache.persistent import FOLDER
 
@@ -201,3 +202,33 @@ def test_kernels_kept_in_the_background_keep_the_callers_x64_mode_and_precision(
     third = run()
     assert third["loads"] > 0 and third["rejected"] == 0 and third["fallbacks"] == 0  # each takes float64
     assert (third["dtype"], third["zero"], third["value"]) == ("float64", "float64", first["value"])
+
+
+def test_a_kept_executable_depends_on_every_source_of_the_library(monkeypatch):
+    """A change to any of the library's sources (a function's lowering in ``circuits.functions``,
+    not only the backend's own files) gives kept executables another key: after an upgrade or an
+    edit, a stale executable computing the old lowering is never loaded.  (The digest covered
+    ``circuits/backend`` alone once the cache moved into ``backend/cache``: a new
+    ``log_softmax`` ran the old one's kernels from the disk cache.)"""
+    import circuits
+
+    root, files = executables.library_sources()
+    assert root == os.path.dirname(os.path.abspath(circuits.__file__))
+    names = {os.path.relpath(f, root) for f in files}
+    for needed in ("functions/builtins.py", "functions/gather.py", "nodes/einsum.py",
+                   "backend/lower/ops.py", "backend/tiers/variants.py"):
+        assert needed in names
+    before = executables._environment()
+    real_open = open
+    edited = os.path.join(root, "functions", "builtins.py")
+
+    def open_edited(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        if path == edited:
+            return __import__("io").BytesIO(f.read() + b"\n# edited\n")
+        return f
+
+    monkeypatch.setattr(executables, "_env", [])
+    monkeypatch.setattr("builtins.open", open_edited)
+    after = executables._environment()
+    assert after != before

@@ -136,6 +136,18 @@ def _stable_function_part(part: bytes) -> bytes | None:
     return part[:-8]
 
 
+def library_sources() -> tuple:
+    """``(package folder, [its .py files, sorted])``: the whole ``circuits`` package, whose source
+    a kept executable depends on (a function's lowering lives in ``circuits.functions``, an
+    operation's in ``circuits.backend.lower``, a node's payload in ``circuits.nodes``)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        files.extend(os.path.join(folder, n) for n in names if n.endswith(".py"))
+    return root, sorted(files)
+
+
 def _environment() -> bytes:
     """What every kept executable depends on besides its key: versions, backend, the library's
     source (computed once)."""
@@ -149,12 +161,8 @@ def _environment() -> bytes:
     client = device.client
     h.update(repr((jax.__version__, jaxlib.__version__, client.platform, client.platform_version,
                    device.device_kind, jax.device_count())).encode())
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    files = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
-        files.extend(os.path.join(folder, n) for n in names if n.endswith(".py"))
-    for path in sorted(files):
+    root, files = library_sources()
+    for path in files:
         h.update(os.path.relpath(path, root).encode() + b"\0")
         with open(path, "rb") as f:
             h.update(f.read())
