@@ -362,13 +362,19 @@ def _shifted_last_axis(x):
     """x - max(x) over the last axis (max held constant for gradients), with lax primitives:
     jax.nn.softmax computes the same but costs ~1 ms to trace (custom_jvp, nested jit), which
     dominates tracing a large circuit."""
+    lax = _jax().lax
+    x, peak, last = _peak_last_axis(x)
+    return lax.sub(x, lax.broadcast_in_dim(peak, x.shape, tuple(range(last)))), last
+
+
+def _peak_last_axis(x):
+    """``(x as float, max(x) over the last axis held constant for gradients, last axis)``."""
     jax = _jax()
     lax = jax.lax
     if not jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
         x = lax.convert_element_type(x, jax.dtypes.canonicalize_dtype(float))
     last = x.ndim - 1
-    peak = lax.stop_gradient(lax.reduce_max(x, (last,)))
-    return lax.sub(x, lax.broadcast_in_dim(peak, x.shape, tuple(range(last)))), last
+    return x, lax.stop_gradient(lax.reduce_max(x, (last,))), last
 
 
 # log_softmax sums rows at least this long by a product with a vector of ones: XLA's CPU
@@ -399,6 +405,16 @@ def _softmax(x):
 
 def _log_softmax(x):
     lax = _jax().lax
+    if x.shape[-1] >= LONG_ROWS:
+        # x - (max + log(sum)): the shifted logits are read by the exp alone, so XLA need not
+        # write them out, and a gather of the result (a loss picking each target's entry)
+        # computes only the entries it picks (GPT-2's loss over 4 x 8 x 31 rows of 50,257:
+        # 0.26 s -> 0.14 s on a 2-core CPU).  The total is rounded at the logits' scale.
+        x, peak, last = _peak_last_axis(x)
+        keep = tuple(range(last))
+        e = lax.exp(lax.sub(x, lax.broadcast_in_dim(peak, x.shape, keep)))
+        total = lax.add(peak, lax.log(_sum_last(e, last)))
+        return lax.sub(x, lax.broadcast_in_dim(total, x.shape, keep))
     shifted, last = _shifted_last_axis(x)
     total = lax.log(_sum_last(lax.exp(shifted), last))
     return lax.sub(shifted, lax.broadcast_in_dim(total, shifted.shape, tuple(range(last))))
