@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import struct
 import sys
 import weakref
@@ -360,15 +361,17 @@ def _entry(host) -> _Entry | None:
     if entry is not None:
         return entry
     try:
-        ref = weakref.ref(host, lambda r, key=key: _forget(key, r))
+        # the callback holds what it calls: at interpreter exit a value may die after this
+        # module's globals are gone
+        ref = weakref.ref(host, functools.partial(_forget, _on_device, key))
     except TypeError:
         return None
     return _on_device.setdefault(key, _Entry(ref))
 
 
-def _forget(key, ref):
+def _forget(cache, key, ref):
     # the host value died: its device values go (unless a newer value already holds the id)
-    _on_device.pop_if(key, lambda entry: entry.ref is ref)
+    cache.pop_if(key, lambda entry: entry.ref is ref)
 
 
 def _array_on_device(host, target):
