@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from jax.experimental import serialize_executable
 
+from circuits.backend.cache import executables
 from circuits.backend.cache.background import wait_for_background
 from circuits.backend.cache.cachedir import make_root
 from circuits.backend.cache.compiling import counted_jit
-from circuits.backend.cache import executables
 from circuits.backend.cache.executables import KeptKernel, executable_info, stable_key
 from circuits.backend.cache.persistent import FOLDER
 
