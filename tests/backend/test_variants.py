@@ -342,3 +342,34 @@ def test_fused_kernels_over_a_batch_agree_with_unfused_and_with_evaluation(monke
     assert not made
     for a, b in zip(fused, plain):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_chunks_capped_to_the_cache_line_up_and_agree_with_evaluation(monkeypatch):
+    """On a CPU a group's chunks hold as many rows as fit ``CACHE_BYTES`` of its biggest value
+    (one bound for every node, so chunks line up): with a bound small enough to cut the eight
+    head patches of a small GPT-2 into chunks of two rows, every kernel runs over at most two
+    rows, and the values equal each variant's evaluation prompt by prompt and the uncapped run."""
+    from circuits.interp import patch
+    from circuits.models import gpt2, tokens_symbol
+    from circuits.models.gpt2 import random_gpt2_weights
+
+    cfg = dict(n_embd=16, n_head=4, n_layer=3, vocab_size=31, n_positions=16, activation_function="gelu_new")
+    sym = tokens_symbol(9)
+    corrupt = C.Symbol((9,), name="corrupt_capped", dtype="int64")
+    c = gpt2(cfg, random_gpt2_weights(cfg), sym, loss=True, split_heads=True)
+    rng = np.random.default_rng(3)
+    feed = {sym: rng.integers(0, 31, (3, 9)), corrupt: rng.integers(0, 31, (3, 9))}
+    vs = [patch(c, f"h{l}.attn.head{h}", {sym.name: corrupt}) for l in range(2) for h in range(4)]
+    uncapped = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
+    # the biggest value that has rows: the MLP's hidden layer, 3 prompts x 9 tokens x 64 floats
+    hidden = 3 * 9 * 4 * cfg["n_embd"] * 4
+    monkeypatch.setattr(variants, "CACHE_BYTES", 2 * hidden + 1)
+    sizes = []
+    for name in ("_rows_kernel", "_tree_kernel"):
+        monkeypatch.setattr(variants, name, lambda node, fdt, axes, size, *a, by=getattr(variants, name):
+                            sizes.append(size) or by(node, fdt, axes, size, *a))
+    _check_batched(c, vs, feed, 3, set(feed))
+    assert sizes and max(sizes) == 2
+    capped = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
+    for a, b in zip(capped, uncapped):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

@@ -14,7 +14,8 @@ the base circuit, from the roots down:
 
 The rows of one base node (one per distinct variant node: variants that share a rebuilt node share
 its row) are computed together, by the base node's kernel ``vmap``-ed over a leading row axis, in
-chunks of at most ``ROWS`` rows whose size is a power of two, so a few kernels serve every layer of
+chunks of at most ``ROWS`` rows whose size is a power of two (on a CPU, as many as fit
+``CACHE_BYTES`` of the group's biggest value that fits them), so a few kernels serve every layer of
 a model; a child that is unchanged in every row of a chunk is passed once, unbatched (a weight is
 never copied).  The twelve head patches of one GPT-2 layer then run the layers above it as twelve
 rows of each matmul, not as twelve forwards, and layer 0 is computed once for all of them.
@@ -71,6 +72,12 @@ ROWS = 16
 # Bytes the rows of one chunk may take (node size x rows): GPT-2 small's logits over 8 prompts
 # (51 MB a row) ran a row a call at 64 MiB, 25 % slower than 4 (BENCHMARKS.md).
 CHUNK_BYTES = 256 << 20
+# On a CPU, a group's chunks hold at most as many rows as fit this many bytes of its biggest
+# value that fits them at all (its logits aside): a product whose result stays in the last-level
+# cache runs faster (GPT-2's MLP matmul 768 -> 3,072 on a 2-core EPYC with 32 MiB of L3: 143-152
+# GFLOP/s for 1,024-2,048 rows of tokens, 100-113 for 4,096 and more).  One bound for every node
+# of the group, so chunks line up (a bound per node measured slower: rows copied between chunks).
+CACHE_BYTES = 32 << 20
 # Bytes the rows of the biggest node may take for one group of variants (about three such
 # values are alive at once: a node's rows, its parent's, and what is being assembled).
 GROUP_BYTES = 1 << 30
@@ -78,6 +85,25 @@ GROUP_BYTES = 1 << 30
 _IDENTITY = (Tag, SetSymbolicShape)
 # Levels of nodes one fused kernel computes at most (``_Group._fusions``).
 FUSED = 8
+
+
+def _rows_a_call(biggest: int, cap: int = ROWS) -> int:
+    """Rows of one kernel call, a power of two, for a kernel whose biggest value takes ``biggest``
+    bytes a row: at most ``cap`` (``ROWS``, or the group's bound on a CPU: ``_Group.cap``) and
+    within ``CHUNK_BYTES``."""
+    chunk = min(cap, max(1, CHUNK_BYTES // max(biggest, 1)))
+    return 1 << (chunk.bit_length() - 1)
+
+
+_CPU: list = []
+
+
+def _on_cpu() -> bool:
+    if not _CPU:
+        import jax
+
+        _CPU.append(jax.default_backend() == "cpu")
+    return _CPU[0]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -329,6 +355,7 @@ class _Group:
         for h, j in last.items():
             if h in self.by_partner and h != self.base.hash:
                 drop.setdefault(j, []).append(h)
+        cap = self._cap(steps)
         computed = 0
         for j, n in enumerate(steps):
             if n.hash in into:  # computed inside its reader's kernel
@@ -363,8 +390,7 @@ class _Group:
             terms = _sum_terms(whole)
             # The biggest value the kernel makes (a fused node's too: XLA may write it out).
             biggest = max(_bytes(m, fdt, keys) for m in _tree_nodes(whole))
-            chunk = min(ROWS, max(1, CHUNK_BYTES // max(biggest, 1)))
-            chunk = 1 << (chunk.bit_length() - 1)  # a power of two
+            chunk = _rows_a_call(biggest, cap)
             # A node with more rows than one chunk pads its last chunk to a full one: one kernel
             # (one compilation) serves all its chunks, and its chunks line up with its parents'.
             full = len(row_keys) > chunk
@@ -419,6 +445,19 @@ class _Group:
             array, r, carries = known[ref] if kind == "given" else loc[ref]
             out.append((array if r is None else pick_row(array, r), carries))
         return out
+
+    def _cap(self, steps: list) -> int:
+        """The most rows a chunk of this group holds: ``ROWS``, and on a CPU as many as fit
+        ``CACHE_BYTES`` of the biggest value of a step that has rows and fits them (a power of
+        two): every node's chunks line up."""
+        if not _on_cpu():
+            return ROWS
+        fits = [b for b in (_bytes(n, self.fdt, self.keys) for n in steps if len(self.by_partner[n.hash]) > 1)
+                if b <= CACHE_BYTES]
+        if not fits:
+            return ROWS
+        cap = min(ROWS, max(1, CACHE_BYTES // max(fits)))
+        return 1 << (cap.bit_length() - 1)
 
     def _fusions(self, steps: list, keep) -> dict:
         """``{step: the step reading it}`` for the steps computed inside their reader's kernel
