@@ -302,23 +302,32 @@ def test_patches_of_the_shipped_model_over_a_batch():
         _check_batched(c, vs[::-1], feed, 5, set(feed), rtol=2e-5, atol=2e-6)
 
 
-def test_fused_kernels_over_a_batch_agree_with_unfused_and_with_evaluation(monkeypatch):
-    """Heads of a small GPT-2 patched over a batch of prompts: steps read by one node are
-    computed inside its kernel (a slice inside the log-softmax, the bias inside the gelu), a
-    layer's heads' outputs as one product over the heads stacked.  The values equal each
-    variant's evaluation prompt by prompt, and the same run with fusion off (FUSED = 1)."""
+def _small_gpt2_head_patches(name: str, seed: int):
+    """``(circuit, tokens, corrupt tokens, feed over 3 prompts, patches)``: a 3-layer GPT-2 (width
+    16, 4 heads, 9 tokens) and the patches of the heads of layers 0 and 1 from ``name``'s tokens
+    (each changes every head of layer 2, whose sum is then fused)."""
     from circuits.interp import patch
     from circuits.models import gpt2, tokens_symbol
     from circuits.models.gpt2 import random_gpt2_weights
 
     cfg = dict(n_embd=16, n_head=4, n_layer=3, vocab_size=31, n_positions=16, activation_function="gelu_new")
     sym = tokens_symbol(9)
-    corrupt = C.Symbol((9,), name="corrupt_fused", dtype="int64")
+    corrupt = C.Symbol((9,), name=name, dtype="int64")
     c = gpt2(cfg, random_gpt2_weights(cfg), sym, loss=True, split_heads=True)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     feed = {sym: rng.integers(0, 31, (3, 9)), corrupt: rng.integers(0, 31, (3, 9))}
-    # (the heads of layers 0 and 1: each changes every head of layer 2, whose sum is then fused)
     vs = [patch(c, f"h{l}.attn.head{h}", {sym.name: corrupt}) for l in range(2) for h in range(4)]
+    return c, sym, corrupt, feed, vs
+
+
+def test_fused_kernels_over_a_batch_agree_with_unfused_and_with_evaluation(monkeypatch):
+    """Heads of a small GPT-2 patched over a batch of prompts: steps read by one node are
+    computed inside its kernel (a slice inside the log-softmax, the bias inside the gelu), a
+    layer's heads' outputs as one product over the heads stacked.  The values equal each
+    variant's evaluation prompt by prompt, and the same run with fusion off (FUSED = 1)."""
+    from circuits.interp import patch
+
+    c, sym, corrupt, feed, vs = _small_gpt2_head_patches("corrupt_fused", 7)
     made = []
     stacked = []
     monkeypatch.setattr(variants, "_tree_kernel",
@@ -349,20 +358,10 @@ def test_chunks_capped_to_the_cache_line_up_and_agree_with_evaluation(monkeypatc
     (one bound for every node, so chunks line up): with a bound small enough to cut the eight
     head patches of a small GPT-2 into chunks of two rows, every kernel runs over at most two
     rows, and the values equal each variant's evaluation prompt by prompt and the uncapped run."""
-    from circuits.interp import patch
-    from circuits.models import gpt2, tokens_symbol
-    from circuits.models.gpt2 import random_gpt2_weights
-
-    cfg = dict(n_embd=16, n_head=4, n_layer=3, vocab_size=31, n_positions=16, activation_function="gelu_new")
-    sym = tokens_symbol(9)
-    corrupt = C.Symbol((9,), name="corrupt_capped", dtype="int64")
-    c = gpt2(cfg, random_gpt2_weights(cfg), sym, loss=True, split_heads=True)
-    rng = np.random.default_rng(3)
-    feed = {sym: rng.integers(0, 31, (3, 9)), corrupt: rng.integers(0, 31, (3, 9))}
-    vs = [patch(c, f"h{l}.attn.head{h}", {sym.name: corrupt}) for l in range(2) for h in range(4)]
+    c, _, _, feed, vs = _small_gpt2_head_patches("corrupt_capped", 3)
     uncapped = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
     # the biggest value that has rows: the MLP's hidden layer, 3 prompts x 9 tokens x 64 floats
-    hidden = 3 * 9 * 4 * cfg["n_embd"] * 4
+    hidden = 3 * 9 * 4 * 16 * 4
     monkeypatch.setattr(variants, "CACHE_BYTES", 2 * hidden + 1)
     sizes = []
     for name in ("_rows_kernel", "_tree_kernel"):
