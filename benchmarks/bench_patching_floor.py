@@ -86,13 +86,12 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
-    from circuits.backend.tiers.variants import CACHE_BYTES, CHUNK_BYTES, ROWS
+    from circuits.backend.tiers.variants import CACHE_BYTES, ROWS, _rows_a_call
 
     weights, other = plan_rows()
     # the group's bound on a CPU (``_Group._cap``): rows of its biggest value that fits CACHE_BYTES
     fits = [b for b in (_out_bytes(a, w, spec) for w, (_, _, spec, a) in weights.items()) if b <= CACHE_BYTES]
-    cap = min(ROWS, max(1, CACHE_BYTES // max(fits))) if fits else ROWS
-    cap = 1 << (cap.bit_length() - 1)
+    cap = _rows_a_call(max(fits), ROWS, CACHE_BYTES) if fits else ROWS
     rng = np.random.default_rng(0)
     total_s, total_median, total_flops = 0.0, 0.0, 0
     print(f"GPT-2 small, 144 head patches over {PROMPTS} prompts x {TOKENS} tokens: the products with a weight")
@@ -104,8 +103,7 @@ def main() -> None:
             rows //= HEADS
             flops *= HEADS
             a, w, a_spec, w_spec, label = (TOKENS, HEADS * 64), (HEADS * 64, 768), "sc", "cd", f"heads x {w}"
-        chunk = min(cap, max(1, CHUNK_BYTES // _out_bytes(a, w, f"{a_spec},{w_spec}->{out}")))
-        per_call = 1 << (chunk.bit_length() - 1)
+        per_call = _rows_a_call(_out_bytes(a, w, f"{a_spec},{w_spec}->{out}"), cap)
         x = jnp.asarray(rng.standard_normal((per_call, PROMPTS, *a), dtype=np.float32))
         y = jnp.asarray(rng.standard_normal(w, dtype=np.float32))
         fn = jax.jit(lambda x, y, s=f"RP{a_spec},{w_spec}->RP{out}": jnp.einsum(s, x, y))

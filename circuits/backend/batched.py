@@ -41,7 +41,7 @@ from .lower.program import Program
 from .lower.sharding import BATCH_AXIS, Placement
 from .tiers.batch_tuning import tail_sizes, tune_chunk
 from .tiers.host import host_mode
-from .tiers.kernels import broadcast_rows
+from .tiers.kernels import broadcast_rows, on_cpu
 from .tiers.lowered import run_function, run_key, vmap_function
 from .tiers.op_by_op import OverBudget, RunInfo, run_ops
 from .tiers.policy import Route, check_mode, run, worth_compiling
@@ -231,12 +231,6 @@ def _row_function(program: Program, axes: tuple, how: str):
         return [o[None] for o in outs]
 
     return one_row
-
-
-def _on_cpu() -> bool:
-    import jax
-
-    return jax.default_backend() == "cpu"
 
 
 def take_rows(value, start: int, count: int):
@@ -517,7 +511,7 @@ class _Batched(Route):
         row, tall = costs
         plan = plan_batch(program, total, fdt, self.batch_size, self.memory_budget, row_bytes=row)
         group = (map_group(tall) if plan.row_bytes >= MAP_FROM_BYTES and devs is None and mesh is None
-                 and _on_cpu() else None)
+                 and on_cpu() else None)
         if not quiet:
             self._say(plan.reason)
         chunks = _Chunks(program, items, args, axes, total, plan, group, self.mode, self.return_jax)

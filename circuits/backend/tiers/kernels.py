@@ -31,6 +31,13 @@ __all__ = ["cached_kernel", "kernel", "int_picks", "pick_kernel", "broadcast_ker
 _kernels = BoundedCache("kernels", "kernels", max_entries=8192, lru=False)
 
 
+def on_cpu() -> bool:
+    """Whether JAX's default backend is the CPU."""
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def _identity_op(x):
     return x
 

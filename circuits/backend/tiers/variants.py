@@ -61,7 +61,7 @@ from ..lower.numpy_ops import new_id
 from ..lower.ops import build_op
 from ..lower.program import node_key_part
 from .groups import foreground
-from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, pick_row
+from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, on_cpu, pick_row
 from .op_by_op import RunInfo, check_leaf_indices, run_ops
 from .values import VALUES, Binding
 
@@ -87,23 +87,13 @@ _IDENTITY = (Tag, SetSymbolicShape)
 FUSED = 8
 
 
-def _rows_a_call(biggest: int, cap: int = ROWS) -> int:
+def _rows_a_call(biggest: int, cap: int, bound: int | None = None) -> int:
     """Rows of one kernel call, a power of two, for a kernel whose biggest value takes ``biggest``
-    bytes a row: at most ``cap`` (``ROWS``, or the group's bound on a CPU: ``_Group.cap``) and
-    within ``CHUNK_BYTES``."""
-    chunk = min(cap, max(1, CHUNK_BYTES // max(biggest, 1)))
+    bytes a row: at most ``cap`` (``ROWS``, or the group's bound on a CPU: ``_Group._cap``) and
+    within ``bound`` bytes (``CHUNK_BYTES`` by default)."""
+    bound = CHUNK_BYTES if bound is None else bound
+    chunk = min(cap, max(1, bound // max(biggest, 1)))
     return 1 << (chunk.bit_length() - 1)
-
-
-_CPU: list = []
-
-
-def _on_cpu() -> bool:
-    if not _CPU:
-        import jax
-
-        _CPU.append(jax.default_backend() == "cpu")
-    return _CPU[0]
 
 
 def _pow2_at_least(n: int) -> int:
@@ -450,14 +440,11 @@ class _Group:
         """The most rows a chunk of this group holds: ``ROWS``, and on a CPU as many as fit
         ``CACHE_BYTES`` of the biggest value of a step that has rows and fits them (a power of
         two): every node's chunks line up."""
-        if not _on_cpu():
+        if not on_cpu():
             return ROWS
         fits = [b for b in (_bytes(n, self.fdt, self.keys) for n in steps if len(self.by_partner[n.hash]) > 1)
                 if b <= CACHE_BYTES]
-        if not fits:
-            return ROWS
-        cap = min(ROWS, max(1, CACHE_BYTES // max(fits)))
-        return 1 << (cap.bit_length() - 1)
+        return _rows_a_call(max(fits), ROWS, CACHE_BYTES) if fits else ROWS
 
     def _fusions(self, steps: list, keep) -> dict:
         """``{step: the step reading it}`` for the steps computed inside their reader's kernel
