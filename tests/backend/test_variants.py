@@ -372,3 +372,37 @@ def test_chunks_capped_to_the_cache_line_up_and_agree_with_evaluation(monkeypatc
     capped = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
     for a, b in zip(capped, uncapped):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loss_over_a_long_vocabulary_picks_its_log_probabilities_a_block_at_a_time(monkeypatch):
+    """The loss of head patches over a batch: the unembedding's product, the slice, the
+    log-softmax and the gather of the next tokens are one kernel computing the logits a block of
+    the vocabulary at a time (``picked_log_softmax``; here a vocabulary of 31 counts as long and
+    blocks hold 8 entries: three full blocks and a last of 7).  The logits are never a value of
+    the kernel, the values equal each variant's evaluation prompt by prompt, and the same run
+    with the plain log-softmax."""
+    from circuits.backend.lower import picked_log_softmax
+
+    c, sym, corrupt, feed, vs = _small_gpt2_head_patches("corrupt_picked", 5)
+    plain = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
+    made = []
+    monkeypatch.setattr(picked_log_softmax, "LONG", 8)
+    monkeypatch.setattr(picked_log_softmax, "VOCAB_BLOCK", 8)
+    monkeypatch.setattr(variants, "_tree_kernel",
+                        lambda tree, *a, made_by=variants._tree_kernel: made.append(tree) or made_by(tree, *a))
+    _check_batched(c, vs, feed, 3, set(feed))
+
+    def subtrees(tree):
+        yield tree
+        for sub in tree[1]:
+            if sub is not None:
+                yield from subtrees(sub)
+
+    picked = [t for t in made if any(variants._picked(s) is not None for s in subtrees(t))]
+    assert picked  # the loss's tree computes the product inside the gather's kernel
+    for tree in picked:
+        names = {n.name for n in variants._tree_nodes(tree)}
+        assert {"loss", "ll", "final.ln"} <= names and not names & {"logits", "log_probs", "logits.pred"}
+    blocked = run_variants(c, vs, feed, "float32", cache=False, batched=True)[1]
+    for a, b in zip(blocked, plain):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

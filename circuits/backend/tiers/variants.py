@@ -56,9 +56,11 @@ import numpy as np
 from ...dtypes import dtype_str, is_float, is_int
 from ...nodes import Add, Circuit, Einsum, GeneralFunction, Index, Rearrange, SetSymbolicShape, Tag
 from ...traversal import toposort
+from ..lower import picked_log_softmax
 from ..lower.binding import raise_problems
 from ..lower.numpy_ops import new_id
 from ..lower.ops import build_op
+from ..lower.picked_log_softmax import chain, picked_op
 from ..lower.program import node_key_part
 from .groups import foreground
 from .kernels import broadcast_rows, cached_kernel, kernel, kernel_over_rows, on_cpu, pick_row
@@ -460,7 +462,7 @@ class _Group:
             n = sole.get(h)
             if n is None:
                 continue
-            if not (_fusable(p) or _stacked_terms(n)):
+            if not (_fusable(p) or _stacked_terms(n) or _makes_picked_logits(p, sole)):
                 continue
             keys = by_partner.get(n.hash)
             if keys is None or type(n) in _IDENTITY or _int_entries(n) is not None \
@@ -469,6 +471,16 @@ class _Group:
             i = next(i for i, c in enumerate(n.children) if c.hash == h)
             if all((rows[key].children[i].hash, h) in rows for key in keys):
                 into[h] = n.hash
+        # The slicings and the log-softmax over a product's logits a loss picks from add no level:
+        # the gather's kernel computes them with the product, a block at a time (``_picked``).
+        flat = set()
+        for p in steps:
+            if p.hash in into and _makes_picked_logits(p, sole):
+                reader = sole[p.hash]
+                while type(reader) is Index:
+                    flat.add(reader.hash)
+                    reader = sole[reader.hash]
+                flat.add(reader.hash)
         depth: dict = {}  # levels of the tree under each step, children first: at most FUSED
         for n in steps:
             deepest = 0
@@ -478,7 +490,7 @@ class _Group:
                         del into[c.hash]
                     else:
                         deepest = max(deepest, depth[c.hash])
-            depth[n.hash] = deepest + 1
+            depth[n.hash] = deepest + (n.hash not in flat)
         return into
 
     def _tree(self, n: Circuit, into: dict, top: bool = True):
@@ -606,8 +618,48 @@ def _is_stacked(tree) -> bool:
 
 
 def _tree_nodes(tree) -> list:
+    """The nodes whose values a tree's kernel computes (and XLA may write out): not the logits
+    and log-probabilities of a picked log-softmax (``_picked``), made a block at a time."""
     node, subs = tree
+    picked = _picked(tree)
+    if picked is not None:
+        subs = picked[1]
     return [node] + [m for sub in subs if sub is not None for m in _tree_nodes(sub)]
+
+
+def _makes_picked_logits(p: Circuit, sole: dict) -> bool:
+    """Whether ``p`` is the product whose logits a loss picks log-probabilities of (``chain``:
+    sole readers up to the gather): computed inside the gather's kernel, a block at a time."""
+    if type(p) is not Einsum:
+        return False
+    reader = sole.get(p.hash)
+    while type(reader) is Index:
+        reader = sole.get(reader.hash)
+    if type(reader) is not GeneralFunction:
+        return False
+    gather = sole.get(reader.hash)
+    found = chain(gather) if gather is not None else None
+    return found is not None and found[0].hash == p.hash
+
+
+def _picked(tree):
+    """``(chain, (subtree of each product operand, subtree of the index))`` where the tree is a
+    gather of a log-softmax of a product with every node between fused (``chain``); None where
+    it is not."""
+    node, subs = tree
+    if type(node) is not GeneralFunction or node.function.gather is None:
+        return None
+    found = chain(node)
+    if found is None:
+        return None
+    sub = subs[0]  # down the log-softmax and the slicings to the product, all fused
+    for _ in range(1 + len(found[1])):
+        if sub is None:
+            return None
+        sub = sub[1][0]
+    if sub is None or sub[0].hash != found[0].hash:
+        return None
+    return found, (*sub[1], subs[1])
 
 
 def _tree_key(tree) -> tuple:
@@ -621,7 +673,12 @@ def _composed(tree, fdt: str):
     node, subs = tree
     if _is_stacked(tree):
         return _stacked_product(node), 2 * len(subs)
-    op = build_op(node, fdt)
+    picked = _picked(tree)
+    if picked is not None:  # a loss's log-probabilities, the product's logits a block at a time
+        op = picked_op(*picked[0])
+        subs = picked[1]
+    else:
+        op = build_op(node, fdt)
     parts = [None if sub is None else _composed(sub, fdt) for sub in subs]
     counts = [1 if part is None else part[1] for part in parts]
 
@@ -658,7 +715,7 @@ def _stacked_product(node: Add):
 def _tree_kernel(tree, fdt: str, axes: tuple | None, size: int, batch: tuple | None = None):
     """The kernel of a fused tree (``_Group._tree``) over ``size`` rows, as ``_rows_kernel`` is a
     node's; ``axes`` None: every row reads the same arguments (no rows axis)."""
-    key = ("tree", _tree_key(tree), fdt, axes, size, batch)
+    key = ("tree", _tree_key(tree), fdt, axes, size, batch, picked_log_softmax.VOCAB_BLOCK)
 
     def make():
         import jax
