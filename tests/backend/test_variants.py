@@ -196,7 +196,7 @@ def test_index_rows_take_their_ints_as_arguments():
 
 def test_groups_compute_the_rows_they_share_once(shipped, monkeypatch):
     """Path patches in many small groups: the corrupted run of the sender, a single row read by
-    every group, is computed by the first group only (fewer kernel calls than the groups run one
+    every group, is computed once, before the groups (fewer kernel calls than the groups run one
     by one), and every value is still the variant's own."""
     from circuits.interp import path_patch
 
@@ -214,6 +214,29 @@ def test_groups_compute_the_rows_they_share_once(shipped, monkeypatch):
         run_variants(shipped, vs[k:k + 2], None, "float32", cache=False, info=info)
         alone += info.computed - base.computed  # each run computes the base too
     assert together.computed < alone
+
+
+def test_rows_groups_share_are_given_values_and_the_rest_still_fuse(monkeypatch):
+    """Head patches of a small GPT-2 over a batch in groups of four, the first holding patches
+    of layers 0 and 1: the corrupted run both groups read is computed before the groups and read
+    as given values, so in the first group layer 1's norm (rows of the layer-0 patches, while
+    the layer-1 patches read the corrupted run's) is still fused into its reader; the values
+    equal each variant's evaluation prompt by prompt."""
+    c, _, _, feed, vs = _small_gpt2_head_patches("corrupt_grouped", 11)
+    vs = vs[:2] + vs[4:]  # groups (layer 0 heads 0-1, layer 1 heads 0-1) and (layer 1 heads 2-3)
+    monkeypatch.setattr(variants, "GROUP_BYTES", 1)
+    monkeypatch.setattr(variants, "ROWS", 4)
+    fronts, made, group = [], [], []
+    monkeypatch.setattr(variants._Group, "read_as_given",
+                        lambda self, keep, by=variants._Group.read_as_given: fronts.append(by(self, keep)) or fronts[-1])
+    monkeypatch.setattr(variants._Group, "run",
+                        lambda self, *a, by=variants._Group.run: group.append(self) or by(self, *a))
+    monkeypatch.setattr(variants, "_tree_kernel",
+                        lambda tree, *a, made_by=variants._tree_kernel: made.append((len(group), tree)) or made_by(tree, *a))
+    _check_batched(c, vs, feed, 3, set(feed))
+    assert len(fronts) == 2 and all(fronts)  # both groups read the corrupted run as given
+    fused = {n.name for g, tree in made if g == 1 for n in variants._tree_nodes(tree)[1:]}
+    assert any(name.startswith("h1.ln1") for name in fused), sorted(fused)
 
 
 # ------------------------------------------------------------------ over a batch (a dataset)

@@ -215,14 +215,22 @@ def _run_variants(base, variants, inputs, fdt, cache, info, batched=False, on_gr
         if v.hash == base.hash:
             out[i] = base_value
             carry[i] = keys.is_batched(base)
-    # Rows that several groups share (the corrupted run every patch reads) are computed once.
-    keep = frozenset()
+    # Rows that several groups share (the corrupted run every patch reads) are computed once,
+    # before the groups, op by op: the groups read them as given values, so the rows of the
+    # same nodes that the variants change are fused as any others.
+    known: dict = {}
     if len(groups) > 1:
         seen = collections.Counter(k for _, g in groups for k in g.rows)
         keep = frozenset(k for k, count in seen.items() if count > 1)
-    shared: dict = {}
+        if keep:
+            front = {}
+            for _, g in groups:
+                front.update(g.read_as_given(keep))
+            values = run_ops(list(front.values()), inputs, fdt, cache=cache, info=info, batched=batched)
+            known = {n.hash: (v, None, keys.rows is not None and keys.is_batched(n))
+                         for n, v in zip(front.values(), values)}
     for picked, g in groups:
-        values = g.run(inputs, cache, info, keep, shared, on_group)
+        values = g.run(inputs, cache, info, known, on_group)
         for i, (value, carries) in zip(picked, values):
             out[i] = value
             if cache and carries == carry[i]:
@@ -317,24 +325,47 @@ class _Group:
                     given[cm.hash] = cm
         return ("row", (v.hash, self.base.hash))
 
-    def run(self, inputs, cache: bool, info: RunInfo, keep=frozenset(), shared=None, on_group=None) -> list:
-        """The variants' values, each as ``(value, carries the batch axis)``.  A single row whose
-        key is in ``keep`` (read by a later group too) is kept in ``shared``, and one found there
-        is not computed again."""
-        shared = shared if shared is not None else {}
+    def read_as_given(self, keep: frozenset) -> dict:
+        """Drop the rows in ``keep`` (computed before the groups, ``_run_variants``); those that
+        the group's other rows or its variants read become given values: ``{hash: node}``."""
+        rows, by_partner = self.rows, self.by_partner
+        dropped = {}
+        for key in [key for key in rows if key in keep]:
+            dropped[key[0]] = rows.pop(key)
+            by_partner[key[1]].remove(key)
+            if not by_partner[key[1]]:
+                del by_partner[key[1]]
+        if not dropped:
+            return {}
+        base = {n.hash: n for n in self.order}
+        front = {}
+        for (mh, nh), m in rows.items():
+            for cn, cm in zip(base[nh].children, m.children):
+                if (cm.hash, cn.hash) in keep:
+                    front[cm.hash] = cm
+        for i, (kind, ref) in enumerate(self.reads):
+            if kind == "row" and ref in keep:
+                self.reads[i] = ("given", ref[0])
+                front[ref[0]] = dropped[ref[0]]
+        self.given.update(front)
+        return front
+
+    def run(self, inputs, cache: bool, info: RunInfo, known=None, on_group=None) -> list:
+        """The variants' values, each as ``(value, carries the batch axis)``; ``known``: values
+        computed already (``(array, None, carries)`` by node hash: the rows the groups share)."""
         fdt, reads, keys = self.fdt, self.reads, self.keys
         rows = keys.rows
-        leaves = [*self.clean.values(), *self.given.values()]
-        known: dict = {}
+        known = dict(known) if known else {}
+        leaves = [n for n in (*self.clean.values(), *self.given.values()) if n.hash not in known]
         if leaves:
             values = run_ops(leaves, inputs, fdt, cache=cache, info=info, batched=rows is not None)
-            known = {n.hash: (v, None, rows is not None and keys.is_batched(n)) for n, v in zip(leaves, values)}
+            known.update((n.hash, (v, None, rows is not None and keys.is_batched(n))) for n, v in zip(leaves, values))
         # Where each row's value is: (array, None, carries) for a plain value, (array, r, carries)
         # for row r of a chunk; ``carries``: it has the batch axis (after the rows' axis).  A
         # partner's rows are dropped after the last partner that reads them.
         loc: dict = {}
         steps = [n for n in self.order if n.hash in self.by_partner]
-        into = self._fusions(steps, keep)
+        into = self._fusions(steps)
         top: dict = {}  # step -> the step whose kernel computes it (itself, or where it is fused)
         for j in range(len(steps) - 1, -1, -1):
             reader = into.get(steps[j].hash)
@@ -359,10 +390,6 @@ class _Group:
                 continue
             if len(row_keys) == 1:
                 key = row_keys[0]
-                found = shared.get(key)
-                if found is not None:  # computed by an earlier group (e.g. the corrupted run)
-                    loc[key] = found
-                    continue
                 args, flags = [], []
                 for i in range(len(n.children)):
                     array, r, carries = self._source(key, i, n, loc, known)
@@ -373,8 +400,6 @@ class _Group:
                 else:
                     fn = kernel(n, fdt)
                 loc[key] = (fn(*args), None, any(flags))
-                if key in keep:
-                    shared[key] = loc[key]
                 computed += 1
                 continue
             tree = self._tree(n, into)
@@ -448,7 +473,7 @@ class _Group:
                 if b <= CACHE_BYTES]
         return _rows_a_call(max(fits), ROWS, CACHE_BYTES) if fits else ROWS
 
-    def _fusions(self, steps: list, keep) -> dict:
+    def _fusions(self, steps: list) -> dict:
         """``{step: the step reading it}`` for the steps computed inside their reader's kernel
         (``_fusable``, or a term of ``_stacked_terms``; trees at most ``FUSED`` levels deep): an elementwise or data-moving node read by one node of the base circuit,
         that node a step too, with as many rows (more than one), each reading the matching
@@ -466,7 +491,7 @@ class _Group:
                 continue
             keys = by_partner.get(n.hash)
             if keys is None or type(n) in _IDENTITY or _int_entries(n) is not None \
-                    or len(keys) < 2 or len(keys) != len(by_partner[h]) or any(k in keep for k in by_partner[h]):
+                    or len(keys) < 2 or len(keys) != len(by_partner[h]):
                 continue
             i = next(i for i, c in enumerate(n.children) if c.hash == h)
             if all((rows[key].children[i].hash, h) in rows for key in keys):
