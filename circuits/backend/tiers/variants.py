@@ -654,7 +654,8 @@ def _tree_nodes(tree) -> list:
 
 def _makes_picked_logits(p: Circuit, sole: dict) -> bool:
     """Whether ``p`` is the product whose logits a loss picks log-probabilities of (``chain``:
-    sole readers up to the gather): computed inside the gather's kernel, a block at a time."""
+    sole readers up to the gather): computed inside the gather's kernel, a block at a time.  On
+    a CPU only: the blocks are sized to its cache, and a GPU writes the logits out fast."""
     if type(p) is not Einsum:
         return False
     reader = sole.get(p.hash)
@@ -664,7 +665,7 @@ def _makes_picked_logits(p: Circuit, sole: dict) -> bool:
         return False
     gather = sole.get(reader.hash)
     found = chain(gather) if gather is not None else None
-    return found is not None and found[0].hash == p.hash
+    return found is not None and found[0].hash == p.hash and on_cpu()
 
 
 def _picked(tree):
