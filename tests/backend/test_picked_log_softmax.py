@@ -78,3 +78,31 @@ def test_chain_refuses_what_it_cannot_compute_a_block_at_a_time():
     assert chain(loss(C.Einsum.from_spec("sd,dv->sv", h, C.Symbol((8, 100), name="short")))) is None
     assert chain(C.GeneralFunction("gen_index_at_0_c", C.GeneralFunction("log_softmax", product),
                                    C.Symbol((3,), name="i", dtype="int64"))) is None  # picks rows, not entries
+
+
+def test_blocks_of_minus_infinity_before_the_first_finite_one():
+    """Logits of -inf filling the first blocks (a vocabulary masked by -inf rows of the
+    unembedding): the running maximum starts at -inf without making the sum NaN; the picked
+    entries equal numpy's log-softmax (-inf where a masked entry is picked)."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(3)
+    h = np.abs(rng.normal(size=(4, 8))).astype(np.float32) + 0.1
+    w = rng.normal(size=(30, 8)).astype(np.float32)
+    w[:16] = -np.inf
+    index = np.array([20, 3, 29, 17])
+    hs, ws = C.Symbol(h.shape, name="h"), C.Symbol(w.shape, name="w")
+    lp = C.GeneralFunction("log_softmax", C.Einsum.from_spec("sd,vd->sv", hs, ws))
+    gather = C.GeneralFunction("gen_index_at_0_batch_x_c", lp, C.Symbol((4,), name="t", dtype="int64"))
+    import circuits.backend.lower.picked_log_softmax as pl
+
+    old, pl.LONG = pl.LONG, 1
+    try:
+        found = chain(gather)
+    finally:
+        pl.LONG = old
+    got = np.asarray(picked_op(*found, block=8)(jnp.asarray(h), jnp.asarray(w), jnp.asarray(index)))
+    with np.errstate(invalid="ignore"):
+        want = _numpy_loss(h @ w.T, index, True)
+    assert np.isneginf(got[1]) and np.all(np.isfinite(got[[0, 2, 3]]))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -129,7 +129,8 @@ def picked_op(product: Einsum, slicings: tuple, g, block: int | None = None):
         def fold(carry, x, start, width):
             peak, total, picked = carry
             new = jnp.maximum(peak, jnp.max(x, axis=-1))
-            total = total * jnp.exp(peak - new) + jnp.sum(jnp.exp(x - new[..., None]), axis=-1)
+            shift = jnp.where(jnp.isfinite(new), new, 0)  # no block seen yet but -inf: nothing to rescale
+            total = total * jnp.exp(peak - shift) + jnp.sum(jnp.exp(x - shift[..., None]), axis=-1)
             local = idx - start
             inside = (local >= 0) & (local < width)
             got = jnp.take_along_axis(x, jnp.clip(local, 0, width - 1)[..., None], axis=-1)[..., 0]
