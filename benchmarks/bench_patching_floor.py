@@ -100,7 +100,7 @@ def main() -> None:
     total_s, total_median, total_flops = 0.0, 0.0, 0
     print(f"GPT-2 small, 144 head patches over {PROMPTS} prompts x {TOKENS} tokens: the products with a weight")
     for w, (rows, flops, spec, a) in sorted(weights.items(), key=lambda kv: -kv[1][0] * kv[1][1]):
-        ins, out = spec.split("->")
+        out = spec.split("->")[1]
         a_spec, w_spec = _operands(spec, a)
         label = str(w)
         if w == (64, 768):  # one head's W_O: computed as one product over a layer's heads stacked
@@ -108,12 +108,14 @@ def main() -> None:
             flops *= HEADS
             a, w, a_spec, w_spec, label = (TOKENS, HEADS * 64), (HEADS * 64, 768), "sc", "cd", f"heads x {w}"
         spec = f"RP{a_spec},{w_spec}->RP{out}"
-        if _out_bytes(a, w, f"{a_spec},{w_spec}->{out}") > CACHE_BYTES:  # the logits: a block at a time
+        row_bytes = _out_bytes(a, w, f"{a_spec},{w_spec}->{out}")
+        if row_bytes > CACHE_BYTES:  # the logits: a block at a time
             per_call = cap
-            fn = _blocked(spec, w_spec.index(out[-1]), w[w_spec.index(out[-1])], VOCAB_BLOCK)
+            vocab = w_spec.index(out[-1])
+            fn = _blocked(spec, vocab, w[vocab], VOCAB_BLOCK)
             label += f" in blocks of {VOCAB_BLOCK}"
         else:
-            per_call = _rows_a_call(_out_bytes(a, w, f"{a_spec},{w_spec}->{out}"), cap)
+            per_call = _rows_a_call(row_bytes, cap)
             fn = jax.jit(lambda x, y, s=spec: jnp.einsum(s, x, y))
         x = jnp.asarray(rng.standard_normal((per_call, PROMPTS, *a), dtype=np.float32))
         y = jnp.asarray(rng.standard_normal(w, dtype=np.float32))

@@ -32,6 +32,7 @@ True
 from __future__ import annotations
 
 from ...dtypes import is_float
+from ...functions.builtins import LONG_ROWS
 from ...nodes import Circuit, Einsum, GeneralFunction, Index
 from .einsum import einsum_op
 
@@ -41,8 +42,8 @@ __all__ = ["chain", "picked_op", "VOCAB_BLOCK"]
 # stay in the cache (4 x 8 x 32 tokens: 0.32 s a call against 0.53 s for the product and the
 # log-softmax apart, 2,048 columns 0.33 s, 4,096 0.34 s, on a 2-core Sapphire Rapids VM).
 VOCAB_BLOCK = 1024
-# Fewer entries a row than this: the plain product and log-softmax (builtins.LONG_ROWS).
-LONG = 4096
+# Fewer entries a row than this: the plain product and log-softmax.
+LONG = LONG_ROWS
 
 
 def chain(gather: Circuit):
@@ -107,7 +108,7 @@ def picked_op(product: Einsum, slicings: tuple, g, block: int | None = None):
 
     whole = product_of(block) if full else None
     tail = product_of(rest) if rest else None
-    checked = g.checked
+    lo, hi = g.valid_range(size)
 
     def op(a, b, index):
         import jax.numpy as jnp
@@ -124,7 +125,8 @@ def picked_op(product: Einsum, slicings: tuple, g, block: int | None = None):
                 x = x[entries]
             return x
 
-        idx = index if checked else jnp.where(index < 0, index + size, index)
+        bad = (index < lo) | (index >= hi)  # NaN there, as the gather gives
+        idx = jnp.where(index < 0, index + size, index)
 
         def fold(carry, x, start, width):
             peak, total, picked = carry
@@ -150,7 +152,6 @@ def picked_op(product: Einsum, slicings: tuple, g, block: int | None = None):
             carry = fold(carry, logits(tail, part), full * block, rest)
         peak, total, picked = carry
         out = picked - (peak + jnp.log(total))
-        bad = (idx < 0) | (idx >= size)
         return jnp.where(bad, jnp.nan, out)
 
     return op

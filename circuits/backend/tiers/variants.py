@@ -227,8 +227,7 @@ def _run_variants(base, variants, inputs, fdt, cache, info, batched=False, on_gr
             for _, g in groups:
                 front.update(g.read_as_given(keep))
             values = run_ops(list(front.values()), inputs, fdt, cache=cache, info=info, batched=batched)
-            known = {n.hash: (v, None, keys.rows is not None and keys.is_batched(n))
-                         for n, v in zip(front.values(), values)}
+            known = _plain_values(keys, front.values(), values)
     for picked, g in groups:
         values = g.run(inputs, cache, info, known, on_group)
         for i, (value, carries) in zip(picked, values):
@@ -274,6 +273,13 @@ def _check_indices(order: list, groups: list, bound: dict, problems: list) -> No
     below = toposort(*given.values())
     ranges = gather_index_ranges([*below, *(m for _, m in sorted(rows.values(), key=lambda pm: pm[0]))])
     check_leaf_indices(below, ranges, bound, problems)
+
+
+def _plain_values(keys, nodes, values) -> dict:
+    """``{node hash: (value, None, carries the batch axis)}``: values computed op by op, as a
+    group reads them (``_Group._source``)."""
+    over = keys.rows is not None
+    return {n.hash: (v, None, over and keys.is_batched(n)) for n, v in zip(nodes, values)}
 
 
 def _bytes(node: Circuit, fdt: str, keys) -> int:
@@ -359,7 +365,7 @@ class _Group:
         leaves = [n for n in (*self.clean.values(), *self.given.values()) if n.hash not in known]
         if leaves:
             values = run_ops(leaves, inputs, fdt, cache=cache, info=info, batched=rows is not None)
-            known.update((n.hash, (v, None, rows is not None and keys.is_batched(n))) for n, v in zip(leaves, values))
+            known.update(_plain_values(keys, leaves, values))
         # Where each row's value is: (array, None, carries) for a plain value, (array, r, carries)
         # for row r of a chunk; ``carries``: it has the batch axis (after the rows' axis).  A
         # partner's rows are dropped after the last partner that reads them.
@@ -482,12 +488,16 @@ class _Group:
         sole = self.partners.sole_readers(self.order)
         by_partner, rows = self.by_partner, self.rows
         into: dict = {}
+        # The slicings and the log-softmax over a product's logits a loss picks from add no level:
+        # the gather's kernel computes them with the product, a block at a time (``_picked``).
+        flat = set()
         for p in steps:
             h = p.hash
             n = sole.get(h)
             if n is None:
                 continue
-            if not (_fusable(p) or _stacked_terms(n) or _makes_picked_logits(p, sole)):
+            above = _picked_readers(p, sole)
+            if not (_fusable(p) or _stacked_terms(n) or above is not None):
                 continue
             keys = by_partner.get(n.hash)
             if keys is None or type(n) in _IDENTITY or _int_entries(n) is not None \
@@ -496,16 +506,8 @@ class _Group:
             i = next(i for i, c in enumerate(n.children) if c.hash == h)
             if all((rows[key].children[i].hash, h) in rows for key in keys):
                 into[h] = n.hash
-        # The slicings and the log-softmax over a product's logits a loss picks from add no level:
-        # the gather's kernel computes them with the product, a block at a time (``_picked``).
-        flat = set()
-        for p in steps:
-            if p.hash in into and _makes_picked_logits(p, sole):
-                reader = sole[p.hash]
-                while type(reader) is Index:
-                    flat.add(reader.hash)
-                    reader = sole[reader.hash]
-                flat.add(reader.hash)
+                if above is not None:
+                    flat.update(m.hash for m in above)
         depth: dict = {}  # levels of the tree under each step, children first: at most FUSED
         for n in steps:
             deepest = 0
@@ -652,20 +654,24 @@ def _tree_nodes(tree) -> list:
     return [node] + [m for sub in subs if sub is not None for m in _tree_nodes(sub)]
 
 
-def _makes_picked_logits(p: Circuit, sole: dict) -> bool:
-    """Whether ``p`` is the product whose logits a loss picks log-probabilities of (``chain``:
-    sole readers up to the gather): computed inside the gather's kernel, a block at a time.  On
-    a CPU only: the blocks are sized to its cache, and a GPU writes the logits out fast."""
+def _picked_readers(p: Circuit, sole: dict) -> list | None:
+    """Where ``p`` is the product whose logits a loss picks log-probabilities of (``chain``: sole
+    readers up to the gather), the nodes between them (the slicings, the log-softmax): the
+    product is computed inside the gather's kernel, a block at a time.  None elsewhere, and on a
+    GPU (the blocks are sized to a CPU's cache; a GPU writes the logits out fast)."""
     if type(p) is not Einsum:
-        return False
+        return None
+    between = []
     reader = sole.get(p.hash)
     while type(reader) is Index:
+        between.append(reader)
         reader = sole.get(reader.hash)
     if type(reader) is not GeneralFunction:
-        return False
+        return None
+    between.append(reader)
     gather = sole.get(reader.hash)
     found = chain(gather) if gather is not None else None
-    return found is not None and found[0].hash == p.hash and on_cpu()
+    return between if found is not None and found[0].hash == p.hash and on_cpu() else None
 
 
 def _picked(tree):
