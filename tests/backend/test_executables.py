@@ -232,3 +232,37 @@ def test_a_kept_executable_depends_on_every_source_of_the_library(monkeypatch):
     monkeypatch.setattr("builtins.open", open_edited)
     after = executables._environment()
     assert after != before
+
+
+@pytest.mark.parametrize("other", ["card", "driver"])
+def test_an_entry_written_for_another_card_or_driver_is_never_loaded(tmp_path, monkeypatch, other):
+    """A cache folder shared between machines (a home folder on a cluster) holds entries written
+    for other cards and drivers: each machine's entries live under keys of its own, so another's
+    is never loaded, and one found under this machine's name (a copied folder, a planted file)
+    fails its key check: removed and compiled afresh, never run."""
+    fn = lambda a: jnp.cos(a) * 3  # noqa: E731
+    x = np.linspace(0, 1, 7, dtype=np.float32)
+    want = np.asarray(kernel(fn, tmp_path)(x))
+    wait_for_background()
+    (written,) = entries(tmp_path / "cache")
+    identity = executables.device_identity()
+    assert len(identity) == 6 and identity[2] == jax.devices()[0].device_kind
+    if other == "card":
+        monkeypatch.setattr(executables, "device_identity", lambda: (*identity[:2], "Another card", *identity[3:]))
+    else:
+        monkeypatch.setattr(executables, "_driver_version", lambda: "NVRM version: another driver 1.2.3")
+    monkeypatch.setattr(executables, "_env", [])
+    before = executable_info()
+    np.testing.assert_array_equal(np.asarray(kernel(fn, tmp_path)(x)), want)  # compiled here, not loaded
+    wait_for_background()
+    after = executable_info()
+    assert after["loads"] == before["loads"] and after["rejected"] == before["rejected"]
+    found = entries(tmp_path / "cache")
+    assert written in found and len(found) == 2  # each environment's entry under its own name
+    (mine,) = [p for p in found if p != written]
+    mine.write_bytes(written.read_bytes())  # the other machine's entry under this one's name
+    np.testing.assert_array_equal(np.asarray(kernel(fn, tmp_path)(x)), want)
+    wait_for_background()
+    final = executable_info()
+    assert final["rejected"] == after["rejected"] + 1 and final["loads"] == after["loads"]
+    assert mine.read_bytes() != written.read_bytes()  # rewritten with this machine's own executable

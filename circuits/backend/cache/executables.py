@@ -11,7 +11,9 @@ moves it or turns it off) under that key and:
 - the arguments' structure, shapes, dtypes and weak types;
 - JAX's trace context (every setting tracing reads: matmul precision, x64, ...);
 - the versions of jax, jaxlib and the library's own source (a digest of its files), the backend's
-  platform and version, its device kind and count.
+  platform and version, its device kind and count, the device's compute capability and the
+  accelerator driver's version (``device_identity``: a cache folder shared by machines with other
+  cards or drivers never loads their entries).
 
 A later process loads the executable (``jax.experimental.serialize_executable``) and calls it:
 no trace, no lowering.  That payload is a pickle (JAX's own, of XLA's executable), so nothing in it
@@ -157,10 +159,7 @@ def _environment() -> bytes:
     import jaxlib
 
     h = blake3.blake3()
-    device = jax.devices()[0]
-    client = device.client
-    h.update(repr((jax.__version__, jaxlib.__version__, client.platform, client.platform_version,
-                   device.device_kind, jax.device_count())).encode())
+    h.update(repr((jax.__version__, jaxlib.__version__, device_identity())).encode())
     root, files = library_sources()
     for path in files:
         h.update(os.path.relpath(path, root).encode() + b"\0")
@@ -168,6 +167,36 @@ def _environment() -> bytes:
             h.update(f.read())
     _env[:] = [h.digest(16)]
     return _env[0]
+
+
+def device_identity() -> tuple:
+    """What an executable compiled here is specific to, besides the versions of jax and jaxlib:
+    the backend's platform and version, the device kind and count, the device's compute capability
+    (where the backend tells it) and the accelerator driver's version (NVIDIA's, read from
+    ``/proc/driver/nvidia/version`` where it exists).  A cache folder shared between machines (a home
+    folder on a cluster mixes cards and drivers) keeps each one's entries under keys of its own:
+    an entry written for another card or driver is never loaded here.
+
+    >>> platform, version, kind, count, capability, driver = device_identity()
+    >>> count >= 1
+    True
+    """
+    import jax
+
+    device = jax.devices()[0]
+    client = device.client
+    return (client.platform, client.platform_version, device.device_kind, jax.device_count(),
+            str(getattr(device, "compute_capability", "")), _driver_version())
+
+
+def _driver_version() -> str:
+    """The first line of the NVIDIA driver's version file, or '' where there is none (a CPU, a
+    sandbox that hides it)."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as f:
+            return f.readline().decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _plain_context(context) -> bytes | None:
