@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 CORE   := $(VENV)/.core
 JOBS   ?= 2
 
-.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs notebooks
+.PHONY: demo test test-slow test-tiers test-all bench clean venv system-deps lint docs notebooks device-wheels
 
 # The core dependencies alone (what `make demo` needs: jax, numpy, ...); the test extras on top.
 $(CORE): setup.cfg pyproject.toml
@@ -67,3 +67,16 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info
+
+# The wheels a GPU machine lent through the device tool lacks (its image has jax, torch,
+# transformers, numpy, ...; it has no network), for its Python 3.12 on x86-64, into .whl/ (ignored):
+# carry .whl and start the command with
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+# then `python3 -m benchmarks.device_check` (which names, in one line, anything still missing).
+DEVICE_WHEELS ?= blake3 platformdirs
+device-wheels:
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d .whl $(DEVICE_WHEELS)
+	ls .whl

@@ -35,13 +35,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+from .common import stream
 
 ROW = "ROW "  # a child's result lines: ROW {json}
 
@@ -238,37 +239,23 @@ def child(small: bool, rows: list[str]) -> None:
 
 def run_child(small: bool, cache: str, timeout: float, rows=("sweep", "attribution", "eap"), env=None,
               echo=print) -> tuple[list[dict], str | None]:
-    """``(rows, problem)``: a new process's rows on the cache folder ``cache`` (each line echoed as
-    it comes); ``problem`` says why it stopped early (a timeout, a failure), else None."""
-    environ = dict(os.environ, CIRCUITS_COMPILATION_CACHE=cache, PYTHONUNBUFFERED="1", **(env or {}))
-    environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+    """``(rows, problem)``: a new process's rows on the cache folder ``cache`` (each echoed as it
+    comes); ``problem`` says why it stopped early (its time limit, a failure), else None."""
+    environ = dict(env or {}, CIRCUITS_COMPILATION_CACHE=cache)
+    if "JAX_DEFAULT_MATMUL_PRECISION" not in os.environ:
+        environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
     cmd = [sys.executable, "-m", "benchmarks.bench_first_calls", "--child", "--rows", *rows] + (["--small"] if small else [])
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen(cmd, cwd=root, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    got, tail = [], []
+    got = []
 
-    def read():
-        for line in proc.stdout:
-            if line.startswith(ROW):
-                got.append(json.loads(line[len(ROW):]))
-                echo("    " + line[len(ROW):].rstrip())
-            else:
-                tail.append(line.rstrip())
-                del tail[:-20]
+    def on_line(line):
+        if line.startswith(ROW):
+            got.append(json.loads(line[len(ROW):]))
+            echo("    " + line[len(ROW):])
+        elif line.startswith(("Traceback", "  File", "    ")) or "Error" in line:
+            echo("    | " + line)
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        proc.wait(timeout=max(1.0, timeout))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        reader.join(5)
-        return got, f"stopped after {timeout:.0f} s (out of time)"
-    reader.join(5)
-    if proc.returncode != 0:
-        return got, f"exit {proc.returncode}: " + " | ".join(tail[-6:])
-    return got, None
+    _, problem = stream(cmd, timeout, environ, on_line)
+    return got, problem
 
 
 def summary(empty: list[dict], warm: list[dict]) -> list[tuple[str, str, str]]:

@@ -155,3 +155,36 @@ def timed(fn):
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
+
+
+def stream(cmd: list[str], timeout: float, env: dict | None = None, on_line=print) -> tuple[list[str], str | None]:
+    """Run ``cmd`` (from the repository's root) for at most ``timeout`` seconds, passing each line
+    of its output (stdout and stderr together) to ``on_line`` as it comes: ``(lines, problem)``,
+    ``problem`` None when it exited 0, else why it did not (killed at the time limit, or its exit
+    status and last lines).  What it printed before a failure is kept."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    environ = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=root, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            on_line(lines[-1])
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        return lines, f"stopped at its time limit ({timeout:.0f} s)"
+    reader.join(5)
+    if proc.returncode != 0:
+        return lines, f"exit status {proc.returncode}: " + " | ".join(lines[-4:])
+    return lines, None
