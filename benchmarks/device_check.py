@@ -279,7 +279,7 @@ def run_all(args) -> int:
     run.part("throughput", 90, lambda s: throughput(
         s, [sys.executable, *small] if args.small else _module("bench_throughput", "--runs", "10", "--batch", "16",
                                                               "--batch-runs", "5")))
-    if gpu and gpu[0]:
+    if (gpu and gpu[0]) or args.autotune:
         def autotune_part(seconds):
             with tempfile.TemporaryDirectory() as fresh:
                 flags = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip()
@@ -326,6 +326,8 @@ def main(argv=None):
                         help="layers of the head-batching benchmark's models (--more; default 2 6 12 24)")
     parser.add_argument("--small", action="store_true",
                         help="small models with few runs: a smoke test of this script on a CPU")
+    parser.add_argument("--autotune", action="store_true",
+                        help="the autotuning-off sweep on a CPU too (it runs on a GPU anyway): a test of the part")
     parser.add_argument("--budget", type=float, default=BUDGET, help=f"seconds for everything (default {BUDGET:g})")
     parser.add_argument("--json", help="where to keep every row (default $OUT/device_check.json where OUT is set)")
     args = parser.parse_args(argv)
