@@ -234,3 +234,30 @@ def test_bad_input_is_named(model):
         r["b0.a.head0 -> outptu"]
     with pytest.raises(CircuitError, match="top"):
         r.top(100)
+
+
+@pytest.mark.parametrize("method", ["eap", "eap-ig-mask", "eap-ig"])
+def test_a_new_corrupted_example_reuses_the_gradient_methods_program(model, method):
+    """One example's source is bound to Symbols ('<input>.source'), so a second call on new
+    corrupted tokens builds no new program and compiles nothing, whole (mode='jit') or op by
+    op, and its scores are the oracle's for the new tokens (a program keyed by the source's
+    values was lowered and compiled again for every new example)."""
+    from circuits.backend import cache_stats
+
+    w, _, weights = model
+    loss = attn_only(w, CLEAN, unique_names=True)  # a fresh graph: its own scorers
+    other = np.array([7, 2, 12, 3, 10, 1, 6, 0])
+    for mode in ("jit", "ops"):
+        discover(loss, SRC, weights, method=method, steps=2, dtype="float64", mode=mode)
+        before = cache_stats()
+        r = discover(loss, {"toks_int_var": other}, weights, method=method, steps=2, dtype="float64", mode=mode)
+        after = cache_stats()
+        assert after["compilations"] == before["compilations"], mode
+        assert after["kernel_compilations"] == before["kernel_compilations"], mode
+        fresh = discover(attn_only(w, CLEAN, unique_names=True), {"toks_int_var": other}, weights, method=method,
+                         steps=2, dtype="float64", mode=mode)
+        np.testing.assert_allclose(r.scores, fresh.scores, rtol=1e-9, atol=1e-12)
+    if method == "eap":
+        want = oracle_grads(w, weights, 0.0, senders=sources_on(w, other))
+        np.testing.assert_allclose(r.scores, want, rtol=1e-6, atol=1e-8)
+    assert sum(key[0] == method for key in edges(loss).__dict__["_scorers"]) == 1

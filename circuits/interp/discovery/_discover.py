@@ -185,6 +185,8 @@ def discover(circuit: Circuit, source: Mapping | None, metric=None, *, method: s
     g = edges(circuit)
     clean = clean_for(circuit, metric, feed, dtype)
     result = dict(source=source, ablation=ablation, circuit=given)
+    if method in ("eap", "eap-ig-mask", "eap-ig"):
+        source, feed = source_symbols(circuit, source, ablation, feed)
     if method == "eap":
         scores = _eap(g, source, ablation, metric, clean, feed, dtype, mode)
         return Discovery(g, scores, method, **result)
@@ -229,6 +231,25 @@ def batch_setup(circuit: Circuit, source, inputs, ablation: str):
         out[node] = sym
         feed[sym] = v
     return circuit, out, feed
+
+
+def source_symbols(circuit: Circuit, source, ablation: str, feed: dict):
+    """One example's resampled source given as values: ``(the source as Symbols
+    '<input>.source', a copy of feed binding them to those values)``, so that a gradient method's
+    program and its layout (``EdgeScores``, kept per source *structure*) serve every new corrupted
+    example of the same shapes instead of being built and lowered again for each; else ``(source,
+    feed)`` as they are (a batch's source is Symbols already, ``batch_setup``)."""
+    if ablation != "resample" or feed or not isinstance(source, Mapping):
+        return source, feed
+    resolved = resolve_inputs(circuit, source, "source")
+    if not resolved or any(isinstance(v, Circuit) for _, v in resolved.values()):
+        return source, feed
+    symbols, feed = {}, dict(feed)
+    for node, v in resolved.values():
+        sym = Symbol(node.shape, name=f"{node.name}.source", dtype=node.dtype)
+        symbols[node] = sym
+        feed[sym] = v
+    return symbols, feed
 
 
 def clean_for(circuit: Circuit, metric, feed: dict, dtype):
