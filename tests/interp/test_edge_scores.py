@@ -145,15 +145,18 @@ def test_auto_runs_op_by_op_until_the_compiled_program_is_ready(model):
 
 @pytest.mark.unpinned
 def test_auto_keeps_a_program_over_jit_max_ops_op_by_op(model):
-    """As for evaluate: a program larger than JIT_MAX_OPS is not compiled in the background (a
-    GPT-2's EAP program takes a minute to compile or load); mode='jit' still compiles it."""
+    """As for evaluate: a program larger than caller_max_ops() (JIT_MAX_OPS on a CPU of few cores)
+    is not compiled in the background (a GPT-2's EAP program takes half a minute of the cores the
+    calls run on); mode='jit' still compiles it."""
     from circuits.backend import tiers
     from circuits.backend.cache.background import wait_for_background
     from circuits.backend.tiers import last_run
 
     w, _, _ = model
     circuit = attn_only(w, np.roll(CLEAN, 1), unique_names=True)
-    with tiers.configure(jit_max_ops=10):
+    # (cold_start off: an earlier run of this test compiled the program whole, which a new
+    # process loads at once, test_a_program_another_process_compiled_whole_is_loaded_at_once)
+    with tiers.configure(jit_max_ops=10, caller_max_ops=10, cold_start=False):
         runs = [discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64") for _ in range(3)]
         wait_for_background()
         runs.append(discover(circuit, SRC, method="eap-ig", steps=2, dtype="float64"))
@@ -179,3 +182,76 @@ def test_auto_compiles_at_once_for_more_runs_than_op_by_op_takes(model, monkeypa
     big = discover(circuit, BATCH_SRC, method="eap-ig", steps=2, dtype="float64", **BATCH)  # 2 runs: the steps
     assert last_run()["tier"] == "jit"
     assert np.abs(small.scores).max() > 1e-3 and np.isfinite(big.scores).all()
+
+
+@pytest.mark.unpinned
+def test_on_an_accelerator_or_many_cores_a_large_program_compiles_in_the_background(model, monkeypatch):
+    """Where the compilation leaves the calls their cores (a GPU, a CPU of SPARE_CORES cores), a
+    program over jit_max_ops is compiled whole in the background as a small one is (its op-by-op
+    tier dispatches one kernel per node); on a CPU of few cores it stays op by op."""
+    from circuits.backend import tiers
+    from circuits.backend.cache.background import wait_for_background
+    from circuits.backend.tiers import last_run, policy
+
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: 2)
+    with tiers.configure(jit_max_ops=10):
+        assert tiers.caller_max_ops() == 10
+    monkeypatch.setattr(policy.os, "cpu_count", lambda: policy.SPARE_CORES)
+    w, _, _ = model
+    circuit = attn_only(w, CLEAN[:7], unique_names=True)  # a program of its own (7 tokens)
+    source = {"toks_int_var": CORRUPT[:7]}
+    with tiers.configure(jit_max_ops=10, cold_start=False):
+        assert tiers.caller_max_ops() == tiers.CALLER_MAX_OPS
+        runs = [discover(circuit, source, method="eap", dtype="float64") for _ in range(2)]
+        assert last_run()["tier"] == "ops"
+        wait_for_background()
+        runs.append(discover(circuit, source, method="eap", dtype="float64"))
+        assert last_run()["tier"] == "jit"
+    np.testing.assert_allclose(runs[0].scores, runs[2].scores, rtol=1e-9, atol=1e-12)
+
+
+EARLIER = """
+import json, sys, numpy as np
+from circuits.backend import cache_stats, tiers
+from circuits.backend.cache.background import wait_for_background
+from circuits.backend.cache.executables import executable_info
+from circuits.interp import discover
+from circuits.models import attn_only, random_weights
+w = random_weights(0, dtype=np.float64, **{small})
+circuit = attn_only(w, np.roll({clean}, 4), unique_names=True)
+with tiers.configure(jit_max_ops=10, cold_start=sys.argv[2] == "cold"):
+    r = discover(circuit, {{"toks_int_var": {corrupt}}}, method="eap", dtype="float64", mode=sys.argv[1])
+print(json.dumps(dict(scores=r.scores.tolist(), tier=tiers.last_run()["tier"], **cache_stats(), **executable_info())))
+wait_for_background()
+"""
+
+
+@pytest.mark.unpinned
+def test_a_large_program_another_process_compiled_whole_is_loaded_at_once(tmp_path):
+    """A new process's first EAP call of a program over jit_max_ops (GPT-2 small's) that an earlier
+    process compiled whole runs it whole at once, its executable loaded from the disk cache: no
+    trace, no compilation; the scores are the earlier process's.  Without the cold start's rule,
+    or with no earlier process, the first call runs op by op."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = EARLIER.format(small=SMALL, clean=CLEAN.tolist(), corrupt=CORRUPT.tolist())
+    env = dict(os.environ, CIRCUITS_COMPILATION_CACHE=str(tmp_path / "cache"))
+
+    def run(mode, cold="cold"):
+        out = subprocess.run([sys.executable, "-c", script, mode, cold], capture_output=True, text=True, timeout=300,
+                             env=env)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run("auto")
+    assert first["tier"] == "ops"  # nothing compiled it before
+    earlier = run("jit")
+    assert earlier["tier"] == "jit" and earlier["compilations"] > 0
+    now = run("auto")
+    assert now["tier"] == "jit" and now["loads"] == 1 and now["compilations"] == 0
+    assert now["scores"] == earlier["scores"]
+    np.testing.assert_allclose(now["scores"], first["scores"], rtol=1e-9, atol=1e-12)
+    assert run("auto", "warm")["tier"] == "ops"  # the cold start's rule switched off

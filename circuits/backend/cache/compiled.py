@@ -54,24 +54,31 @@ def cached_jit(key, make: Callable[[], Callable], kept_as: bytes | None = None) 
 
 
 def stable_name(circuit, suffix: bytes) -> bytes | None:
-    """Bytes naming a compiled function of ``circuit`` the same way in every process (its content
-    hash, then ``suffix``: the options), for ``cached_jit``'s ``kept_as``; None where the circuit
-    computes a function a user registered: its code may differ in the next process, under the
-    same name and so the same hash.
+    """Bytes naming a compiled function of ``circuit`` (or of a sequence of roots) the same way in
+    every process (its content hash, or a digest of the roots' in order, then ``suffix``: the
+    options), for ``cached_jit``'s ``kept_as``; None where the circuit computes a function a user
+    registered: its code may differ in the next process, under the same name and so the same hash.
 
     >>> from circuits import GeneralFunction, Symbol
     >>> x = Symbol((2,), name='x')
     >>> stable_name(GeneralFunction('exp', x), b'float32') == stable_name(GeneralFunction('exp', x), b'float32')
+    True
+    >>> stable_name([x, GeneralFunction('exp', x)], b'') != stable_name([GeneralFunction('exp', x), x], b'')
     True
     """
     from ...functions.registry import is_library_function
     from ...nodes import GeneralFunction
     from ...traversal import toposort
 
-    for node in toposort(circuit):
+    roots = list(circuit) if isinstance(circuit, (list, tuple)) else [circuit]
+    for node in toposort(roots):
         if type(node) is GeneralFunction and not is_library_function(node.function):
             return None
-    return circuit.hash + suffix
+    if len(roots) == 1:
+        return roots[0].hash + suffix
+    import blake3
+
+    return b"roots:" + blake3.blake3(b"".join(r.hash for r in roots)).digest(16) + suffix
 
 
 def is_cached(key) -> bool:

@@ -50,7 +50,7 @@ from . import cachedir
 from .cachedir import Untrusted
 
 __all__ = ["ENV", "cache_directory", "ensure_persistent_cache", "persistent_cache_info", "compiled_before",
-           "note_compiled", "DISK_BYTES", "MAX_BYTES_ENV", "trim", "set_disk_budget", "disk_info", "open_folder",
+           "note_compiled", "compiled_earlier", "DISK_BYTES", "MAX_BYTES_ENV", "trim", "set_disk_budget", "disk_info", "open_folder",
            "recheck", "distrust", "FOLDER", "KEPT_MAGIC", "KEPT_NAME", "is_entry"]
 
 # A program compiled whole is marked (an empty file named by its structural key, beside JAX's
@@ -464,6 +464,12 @@ def compiled_before(key: bytes) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def compiled_earlier(key: bytes) -> bool:
+    """Whether another process compiled the program of structural key ``key`` whole, with this
+    cache (``compiled_before``, and this process has not marked it itself)."""
+    return key not in _noted and compiled_before(key)
 
 
 def note_compiled(key: bytes) -> None:

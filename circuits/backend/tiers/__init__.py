@@ -19,11 +19,13 @@ True
 """
 
 from .policy import (
+    CALLER_MAX_OPS,
     JIT_AFTER,
     JIT_MAX_OPS,
     MODES,
     Route,
     Settings,
+    caller_max_ops,
     check_mode,
     configure,
     last_run,
@@ -42,5 +44,5 @@ from .policy import (
 )
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
-           "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
+           "CALLER_MAX_OPS", "caller_max_ops", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]

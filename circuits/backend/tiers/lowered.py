@@ -209,12 +209,13 @@ class Lowered:
         with precision(self.dtype):
             return bind_once(self.program, inputs, self.dtype, batched=True)
 
-    def cached(self, tag: tuple, make: Callable[[], Callable], keep: Circuit | None = None) -> Callable:
+    def cached(self, tag: tuple, make: Callable[[], Callable],
+               keep: Circuit | Sequence[Circuit] | None = None) -> Callable:
         """``jax.jit`` of ``make()``, a caller's own function of this program (a gradient, a vmap
         with a reduction), in the one compile cache under this program's key and ``tag``;
-        ``keep``: the circuit this program was lowered from (its only root, no ``given``), to keep
-        the executable on disk under its content hash, the dtype and ``tag`` so that a new process
-        loads it without tracing (``cache.compiled.stable_name``)."""
+        ``keep``: the circuit this program was lowered from, or its roots in order (no ``given``),
+        to keep the executable on disk under their content hashes, the dtype and ``tag`` so that a
+        new process loads it without tracing (``cache.compiled.stable_name``)."""
         kept_as = None if keep is None else stable_name(keep, repr((self.dtype, *tag)).encode())
         return cached_jit((self.program.key, *tag), make, kept_as)
 

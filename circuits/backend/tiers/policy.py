@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -58,7 +59,7 @@ from ..cache.compiling import calling, work_here
 from ..lower.program import Program
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
-           "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
+           "CALLER_MAX_OPS", "caller_max_ops", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]
 
 MODES = ("auto", "jit", "ops", "numpy")
@@ -78,6 +79,13 @@ COLD_COMPILE_MAX_OPS = 1000
 # program size (a 50,000-op chain takes ~15 s to compile on CPU, ~0.6 s to run eagerly), and a
 # program already in the compile cache is jitted whatever its size.
 JIT_MAX_OPS = 5000
+# A caller's repeated computation (``op_tier``: discover's gradient methods, called once per
+# example) is compiled whole in the background up to this size where that compilation does not
+# take the cores the calls run on: on an accelerator (whose op-by-op tier dispatches one kernel per
+# node: thousands a GPT-2 EAP call) or a CPU with at least SPARE_CORES cores.  GPT-2 small's EAP
+# program has 9,400 nodes; it compiles in half a minute on one core.
+CALLER_MAX_OPS = 100_000
+SPARE_CORES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +101,9 @@ class Settings:
     - ``pinned``: the tier every ``mode='auto'`` call takes instead (``'ops'`` or ``'jit'``; see
       ``pinned``), None for none;
     - ``jit_after``: op-by-op runs of one circuit before its whole program compiles;
-    - ``jit_max_ops``: the size above which ``'auto'`` never compiles a program whole.
+    - ``jit_max_ops``: the size above which ``'auto'`` never compiles a program whole;
+    - ``caller_max_ops``: the same for a caller's repeated computation (``op_tier``); None: by
+      the machine (``caller_max_ops()``).
     """
 
     cold_start: bool = True
@@ -103,6 +113,7 @@ class Settings:
     pinned: str | None = None
     jit_after: int = JIT_AFTER
     jit_max_ops: int = JIT_MAX_OPS
+    caller_max_ops: int | None = None
 
 
 _settings = [Settings()]
@@ -205,6 +216,26 @@ def use_jit(mode: str, size: int, key) -> bool:
 def worth_compiling(program: Program, key) -> bool:
     """Whether ``'auto'`` should compile ``program`` whole (under ``key``)."""
     return use_jit("auto", len(program), key)
+
+
+def caller_max_ops() -> int:
+    """The size above which ``'auto'`` never compiles a caller's repeated computation whole
+    (``op_tier``): ``settings().caller_max_ops`` where set, else ``CALLER_MAX_OPS`` on an
+    accelerator or a CPU of at least ``SPARE_CORES`` cores (the background compilation leaves the
+    calls their cores), else ``jit_max_ops``.
+
+    >>> with configure(caller_max_ops=7):
+    ...     caller_max_ops()
+    7
+    """
+    current = _settings[0]
+    if current.caller_max_ops is not None:
+        return current.caller_max_ops
+    from .host import _on_accelerator
+
+    if _on_accelerator() or (os.cpu_count() or 1) >= SPARE_CORES:
+        return max(CALLER_MAX_OPS, current.jit_max_ops)
+    return current.jit_max_ops
 
 
 def maybe_jit(key, size: int, mode: str, make: Callable[[], Callable], kept_as: bytes | None = None) -> Callable:
@@ -427,16 +458,17 @@ class _CallerRoute(Route):
         return None  # the caller runs its whole program
 
     def compile_whole(self, keep: bool = False):
-        return self._compile_whole() if worth_compiling(self.program, self.key) else None
+        worth = len(self.program) <= caller_max_ops() or is_cached(self.key)
+        return self._compile_whole() if worth else None
 
 
 def op_tier(key, mode: str, program, by_ops, compile_whole):
     """A caller's own tiered computation (``interp.discover``'s edge scores): ``by_ops()``'s
     result where ``mode`` asks for the op-by-op tier (``'ops'``, or ``'auto'`` until the whole
     program for ``key`` is ready), counting the run so that ``'auto'``'s ``jit_after``-th one calls
-    ``compile_whole()`` in the background when ``program`` is small enough (``jit_max_ops``, as
-    for ``evaluate``); None where the caller should run its whole program (``'jit'``, ready, or
-    ``by_ops()`` gave None).
+    ``compile_whole()`` in the background when ``program`` is small enough (``caller_max_ops()``:
+    larger than ``evaluate``'s bound on an accelerator or a CPU with cores to spare); None where
+    the caller should run its whole program (``'jit'``, ready, or ``by_ops()`` gave None).
 
     >>> op_tier(('doc-op-tier',), 'jit', None, lambda: 1, lambda: True) is None
     True

@@ -38,6 +38,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...backend import Lowered, check_mode, float_dtype, op_tier, precision, record, values_and_grads_ops
+from ...backend.cache.compiled import stable_name
+from ...backend.cache.persistent import compiled_earlier, note_compiled
+from ...backend.tiers import settings
 from ...errors import CircuitError
 from ...nodes import Add, Circuit, Einsum, Scalar, Symbol
 from ._graph import EMBEDS, Edges, fingerprint, patched_sources, rebuild
@@ -235,6 +238,7 @@ class EdgeScores:
         # what the op-by-op tier computes: the senders' values, and the metric's gradients at
         # every destination's sum (in the destinations' order)
         self.metric, self.sender_nodes = m, (*clean_nodes, *patched_nodes)
+        self.roots = (m, *clean_nodes, *patched_nodes)  # the program's roots: its name on disk
         self.resid = tuple(resid[d.label] for d in g._dests)
 
     def _make(self):
@@ -344,14 +348,42 @@ class EdgeScores:
         ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most
         ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both cores to
         compile or to load in a new process), else from ``whole()``, the compiled program."""
+        mark = self._mark(key[1:])
+
+        def compiled():  # the whole program's scores; marked compiled for later processes
+            found = whole()
+            if found is not None and mark is not None:
+                note_compiled(mark)
+            return found
+
         scores = None
-        if runs is not None and not (check_mode(mode) == "auto" and runs > OP_BY_OP_MAX_RUNS):
+        auto = check_mode(mode) == "auto"
+        # A program too large to compile whole in a call's time (over ``jit_max_ops``: GPT-2
+        # small's EAP) that another process compiled whole runs whole at once: its executable is
+        # on disk (``Lowered.cached``'s ``keep``), loaded without tracing (the cold start's rule:
+        # ``tiers.settings().cold_start``).
+        current = settings()
+        earlier = (auto and mark is not None and current.cold_start and len(self.program) > current.jit_max_ops
+                   and compiled_earlier(mark))
+        if runs is not None and not earlier and not (auto and runs > OP_BY_OP_MAX_RUNS):
             scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched, check_mode(mode)),
-                             lambda: whole() is not None)
+                             lambda: compiled() is not None)
         if scores is None:
-            scores = whole()
+            scores = compiled()
             record("jit")
         return scores
+
+    def _mark(self, tail: tuple) -> bytes | None:
+        """The name under which a process notes that it compiled this scorer's program ``tail``
+        whole (``persistent.note_compiled``): the roots' content hashes and ``tail``; None where
+        it computes a function a user registered."""
+        marks = self.__dict__.setdefault("_marks", {})
+        if tail not in marks:
+            import blake3
+
+            name = stable_name(self.roots, repr((self.fdt, tail)).encode())
+            marks[tail] = None if name is None else blake3.blake3(b"edge-scores:" + name).digest(16)
+        return marks[tail]
 
     def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,
                    mode: str = "auto") -> np.ndarray:
@@ -395,7 +427,7 @@ class EdgeScores:
             import jax
 
             fn = self.lowered.cached(self.tag + ("integrated", at, size, tuple(axes)),
-                                     lambda: self.integrand(at, axes))
+                                     lambda: self.integrand(at, axes), self.roots)
             args = jax.device_put(args)  # once, not once a call (GPT-2's weights: half a GiB)
             out = [np.asarray(fn(values[i: i + size], weights[i: i + size], args), np.float64)
                    for i in range(0, len(values), size)]
@@ -448,25 +480,27 @@ class EdgeScores:
         key = (self.program.key, *self.tag, len(rows or ()))
         if rows is not None and len(rows) > 1:  # a batch: its rows at once, op by op
             return self._tiered(key, mode, 1, lambda: [(feed, 1.0)],
-                                lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed), batched=True)
+                                lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed, self.roots),
+                                batched=True)
         return self._tiered(key, mode, None if rows is None else len(rows),
                             lambda: ((row, 1.0 / len(rows)) for row in rows),
-                            lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed))
+                            lambda: run_scorer(self.lowered, self.tag, self.fdt, self._make, feed, self.roots))
 
 
-def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict) -> np.ndarray:
+def run_scorer(lowered: Lowered, tag: tuple, fdt: str, make, feed: dict, keep=None) -> np.ndarray:
     """The scores of the program ``make()`` builds over ``lowered``'s arguments, ``feed`` bound
     (the mean over its rows where its values carry a batch axis: one vmapped program), compiled
-    once per ``tag`` and batch layout."""
+    once per ``tag`` and batch layout; ``keep``: the program's roots, to keep its executable on
+    disk for later processes (``Lowered.cached``)."""
     args, axes = lowered.bind_batched(feed)
     with precision(fdt):
         if any(a is not None for a in axes):
             import jax
 
             fn = lowered.cached(tag + ("vmap", tuple(axes)),
-                                lambda: lambda a: jax.vmap(make(), in_axes=(list(axes),))(a).mean(0))
+                                lambda: lambda a: jax.vmap(make(), in_axes=(list(axes),))(a).mean(0), keep)
         else:
-            fn = lowered.cached(tag, make)
+            fn = lowered.cached(tag, make, keep)
         return np.asarray(fn(args), np.float64)
 
 
