@@ -73,7 +73,8 @@ def test_every_part_runs_on_cpu_on_small_models_within_the_budget(tmp_path):
     assert {"checks", "first calls, empty cache", "first calls, warm cache", "latency", "throughput"} <= set(data["parts"])
     assert all(p["problem"] is None for p in data["parts"].values())
     assert [r["row"] for r in data["first_calls"]["warm"]] == [
-        "setup", "clean", "sweep", "attribution.first", "attribution.second", "eap.first", "eap.second", "eap.third"]
+        "setup", "clean", "sweep", "attribution.first", "attribution.second", "eap.first", "eap.second", "eap.third",
+        "background"]
     summary = out.stdout[out.stdout.index("\nsummary ("):]
     for phrase in ("checks against the numpy oracle", "144-head sweep, first call, new process, warm cache",
                    "attribution, second call on new data", "third call on new data", "new zero-ablation",

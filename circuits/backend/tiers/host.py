@@ -47,7 +47,7 @@ from ..cache.background import AGAIN, in_background
 from ..cache.bounded import current_epoch, working_for
 from ..lower.numpy_ops import canonical, host_dtypes, numpy_op
 
-__all__ = ["host_mode", "steps_as", "leaf_on_host", "queue_kernel", "queue_call", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
+__all__ = ["host_mode", "on_accelerator", "steps_as", "leaf_on_host", "queue_kernel", "queue_call", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
 
 _IDENTITY = (Tag, SetSymbolicShape)
 
@@ -106,6 +106,16 @@ def _on_device(inputs) -> bool:
         return any(isinstance(v, jax.Array) for v in inputs.values())
     except AttributeError:  # not a mapping: binding reports it
         return False
+
+
+def on_accelerator() -> bool:
+    """Whether JAX computes on an accelerator (a GPU, a TPU) in this process; False while JAX is
+    not imported or its backends are not up.
+
+    >>> isinstance(on_accelerator(), bool)
+    True
+    """
+    return _on_accelerator()
 
 
 def _on_accelerator() -> bool:

@@ -362,6 +362,7 @@ class Route:
     mode: str = "auto"
     key = None
     cold_start = False
+    start_now = False  # an op-by-op run starts the whole program's compilation at once
     whole_tier = "jit"
     by_ops: Callable | None = None  # (groups: bool) -> (value, tier, computed, reused), or None: go whole
 
@@ -439,16 +440,17 @@ def _run(route: Route):
         now = cold and computed <= COLD_COMPILE_MAX_OPS
         if cold:
             _cold[0] = False
-        note_op_run(route.key, lambda: route.compile_whole(keep=now), now=now)
+        note_op_run(route.key, lambda: route.compile_whole(keep=now), now=now or route.start_now)
     return value
 
 
 class _CallerRoute(Route):
     """``op_tier``'s route: a caller's own computation by ops, and its own whole program."""
 
-    def __init__(self, key, mode, program, by_ops, compile_whole):
+    def __init__(self, key, mode, program, by_ops, compile_whole, earlier: bool = False):
         self.key, self.mode, self.program = key, mode, program
         self._by_ops, self._compile_whole = by_ops, compile_whole
+        self.start_now = earlier
 
     def by_ops(self, groups: bool):
         result = self._by_ops()
@@ -458,19 +460,21 @@ class _CallerRoute(Route):
         return None  # the caller runs its whole program
 
     def compile_whole(self, keep: bool = False):
-        worth = len(self.program) <= caller_max_ops() or is_cached(self.key)
+        worth = self.start_now or len(self.program) <= caller_max_ops() or is_cached(self.key)
         return self._compile_whole() if worth else None
 
 
-def op_tier(key, mode: str, program, by_ops, compile_whole):
+def op_tier(key, mode: str, program, by_ops, compile_whole, *, earlier: bool = False):
     """A caller's own tiered computation (``interp.discover``'s edge scores): ``by_ops()``'s
     result where ``mode`` asks for the op-by-op tier (``'ops'``, or ``'auto'`` until the whole
     program for ``key`` is ready), counting the run so that ``'auto'``'s ``jit_after``-th one calls
     ``compile_whole()`` in the background when ``program`` is small enough (``caller_max_ops()``:
     larger than ``evaluate``'s bound on an accelerator or a CPU with cores to spare); None where
     the caller should run its whole program (``'jit'``, ready, or ``by_ops()`` gave None).
+    ``earlier``: another process compiled the whole program (its executable is on disk): the
+    first run starts loading it in the background, whatever its size.
 
     >>> op_tier(('doc-op-tier',), 'jit', None, lambda: 1, lambda: True) is None
     True
     """
-    return run(_CallerRoute(key, check_mode(mode), program, by_ops, compile_whole))
+    return run(_CallerRoute(key, check_mode(mode), program, by_ops, compile_whole, earlier))

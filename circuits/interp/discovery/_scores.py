@@ -40,7 +40,8 @@ import numpy as np
 from ...backend import Lowered, check_mode, float_dtype, op_tier, precision, record, values_and_grads_ops
 from ...backend.cache.compiled import stable_name
 from ...backend.cache.persistent import compiled_earlier, note_compiled
-from ...backend.tiers import settings
+from ...backend.tiers import mark_ready, settings
+from ...backend.tiers.host import on_accelerator
 from ...errors import CircuitError
 from ...nodes import Add, Circuit, Einsum, Scalar, Symbol
 from ._graph import EMBEDS, Edges, fingerprint, patched_sources, rebuild
@@ -359,15 +360,23 @@ class EdgeScores:
         scores = None
         auto = check_mode(mode) == "auto"
         # A program too large to compile whole in a call's time (over ``jit_max_ops``: GPT-2
-        # small's EAP) that another process compiled whole runs whole at once: its executable is
-        # on disk (``Lowered.cached``'s ``keep``), loaded without tracing (the cold start's rule:
-        # ``tiers.settings().cold_start``).
+        # small's EAP) that another process compiled whole is on disk (``Lowered.cached``'s
+        # ``keep``; loading it takes no trace; the cold start's rule: ``settings().cold_start``).
+        # On an accelerator, whose op-by-op tier dispatches one kernel a node (thousands a call),
+        # it is loaded and run at once; on a CPU (where loading GPT-2's takes seconds and numpy
+        # runs the first calls) it is loaded in the background from the first call on, in a
+        # pause between calls, whatever the machine's cores.
         current = settings()
         earlier = (auto and mark is not None and current.cold_start and len(self.program) > current.jit_max_ops
                    and compiled_earlier(mark))
-        if runs is not None and not earlier and not (auto and runs > OP_BY_OP_MAX_RUNS):
+        if earlier and on_accelerator():
+            scores = compiled()
+            record("jit")
+            mark_ready(key)  # later calls run it too
+            return scores
+        if runs is not None and not (auto and runs > OP_BY_OP_MAX_RUNS):
             scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched, check_mode(mode)),
-                             lambda: compiled() is not None)
+                             lambda: compiled() is not None, earlier=earlier)
         if scores is None:
             scores = compiled()
             record("jit")
