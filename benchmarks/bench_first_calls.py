@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
@@ -44,7 +43,7 @@ import time
 
 import numpy as np
 
-from .common import stream
+from .common import median_time, stream
 
 ROW = "ROW "  # a child's result lines: ROW {json}
 
@@ -84,13 +83,7 @@ class Compilations:
 
 
 def _median(fn, runs: int = 3) -> float:
-    fn()  # warm
-    times = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return median_time(fn, runs=runs, warmup=1)
 
 
 def child(small: bool, rows: list[str]) -> None:
@@ -107,7 +100,7 @@ def child(small: bool, rows: list[str]) -> None:
 
     from .common import agreement_tolerance
     from .handwritten_gpt2 import logits as hand_logits
-    from .handwritten_torch import gpt2_head_hooks, gpt2_merged_heads
+    from .handwritten_torch import gpt2_head_attribution, gpt2_hook_loop
 
     t_imports = time.perf_counter() - t_start
     compilations = Compilations()
@@ -124,7 +117,6 @@ def child(small: bool, rows: list[str]) -> None:
     toks = rng.integers(0, config.vocab_size, n_tokens)
     corrupts = [rng.integers(0, config.vocab_size, n_tokens) for _ in range(3)]
     sites = [f"h{l}.attn.head{h}" for l in range(n_layer) for h in range(n_head)]
-    size = config.n_embd // n_head
     tol = max(2e-3, agreement_tolerance())
 
     loads = [executable_info()["loads"]]
@@ -142,25 +134,11 @@ def child(small: bool, rows: list[str]) -> None:
     C.evaluate(c)
     emit("clean", seconds=round(time.perf_counter() - t, 3), **compilations.since(mark))
 
-    def torch_loss():
-        with torch.no_grad():
-            out = model(torch.as_tensor(toks, device=device)[None]).logits[0]
-        return -torch.log_softmax(out[:-1], -1).gather(1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
-
     if "sweep" in rows:
         corrupt = corrupts[0]
 
         def hook_loop():
-            corrupted = gpt2_merged_heads(model, corrupt)
-            out = {}
-            for l in range(n_layer):
-                for h in range(n_head):
-                    handle = gpt2_head_hooks(model, l, h, corrupted[l][:, h * size:(h + 1) * size])
-                    try:
-                        out[f"h{l}.attn.head{h}"] = torch_loss().cpu().numpy()
-                    finally:
-                        handle.remove()
-            return out
+            return gpt2_hook_loop(model, toks, corrupt)
 
         mark, t = compilations.mark(), time.perf_counter()
         result = sweep(c, {s: patch(c, s, {"tokens": corrupt}) for s in sites}, progress=False)
@@ -174,29 +152,7 @@ def child(small: bool, rows: list[str]) -> None:
 
     if "attribution" in rows:
         def torch_attribution(corrupt):
-            corrupted = gpt2_merged_heads(model, corrupt)
-            kept = []
-
-            def keep(m, a):
-                a[0].retain_grad()
-                kept.append(a[0])
-
-            handles = [b.attn.c_proj.register_forward_pre_hook(keep) for b in model.transformer.h]
-            try:
-                torch_loss_grad = model(torch.as_tensor(toks, device=device)[None]).logits[0]
-                loss = -torch.log_softmax(torch_loss_grad[:-1], -1).gather(
-                    1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
-                loss.sum().backward()
-            finally:
-                for hd in handles:
-                    hd.remove()
-            out = {}
-            for l in range(n_layer):
-                d = (corrupted[l] - kept[l][0].detach()) * kept[l].grad[0]
-                for h in range(n_head):
-                    out[f"h{l}.attn.head{h}"] = float(d[:, h * size:(h + 1) * size].sum())
-            model.zero_grad(set_to_none=True)
-            return out
+            return gpt2_head_attribution(model, toks, corrupt)
 
         for i, figure in enumerate(("first", "second")):
             corrupt = corrupts[i]

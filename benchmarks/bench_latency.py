@@ -189,14 +189,13 @@ def gpt2_small(rows, n_tokens=32, mode="auto"):
     from circuits.interp import attribute, patch, sweep
     from circuits.models import gpt2
 
-    from .handwritten_torch import gpt2_head_hooks, gpt2_merged_heads
+    from .handwritten_torch import gpt2_head_attribution, gpt2_hook_loop, gpt2_loss
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(use_cache=False, attn_implementation="eager")
     model = transformers.GPT2LMHeadModel(config).eval()
     state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
     model = model.to(torch_device())
-    device = model.device
     rng = np.random.default_rng(0)
     toks = rng.integers(0, config.vocab_size, n_tokens)
     corrupt = rng.integers(0, config.vocab_size, n_tokens)
@@ -204,25 +203,10 @@ def gpt2_small(rows, n_tokens=32, mode="auto"):
     C.evaluate(c)
     sites = [f"h{l}.attn.head{h}" for l in range(12) for h in range(12)]
 
-    def torch_loss():
-        with torch.no_grad():
-            logits = model(torch.as_tensor(toks, device=device)[None]).logits[0]
-        return -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
-
     def hook_loop():
-        corrupted = gpt2_merged_heads(model, corrupt)
-        out = {}
-        size = config.n_embd // config.n_head
-        for l in range(12):
-            for h in range(12):
-                handle = gpt2_head_hooks(model, l, h, corrupted[l][:, h * size:(h + 1) * size])
-                try:
-                    out[f"h{l}.attn.head{h}"] = torch_loss().cpu().numpy()
-                finally:
-                    handle.remove()
-        return out
+        return gpt2_hook_loop(model, toks, corrupt)
 
-    torch_loss()
+    gpt2_loss(model, toks)
     dt_t, ref = _time(hook_loop)
 
     def ours():
@@ -241,29 +225,7 @@ def gpt2_small(rows, n_tokens=32, mode="auto"):
     rows.append(("  of which", compiled_sweep))
 
     def torch_attribution():
-        corrupted = gpt2_merged_heads(model, corrupt)
-        cache = []
-
-        def keep(m, a):
-            a[0].retain_grad()
-            cache.append(a[0])
-
-        handles = [b.attn.c_proj.register_forward_pre_hook(keep) for b in model.transformer.h]
-        try:
-            logits = model(torch.as_tensor(toks, device=device)[None]).logits[0]
-            loss = -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(toks[1:, None], device=device))[:, 0]
-            loss.sum().backward()
-        finally:
-            for hd in handles:
-                hd.remove()
-        size = config.n_embd // config.n_head
-        out = {}
-        for l in range(12):
-            d = (corrupted[l] - cache[l][0].detach()) * cache[l].grad[0]
-            for h in range(12):
-                out[f"h{l}.attn.head{h}"] = float(d[:, h * size:(h + 1) * size].sum())
-        model.zero_grad(set_to_none=True)
-        return out
+        return gpt2_head_attribution(model, toks, corrupt)
 
     torch_attribution()
     dt_t, ref = _time(torch_attribution)

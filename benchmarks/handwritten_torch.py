@@ -149,3 +149,60 @@ def gpt2_merged_heads(model, tokens) -> list:
         for h in handles:
             h.remove()
     return cache
+
+
+def gpt2_loss(model, tokens):
+    """The per-token loss of ``tokens`` (one prompt), no grad: ``[positions - 1]``."""
+    device = model.device
+    with torch.no_grad():
+        logits = model(torch.as_tensor(tokens, device=device)[None]).logits[0]
+    return -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(tokens[1:, None], device=device))[:, 0]
+
+
+def gpt2_hook_loop(model, tokens, corrupt) -> dict:
+    """Activation patching of every head as a TransformerLens user writes it by hand: the corrupted
+    run's merged heads, then one forward per head with that head's slice replaced by its
+    corrupted value; ``{'h{layer}.attn.head{head}': per-token loss}``."""
+    corrupted = gpt2_merged_heads(model, corrupt)
+    n_head = model.config.n_head
+    size = model.config.n_embd // n_head
+    out = {}
+    for l in range(model.config.n_layer):
+        for h in range(n_head):
+            handle = gpt2_head_hooks(model, l, h, corrupted[l][:, h * size:(h + 1) * size])
+            try:
+                out[f"h{l}.attn.head{h}"] = gpt2_loss(model, tokens).cpu().numpy()
+            finally:
+                handle.remove()
+    return out
+
+
+def gpt2_head_attribution(model, tokens, corrupt) -> dict:
+    """Attribution patching of every head by hand: one clean forward and backward of the summed
+    loss with the merged heads kept (hooks), the corrupted run's merged heads, and per head the
+    sum of (corrupted - clean) * gradient over its slice; ``{'h{layer}.attn.head{head}': float}``."""
+    device = model.device
+    corrupted = gpt2_merged_heads(model, corrupt)
+    kept = []
+
+    def keep(m, a):
+        a[0].retain_grad()
+        kept.append(a[0])
+
+    handles = [b.attn.c_proj.register_forward_pre_hook(keep) for b in model.transformer.h]
+    try:
+        logits = model(torch.as_tensor(tokens, device=device)[None]).logits[0]
+        loss = -torch.log_softmax(logits[:-1], -1).gather(1, torch.as_tensor(tokens[1:, None], device=device))[:, 0]
+        loss.sum().backward()
+    finally:
+        for hd in handles:
+            hd.remove()
+    n_head = model.config.n_head
+    size = model.config.n_embd // n_head
+    out = {}
+    for l in range(model.config.n_layer):
+        d = (corrupted[l] - kept[l][0].detach()) * kept[l].grad[0]
+        for h in range(n_head):
+            out[f"h{l}.attn.head{h}"] = float(d[:, h * size:(h + 1) * size].sum())
+    model.zero_grad(set_to_none=True)
+    return out
