@@ -26,12 +26,12 @@ or runs out of time is reported while the others still run.  In order:
    new process on the cache the first left; compilations counted; against a torch hook loop,
    torch forward+backward and a hand-written ``jax.jit`` forward+backward on the same card (both
    sides at full float32: ``JAX_DEFAULT_MATMUL_PRECISION=highest``, torch's default).
-3. **latency** (``bench_latency --quick``): a new ablation and a new path patch on the shipped
-   model, first of their kind, against torch eager on the card.
-4. **throughput** (``bench_throughput``): one sequence and a batch of 16 against the best
-   hand-written JAX (default precision on both sides).
-5. **autotune** (a GPU only): the empty-cache sweep again with ``--xla_gpu_autotune_level=0``: how
+3. **autotune** (a GPU only): the empty-cache sweep again with ``--xla_gpu_autotune_level=0``: how
    much of a kernel's compilation is XLA's GEMM autotuning.
+4. **latency** (``bench_latency --quick``): a new ablation and a new path patch on the shipped
+   model, first of their kind, against torch eager on the card.
+5. **throughput** (``bench_throughput``): one sequence and a batch of 16 against the best
+   hand-written JAX (default precision on both sides).
 6. ``--more``: ``bench_call_overhead``, ``bench_seed_model``, ``bench_optimize``, ``bench_heads``,
    ``bench_sharding``.
 
@@ -250,7 +250,7 @@ def run_all(args) -> int:
                             "met" if ok and not bad and not problem else "BAD"))
         return lines, problem
 
-    run.part("checks", 120, checks_part)
+    run.part("checks", 90, checks_part)
     with tempfile.TemporaryDirectory() as cache:
         rows = {}
         for which, cap in (("empty", 170), ("warm", 90)):
@@ -263,22 +263,6 @@ def run_all(args) -> int:
         run.record["first_calls"] = rows
         run.summary += bench_first_calls.summary(rows.get("empty", []), rows.get("warm", []))
 
-    def ratio_lines(label):
-        def part(seconds, cmd, env=None):
-            lines, problem = stream(cmd, seconds, env)
-            run.record[label] = lines
-            run.summary += [_ratio_row(label, x) for x in lines if "ratio" in x and "target" in x]
-            return lines, problem
-        return part
-
-    latency = ratio_lines("latency")
-    run.part("latency", 60, lambda s: latency(s, _module("bench_latency", "--quick")))
-    throughput = ratio_lines("throughput")
-    small = ["-c", "from benchmarks import bench_throughput as b; b.main(runs=2, batch=4, batch_runs=1, "
-                   "chunk_sizes=(1, 4), positions=30, vocab=1000)"]
-    run.part("throughput", 90, lambda s: throughput(
-        s, [sys.executable, *small] if args.small else _module("bench_throughput", "--runs", "10", "--batch", "16",
-                                                              "--batch-runs", "5")))
     if (gpu and gpu[0]) or args.autotune:
         def autotune_part(seconds):
             with tempfile.TemporaryDirectory() as fresh:
@@ -296,7 +280,23 @@ def run_all(args) -> int:
                                     "recorded"))
             return got, problem
 
-        run.part("autotune", 120, autotune_part)
+        run.part("autotune", 70, autotune_part)
+    def ratio_lines(label):
+        def part(seconds, cmd, env=None):
+            lines, problem = stream(cmd, seconds, env)
+            run.record[label] = lines
+            run.summary += [_ratio_row(label, x) for x in lines if "ratio" in x and "target" in x]
+            return lines, problem
+        return part
+
+    latency = ratio_lines("latency")
+    run.part("latency", 60, lambda s: latency(s, _module("bench_latency", "--quick")))
+    throughput = ratio_lines("throughput")
+    small = ["-c", "from benchmarks import bench_throughput as b; b.main(runs=2, batch=4, batch_runs=1, "
+                   "chunk_sizes=(1, 4), positions=30, vocab=1000)"]
+    run.part("throughput", 90, lambda s: throughput(
+        s, [sys.executable, *small] if args.small else _module("bench_throughput", "--runs", "10", "--batch", "16",
+                                                              "--batch-runs", "5")))
     if args.more:
         run.part("more", run.left(), lambda s: stream(
             _module("device_check", "--more-only", *(["--small"] if args.small else []), "--heads",
