@@ -221,9 +221,9 @@ w = random_weights(0, dtype=np.float64, **{small})
 circuit = attn_only(w, np.roll({clean}, 4), unique_names=True)
 if sys.argv[3:] == ["accelerator"]:  # as on a GPU (what the op-by-op tier's policy reads)
     import jax
-    from circuits.backend.tiers import host
+    from circuits.backend.tiers import policy
     jax.devices()
-    host._accelerator[0] = True
+    policy._accelerator[0] = True
 with tiers.configure(jit_max_ops=10, caller_max_ops=10, cold_start=sys.argv[2] == "cold"):
     r = discover(circuit, {{"toks_int_var": {corrupt}}}, method="eap", dtype="float64", mode=sys.argv[1])
     tier = tiers.last_run()["tier"]

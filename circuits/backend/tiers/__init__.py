@@ -32,6 +32,7 @@ from .policy import (
     mark_ready,
     maybe_jit,
     note_op_run,
+    on_accelerator,
     op_tier,
     pinned,
     record,
@@ -44,5 +45,5 @@ from .policy import (
 )
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
-           "CALLER_MAX_OPS", "caller_max_ops", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
+           "CALLER_MAX_OPS", "caller_max_ops", "on_accelerator", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]

@@ -47,7 +47,7 @@ from ..cache.background import AGAIN, in_background
 from ..cache.bounded import current_epoch, working_for
 from ..lower.numpy_ops import canonical, host_dtypes, numpy_op
 
-__all__ = ["host_mode", "on_accelerator", "steps_as", "leaf_on_host", "queue_kernel", "queue_call", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
+__all__ = ["host_mode", "steps_as", "leaf_on_host", "queue_kernel", "queue_call", "being_made", "wait_for_kernels", "host_info", "QUEUE_SIZE"]
 
 _IDENTITY = (Tag, SetSymbolicShape)
 
@@ -58,7 +58,7 @@ def host_mode(mode: str, fdt: str, inputs=None, return_jax: bool = False) -> str
     ``'auto'`` is None where a JAX accelerator is in use (its kernels are worth the wait), and
     where the caller works on the device: inputs that are JAX arrays, or ``return_jax=True``
     (nothing crosses between host and device that the caller did not ask for)."""
-    from .policy import settings
+    from .policy import on_accelerator, settings
 
     if not host_dtypes(fdt):
         return None
@@ -66,7 +66,7 @@ def host_mode(mode: str, fdt: str, inputs=None, return_jax: bool = False) -> str
         mode = getattr(_steps, "mode", None) or mode
     if mode == "numpy":
         return "pin"
-    if mode != "auto" or return_jax or not settings().host or _on_accelerator() or _on_device(inputs):
+    if mode != "auto" or return_jax or not settings().host or on_accelerator() or _on_device(inputs):
         return None
     return "auto"
 
@@ -108,37 +108,6 @@ def _on_device(inputs) -> bool:
         return False
 
 
-def on_accelerator() -> bool:
-    """Whether JAX computes on an accelerator (a GPU, a TPU) in this process; False while JAX is
-    not imported or its backends are not up.
-
-    >>> isinstance(on_accelerator(), bool)
-    True
-    """
-    return _on_accelerator()
-
-
-def _on_accelerator() -> bool:
-    """Whether JAX runs on something other than the CPU (asked only once JAX is imported and its
-    backends are up: a process that has not imported it computes on the CPU so far)."""
-    if "jax" not in sys.modules:
-        return False
-    found = _accelerator[0]
-    if found is None:
-        try:
-            from jax._src import xla_bridge
-
-            if not xla_bridge.backends_are_initialized():
-                return False
-            import jax
-
-            found = _accelerator[0] = jax.default_backend() != "cpu"
-        except (ImportError, AttributeError, RuntimeError):
-            return False
-    return found
-
-
-_accelerator: list = [None]
 
 
 def leaf_on_host(node, fdt: str, problems: list):

@@ -54,12 +54,13 @@ from typing import Callable
 from ...errors import EvaluationError
 from ..cache.background import in_background
 from ..cache.bounded import BoundedCache
-from ..cache.compiled import cached_jit, is_cached
+from ..cache.compiled import cached_jit, is_cached, stable_name
 from ..cache.compiling import calling, work_here
+from ..cache.persistent import compiled_earlier, note_compiled
 from ..lower.program import Program
 
 __all__ = ["Settings", "settings", "configure", "pinned", "MODES", "check_mode", "JIT_AFTER", "JIT_MAX_OPS",
-           "CALLER_MAX_OPS", "caller_max_ops", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
+           "CALLER_MAX_OPS", "caller_max_ops", "on_accelerator", "use_jit", "worth_compiling", "maybe_jit", "Route", "run", "op_tier", "last_run", "record",
            "whole_program_ready", "mark_ready", "note_op_run", "tier_info"]
 
 MODES = ("auto", "jit", "ops", "numpy")
@@ -218,6 +219,34 @@ def worth_compiling(program: Program, key) -> bool:
     return use_jit("auto", len(program), key)
 
 
+def on_accelerator() -> bool:
+    """Whether JAX computes on an accelerator (a GPU, a TPU) in this process: asked only once JAX
+    is imported and its backends are up (a process that has not imported it computes on the CPU
+    so far), then remembered.
+
+    >>> isinstance(on_accelerator(), bool)
+    True
+    """
+    if "jax" not in sys.modules:
+        return False
+    found = _accelerator[0]
+    if found is None:
+        try:
+            from jax._src import xla_bridge
+
+            if not xla_bridge.backends_are_initialized():
+                return False
+            import jax
+
+            found = _accelerator[0] = jax.default_backend() != "cpu"
+        except (ImportError, AttributeError, RuntimeError):
+            return False
+    return found
+
+
+_accelerator: list = [None]  # [whether JAX's default backend is an accelerator], once known
+
+
 def caller_max_ops() -> int:
     """The size above which ``'auto'`` never compiles a caller's repeated computation whole
     (``op_tier``): ``settings().caller_max_ops`` where set, else ``CALLER_MAX_OPS`` on an
@@ -231,9 +260,7 @@ def caller_max_ops() -> int:
     current = _settings[0]
     if current.caller_max_ops is not None:
         return current.caller_max_ops
-    from .host import _on_accelerator
-
-    if _on_accelerator() or (os.cpu_count() or 1) >= SPARE_CORES:
+    if on_accelerator() or (os.cpu_count() or 1) >= SPARE_CORES:
         return max(CALLER_MAX_OPS, current.jit_max_ops)
     return current.jit_max_ops
 
@@ -445,12 +472,14 @@ def _run(route: Route):
 
 
 class _CallerRoute(Route):
-    """``op_tier``'s route: a caller's own computation by ops, and its own whole program."""
+    """``op_tier``'s route: a caller's own computation by ops, and its own whole program
+    (``mark``: its name across processes, noted once compiled; ``earlier``: another process
+    compiled it, so the first run starts loading it)."""
 
-    def __init__(self, key, mode, program, by_ops, compile_whole, earlier: bool = False):
+    def __init__(self, key, mode, program, by_ops, compile_whole, mark: bytes | None = None, earlier: bool = False):
         self.key, self.mode, self.program = key, mode, program
         self._by_ops, self._compile_whole = by_ops, compile_whole
-        self.start_now = earlier
+        self.mark, self.start_now = mark, earlier
 
     def by_ops(self, groups: bool):
         result = self._by_ops()
@@ -461,20 +490,57 @@ class _CallerRoute(Route):
 
     def compile_whole(self, keep: bool = False):
         worth = self.start_now or len(self.program) <= caller_max_ops() or is_cached(self.key)
-        return self._compile_whole() if worth else None
+        result = self._compile_whole() if worth else None
+        if result is not None and self.mark is not None:
+            note_compiled(self.mark)
+        return result
 
 
-def op_tier(key, mode: str, program, by_ops, compile_whole, *, earlier: bool = False):
+def op_tier(key, mode: str, program, by_ops, compile_whole, *, keep=None):
     """A caller's own tiered computation (``interp.discover``'s edge scores): ``by_ops()``'s
     result where ``mode`` asks for the op-by-op tier (``'ops'``, or ``'auto'`` until the whole
     program for ``key`` is ready), counting the run so that ``'auto'``'s ``jit_after``-th one calls
     ``compile_whole()`` in the background when ``program`` is small enough (``caller_max_ops()``:
     larger than ``evaluate``'s bound on an accelerator or a CPU with cores to spare); None where
     the caller should run its whole program (``'jit'``, ready, or ``by_ops()`` gave None).
-    ``earlier``: another process compiled the whole program (its executable is on disk): the
-    first run starts loading it in the background, whatever its size.
+    ``keep``: the roots of the circuit the whole program computes (kept on disk under their
+    content hashes, ``Lowered.cached``), which name it across processes: a program too large to
+    compile whole in a call's time (over ``jit_max_ops``: GPT-2 small's EAP) that another process
+    compiled whole is loaded instead (the cold start's rule, ``settings().cold_start``).  On an
+    accelerator, whose op-by-op tier dispatches one kernel a node, it is loaded and run at once
+    (None: the caller runs it); on a CPU, where loading GPT-2's takes seconds and numpy runs the
+    first calls, in the background from the first run on, in the pauses between calls.
 
     >>> op_tier(('doc-op-tier',), 'jit', None, lambda: 1, lambda: True) is None
     True
     """
-    return run(_CallerRoute(key, check_mode(mode), program, by_ops, compile_whole, earlier))
+    mode = check_mode(mode)
+    mark = None if keep is None else _mark(key, keep, program.float_dtype)
+    current = _settings[0]
+    earlier = (mode == "auto" and mark is not None and current.cold_start and len(program) > current.jit_max_ops
+               and not whole_program_ready(key) and compiled_earlier(mark))
+    if earlier and on_accelerator():
+        mark_ready(key)  # this call and the next run it whole
+        earlier = False
+    found = run(_CallerRoute(key, mode, program, by_ops, compile_whole, mark, earlier))
+    if found is None and mark is not None:
+        note_compiled(mark)  # the caller runs the whole program now
+    return found
+
+
+_marks = BoundedCache("caller marks", "compiled", max_entries=64)  # op_tier's key -> its program's mark
+
+
+def _mark(key, keep, fdt: str) -> bytes | None:
+    """The name under which a process notes that it compiled ``key``'s whole program: a digest
+    of ``keep``'s content hashes, the float dtype and ``key`` past its first part (the program's
+    structural key, which holds process-local parts); None where it computes a function a user
+    registered."""
+    found = _marks.get(key)
+    if found is None:
+        import blake3
+
+        name = stable_name(keep, repr((fdt, key[1:])).encode())
+        found = b"" if name is None else blake3.blake3(b"caller:" + name).digest(16)
+        _marks.put(key, found)
+    return found or None

@@ -38,10 +38,6 @@ from __future__ import annotations
 import numpy as np
 
 from ...backend import Lowered, check_mode, float_dtype, op_tier, precision, record, values_and_grads_ops
-from ...backend.cache.compiled import stable_name
-from ...backend.cache.persistent import compiled_earlier, note_compiled
-from ...backend.tiers import mark_ready, settings
-from ...backend.tiers.host import on_accelerator
 from ...errors import CircuitError
 from ...nodes import Add, Circuit, Einsum, Scalar, Symbol
 from ._graph import EMBEDS, Edges, fingerprint, patched_sources, rebuild
@@ -345,54 +341,21 @@ class EdgeScores:
     def _tiered(self, key, mode: str, runs: int | None, feeds, whole, batched: bool = False) -> np.ndarray:
         """The scores from the op-by-op tier (``backend.op_tier``: ``'ops'``, or ``'auto'`` until
         the whole program is ready, for at most ``OP_BY_OP_MAX_RUNS`` runs, the ``runs`` feeds that
-        ``feeds()`` yields one at a time, never held together; ``'auto'``'s
-        ``JIT_AFTER``-th run calls ``whole()`` in the background if the program has at most
-        ``JIT_MAX_OPS`` nodes: a GPT-2's EAP program, 9,400, takes a minute of both cores to
-        compile or to load in a new process), else from ``whole()``, the compiled program."""
-        mark = self._mark(key[1:])
-
-        def compiled():  # the whole program's scores; marked compiled for later processes
-            found = whole()
-            if found is not None and mark is not None:
-                note_compiled(mark)
-            return found
-
-        scores = None
+        ``feeds()`` yields one at a time, never held together; ``'auto'``'s ``JIT_AFTER``-th run
+        calls ``whole()`` in the background if the program is small enough for the machine:
+        ``tiers.caller_max_ops()``), else from ``whole()``, the compiled program.  The program's
+        roots name it on disk (``op_tier``'s ``keep``): a later process loads it instead of
+        compiling it."""
         auto = check_mode(mode) == "auto"
-        # A program too large to compile whole in a call's time (over ``jit_max_ops``: GPT-2
-        # small's EAP) that another process compiled whole is on disk (``Lowered.cached``'s
-        # ``keep``; loading it takes no trace; the cold start's rule: ``settings().cold_start``).
-        # On an accelerator, whose op-by-op tier dispatches one kernel a node (thousands a call),
-        # it is loaded and run at once; on a CPU (where loading GPT-2's takes seconds and numpy
-        # runs the first calls) it is loaded in the background from the first call on, in a
-        # pause between calls, whatever the machine's cores.
-        current = settings()
-        earlier = (auto and mark is not None and current.cold_start and len(self.program) > current.jit_max_ops
-                   and compiled_earlier(mark))
-        if earlier and on_accelerator():
-            scores = compiled()
-            record("jit")
-            mark_ready(key)  # later calls run it too
-            return scores
         if runs is not None and not (auto and runs > OP_BY_OP_MAX_RUNS):
-            scores = op_tier(key, mode, self.program, lambda: self.by_ops(feeds(), batched, check_mode(mode)),
-                             lambda: compiled() is not None, earlier=earlier)
+            by_ops = lambda: self.by_ops(feeds(), batched, check_mode(mode))  # noqa: E731
+        else:
+            by_ops = lambda: None  # noqa: E731 - straight to the whole program
+        scores = op_tier(key, mode, self.program, by_ops, lambda: whole() is not None, keep=self.roots)
         if scores is None:
-            scores = compiled()
+            scores = whole()
             record("jit")
         return scores
-
-    def _mark(self, tail: tuple) -> bytes | None:
-        """The name under which a process notes that it compiled this scorer's program ``tail``
-        whole (``persistent.note_compiled``): the roots' content hashes and ``tail``; None where
-        it computes a function a user registered."""
-        marks = self.__dict__.setdefault("_marks", {})
-        if tail not in marks:
-            import blake3
-
-            name = stable_name(self.roots, repr((self.fdt, tail)).encode())
-            marks[tail] = None if name is None else blake3.blake3(b"edge-scores:" + name).digest(16)
-        return marks[tail]
 
     def integrated(self, symbol: Symbol, values, feed: dict, chunk: int | None = None,
                    mode: str = "auto") -> np.ndarray:
