@@ -270,3 +270,20 @@ def test_a_large_program_another_process_compiled_whole_is_loaded_in_the_backgro
     np.testing.assert_allclose(gpu["scores"], earlier["scores"], rtol=1e-9, atol=1e-12)
     off = run("auto", "warm")  # the cold start's rule switched off
     assert (off["tier"], off["again"]) == ("ops", "ops")
+
+
+def test_two_circuits_of_one_structure_are_two_programs_on_disk(model):
+    """The mark a process leaves for a program compiled whole names the circuit's content, not
+    only its structure: op_tier's key is value-blind, so a circuit of the same shape with other
+    clean tokens (or weights) must not find the first one's mark."""
+    from circuits.backend.tiers import policy
+
+    w, _, _ = model
+    g_a, g_b = (edges(attn_only(w, np.roll(CLEAN, k), unique_names=True)) for k in (5, 6))  # graphs of their own
+    for g in (g_a, g_b):
+        discover(g.circuit, SRC, method="eap", dtype="float64", mode="ops")
+    (a,), (b,) = (list(g.__dict__["_scorers"].values()) for g in (g_a, g_b))
+    assert a.program.key == b.program.key
+    key = (a.program.key, *a.tag, 1)
+    marks = [policy._mark(key, scorer.roots, scorer.fdt) for scorer in (a, b, a)]
+    assert marks[0] != marks[1] and marks[0] == marks[2] and None not in marks

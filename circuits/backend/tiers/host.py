@@ -108,8 +108,6 @@ def _on_device(inputs) -> bool:
         return False
 
 
-
-
 def leaf_on_host(node, fdt: str, problems: list):
     """An Array's or Scalar's value as numpy, in the dtype JAX computes it in (read-only)."""
     target = canonical(node.dtype, fdt)

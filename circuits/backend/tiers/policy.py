@@ -205,18 +205,20 @@ def check_mode(mode: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the jit policy
-def use_jit(mode: str, size: int, key) -> bool:
+def use_jit(mode: str, size: int, key, most: int | None = None) -> bool:
     """Compile a program of ``size`` distinct nodes whose function is cached under ``key``?
-    ``'jit'`` always, ``'auto'`` when it is small enough or compiled already, ``'uncompiled'``
-    never (the program's skeleton then runs as it is, each operation dispatched by JAX)."""
+    ``'jit'`` always, ``'auto'`` when it is small enough (``most``, by default ``jit_max_ops``) or
+    compiled already, ``'uncompiled'`` never (the program's skeleton then runs as it is, each
+    operation dispatched by JAX)."""
     if mode == "auto":
-        return size <= _settings[0].jit_max_ops or is_cached(key)
+        return size <= (_settings[0].jit_max_ops if most is None else most) or is_cached(key)
     return mode == "jit"
 
 
-def worth_compiling(program: Program, key) -> bool:
-    """Whether ``'auto'`` should compile ``program`` whole (under ``key``)."""
-    return use_jit("auto", len(program), key)
+def worth_compiling(program: Program, key, most: int | None = None) -> bool:
+    """Whether ``'auto'`` should compile ``program`` whole (under ``key``; ``most``: the size
+    bound, by default ``jit_max_ops``)."""
+    return use_jit("auto", len(program), key, most)
 
 
 def on_accelerator() -> bool:
@@ -489,7 +491,7 @@ class _CallerRoute(Route):
         return None  # the caller runs its whole program
 
     def compile_whole(self, keep: bool = False):
-        worth = self.start_now or len(self.program) <= caller_max_ops() or is_cached(self.key)
+        worth = self.start_now or worth_compiling(self.program, self.key, caller_max_ops())
         result = self._compile_whole() if worth else None
         if result is not None and self.mark is not None:
             note_compiled(self.mark)
@@ -528,19 +530,21 @@ def op_tier(key, mode: str, program, by_ops, compile_whole, *, keep=None):
     return found
 
 
-_marks = BoundedCache("caller marks", "compiled", max_entries=64)  # op_tier's key -> its program's mark
+_marks = BoundedCache("caller marks", "compiled", max_entries=64)  # (op_tier's key, roots) -> the mark
 
 
 def _mark(key, keep, fdt: str) -> bytes | None:
     """The name under which a process notes that it compiled ``key``'s whole program: a digest
     of ``keep``'s content hashes, the float dtype and ``key`` past its first part (the program's
     structural key, which holds process-local parts); None where it computes a function a user
-    registered."""
-    found = _marks.get(key)
+    registered.  Remembered by ``key`` and the roots' hashes: ``key`` is value-blind, and two
+    circuits of one structure (other weights, other clean tokens) are two programs on disk."""
+    memo = (key, tuple(r.hash for r in keep))
+    found = _marks.get(memo)
     if found is None:
         import blake3
 
         name = stable_name(keep, repr((fdt, key[1:])).encode())
         found = b"" if name is None else blake3.blake3(b"caller:" + name).digest(16)
-        _marks.put(key, found)
+        _marks.put(memo, found)
     return found or None

@@ -235,8 +235,12 @@ class EdgeScores:
         # what the op-by-op tier computes: the senders' values, and the metric's gradients at
         # every destination's sum (in the destinations' order)
         self.metric, self.sender_nodes = m, (*clean_nodes, *patched_nodes)
-        self.roots = (m, *clean_nodes, *patched_nodes)  # the program's roots: its name on disk
         self.resid = tuple(resid[d.label] for d in g._dests)
+
+    @property
+    def roots(self) -> tuple:
+        """The program's roots, in order (the metric, then the senders): its name on disk."""
+        return (self.metric, *self.sender_nodes)
 
     def _make(self):
         import jax
