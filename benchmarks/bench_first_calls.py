@@ -82,10 +82,6 @@ class Compilations:
                 "compilations_all_threads": len(new), "compile_s_all_threads": round(sum(d for _, d in new), 3)}
 
 
-def _median(fn, runs: int = 3) -> float:
-    return median_time(fn, runs=runs, warmup=1)
-
-
 def child(small: bool, rows: list[str]) -> None:
     """One process's rows, each printed as ``ROW {json}`` as soon as it is measured."""
     t_start = time.perf_counter()
@@ -146,7 +142,7 @@ def child(small: bool, rows: list[str]) -> None:
         counts = compilations.since(mark)
         ref = hook_loop()
         worst = max(float(np.max(np.abs(result[s] - ref[s]) / np.maximum(1, np.abs(ref[s])))) for s in sites)
-        theirs = _median(hook_loop)
+        theirs = median_time(hook_loop, runs=3, warmup=1)
         emit("sweep", seconds=round(ours, 3), baseline_s=round(theirs, 4), ratio=round(ours / theirs, 2),
              max_rel_error=worst, agrees=worst <= tol, **counts)
 
@@ -163,7 +159,7 @@ def child(small: bool, rows: list[str]) -> None:
             ref = torch_attribution(corrupt)
             scale = max(1.0, max(abs(v) for v in ref.values()))
             worst = max(abs(est[s] - ref[s]) for s in sites) / scale
-            theirs = _median(lambda corrupt=corrupt: torch_attribution(corrupt))
+            theirs = median_time(lambda corrupt=corrupt: torch_attribution(corrupt), runs=3, warmup=1)
             emit(f"attribution.{figure}", seconds=round(ours, 3), baseline_s=round(theirs, 4),
                  ratio=round(ours / theirs, 2), max_rel_error=worst, agrees=worst <= 5 * tol, **counts)
 
@@ -188,7 +184,7 @@ def child(small: bool, rows: list[str]) -> None:
             counts = compilations.since(mark)
             if figure == "third":
                 mark_hand = compilations.mark()
-                theirs = _median(lambda: fb(x0, jw, jt, jm)[1].block_until_ready(), runs=5)
+                theirs = median_time(lambda: fb(x0, jw, jt, jm)[1].block_until_ready(), runs=5, warmup=1)
                 emit("eap.third", seconds=round(ours, 4), baseline_s=round(theirs, 5), ratio=round(ours / theirs, 2),
                      edges=len(found.scores), hand_compilations=len(compilations.events) - mark_hand, **counts)
             else:
